@@ -1,0 +1,182 @@
+//! The device layer: one small table of operations (UCX's uct style) that every
+//! backend implements, and that the progress engine drives.
+//!
+//! Addresses are plain `usize` so that a CUDA device pointer (`CUdeviceptr`),
+//! a simulated device pointer and a host pointer travel the same way; the
+//! backend says which is which through [`DeviceBackend::pointer_info`].
+//!
+//! Backends:
+//! - [`sim`]: device memory in POSIX shared memory, one copy-engine thread per
+//!   device, configurable peer topology; for CI and machines without a GPU.
+//! - [`cuda`]: NVIDIA driver API through cudarc, loaded at run time.
+
+pub mod cuda;
+pub mod sim;
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Ordinal of a device as the backend numbers them on this node.
+pub type DevId = u32;
+
+/// Size in bytes of an exported IPC handle (CUDA's `CUipcMemHandle` is 64 bytes).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// Where a pointer's memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Host memory (pageable or pinned); peers cannot map it through IPC.
+    Host,
+    /// Memory of the given device.
+    Device(DevId),
+}
+
+/// What the backend knows of a pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointerInfo {
+    pub kind: MemoryKind,
+    /// Start of the allocation that holds the pointer (the pointer itself for host memory).
+    pub base: usize,
+    /// Size of that allocation in bytes (0 for host memory: unknown).
+    pub size: usize,
+    /// Identifier unique for the lifetime of this process: a freed and reallocated
+    /// address gets a new one (CUDA's `CU_POINTER_ATTRIBUTE_BUFFER_ID`). 0 for host memory.
+    pub buffer_id: u64,
+}
+
+/// An exported handle to a device allocation, opaque bytes another process opens.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcHandle(pub [u8; IPC_HANDLE_BYTES]);
+
+impl fmt::Debug for IpcHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IpcHandle(")?;
+        for b in &self.0[..16] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "..)")
+    }
+}
+
+/// A peer allocation mapped into this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// Local address of the start of the peer's allocation.
+    pub ptr: usize,
+    /// Size of the mapped allocation as the backend (driver) reports it.
+    pub size: usize,
+}
+
+/// An asynchronous copy in flight; poll it with [`DeviceBackend::copy_poll`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CopyTicket(pub u64);
+
+/// Which backend is active.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Sim,
+    Cuda,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Sim => "sim",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// Errors of the device layer: each names the operation that failed and what to do.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum DeviceError {
+    /// A driver call returned an error code.
+    #[error("{call} failed with {code}: {message}")]
+    Driver { call: &'static str, code: i64, message: String },
+    /// The pointer is not in memory the backend can use for this operation.
+    #[error("{op}: pointer {ptr:#x} is not {expected}")]
+    InvalidPointer { op: &'static str, ptr: usize, expected: &'static str },
+    /// The device ordinal does not exist.
+    #[error("device {dev} does not exist (this node has {count}); check GPULMT_GPU / GPULMT_SIM_DEVICES")]
+    NoSuchDevice { dev: DevId, count: u32 },
+    /// A handle was opened a second time in one process: the CUDA driver rejects this,
+    /// so a caller that does it has bypassed the handle cache.
+    #[error("IPC handle of buffer {buffer_id} (owner pid {owner}) is already open in this process; open it once and share the mapping (handle cache)")]
+    DoubleOpen { owner: u32, buffer_id: u64 },
+    /// An allocation was freed while another process still mapped it.
+    #[error("allocation {ptr:#x} (buffer {buffer_id}) freed while {mappers} peer mapping(s) still open; free through mem_free + mem_free_commit")]
+    FreedWhileMapped { ptr: usize, buffer_id: u64, mappers: u32 },
+    /// The handle does not name a live allocation (forged, corrupt, or the owner freed it).
+    #[error("IPC handle cannot be opened: {reason}")]
+    BadHandle { reason: String },
+    /// No backend can run here.
+    #[error("no device backend available: {reason}")]
+    Unavailable { reason: String },
+    /// The backend does not support the operation.
+    #[error("{op} is not supported by the {backend} backend")]
+    Unsupported { op: &'static str, backend: BackendKind },
+}
+
+/// The operations the LMT needs from a device layer.
+///
+/// All methods take `&self`: backends synchronise internally, so one backend can be
+/// shared by the progress engine and the user's thread that allocates memory.
+pub trait DeviceBackend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Number of devices visible to this process.
+    fn device_count(&self) -> u32;
+
+    /// Whether the copy engine of device `from` can read and write memory of device `to`
+    /// through a peer mapping (true when `from == to`).
+    fn can_access_peer(&self, from: DevId, to: DevId) -> bool;
+
+    /// Allocates `bytes` of memory on `dev`; returns its address.
+    fn alloc(&self, dev: DevId, bytes: usize) -> Result<usize, DeviceError>;
+
+    /// Frees an allocation made by [`alloc`](Self::alloc).
+    fn free(&self, ptr: usize) -> Result<(), DeviceError>;
+
+    /// Classifies a pointer (host or device, allocation range, buffer id).
+    fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError>;
+
+    /// Exports an IPC handle for the allocation that starts at `base`.
+    fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError>;
+
+    /// Opens a peer's handle so that device `on` can reach it. Fails with
+    /// [`DeviceError::DoubleOpen`] if this process already holds it open.
+    fn open_handle(&self, handle: &IpcHandle, on: DevId) -> Result<Mapping, DeviceError>;
+
+    /// Closes a mapping returned by [`open_handle`](Self::open_handle).
+    fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError>;
+
+    /// Starts a copy of `len` bytes on the copy engine of device `engine`, on queue
+    /// `lane` of that engine (copies on one lane run in order; lanes run concurrently).
+    /// Either end may be host memory, local device memory or a peer mapping.
+    fn copy_async(
+        &self,
+        engine: DevId,
+        lane: u32,
+        dst: usize,
+        src: usize,
+        len: usize,
+    ) -> Result<CopyTicket, DeviceError>;
+
+    /// Whether the copy has finished (then the ticket is consumed and must not be
+    /// polled again). Never blocks.
+    fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError>;
+
+    /// Copies and waits, in any direction (host or device at either end).
+    fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError>;
+
+    /// Pins and registers host memory so device engines can DMA it (shared staging
+    /// chunks); registering the same range twice is not an error.
+    fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError>;
+
+    /// Undoes [`register_host`](Self::register_host).
+    fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError>;
+}
+
+/// A shared backend handle.
+pub type Backend = Arc<dyn DeviceBackend>;

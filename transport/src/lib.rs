@@ -1,0 +1,16 @@
+//! gpulmt: GPU-aware intranode message transport.
+//!
+//! Moves MPI-style point-to-point messages between processes of one node, choosing
+//! per message among eager, GET, PUT, COOPERATE and pipelined shared-memory (SHM)
+//! protocols so that the copy engines of the GPUs move the bytes directly over
+//! NVLink/PCIe peer mappings when they can.
+//!
+//! Layers (bottom up):
+//! - [`device`]: the device backends (CUDA through cudarc, or `sim`).
+//! - [`shm`]: the job's shared-memory segment: control rings and staging chunks.
+//! - `gpulmt-protocols`: the sans-IO protocol engine (in its own crate).
+//! - [`context`]: the progress engine and public API that ties them together.
+
+pub mod config;
+pub mod device;
+pub mod shm;

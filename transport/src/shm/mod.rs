@@ -1,0 +1,6 @@
+//! Shared memory of a job: named POSIX segments, the lock-free control rings between
+//! each pair of local ranks, and the pinned staging chunks of the SHM protocol.
+
+pub mod job;
+pub mod ring;
+pub mod segment;
