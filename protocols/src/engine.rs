@@ -1,0 +1,971 @@
+//! The per-rank LMT protocol engine: eager, and the rendezvous protocols GET, PUT,
+//! COOPERATE and SHM of the seed design, as one sans-IO state machine.
+//!
+//! Flow of a rendezvous (the receiver decides, on the RTS):
+//! - GET: RTS(cookie) → receiver's engine copies from the mapped sender buffer →
+//!   DONE(to sender).
+//! - PUT: RTS → CTS(put, receiver cookie) → sender's engine copies → DONE(to receiver).
+//! - COOPERATE: RTS → CTS(coop, cookie, split); the sender copies `[0, split)`, the
+//!   receiver `[split, len)`; the receiver sends COOKIE when its part is done, the
+//!   sender DONE when both parts are.
+//! - SHM: RTS → CTS(shm); the sender fills staging chunk k (slot k % depth) while the
+//!   receiver drains chunk k-1; CHUNK says a slot is full, CHUNK_ACK that it is free.
+//!   One SHM transfer at a time uses a directed pair's staging ring; later ones queue.
+//!
+//! A request whose copies are still running is never completed, even when it fails:
+//! its buffer may still be read or written by an engine until they finish.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::matching::{Matcher, Selector};
+use crate::policy::{self, PolicyConfig, Protocol, ProtocolChoice};
+use crate::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet, Region};
+use crate::{CopyId, MsgId, ProtoError, Rank, ReqId, Tag};
+
+/// Static parameters of an engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub rank: Rank,
+    pub size: u32,
+    /// Node id of this rank; regions from other nodes cannot be mapped.
+    pub node: u64,
+    /// Messages of at most this many bytes travel inline in the control packet.
+    pub eager_limit: u64,
+    pub policy: PolicyConfig,
+    /// SHM staging chunk size in bytes.
+    pub chunk_size: u64,
+    /// SHM staging slots per directed pair (pipeline depth).
+    pub depth: u32,
+    /// Largest single copy; longer ranges are split into pieces (0 = never split).
+    pub copy_split: u64,
+    /// Copy queues per engine the pieces of one transfer are spread over.
+    pub lanes: u32,
+    /// COOPERATE: the sender's share of the message, in thousandths.
+    pub coop_sender_permille: u32,
+    /// Number of devices on the node and whether device a's engine reaches device b
+    /// (row-major `devices x devices`).
+    pub devices: u32,
+    pub peer_access: Vec<bool>,
+}
+
+impl EngineConfig {
+    /// A configuration for `size` ranks with every device pair peer-accessible.
+    pub fn new(rank: Rank, size: u32, devices: u32) -> Self {
+        Self {
+            rank,
+            size,
+            node: 0,
+            eager_limit: 8192,
+            policy: PolicyConfig::default(),
+            chunk_size: 1 << 20,
+            depth: 8,
+            copy_split: 0,
+            lanes: 1,
+            coop_sender_permille: 500,
+            devices,
+            peer_access: vec![true; (devices * devices) as usize],
+        }
+    }
+
+    /// Whether device `a`'s engine can reach device `b`'s memory.
+    pub fn can_access(&self, a: u32, b: u32) -> bool {
+        a == b
+            || (a < self.devices
+                && b < self.devices
+                && self.peer_access[(a * self.devices + b) as usize])
+    }
+}
+
+/// A user buffer, as the engine needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufDesc {
+    pub len: u64,
+    /// The device holding it, None for host memory.
+    pub device: Option<u32>,
+    /// Its exported region (device buffers of rendezvous size; a sender's is required).
+    pub region: Option<Region>,
+}
+
+impl BufDesc {
+    pub fn host(len: u64) -> Self {
+        Self { len, device: None, region: None }
+    }
+}
+
+/// Completion status of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// The peer (for a receive: the sender).
+    pub source: Rank,
+    pub tag: Tag,
+    /// Bytes moved.
+    pub len: u64,
+}
+
+/// One end of a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// The buffer of a local request, at `offset`.
+    User { req: ReqId, offset: u64 },
+    /// A peer's exported buffer, at `offset` from the start of the user's buffer
+    /// (`region.offset + offset` from the allocation's start).
+    Peer { peer: Rank, region: Region, offset: u64 },
+    /// Staging slot `slot` of the directed pair `from -> to`, at its start.
+    Staging { from: Rank, to: Rank, slot: u32 },
+}
+
+/// Which engine drives a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyEngine {
+    /// The copy engine of this device.
+    Device(u32),
+    /// The CPU (both ends in host memory).
+    Host,
+}
+
+/// A copy the transport must start, and report with [`Engine::on_copy_done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyCmd {
+    pub id: CopyId,
+    pub engine: CopyEngine,
+    pub lane: u32,
+    pub src: Loc,
+    pub dst: Loc,
+    pub len: u64,
+}
+
+/// What the transport must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send a control packet (in order with earlier sends to the same rank).
+    Send { to: Rank, packet: Packet },
+    /// Start a copy.
+    Copy(CopyCmd),
+    /// Write an eager payload into the request's buffer at offset 0.
+    Deliver { req: ReqId, payload: Vec<u8> },
+    /// The request is complete.
+    Complete { req: ReqId, result: Result<Status, ProtoError> },
+    /// A rendezvous protocol was chosen for the request (for logs and counters).
+    Chose { req: ReqId, peer: Rank, len: u64, choice: ProtocolChoice },
+    /// A peer broke the protocol; the packet was dropped.
+    Violation { peer: Rank, what: String },
+}
+
+/// A message that arrived before its receive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Unexpected {
+    Eager { payload: Vec<u8> },
+    Rts { msg: MsgId, len: u64, src: MemDesc },
+}
+
+/// Where an SHM transfer stands.
+#[derive(Debug)]
+struct ShmState {
+    nchunks: u32,
+    /// Sender: next chunk to fill. Receiver: unused.
+    next: u32,
+    /// Sender: chunks filled. Receiver: chunks drained.
+    done: u32,
+    /// Sender: which chunks the receiver acknowledged.
+    acked: Vec<bool>,
+    acked_n: u32,
+}
+
+impl ShmState {
+    fn new(len: u64, chunk: u64) -> Self {
+        let nchunks = len.div_ceil(chunk) as u32;
+        Self { nchunks, next: 0, done: 0, acked: Vec::new(), acked_n: 0 }
+    }
+}
+
+#[derive(Debug)]
+struct SendXfer {
+    req: ReqId,
+    to: Rank,
+    tag: Tag,
+    buf: BufDesc,
+    proto: Option<Protocol>,
+    /// Copies this side started and that have not finished.
+    pending: u32,
+    /// COOPERATE: the receiver's COOKIE arrived.
+    cookie: bool,
+    /// The user request was completed (SHM completes it before the ring drains).
+    completed: bool,
+    shm: Option<ShmState>,
+    error: Option<ProtoError>,
+}
+
+#[derive(Debug)]
+struct RecvXfer {
+    req: ReqId,
+    tag: Tag,
+    len: u64,
+    buf: BufDesc,
+    proto: Protocol,
+    pending: u32,
+    /// COOPERATE: this side's part is done and COOKIE was sent.
+    part_done: bool,
+    shm: Option<ShmState>,
+    error: Option<ProtoError>,
+}
+
+/// Who owns a copy in flight.
+#[derive(Clone, Copy, Debug)]
+enum CopyOwner {
+    Send { msg: MsgId, chunk: Option<u32> },
+    Recv { from: Rank, msg: MsgId, chunk: Option<u32> },
+}
+
+/// The protocol engine of one rank.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    next_msg: MsgId,
+    next_copy: u64,
+    matcher: Matcher<Unexpected>,
+    /// Posted receives that have not matched, with their buffers.
+    posted: HashMap<ReqId, BufDesc>,
+    sends: HashMap<MsgId, SendXfer>,
+    recvs: HashMap<(Rank, MsgId), RecvXfer>,
+    copies: HashMap<CopyId, CopyOwner>,
+    /// Per destination: SHM sends waiting for (front: using) the staging ring.
+    shm_queue: HashMap<Rank, VecDeque<MsgId>>,
+    dead: Vec<bool>,
+    actions: VecDeque<Action>,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        assert!(cfg.chunk_size > 0 && cfg.depth > 0, "SHM chunk size and depth must be positive");
+        assert!(cfg.rank < cfg.size, "rank {} outside job of {}", cfg.rank, cfg.size);
+        let dead = vec![false; cfg.size as usize];
+        Self {
+            cfg,
+            next_msg: 1,
+            next_copy: 1,
+            matcher: Matcher::default(),
+            posted: HashMap::new(),
+            sends: HashMap::new(),
+            recvs: HashMap::new(),
+            copies: HashMap::new(),
+            shm_queue: HashMap::new(),
+            dead,
+            actions: VecDeque::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Whether a message of `len` bytes travels eagerly: the caller then passes its
+    /// payload to [`post_send`](Self::post_send).
+    pub fn is_eager(&self, len: u64) -> bool {
+        len <= self.cfg.eager_limit
+    }
+
+    /// Next action for the transport to perform.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Whether any request, copy or SHM ring is still active.
+    pub fn is_idle(&self) -> bool {
+        self.sends.is_empty() && self.recvs.is_empty() && self.copies.is_empty()
+    }
+
+    /// Requests in flight (sends and matched receives) and posted receives.
+    pub fn in_flight(&self) -> usize {
+        self.sends.len() + self.recvs.len() + self.posted.len()
+    }
+
+    fn emit(&mut self, a: Action) {
+        self.actions.push_back(a);
+    }
+
+    fn send(&mut self, to: Rank, packet: Packet) {
+        if !self.dead[to as usize] {
+            self.emit(Action::Send { to, packet });
+        }
+    }
+
+    fn complete(&mut self, req: ReqId, result: Result<Status, ProtoError>) {
+        self.emit(Action::Complete { req, result });
+    }
+
+    fn violation(&mut self, peer: Rank, what: String) {
+        self.emit(Action::Violation { peer, what });
+    }
+
+    /// Posts a send of `buf` to `to` with `tag`. For eager sizes (see
+    /// [`is_eager`](Self::is_eager)) `payload` must hold the buffer's bytes.
+    pub fn post_send(&mut self, req: ReqId, to: Rank, tag: Tag, buf: BufDesc, payload: Option<Vec<u8>>) {
+        if to >= self.cfg.size {
+            return self.complete(req, Err(ProtoError::BadRank { rank: to, size: self.cfg.size }));
+        }
+        if self.dead[to as usize] {
+            return self.complete(req, Err(ProtoError::PeerFailed { rank: to }));
+        }
+        let msg = self.next_msg;
+        self.next_msg += 1;
+        if self.is_eager(buf.len) {
+            let Some(payload) = payload.filter(|p| p.len() as u64 == buf.len) else {
+                return self.complete(
+                    req,
+                    Err(ProtoError::Unsupported { what: "eager send posted without its payload".into() }),
+                );
+            };
+            self.send(to, Packet::Eager { msg, tag, payload });
+            return self.complete(req, Ok(Status { source: to, tag, len: buf.len }));
+        }
+        let src = match (buf.device, buf.region) {
+            (None, _) => MemDesc::Host,
+            (Some(_), Some(r)) => MemDesc::Device(r),
+            (Some(d), None) => {
+                return self.complete(
+                    req,
+                    Err(ProtoError::Unsupported { what: format!("device {d} buffer was not exported for rendezvous") }),
+                )
+            }
+        };
+        self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
+        self.sends.insert(
+            msg,
+            SendXfer {
+                req,
+                to,
+                tag,
+                buf,
+                proto: None,
+                pending: 0,
+                cookie: false,
+                completed: false,
+                shm: None,
+                error: None,
+            },
+        );
+    }
+
+    /// Posts a receive into `buf` from `source` (None = any) with `tag` (None = any).
+    pub fn post_recv(&mut self, req: ReqId, source: Option<Rank>, tag: Option<Tag>, buf: BufDesc) {
+        if let Some(s) = source {
+            if s >= self.cfg.size {
+                return self.complete(req, Err(ProtoError::BadRank { rank: s, size: self.cfg.size }));
+            }
+        }
+        match self.matcher.post(req, Selector { source, tag }) {
+            Some((from, tag, u)) => self.start_recv(req, from, tag, buf, u),
+            None => {
+                if let Some(s) = source {
+                    if self.dead[s as usize] {
+                        self.matcher.cancel(req);
+                        return self.complete(req, Err(ProtoError::PeerFailed { rank: s }));
+                    }
+                }
+                self.posted.insert(req, buf);
+            }
+        }
+    }
+
+    /// MPI_Iprobe: the envelope of the earliest unexpected message `source`/`tag` matches.
+    pub fn probe(&self, source: Option<Rank>, tag: Option<Tag>) -> Option<Status> {
+        self.matcher.probe(Selector { source, tag }).map(|(s, t, u)| Status {
+            source: *s,
+            tag: *t,
+            len: match u {
+                Unexpected::Eager { payload } => payload.len() as u64,
+                Unexpected::Rts { len, .. } => *len,
+            },
+        })
+    }
+
+    /// Cancels a receive that has not matched; false if it already matched.
+    pub fn cancel_recv(&mut self, req: ReqId) -> bool {
+        if self.matcher.cancel(req) {
+            self.posted.remove(&req);
+            self.complete(req, Err(ProtoError::Cancelled));
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A matched message starts moving into `buf`.
+    fn start_recv(&mut self, req: ReqId, from: Rank, tag: Tag, buf: BufDesc, u: Unexpected) {
+        match u {
+            Unexpected::Eager { mut payload } => {
+                let msg_len = payload.len() as u64;
+                let result = if msg_len > buf.len {
+                    payload.truncate(buf.len as usize);
+                    Err(ProtoError::Truncated { msg_len, buf_len: buf.len })
+                } else {
+                    Ok(Status { source: from, tag, len: msg_len })
+                };
+                if !payload.is_empty() {
+                    self.emit(Action::Deliver { req, payload });
+                }
+                self.complete(req, result);
+            }
+            Unexpected::Rts { msg, len, src } => self.start_rendezvous(req, from, msg, tag, len, src, buf),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_rendezvous(&mut self, req: ReqId, from: Rank, msg: MsgId, tag: Tag, len: u64, src: MemDesc, buf: BufDesc) {
+        if len > buf.len {
+            self.send(from, Packet::Abort { msg, reason: AbortReason::Truncated, dir: Dir::ToSender });
+            return self.complete(req, Err(ProtoError::Truncated { msg_len: len, buf_len: buf.len }));
+        }
+        let choice = if from == self.cfg.rank {
+            ProtocolChoice { protocol: Protocol::SelfCopy, reason: "sender and receiver are the same rank" }
+        } else {
+            let cfg = &self.cfg;
+            policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, |a, b| cfg.can_access(a, b))
+        };
+        let mut choice = choice;
+        let split = self.coop_split(len);
+        if choice.protocol == Protocol::Coop && (split == 0 || split >= len) {
+            choice = ProtocolChoice { protocol: Protocol::Get, reason: "message too small to split: receiver pulls" };
+        }
+        self.emit(Action::Chose { req, peer: from, len, choice });
+        let mut x = RecvXfer {
+            req,
+            tag,
+            len,
+            buf,
+            proto: choice.protocol,
+            pending: 0,
+            part_done: false,
+            shm: None,
+            error: None,
+        };
+        let owner = |chunk| CopyOwner::Recv { from, msg, chunk };
+        match choice.protocol {
+            Protocol::SelfCopy => {
+                // The sender is this engine: copy straight between the two user buffers.
+                let Some(s) = self.sends.get_mut(&msg) else {
+                    self.violation(from, format!("self RTS {msg} without a send"));
+                    return self.complete(req, Err(ProtoError::Protocol { rank: from, what: "lost self send".into() }));
+                };
+                s.proto = Some(Protocol::SelfCopy);
+                let sreq = s.req;
+                let engine = match (s.buf.device, buf.device) {
+                    (Some(d), _) | (None, Some(d)) => CopyEngine::Device(d),
+                    (None, None) => CopyEngine::Host,
+                };
+                x.pending = self.issue_range(
+                    owner(None),
+                    engine,
+                    |o| Loc::User { req: sreq, offset: o },
+                    |o| Loc::User { req, offset: o },
+                    0,
+                    len,
+                );
+            }
+            Protocol::Get => {
+                let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else { unreachable!("policy") };
+                x.pending = self.issue_range(
+                    owner(None),
+                    CopyEngine::Device(dev),
+                    |o| Loc::Peer { peer: from, region, offset: o },
+                    |o| Loc::User { req, offset: o },
+                    0,
+                    len,
+                );
+            }
+            Protocol::Put => {
+                self.send(from, Packet::Cts { msg, mode: CtsMode::Put, dst: buf.region, split: len });
+            }
+            Protocol::Coop => {
+                let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else { unreachable!("policy") };
+                self.send(from, Packet::Cts { msg, mode: CtsMode::Coop, dst: buf.region, split });
+                x.pending = self.issue_range(
+                    owner(None),
+                    CopyEngine::Device(dev),
+                    |o| Loc::Peer { peer: from, region, offset: o },
+                    |o| Loc::User { req, offset: o },
+                    split,
+                    len,
+                );
+            }
+            Protocol::Shm => {
+                self.send(from, Packet::Cts { msg, mode: CtsMode::Shm, dst: None, split: 0 });
+                x.shm = Some(ShmState::new(len, self.cfg.chunk_size));
+            }
+        }
+        self.recvs.insert((from, msg), x);
+    }
+
+    /// Where COOPERATE splits a message: the sender's share, aligned down to 4 KiB
+    /// so neither engine's part starts mid-page.
+    fn coop_split(&self, len: u64) -> u64 {
+        let raw = (len as u128 * self.cfg.coop_sender_permille as u128 / 1000) as u64;
+        raw & !0xfff
+    }
+
+    /// Issues copies for `[start, end)`, split by `copy_split` over `lanes`; returns
+    /// how many were issued.
+    fn issue_range(
+        &mut self,
+        owner: CopyOwner,
+        engine: CopyEngine,
+        src: impl Fn(u64) -> Loc,
+        dst: impl Fn(u64) -> Loc,
+        start: u64,
+        end: u64,
+    ) -> u32 {
+        let piece = if self.cfg.copy_split == 0 { end - start } else { self.cfg.copy_split };
+        let mut n = 0;
+        let mut off = start;
+        while off < end {
+            let len = piece.min(end - off);
+            let id = self.new_copy(owner);
+            let lane = n % self.cfg.lanes.max(1);
+            self.emit(Action::Copy(CopyCmd { id, engine, lane, src: src(off), dst: dst(off), len }));
+            n += 1;
+            off += len;
+        }
+        n
+    }
+
+    fn new_copy(&mut self, owner: CopyOwner) -> CopyId {
+        let id = CopyId(self.next_copy);
+        self.next_copy += 1;
+        self.copies.insert(id, owner);
+        id
+    }
+
+    /// A control packet arrived from `from`.
+    pub fn on_packet(&mut self, from: Rank, packet: Packet) {
+        if from >= self.cfg.size {
+            return self.violation(from, format!("packet from rank {from} outside the job"));
+        }
+        match packet {
+            Packet::Eager { tag, payload, .. } => {
+                let u = Unexpected::Eager { payload };
+                self.arrive(from, tag, u);
+            }
+            Packet::Rts { msg, tag, len, src } => {
+                if let MemDesc::Device(r) = &src {
+                    if !r.covers(len) {
+                        self.violation(from, format!("RTS {msg}: {len} bytes at offset {} exceed the {}-byte allocation", r.offset, r.alloc_size));
+                        return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
+                    }
+                    if r.node != self.cfg.node {
+                        self.violation(from, format!("RTS {msg}: buffer on node {:#x}, not this node", r.node));
+                        return self.send(from, Packet::Abort { msg, reason: AbortReason::Unsupported, dir: Dir::ToSender });
+                    }
+                    if r.device >= self.cfg.devices {
+                        self.violation(from, format!("RTS {msg}: device {} does not exist here", r.device));
+                        return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
+                    }
+                }
+                if len <= self.cfg.eager_limit && from != self.cfg.rank {
+                    // Harmless but a sign of mismatched configuration between ranks.
+                    self.violation(from, format!("RTS {msg} for {len} bytes, under the eager limit: ranks disagree on GPULMT_EAGER_LIMIT"));
+                }
+                self.arrive(from, tag, Unexpected::Rts { msg, len, src });
+            }
+            Packet::Cts { msg, mode, dst, split } => self.on_cts(from, msg, mode, dst, split),
+            Packet::Cookie { msg } => match self.sends.get_mut(&msg) {
+                Some(s) if s.to == from && s.proto == Some(Protocol::Coop) && !s.cookie => {
+                    s.cookie = true;
+                    self.try_finish_send(msg);
+                }
+                _ => self.violation(from, format!("COOKIE for unknown or non-cooperative message {msg}")),
+            },
+            Packet::Done { msg, dir: Dir::ToSender } => match self.sends.get_mut(&msg) {
+                Some(s) if s.to == from && s.proto.is_none() => {
+                    // GET: the receiver pulled everything; our buffer is free.
+                    s.proto = Some(Protocol::Get);
+                    self.finish_send(msg);
+                }
+                _ => self.violation(from, format!("DONE for message {msg} that awaits none")),
+            },
+            Packet::Done { msg, dir: Dir::ToReceiver } => match self.recvs.get(&(from, msg)) {
+                Some(r) if matches!(r.proto, Protocol::Put | Protocol::Coop) && r.error.is_none() => {
+                    if r.proto == Protocol::Coop && !r.part_done {
+                        self.violation(from, format!("DONE for cooperative message {msg} before its COOKIE"));
+                    } else {
+                        self.finish_recv((from, msg));
+                    }
+                }
+                _ => self.violation(from, format!("DONE for unknown message {msg} from rank {from}")),
+            },
+            Packet::Chunk { msg, index, len } => self.on_chunk(from, msg, index, len),
+            Packet::ChunkAck { msg, index } => self.on_chunk_ack(from, msg, index),
+            Packet::Abort { msg, reason, dir: Dir::ToSender } => match self.sends.get(&msg) {
+                Some(s) if s.to == from => {
+                    if reason == AbortReason::Truncated && s.proto.is_none() {
+                        // MPI: the send succeeds; the receiver reports the truncation.
+                        self.finish_send(msg);
+                    } else {
+                        let err = ProtoError::Aborted { rank: from, reason: format!("{reason:?}") };
+                        self.fail_send(msg, err, false);
+                    }
+                }
+                _ => self.violation(from, format!("ABORT for unknown message {msg}")),
+            },
+            Packet::Abort { msg, reason, dir: Dir::ToReceiver } => {
+                if self.recvs.contains_key(&(from, msg)) {
+                    let err = ProtoError::Aborted { rank: from, reason: format!("{reason:?}") };
+                    self.fail_recv((from, msg), err, false);
+                } else {
+                    // An unmatched RTS whose sender gave up: drop it.
+                    self.matcher.retain_unexpected(|s, u| !(s == from && matches!(u, Unexpected::Rts { msg: m, .. } if *m == msg)));
+                }
+            }
+            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => {
+                self.violation(from, "free-commit packet routed to the LMT engine".into())
+            }
+        }
+    }
+
+    fn arrive(&mut self, from: Rank, tag: Tag, u: Unexpected) {
+        if let Some((req, u)) = self.matcher.arrive(from, tag, u) {
+            let buf = self.posted.remove(&req).expect("posted receive has a buffer");
+            self.start_recv(req, from, tag, buf, u);
+        }
+    }
+
+    fn on_cts(&mut self, from: Rank, msg: MsgId, mode: CtsMode, dst: Option<Region>, split: u64) {
+        let Some(s) = self.sends.get_mut(&msg) else {
+            return self.violation(from, format!("CTS for unknown message {msg}"));
+        };
+        if s.to != from || s.proto.is_some() {
+            return self.violation(from, format!("CTS for message {msg} not awaiting one"));
+        }
+        let len = s.buf.len;
+        let (req, dev) = (s.req, s.buf.device);
+        let bad = |what: &str| format!("CTS {mode:?} for message {msg}: {what}");
+        match mode {
+            CtsMode::Put | CtsMode::Coop => {
+                let Some(region) = dst.filter(|r| r.covers(len)) else {
+                    let what = bad("receiver region missing or smaller than the message");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                };
+                let Some(dev) = dev else {
+                    let what = bad("sender buffer is host memory");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                };
+                if !self.cfg.can_access(dev, region.device) || region.node != self.cfg.node {
+                    let what = bad("this device cannot reach the receiver's");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                }
+                let end = if mode == CtsMode::Put { len } else { split };
+                if end > len || (mode == CtsMode::Coop && end == 0) {
+                    let what = bad("split outside the message");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                }
+                let proto = if mode == CtsMode::Put { Protocol::Put } else { Protocol::Coop };
+                let n = self.issue_range(
+                    CopyOwner::Send { msg, chunk: None },
+                    CopyEngine::Device(dev),
+                    |o| Loc::User { req, offset: o },
+                    |o| Loc::Peer { peer: from, region, offset: o },
+                    0,
+                    end,
+                );
+                let s = self.sends.get_mut(&msg).expect("checked above");
+                s.proto = Some(proto);
+                s.pending += n;
+            }
+            CtsMode::Shm => {
+                s.proto = Some(Protocol::Shm);
+                s.shm = Some(ShmState::new(len, self.cfg.chunk_size));
+                let q = self.shm_queue.entry(from).or_default();
+                q.push_back(msg);
+                if q.len() == 1 {
+                    self.pump_shm(msg);
+                }
+            }
+        }
+    }
+
+    /// Fills as many staging slots as the ring allows for the active SHM send `msg`.
+    fn pump_shm(&mut self, msg: MsgId) {
+        let depth = self.cfg.depth;
+        let chunk = self.cfg.chunk_size;
+        let me = self.cfg.rank;
+        let Some(s) = self.sends.get_mut(&msg) else { return };
+        if s.error.is_some() {
+            return;
+        }
+        let (req, to, len) = (s.req, s.to, s.buf.len);
+        let engine = s.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
+        let st = s.shm.as_mut().expect("SHM send has SHM state");
+        if st.acked.is_empty() {
+            st.acked = vec![false; st.nchunks as usize];
+        }
+        let mut cmds = Vec::new();
+        // Slot k % depth is free once chunk k - depth was acknowledged.
+        while st.next < st.nchunks && (st.next < depth || st.acked[(st.next - depth) as usize]) {
+            let k = st.next;
+            st.next += 1;
+            let off = k as u64 * chunk;
+            cmds.push((k, off, chunk.min(len - off)));
+        }
+        s.pending += cmds.len() as u32;
+        for (k, off, n) in cmds {
+            let id = self.new_copy(CopyOwner::Send { msg, chunk: Some(k) });
+            self.emit(Action::Copy(CopyCmd {
+                id,
+                engine,
+                lane: 0,
+                src: Loc::User { req, offset: off },
+                dst: Loc::Staging { from: me, to, slot: k % depth },
+                len: n,
+            }));
+        }
+    }
+
+    fn on_chunk(&mut self, from: Rank, msg: MsgId, index: u32, len: u32) {
+        let chunk = self.cfg.chunk_size;
+        let depth = self.cfg.depth;
+        let me = self.cfg.rank;
+        let Some(r) = self.recvs.get_mut(&(from, msg)) else {
+            return self.violation(from, format!("CHUNK for unknown message {msg}"));
+        };
+        let Some(st) = r.shm.as_ref() else {
+            return self.violation(from, format!("CHUNK for message {msg} not moving through SHM"));
+        };
+        let off = index as u64 * chunk;
+        let expect = if index < st.nchunks { chunk.min(r.len - off) } else { 0 };
+        if index >= st.nchunks || len as u64 != expect {
+            let what = format!("CHUNK {index} of {len} bytes for message {msg} outside its {} chunks", st.nchunks);
+            self.violation(from, what.clone());
+            return self.fail_recv((from, msg), ProtoError::Protocol { rank: from, what }, true);
+        }
+        if r.error.is_some() {
+            // Failed already: acknowledge so the sender's ring keeps moving.
+            return self.send(from, Packet::ChunkAck { msg, index });
+        }
+        let req = r.req;
+        let engine = r.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
+        r.pending += 1;
+        let id = self.new_copy(CopyOwner::Recv { from, msg, chunk: Some(index) });
+        self.emit(Action::Copy(CopyCmd {
+            id,
+            engine,
+            lane: 0,
+            src: Loc::Staging { from, to: me, slot: index % depth },
+            dst: Loc::User { req, offset: off },
+            len: len as u64,
+        }));
+    }
+
+    fn on_chunk_ack(&mut self, from: Rank, msg: MsgId, index: u32) {
+        let Some(s) = self.sends.get_mut(&msg) else {
+            // Late ack of a transfer that failed and was torn down.
+            return;
+        };
+        let Some(st) = s.shm.as_mut().filter(|_| s.to == from) else {
+            return self.violation(from, format!("CHUNK_ACK for message {msg} not moving through SHM"));
+        };
+        if index >= st.next || st.acked[index as usize] {
+            return self.violation(from, format!("CHUNK_ACK {index} for message {msg} never filled or acked twice"));
+        }
+        st.acked[index as usize] = true;
+        st.acked_n += 1;
+        if st.acked_n == st.nchunks {
+            self.finish_send(msg);
+        } else {
+            self.pump_shm(msg);
+        }
+    }
+
+    /// A copy finished (Err carries the transport's description of the failure).
+    pub fn on_copy_done(&mut self, id: CopyId, result: Result<(), String>) {
+        let Some(owner) = self.copies.remove(&id) else {
+            return self.violation(self.cfg.rank, format!("completion of unknown copy {id:?}"));
+        };
+        match owner {
+            CopyOwner::Send { msg, chunk } => {
+                let Some(s) = self.sends.get_mut(&msg) else { return };
+                s.pending -= 1;
+                if let Err(what) = result {
+                    return self.fail_send(msg, ProtoError::CopyFailed { what }, true);
+                }
+                if s.error.is_some() {
+                    return self.try_finish_send(msg);
+                }
+                if let Some(k) = chunk {
+                    let st = s.shm.as_mut().expect("chunk copy of an SHM send");
+                    st.done += 1;
+                    let len = self.cfg.chunk_size.min(s.buf.len - k as u64 * self.cfg.chunk_size) as u32;
+                    let (to, all_filled) = (s.to, st.done == st.nchunks);
+                    self.send(to, Packet::Chunk { msg, index: k, len });
+                    if all_filled {
+                        // The user's buffer is no longer read; the ring drains on.
+                        self.complete_send_request(msg);
+                    }
+                } else {
+                    self.try_finish_send(msg);
+                }
+            }
+            CopyOwner::Recv { from, msg, chunk } => {
+                let key = (from, msg);
+                let Some(r) = self.recvs.get_mut(&key) else { return };
+                r.pending -= 1;
+                if let Err(what) = result {
+                    return self.fail_recv(key, ProtoError::CopyFailed { what }, true);
+                }
+                if r.error.is_some() {
+                    return self.finish_recv(key);
+                }
+                match (r.proto, chunk) {
+                    (Protocol::Shm, Some(index)) => {
+                        let st = r.shm.as_mut().expect("SHM receive");
+                        st.done += 1;
+                        let all = st.done == st.nchunks;
+                        self.send(from, Packet::ChunkAck { msg, index });
+                        if all {
+                            self.finish_recv(key);
+                        }
+                    }
+                    (Protocol::Get, _) if r.pending == 0 => {
+                        self.send(from, Packet::Done { msg, dir: Dir::ToSender });
+                        self.finish_recv(key);
+                    }
+                    (Protocol::Coop, _) if r.pending == 0 => {
+                        r.part_done = true;
+                        self.send(from, Packet::Cookie { msg });
+                    }
+                    (Protocol::SelfCopy, _) if r.pending == 0 => {
+                        self.finish_send(msg);
+                        self.finish_recv(key);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// PUT and COOPERATE senders finish when their copies are done (and, for
+    /// COOPERATE, the receiver's COOKIE arrived); failed sends when no copy runs.
+    fn try_finish_send(&mut self, msg: MsgId) {
+        let Some(s) = self.sends.get(&msg) else { return };
+        if s.pending > 0 {
+            return;
+        }
+        if s.error.is_some() {
+            return self.finish_send(msg);
+        }
+        let ready = match s.proto {
+            Some(Protocol::Put) => true,
+            Some(Protocol::Coop) => s.cookie,
+            _ => false,
+        };
+        if ready {
+            let to = s.to;
+            self.send(to, Packet::Done { msg, dir: Dir::ToReceiver });
+            self.finish_send(msg);
+        }
+    }
+
+    fn complete_send_request(&mut self, msg: MsgId) {
+        let s = self.sends.get_mut(&msg).expect("live send");
+        if s.completed {
+            return;
+        }
+        s.completed = true;
+        let (req, result) = match &s.error {
+            Some(e) => (s.req, Err(e.clone())),
+            None => (s.req, Ok(Status { source: s.to, tag: s.tag, len: s.buf.len })),
+        };
+        self.complete(req, result);
+    }
+
+    /// Ends a send: completes its request (with its error, if any) and releases its
+    /// SHM ring, unless copies still run (it then ends at the last one).
+    fn finish_send(&mut self, msg: MsgId) {
+        let Some(s) = self.sends.get(&msg) else { return };
+        if s.pending > 0 {
+            return;
+        }
+        self.complete_send_request(msg);
+        let s = self.sends.remove(&msg).expect("live send");
+        if s.proto == Some(Protocol::Shm) {
+            if let Some(q) = self.shm_queue.get_mut(&s.to) {
+                let was_front = q.front() == Some(&msg);
+                q.retain(|m| *m != msg);
+                if was_front {
+                    if let Some(&next) = q.front() {
+                        self.pump_shm(next);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_recv(&mut self, key: (Rank, MsgId)) {
+        let Some(r) = self.recvs.get(&key) else { return };
+        if r.pending > 0 {
+            return;
+        }
+        let r = self.recvs.remove(&key).expect("live receive");
+        let result = match r.error {
+            Some(e) => Err(e),
+            None => Ok(Status { source: key.0, tag: r.tag, len: r.len }),
+        };
+        self.complete(r.req, result);
+    }
+
+    fn fail_send(&mut self, msg: MsgId, err: ProtoError, notify: bool) {
+        let Some(s) = self.sends.get_mut(&msg) else { return };
+        if s.error.is_none() {
+            s.error = Some(err);
+            if notify {
+                let to = s.to;
+                self.send(to, Packet::Abort { msg, reason: AbortReason::CopyFailed, dir: Dir::ToReceiver });
+            }
+        }
+        self.finish_send(msg);
+    }
+
+    fn fail_recv(&mut self, key: (Rank, MsgId), err: ProtoError, notify: bool) {
+        let Some(r) = self.recvs.get_mut(&key) else { return };
+        if r.error.is_none() {
+            r.error = Some(err);
+            if notify {
+                self.send(key.0, Packet::Abort { msg: key.1, reason: AbortReason::CopyFailed, dir: Dir::ToSender });
+            }
+        }
+        self.finish_recv(key);
+    }
+
+    /// Rank `peer` died or exited: its transfers fail (once their copies stop), and
+    /// receives that can only match it fail now.
+    pub fn on_peer_failed(&mut self, peer: Rank) {
+        if peer >= self.cfg.size || self.dead[peer as usize] || peer == self.cfg.rank {
+            return;
+        }
+        self.dead[peer as usize] = true;
+        let err = ProtoError::PeerFailed { rank: peer };
+        let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();
+        for msg in sends {
+            self.shm_queue.remove(&peer);
+            self.fail_send(msg, err.clone(), false);
+        }
+        let recvs: Vec<(Rank, MsgId)> = self.recvs.keys().filter(|(f, _)| *f == peer).copied().collect();
+        for key in recvs {
+            self.fail_recv(key, err.clone(), false);
+        }
+        for req in self.matcher.drain_posted_from(peer) {
+            self.posted.remove(&req);
+            self.complete(req, Err(err.clone()));
+        }
+        // Its eager messages already arrived whole and stay receivable; its RTSs
+        // can never be fetched.
+        self.matcher.retain_unexpected(|s, u| !(s == peer && matches!(u, Unexpected::Rts { .. })));
+    }
+
+    /// Whether a peer was declared failed.
+    pub fn is_peer_failed(&self, peer: Rank) -> bool {
+        self.dead.get(peer as usize).copied().unwrap_or(false)
+    }
+}

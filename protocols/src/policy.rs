@@ -1,0 +1,172 @@
+//! Which rendezvous protocol moves a message, decided by the receiver on an RTS.
+//!
+//! The choice decides which DMA engine works: GET drives the receiver's copy engine,
+//! PUT the sender's, COOPERATE both, SHM both processes' host links through pinned
+//! shared staging. Every decision carries a reason, recorded in the transfer's
+//! tracing span, so a user can tell why a message took the path it took.
+
+use std::fmt;
+
+use crate::wire::MemDesc;
+
+/// A rendezvous protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// The receiver's engine pulls from the mapped sender buffer.
+    Get,
+    /// The sender's engine pushes into the mapped receiver buffer.
+    Put,
+    /// Each engine moves its part: the sender the front, the receiver the back.
+    Coop,
+    /// Pipelined through pinned shared host staging chunks.
+    Shm,
+    /// Sender and receiver are the same process: one local copy.
+    SelfCopy,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Get => "get",
+            Protocol::Put => "put",
+            Protocol::Coop => "coop",
+            Protocol::Shm => "shm",
+            Protocol::SelfCopy => "self",
+        })
+    }
+}
+
+/// The user's override of the automatic choice (`GPULMT_PROTOCOL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ProtocolOverride {
+    #[default]
+    Auto,
+    Get,
+    Put,
+    Coop,
+    Shm,
+}
+
+impl std::str::FromStr for ProtocolOverride {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "auto" => Self::Auto,
+            "get" => Self::Get,
+            "put" => Self::Put,
+            "coop" | "cooperate" => Self::Coop,
+            "shm" => Self::Shm,
+            _ => return Err(format!("unknown protocol '{s}': use auto, get, put, coop or shm")),
+        })
+    }
+}
+
+/// A decision and why it was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtocolChoice {
+    pub protocol: Protocol,
+    pub reason: &'static str,
+}
+
+/// The knobs of the automatic policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyConfig {
+    pub mode: ProtocolOverride,
+    /// Messages of at least this many bytes between peer-accessible devices use
+    /// COOPERATE under `auto` (u64::MAX: never).
+    pub coop_min: u64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX }
+    }
+}
+
+/// Decides the protocol for a message of `len` bytes from a sender whose buffer is
+/// `src` to a receiver whose buffer is `dst` (device ordinal, and whether it is
+/// exported so the sender may map it). `can_access(a, b)` says whether device `a`'s
+/// engine can reach device `b`'s memory.
+pub fn choose(
+    cfg: &PolicyConfig,
+    src: &MemDesc,
+    dst_device: Option<u32>,
+    dst_exported: bool,
+    len: u64,
+    can_access: impl Fn(u32, u32) -> bool,
+) -> ProtocolChoice {
+    let pick = |protocol, reason| ProtocolChoice { protocol, reason };
+    let (s, d) = match (src, dst_device) {
+        (MemDesc::Device(r), Some(d)) => (r.device, d),
+        (MemDesc::Host, _) => return pick(Protocol::Shm, "sender buffer is host memory"),
+        (_, None) => return pick(Protocol::Shm, "receiver buffer is host memory"),
+    };
+    // GET: the receiver's engine (device d) reads the sender's memory (device s).
+    let get_ok = can_access(d, s);
+    // PUT: the sender's engine writes the receiver's memory, which must be exported.
+    let put_ok = can_access(s, d) && dst_exported;
+    let coop_ok = get_ok && put_ok;
+    match cfg.mode {
+        ProtocolOverride::Shm => pick(Protocol::Shm, "forced by GPULMT_PROTOCOL=shm"),
+        ProtocolOverride::Get if get_ok => pick(Protocol::Get, "forced by GPULMT_PROTOCOL=get"),
+        ProtocolOverride::Put if put_ok => pick(Protocol::Put, "forced by GPULMT_PROTOCOL=put"),
+        ProtocolOverride::Coop if coop_ok => pick(Protocol::Coop, "forced by GPULMT_PROTOCOL=coop"),
+        ProtocolOverride::Get | ProtocolOverride::Put | ProtocolOverride::Coop => {
+            pick(Protocol::Shm, "forced protocol impossible: devices not peer-accessible")
+        }
+        ProtocolOverride::Auto => {
+            if s == d {
+                pick(Protocol::Get, "same device: one engine copies within it")
+            } else if coop_ok && len >= cfg.coop_min {
+                pick(Protocol::Coop, "peer-accessible and large: both engines move a part")
+            } else if get_ok {
+                pick(Protocol::Get, "peer-accessible: receiver's engine pulls")
+            } else if put_ok {
+                pick(Protocol::Put, "only the sender's device reaches the receiver's")
+            } else {
+                pick(Protocol::Shm, "devices not peer-accessible")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Region;
+
+    fn dev(d: u32) -> MemDesc {
+        MemDesc::Device(Region { handle: [0; 64], alloc_size: 100, offset: 0, device: d, node: 0, buffer_id: 1 })
+    }
+
+    #[test]
+    fn host_memory_goes_through_shm() {
+        let c = PolicyConfig::default();
+        assert_eq!(choose(&c, &MemDesc::Host, Some(0), true, 1 << 20, |_, _| true).protocol, Protocol::Shm);
+        assert_eq!(choose(&c, &dev(0), None, false, 1 << 20, |_, _| true).protocol, Protocol::Shm);
+    }
+
+    #[test]
+    fn auto_by_accessibility_and_size() {
+        let mut c = PolicyConfig::default();
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |_, _| true).protocol, Protocol::Get);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |_, _| false).protocol, Protocol::Shm);
+        // Only the sender (0) reaches the receiver (1).
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |a, b| a == 0 && b == 1).protocol, Protocol::Put);
+        assert_eq!(choose(&c, &dev(0), Some(1), false, 1 << 20, |a, b| a == 0 && b == 1).protocol, Protocol::Shm);
+        c.coop_min = 1 << 20;
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |_, _| true).protocol, Protocol::Coop);
+        assert_eq!(choose(&c, &dev(0), Some(0), true, 1 << 20, |_, _| true).protocol, Protocol::Get);
+    }
+
+    #[test]
+    fn overrides_fall_back_when_impossible() {
+        let c = PolicyConfig { mode: ProtocolOverride::Put, ..Default::default() };
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 10, |_, _| true).protocol, Protocol::Put);
+        let r = choose(&c, &dev(0), Some(1), true, 10, |_, _| false);
+        assert_eq!(r.protocol, Protocol::Shm);
+        assert!(r.reason.contains("impossible"));
+        assert_eq!("COOP".parse::<ProtocolOverride>(), Ok(ProtocolOverride::Coop));
+        assert!("fast".parse::<ProtocolOverride>().is_err());
+    }
+}

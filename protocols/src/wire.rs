@@ -1,0 +1,578 @@
+//! Control packets exchanged between local ranks, and their binary encoding.
+//!
+//! Packets travel through shared-memory rings written by another process, so a
+//! decoder must treat every byte as untrusted: [`Packet::decode`] rejects wrong
+//! versions, unknown kinds, short or over-long packets, and regions whose offset
+//! and length do not fit inside the allocation they claim. The engine checks the
+//! semantic rules (that a region covers the message, that a CTS answers an RTS).
+
+use crate::{MsgId, Tag};
+
+/// Version of the wire format; a peer speaking another version is rejected.
+pub const WIRE_VERSION: u8 = 1;
+/// Bytes of an IPC handle carried in a region (CUDA's `CUipcMemHandle`).
+pub const HANDLE_BYTES: usize = 64;
+
+/// An exported window of device memory: the cookie of the RTS and CTS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    /// The IPC handle of the whole allocation.
+    pub handle: [u8; HANDLE_BYTES],
+    /// Size of the whole allocation, as the exporter's driver reports it.
+    pub alloc_size: u64,
+    /// Offset of the user buffer inside the allocation.
+    pub offset: u64,
+    /// Device ordinal of the allocation (node-local numbering).
+    pub device: u32,
+    /// Node the allocation lives on.
+    pub node: u64,
+    /// The exporter's buffer id: unique per allocation for the exporter's lifetime,
+    /// so a recycled address is never mistaken for the old buffer.
+    pub buffer_id: u64,
+}
+
+impl Region {
+    /// Whether `[offset, offset + len)` lies inside the allocation.
+    pub fn covers(&self, len: u64) -> bool {
+        self.offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.alloc_size)
+    }
+}
+
+/// Where a message's buffer lives, as told to the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemDesc {
+    /// Host memory: peers cannot map it; only SHM staging can move it.
+    Host,
+    /// Device memory, exported so a peer can map it.
+    Device(Region),
+}
+
+/// Why a receiver refused a rendezvous, or a side gave up on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum AbortReason {
+    /// The receive buffer was too small; the sender completes successfully (MPI).
+    Truncated = 1,
+    /// The RTS was malformed or pointed outside its allocation.
+    BadRequest = 2,
+    /// A copy failed on the side that sends this.
+    CopyFailed = 3,
+    /// The receive was cancelled or the request torn down.
+    Cancelled = 4,
+    /// The transfer cannot be done on this node (e.g. the peer is on another node).
+    Unsupported = 5,
+}
+
+impl AbortReason {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Truncated,
+            2 => Self::BadRequest,
+            3 => Self::CopyFailed,
+            4 => Self::Cancelled,
+            5 => Self::Unsupported,
+            _ => return None,
+        })
+    }
+}
+
+/// Which way a packet that both sides send flows; it says whose request the
+/// message id names (message ids are assigned by senders, so a receiver's and a
+/// sender's ids may collide).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Dir {
+    /// From the message's receiver to its sender.
+    ToSender = 1,
+    /// From the message's sender to its receiver.
+    ToReceiver = 2,
+}
+
+/// Which rendezvous protocol the receiver picked (carried by the CTS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CtsMode {
+    Put = 1,
+    Coop = 2,
+    Shm = 3,
+}
+
+/// A control packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Packet {
+    /// A small message with its payload inline.
+    Eager { msg: MsgId, tag: Tag, payload: Vec<u8> },
+    /// Request to send: announces a large message and its buffer.
+    Rts { msg: MsgId, tag: Tag, len: u64, src: MemDesc },
+    /// Clear to send: the receiver's choice of PUT, COOPERATE or SHM. PUT and
+    /// COOPERATE carry the receiver's region; COOPERATE carries where the sender's
+    /// part ends (`split`): the sender moves `[0, split)`, the receiver the rest.
+    Cts { msg: MsgId, mode: CtsMode, dst: Option<Region>, split: u64 },
+    /// COOPERATE: the receiver finished its part.
+    Cookie { msg: MsgId },
+    /// The side that drove the last copy finished: the transfer is complete.
+    Done { msg: MsgId, dir: Dir },
+    /// SHM: chunk `index` (`len` bytes) is in staging slot `index % depth`.
+    Chunk { msg: MsgId, index: u32, len: u32 },
+    /// SHM: the receiver copied chunk `index` out; its slot is free again.
+    ChunkAck { msg: MsgId, index: u32 },
+    /// The transfer is refused or abandoned.
+    Abort { msg: MsgId, reason: AbortReason, dir: Dir },
+    /// Two-phase free: the sender's buffers marked for release in this epoch.
+    FreeMarks { epoch: u64, buffer_ids: Vec<u64> },
+    /// Two-phase free: the sender closed its mappings of every marked buffer.
+    FreeAck { epoch: u64 },
+}
+
+/// Why bytes could not be decoded into a packet.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("packet is {got} bytes, shorter than its {kind} layout needs")]
+    Short { kind: &'static str, got: usize },
+    #[error("wire version {0} is not {WIRE_VERSION}: every rank of a job must run the same gpulmt version")]
+    Version(u8),
+    #[error("unknown packet kind {0}")]
+    Kind(u8),
+    #[error("invalid field {field}: {value}")]
+    Field { field: &'static str, value: u64 },
+    #[error("{0} trailing bytes after the packet")]
+    Trailing(usize),
+}
+
+const K_EAGER: u8 = 1;
+const K_RTS: u8 = 2;
+const K_CTS: u8 = 3;
+const K_COOKIE: u8 = 4;
+const K_DONE: u8 = 5;
+const K_CHUNK: u8 = 6;
+const K_CHUNK_ACK: u8 = 7;
+const K_ABORT: u8 = 8;
+const K_FREE_MARKS: u8 = 9;
+const K_FREE_ACK: u8 = 10;
+
+/// Fixed part of every packet: version and kind.
+const HEADER: usize = 2;
+/// Encoded size of a region.
+pub const REGION_BYTES: usize = HANDLE_BYTES + 8 + 8 + 4 + 8 + 8;
+
+impl Packet {
+    /// The message a packet belongs to, for the LMT packets.
+    pub fn msg(&self) -> Option<MsgId> {
+        match *self {
+            Packet::Eager { msg, .. }
+            | Packet::Rts { msg, .. }
+            | Packet::Cts { msg, .. }
+            | Packet::Cookie { msg }
+            | Packet::Done { msg, .. }
+            | Packet::Chunk { msg, .. }
+            | Packet::ChunkAck { msg, .. }
+            | Packet::Abort { msg, .. } => Some(msg),
+            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => None,
+        }
+    }
+
+    /// Bytes [`encode`](Self::encode) writes.
+    pub fn encoded_len(&self) -> usize {
+        HEADER
+            + match self {
+                Packet::Eager { payload, .. } => 8 + 4 + payload.len(),
+                Packet::Rts { src, .. } => {
+                    8 + 4 + 8 + 1 + if matches!(src, MemDesc::Device(_)) { REGION_BYTES } else { 0 }
+                }
+                Packet::Cts { dst, .. } => 8 + 1 + 8 + 1 + if dst.is_some() { REGION_BYTES } else { 0 },
+                Packet::Cookie { .. } => 8,
+                Packet::Done { .. } => 8 + 1,
+                Packet::Chunk { .. } => 8 + 4 + 4,
+                Packet::ChunkAck { .. } => 8 + 4,
+                Packet::Abort { .. } => 8 + 1 + 1,
+                Packet::FreeMarks { buffer_ids, .. } => 8 + 4 + 8 * buffer_ids.len(),
+                Packet::FreeAck { .. } => 8,
+            }
+    }
+
+    /// Encodes into `out`, which must hold [`encoded_len`](Self::encoded_len) bytes;
+    /// returns the bytes written.
+    pub fn encode(&self, out: &mut [u8]) -> usize {
+        let mut w = Writer { buf: out, pos: 0 };
+        w.u8(WIRE_VERSION);
+        match self {
+            Packet::Eager { msg, tag, payload } => {
+                w.u8(K_EAGER);
+                w.u64(*msg);
+                w.i32(*tag);
+                w.bytes(payload);
+            }
+            Packet::Rts { msg, tag, len, src } => {
+                w.u8(K_RTS);
+                w.u64(*msg);
+                w.i32(*tag);
+                w.u64(*len);
+                match src {
+                    MemDesc::Host => w.u8(0),
+                    MemDesc::Device(r) => {
+                        w.u8(1);
+                        w.region(r);
+                    }
+                }
+            }
+            Packet::Cts { msg, mode, dst, split } => {
+                w.u8(K_CTS);
+                w.u64(*msg);
+                w.u8(*mode as u8);
+                w.u64(*split);
+                match dst {
+                    None => w.u8(0),
+                    Some(r) => {
+                        w.u8(1);
+                        w.region(r);
+                    }
+                }
+            }
+            Packet::Cookie { msg } => {
+                w.u8(K_COOKIE);
+                w.u64(*msg);
+            }
+            Packet::Done { msg, dir } => {
+                w.u8(K_DONE);
+                w.u64(*msg);
+                w.u8(*dir as u8);
+            }
+            Packet::Chunk { msg, index, len } => {
+                w.u8(K_CHUNK);
+                w.u64(*msg);
+                w.u32(*index);
+                w.u32(*len);
+            }
+            Packet::ChunkAck { msg, index } => {
+                w.u8(K_CHUNK_ACK);
+                w.u64(*msg);
+                w.u32(*index);
+            }
+            Packet::Abort { msg, reason, dir } => {
+                w.u8(K_ABORT);
+                w.u64(*msg);
+                w.u8(*reason as u8);
+                w.u8(*dir as u8);
+            }
+            Packet::FreeMarks { epoch, buffer_ids } => {
+                w.u8(K_FREE_MARKS);
+                w.u64(*epoch);
+                w.u32(buffer_ids.len() as u32);
+                for id in buffer_ids {
+                    w.u64(*id);
+                }
+            }
+            Packet::FreeAck { epoch } => {
+                w.u8(K_FREE_ACK);
+                w.u64(*epoch);
+            }
+        }
+        w.pos
+    }
+
+    /// Encodes into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.encoded_len()];
+        let n = self.encode(&mut v);
+        debug_assert_eq!(n, v.len());
+        v
+    }
+
+    /// Decodes untrusted bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Packet, DecodeError> {
+        let mut r = Reader { buf: bytes, pos: 0, kind: "header" };
+        let version = r.u8()?;
+        if version != WIRE_VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let kind = r.u8()?;
+        let pkt = match kind {
+            K_EAGER => {
+                r.kind = "eager";
+                let msg = r.u64()?;
+                let tag = r.i32()?;
+                let payload = r.rest().to_vec();
+                Packet::Eager { msg, tag, payload }
+            }
+            K_RTS => {
+                r.kind = "rts";
+                let msg = r.u64()?;
+                let tag = r.i32()?;
+                let len = r.u64()?;
+                let src = match r.u8()? {
+                    0 => MemDesc::Host,
+                    1 => MemDesc::Device(r.region()?),
+                    v => return Err(DecodeError::Field { field: "rts.mem", value: v as u64 }),
+                };
+                Packet::Rts { msg, tag, len, src }
+            }
+            K_CTS => {
+                r.kind = "cts";
+                let msg = r.u64()?;
+                let mode = match r.u8()? {
+                    1 => CtsMode::Put,
+                    2 => CtsMode::Coop,
+                    3 => CtsMode::Shm,
+                    v => return Err(DecodeError::Field { field: "cts.mode", value: v as u64 }),
+                };
+                let split = r.u64()?;
+                let dst = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.region()?),
+                    v => return Err(DecodeError::Field { field: "cts.dst", value: v as u64 }),
+                };
+                Packet::Cts { msg, mode, dst, split }
+            }
+            K_COOKIE => {
+                r.kind = "cookie";
+                Packet::Cookie { msg: r.u64()? }
+            }
+            K_DONE => {
+                r.kind = "done";
+                Packet::Done { msg: r.u64()?, dir: r.dir()? }
+            }
+            K_CHUNK => {
+                r.kind = "chunk";
+                Packet::Chunk { msg: r.u64()?, index: r.u32()?, len: r.u32()? }
+            }
+            K_CHUNK_ACK => {
+                r.kind = "chunk_ack";
+                Packet::ChunkAck { msg: r.u64()?, index: r.u32()? }
+            }
+            K_ABORT => {
+                r.kind = "abort";
+                let msg = r.u64()?;
+                let v = r.u8()?;
+                let reason =
+                    AbortReason::from_u8(v).ok_or(DecodeError::Field { field: "abort.reason", value: v as u64 })?;
+                Packet::Abort { msg, reason, dir: r.dir()? }
+            }
+            K_FREE_MARKS => {
+                r.kind = "free_marks";
+                let epoch = r.u64()?;
+                let n = r.u32()? as usize;
+                // The count is untrusted: bound it by the bytes actually present.
+                if n > r.remaining() / 8 {
+                    return Err(DecodeError::Field { field: "free_marks.count", value: n as u64 });
+                }
+                let mut buffer_ids = Vec::with_capacity(n);
+                for _ in 0..n {
+                    buffer_ids.push(r.u64()?);
+                }
+                Packet::FreeMarks { epoch, buffer_ids }
+            }
+            K_FREE_ACK => {
+                r.kind = "free_ack";
+                Packet::FreeAck { epoch: r.u64()? }
+            }
+            k => return Err(DecodeError::Kind(k)),
+        };
+        if r.remaining() != 0 {
+            return Err(DecodeError::Trailing(r.remaining()));
+        }
+        Ok(pkt)
+    }
+}
+
+/// Bytes an eager packet adds to its payload (the ring slot must hold both).
+pub const fn eager_overhead() -> usize {
+    HEADER + 8 + 4
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl Writer<'_> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.buf[self.pos..self.pos + b.len()].copy_from_slice(b);
+        self.pos += b.len();
+    }
+    fn u8(&mut self, v: u8) {
+        self.bytes(&[v]);
+    }
+    fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn i32(&mut self, v: i32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn region(&mut self, r: &Region) {
+        self.bytes(&r.handle);
+        self.u64(r.alloc_size);
+        self.u64(r.offset);
+        self.u32(r.device);
+        self.u64(r.node);
+        self.u64(r.buffer_id);
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    kind: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() - self.pos < n {
+            return Err(DecodeError::Short { kind: self.kind, got: self.buf.len() });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    fn rest(&mut self) -> &'a [u8] {
+        let s = &self.buf[self.pos..];
+        self.pos = self.buf.len();
+        s
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(i32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn dir(&mut self) -> Result<Dir, DecodeError> {
+        match self.u8()? {
+            1 => Ok(Dir::ToSender),
+            2 => Ok(Dir::ToReceiver),
+            v => Err(DecodeError::Field { field: "dir", value: v as u64 }),
+        }
+    }
+    fn region(&mut self) -> Result<Region, DecodeError> {
+        let mut handle = [0u8; HANDLE_BYTES];
+        handle.copy_from_slice(self.take(HANDLE_BYTES)?);
+        let r = Region {
+            handle,
+            alloc_size: self.u64()?,
+            offset: self.u64()?,
+            device: self.u32()?,
+            node: self.u64()?,
+            buffer_id: self.u64()?,
+        };
+        if r.offset > r.alloc_size {
+            return Err(DecodeError::Field { field: "region.offset", value: r.offset });
+        }
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn region(seed: u8) -> Region {
+        Region {
+            handle: [seed; HANDLE_BYTES],
+            alloc_size: 1 << 20,
+            offset: 4096,
+            device: 1,
+            node: 77,
+            buffer_id: 9,
+        }
+    }
+
+    fn samples() -> Vec<Packet> {
+        vec![
+            Packet::Eager { msg: 1, tag: -3, payload: vec![1, 2, 3] },
+            Packet::Eager { msg: 2, tag: 0, payload: vec![] },
+            Packet::Rts { msg: 3, tag: 7, len: 1 << 30, src: MemDesc::Host },
+            Packet::Rts { msg: 4, tag: 7, len: 10, src: MemDesc::Device(region(5)) },
+            Packet::Cts { msg: 4, mode: CtsMode::Put, dst: Some(region(6)), split: 0 },
+            Packet::Cts { msg: 4, mode: CtsMode::Shm, dst: None, split: 0 },
+            Packet::Cookie { msg: 4 },
+            Packet::Done { msg: 4, dir: Dir::ToSender },
+            Packet::Done { msg: 4, dir: Dir::ToReceiver },
+            Packet::Chunk { msg: 4, index: 3, len: 4096 },
+            Packet::ChunkAck { msg: 4, index: 3 },
+            Packet::Abort { msg: 4, reason: AbortReason::Truncated, dir: Dir::ToSender },
+            Packet::FreeMarks { epoch: 2, buffer_ids: vec![1, 2, 3] },
+            Packet::FreeAck { epoch: 2 },
+        ]
+    }
+
+    #[test]
+    fn round_trip_every_kind() {
+        for p in samples() {
+            let v = p.to_vec();
+            assert_eq!(v.len(), p.encoded_len(), "{p:?}");
+            assert_eq!(Packet::decode(&v).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn rejects_version_kind_truncation_trailing() {
+        let mut v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
+        v[0] = 9;
+        assert_eq!(Packet::decode(&v), Err(DecodeError::Version(9)));
+        let mut v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
+        v[1] = 200;
+        assert_eq!(Packet::decode(&v), Err(DecodeError::Kind(200)));
+        let v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
+        assert!(matches!(Packet::decode(&v[..5]), Err(DecodeError::Short { .. })));
+        let mut v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
+        v.push(0);
+        assert_eq!(Packet::decode(&v), Err(DecodeError::Trailing(1)));
+    }
+
+    #[test]
+    fn rejects_region_offset_past_allocation() {
+        let mut r = region(1);
+        r.offset = r.alloc_size + 1;
+        let v = Packet::Rts { msg: 1, tag: 0, len: 1, src: MemDesc::Device(r) }.to_vec();
+        assert!(matches!(Packet::decode(&v), Err(DecodeError::Field { field: "region.offset", .. })));
+    }
+
+    #[test]
+    fn free_marks_count_is_bounded_by_bytes() {
+        let mut v = Packet::FreeMarks { epoch: 1, buffer_ids: vec![5] }.to_vec();
+        v[10..14].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(Packet::decode(&v), Err(DecodeError::Field { .. })));
+    }
+
+    #[test]
+    fn covers_checks_overflow() {
+        let mut r = region(1);
+        r.offset = 10;
+        assert!(r.covers(r.alloc_size - 10));
+        assert!(!r.covers(r.alloc_size - 9));
+        assert!(!r.covers(u64::MAX));
+    }
+
+    proptest! {
+        /// Arbitrary bytes never panic the decoder, and whatever decodes re-encodes
+        /// to the same bytes (no two encodings of one packet).
+        #[test]
+        fn decode_is_total_and_canonical(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Ok(p) = Packet::decode(&bytes) {
+                prop_assert_eq!(p.to_vec(), bytes);
+            }
+        }
+
+        #[test]
+        fn mutated_packets_never_panic(idx in 0usize..14, pos in 0usize..200, val in any::<u8>()) {
+            let p = &samples()[idx];
+            let mut v = p.to_vec();
+            let n = v.len();
+            v[pos % n] = val;
+            let _ = Packet::decode(&v);
+        }
+    }
+}
