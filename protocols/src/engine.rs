@@ -29,8 +29,12 @@ pub struct EngineConfig {
     pub size: u32,
     /// Node id of this rank; regions from other nodes cannot be mapped.
     pub node: u64,
-    /// Messages of at most this many bytes travel inline in the control packet.
+    /// Host messages of at most this many bytes travel inline in the control packet.
     pub eager_limit: u64,
+    /// The same for messages from device memory, whose payload must first be staged
+    /// to the host by a copy engine: with peer access one GET copy is faster, so
+    /// this is usually lower than `eager_limit`.
+    pub device_eager_limit: u64,
     pub policy: PolicyConfig,
     /// SHM staging chunk size in bytes.
     pub chunk_size: u64,
@@ -56,6 +60,7 @@ impl EngineConfig {
             size,
             node: 0,
             eager_limit: 8192,
+            device_eager_limit: 8192,
             policy: PolicyConfig::default(),
             chunk_size: 1 << 20,
             depth: 8,
@@ -258,10 +263,11 @@ impl Engine {
         &self.cfg
     }
 
-    /// Whether a message of `len` bytes travels eagerly: the caller then passes its
-    /// payload to [`post_send`](Self::post_send).
-    pub fn is_eager(&self, len: u64) -> bool {
-        len <= self.cfg.eager_limit
+    /// Whether a message of `len` bytes from host (or, with `device`, device)
+    /// memory travels eagerly: the caller then passes its payload to
+    /// [`post_send`](Self::post_send). Empty messages always do.
+    pub fn is_eager(&self, len: u64, device: bool) -> bool {
+        len == 0 || len <= if device { self.cfg.device_eager_limit } else { self.cfg.eager_limit }
     }
 
     /// Next action for the transport to perform.
@@ -308,7 +314,7 @@ impl Engine {
         }
         let msg = self.next_msg;
         self.next_msg += 1;
-        if self.is_eager(buf.len) {
+        if self.is_eager(buf.len, buf.device.is_some()) {
             let Some(payload) = payload.filter(|p| p.len() as u64 == buf.len) else {
                 return self.complete(
                     req,
@@ -560,9 +566,9 @@ impl Engine {
                         return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
                     }
                 }
-                if len <= self.cfg.eager_limit && from != self.cfg.rank {
-                    // Harmless but a sign of mismatched configuration between ranks.
-                    self.violation(from, format!("RTS {msg} for {len} bytes, under the eager limit: ranks disagree on GPULMT_EAGER_LIMIT"));
+                if len == 0 {
+                    self.violation(from, format!("RTS {msg} for an empty message"));
+                    return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
                 }
                 self.arrive(from, tag, Unexpected::Rts { msg, len, src });
             }

@@ -60,6 +60,7 @@ impl World {
             .map(|r| {
                 let mut c = EngineConfig::new(r, n, devices);
                 c.eager_limit = 64;
+                c.device_eager_limit = 16;
                 c.chunk_size = chunk;
                 c.depth = 3;
                 c.copy_split = 5000;
@@ -104,7 +105,7 @@ impl World {
         let payload = data.clone();
         let b = self.buf(rank, req, data, 5, dev);
         let e = &mut self.engines[rank as usize];
-        let p = e.is_eager(b.len).then_some(payload);
+        let p = e.is_eager(b.len, b.device.is_some()).then_some(payload);
         e.post_send(req, to, tag, b, p);
         self.drain(rank);
     }

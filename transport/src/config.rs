@@ -1,1 +1,287 @@
-//! (being written)
+//! Run-time configuration, read from `GPULMT_*` environment variables.
+//!
+//! [`VARIABLES`] is the one table of every setting, its default and meaning; the
+//! README's configuration table is generated from it (`gpulmt-run --config-table`),
+//! so documentation and code cannot drift apart.
+
+use gpulmt_protocols::ProtocolOverride;
+
+/// Which device backend to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// CUDA when a driver and a GPU are present, sim otherwise.
+    Auto,
+    Cuda,
+    Sim,
+}
+
+/// Every setting: (variable, default, meaning).
+pub const VARIABLES: &[(&str, &str, &str)] = &[
+    ("GPULMT_DEVICE", "auto", "device backend: `cuda`, `sim`, or `auto` (CUDA when a driver and a GPU are present, else sim); the choice is logged"),
+    ("GPULMT_GPU", "local rank mod devices", "device this rank is bound to"),
+    ("GPULMT_PROTOCOL", "auto", "rendezvous protocol: `auto`, `get`, `put`, `coop`, `shm` (a forced protocol that cannot work falls back to `shm`, logged)"),
+    ("GPULMT_EAGER_LIMIT", "8192", "messages up to this size travel inline in the control packet (must fit a ring slot)"),
+    ("GPULMT_DEVICE_EAGER_LIMIT", "0", "the eager limit for messages from device memory, whose payload needs a staging copy (0: device messages always rendezvous, one DMA instead of two)"),
+    ("GPULMT_COOP_MIN", "never", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large (`never` to disable)"),
+    ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
+    ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
+    ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
+    ("GPULMT_CHUNK_SIZE", "1M", "SHM staging chunk size"),
+    ("GPULMT_PIPELINE_DEPTH", "8", "SHM staging chunks per directed pair of ranks"),
+    ("GPULMT_RING_SLOTS", "64", "control-ring slots per directed pair (power of two)"),
+    ("GPULMT_SLOT_SIZE", "8448", "bytes per control-ring slot (eager payload + header)"),
+    ("GPULMT_HANDLE_CACHE", "1", "cache opened IPC handles (`0`: open and close per transfer, for comparison)"),
+    ("GPULMT_HANDLE_CACHE_ENTRIES", "1024", "most cached peer mappings kept open while unused"),
+    ("GPULMT_HANDLE_CACHE_BYTES", "64G", "most bytes of cached peer mappings kept open while unused"),
+    ("GPULMT_INIT_TIMEOUT_MS", "30000", "how long a rank waits for the others to join the job"),
+    ("GPULMT_LIVENESS_MS", "20", "how often a waiting rank checks that its peers are alive"),
+    ("GPULMT_SIM_DEVICES", "2", "sim backend: number of devices"),
+    ("GPULMT_SIM_PEER", "all", "sim backend: peer-accessible pairs: `all`, `none`, or pairs like `0-1,2-3`"),
+    ("GPULMT_SIM_IPC_OPEN_US", "0", "sim backend: cost of opening an IPC handle in microseconds (H200: about 930)"),
+    ("GPULMT_LOG", "warn", "log filter (tracing `EnvFilter` syntax, e.g. `gpulmt=debug`)"),
+];
+
+/// An invalid setting.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("{var}={value:?} is invalid: {why}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+/// The parsed configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub device: DeviceChoice,
+    pub gpu: Option<u32>,
+    pub protocol: ProtocolOverride,
+    pub eager_limit: u64,
+    pub device_eager_limit: u64,
+    pub coop_min: u64,
+    pub coop_sender_permille: u32,
+    pub copy_split: u64,
+    pub lanes: u32,
+    pub chunk_size: u64,
+    pub depth: u32,
+    pub ring_slots: u32,
+    pub slot_size: u32,
+    pub handle_cache: bool,
+    pub cache_entries: usize,
+    pub cache_bytes: u64,
+    pub init_timeout_ms: u64,
+    pub liveness_ms: u64,
+}
+
+/// Bytes of a ring slot that are not eager payload (slot header + packet header).
+pub const SLOT_OVERHEAD: u32 = crate::shm::ring::SLOT_HEADER as u32 + gpulmt_protocols::wire::eager_overhead() as u32;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            device: DeviceChoice::Auto,
+            gpu: None,
+            protocol: ProtocolOverride::Auto,
+            eager_limit: 8192,
+            device_eager_limit: 0,
+            coop_min: u64::MAX,
+            coop_sender_permille: 500,
+            copy_split: 0,
+            lanes: 1,
+            chunk_size: 1 << 20,
+            depth: 8,
+            ring_slots: 64,
+            slot_size: 8192 + 256,
+            handle_cache: true,
+            cache_entries: 1024,
+            cache_bytes: 64 << 30,
+            init_timeout_ms: 30_000,
+            liveness_ms: 20,
+        }
+    }
+}
+
+/// Parses a byte size: `4096`, `64K`, `1M`, `2G`, `1MiB`, `1mb` (binary units).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the configuration through `get` (testable without touching the environment).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut c = Config::default();
+        let err = |var: &'static str, value: &str, why: &str| ConfigError {
+            var,
+            value: value.to_string(),
+            why: why.to_string(),
+        };
+        let size = |var: &'static str, dst: &mut u64| -> Result<(), ConfigError> {
+            if let Some(v) = get(var) {
+                *dst = parse_size(&v).ok_or_else(|| err(var, &v, "expected a size such as 8192, 64K, 1M or 2G"))?;
+            }
+            Ok(())
+        };
+        let num = |var: &'static str, dst: &mut u32, min: u32, max: u32| -> Result<(), ConfigError> {
+            if let Some(v) = get(var) {
+                *dst = v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|n| (min..=max).contains(n))
+                    .ok_or_else(|| err(var, &v, &format!("expected a whole number from {min} to {max}")))?;
+            }
+            Ok(())
+        };
+        if let Some(v) = get("GPULMT_DEVICE") {
+            c.device = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => DeviceChoice::Auto,
+                "cuda" => DeviceChoice::Cuda,
+                "sim" => DeviceChoice::Sim,
+                _ => return Err(err("GPULMT_DEVICE", &v, "expected cuda, sim or auto")),
+            };
+        }
+        if let Some(v) = get("GPULMT_GPU") {
+            c.gpu = Some(v.trim().parse().map_err(|_| err("GPULMT_GPU", &v, "expected a device ordinal"))?);
+        }
+        if let Some(v) = get("GPULMT_PROTOCOL") {
+            c.protocol = v.parse().map_err(|why: String| err("GPULMT_PROTOCOL", &v, &why))?;
+        }
+        size("GPULMT_EAGER_LIMIT", &mut c.eager_limit)?;
+        size("GPULMT_DEVICE_EAGER_LIMIT", &mut c.device_eager_limit)?;
+        if c.device_eager_limit > c.eager_limit {
+            return Err(err(
+                "GPULMT_DEVICE_EAGER_LIMIT",
+                &c.device_eager_limit.to_string(),
+                "must not exceed GPULMT_EAGER_LIMIT (the ring slot is sized for that)",
+            ));
+        }
+        match get("GPULMT_COOP_MIN") {
+            Some(v) if v.trim().eq_ignore_ascii_case("never") => c.coop_min = u64::MAX,
+            _ => size("GPULMT_COOP_MIN", &mut c.coop_min)?,
+        }
+        num("GPULMT_COOP_SENDER_SHARE", &mut c.coop_sender_permille, 1, 999)?;
+        size("GPULMT_COPY_SPLIT", &mut c.copy_split)?;
+        num("GPULMT_LANES", &mut c.lanes, 1, 16)?;
+        size("GPULMT_CHUNK_SIZE", &mut c.chunk_size)?;
+        if c.chunk_size == 0 || c.chunk_size > u32::MAX as u64 {
+            return Err(err("GPULMT_CHUNK_SIZE", &c.chunk_size.to_string(), "must be between 1 byte and 4 GiB"));
+        }
+        num("GPULMT_PIPELINE_DEPTH", &mut c.depth, 1, 1024)?;
+        num("GPULMT_RING_SLOTS", &mut c.ring_slots, 2, 1 << 16)?;
+        if !c.ring_slots.is_power_of_two() {
+            return Err(err("GPULMT_RING_SLOTS", &c.ring_slots.to_string(), "must be a power of two"));
+        }
+        let explicit_slot = get("GPULMT_SLOT_SIZE").is_some();
+        num("GPULMT_SLOT_SIZE", &mut c.slot_size, 256, 1 << 24)?;
+        if c.slot_size % 8 != 0 {
+            return Err(err("GPULMT_SLOT_SIZE", &c.slot_size.to_string(), "must be a multiple of 8"));
+        }
+        if !explicit_slot {
+            // Size the slots for the eager limit unless told otherwise.
+            let need = (c.eager_limit as u32).saturating_add(SLOT_OVERHEAD + 64).next_multiple_of(64);
+            c.slot_size = c.slot_size.max(need);
+        }
+        if c.eager_limit + SLOT_OVERHEAD as u64 > c.slot_size as u64 {
+            return Err(err(
+                "GPULMT_EAGER_LIMIT",
+                &c.eager_limit.to_string(),
+                &format!("an eager message must fit a ring slot: raise GPULMT_SLOT_SIZE to at least {}", c.eager_limit + SLOT_OVERHEAD as u64),
+            ));
+        }
+        if let Some(v) = get("GPULMT_HANDLE_CACHE") {
+            c.handle_cache = match v.trim() {
+                "1" | "on" | "true" | "yes" => true,
+                "0" | "off" | "false" | "no" => false,
+                _ => return Err(err("GPULMT_HANDLE_CACHE", &v, "expected 1 or 0")),
+            };
+        }
+        let mut entries = c.cache_entries as u64;
+        size("GPULMT_HANDLE_CACHE_ENTRIES", &mut entries)?;
+        c.cache_entries = entries as usize;
+        size("GPULMT_HANDLE_CACHE_BYTES", &mut c.cache_bytes)?;
+        size("GPULMT_INIT_TIMEOUT_MS", &mut c.init_timeout_ms)?;
+        size("GPULMT_LIVENESS_MS", &mut c.liveness_ms)?;
+        Ok(c)
+    }
+
+    /// The README's configuration table, in Markdown.
+    pub fn markdown_table() -> String {
+        let mut s = String::from("| variable | default | meaning |\n| --- | --- | --- |\n");
+        for (v, d, m) in VARIABLES {
+            s.push_str(&format!("| `{v}` | {d} | {m} |\n"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_and_sizes() {
+        assert_eq!(cfg(&[]).unwrap(), Config::default());
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("1MiB"), Some(1 << 20));
+        assert_eq!(parse_size("2g"), Some(2 << 30));
+        assert_eq!(parse_size("12x"), None);
+        let c = cfg(&[("GPULMT_PROTOCOL", "coop"), ("GPULMT_CHUNK_SIZE", "256K"), ("GPULMT_COOP_MIN", "4M")]).unwrap();
+        assert_eq!(c.protocol, ProtocolOverride::Coop);
+        assert_eq!(c.chunk_size, 256 << 10);
+        assert_eq!(c.coop_min, 4 << 20);
+    }
+
+    #[test]
+    fn eager_limit_grows_slots_unless_slot_size_is_explicit() {
+        let c = cfg(&[("GPULMT_EAGER_LIMIT", "64K")]).unwrap();
+        assert!(c.slot_size as u64 >= 65536 + SLOT_OVERHEAD as u64);
+        let e = cfg(&[("GPULMT_EAGER_LIMIT", "64K"), ("GPULMT_SLOT_SIZE", "4096")]).unwrap_err();
+        assert_eq!(e.var, "GPULMT_EAGER_LIMIT");
+        assert!(e.to_string().contains("GPULMT_SLOT_SIZE"));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (k, v) in [
+            ("GPULMT_DEVICE", "tpu"),
+            ("GPULMT_PROTOCOL", "fast"),
+            ("GPULMT_RING_SLOTS", "3"),
+            ("GPULMT_PIPELINE_DEPTH", "0"),
+            ("GPULMT_HANDLE_CACHE", "maybe"),
+            ("GPULMT_CHUNK_SIZE", "0"),
+        ] {
+            let e = cfg(&[(k, v)]).unwrap_err();
+            assert_eq!(e.var, k, "{e}");
+        }
+    }
+
+    #[test]
+    fn table_lists_every_variable() {
+        let t = Config::markdown_table();
+        for (v, _, _) in VARIABLES {
+            assert!(t.contains(v));
+        }
+    }
+}

@@ -180,3 +180,31 @@ pub trait DeviceBackend: Send + Sync {
 
 /// A shared backend handle.
 pub type Backend = Arc<dyn DeviceBackend>;
+
+/// Picks the backend `choice` asks for: `Auto` takes CUDA when a driver and a GPU
+/// are present and falls back to sim; `Cuda` fails when CUDA is unavailable.
+/// The choice and its reason are logged.
+pub fn select(choice: crate::config::DeviceChoice) -> Result<Backend, DeviceError> {
+    use crate::config::DeviceChoice;
+    match choice {
+        DeviceChoice::Sim => {
+            tracing::info!(backend = "sim", reason = "GPULMT_DEVICE=sim", "device backend selected");
+            Ok(Arc::new(sim::SimBackend::from_env()?))
+        }
+        DeviceChoice::Cuda => {
+            let b = cuda::CudaBackend::try_new()?;
+            tracing::info!(backend = "cuda", reason = "GPULMT_DEVICE=cuda", "device backend selected");
+            Ok(Arc::new(b))
+        }
+        DeviceChoice::Auto => match cuda::CudaBackend::try_new() {
+            Ok(b) => {
+                tracing::info!(backend = "cuda", reason = "driver and GPU found", "device backend selected");
+                Ok(Arc::new(b))
+            }
+            Err(e) => {
+                tracing::info!(backend = "sim", reason = %e, "device backend selected: CUDA unavailable");
+                Ok(Arc::new(sim::SimBackend::from_env()?))
+            }
+        },
+    }
+}

@@ -1,1 +1,2019 @@
-//! (being written)
+//! The `sim` device backend: lets the whole transport run on machines without a GPU
+//! (CI, laptops) while behaving like the CUDA driver wherever the layers above depend
+//! on it.
+//!
+//! What it models, and how:
+//! - **Device memory** is POSIX shared memory, one named object per allocation
+//!   (`/dev/shm/gpulmt-sim-<pid>-<nonce>-<buffer id>`), so that another process can map
+//!   it from an exported handle exactly as `cuIpcOpenMemHandle` maps a peer's
+//!   allocation. The first 4096 bytes of each object are a [`Header`] that lets the
+//!   opener verify the handle and lets the owner count the peers that map it.
+//! - **IPC rules** of the real driver are enforced because the handle cache above
+//!   relies on them: a handle cannot be opened twice in one process
+//!   ([`DeviceError::DoubleOpen`]), a process cannot open its own handle, a forged or
+//!   stale handle fails with [`DeviceError::BadHandle`], opening needs peer access
+//!   between the devices, and freeing an allocation a peer still maps is reported
+//!   ([`DeviceError::FreedWhileMapped`]) although, as in CUDA, the peer's pages stay alive.
+//! - **Copy engines**: one thread per device, started on first use, runs its copies
+//!   strictly one after another, so copies queued on one engine really contend.
+//! - **Topology**: which device pairs have peer access is configurable
+//!   ([`PeerMatrix`]), and so is the cost of opening a handle (the real one is ~930 us),
+//!   so protocol selection and the handle cache can be exercised as on real nodes.
+//!
+//! "Same process" for the IPC rules means *same backend instance*: the guard keys on
+//! (pid, nonce) and every [`SimBackend`] draws its own nonce. Two instances in one
+//! process therefore behave like two processes, which is what the in-process tests
+//! (and single-process multi-rank test harnesses) use.
+//!
+//! Configuration comes from the environment ([`SimConfig::from_env`]):
+//! `GPULMT_SIM_DEVICES` (default 2), `GPULMT_SIM_PEER` (`all` | `none` | `0-1,2-3`,
+//! default `all`) and `GPULMT_SIM_IPC_OPEN_US` (default 0).
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::CString;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use super::{
+    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind,
+    PointerInfo, IPC_HANDLE_BYTES,
+};
+
+/// Environment variable: number of simulated devices.
+pub const ENV_DEVICES: &str = "GPULMT_SIM_DEVICES";
+/// Environment variable: peer-access topology (`all`, `none` or pairs like `0-1,2-3`).
+pub const ENV_PEER: &str = "GPULMT_SIM_PEER";
+/// Environment variable: time in microseconds that opening an IPC handle takes.
+pub const ENV_IPC_OPEN_US: &str = "GPULMT_SIM_IPC_OPEN_US";
+
+/// Prefix of every shared-memory object of this backend, as it appears in `/dev/shm`.
+pub const SHM_PREFIX: &str = "gpulmt-sim-";
+
+/// Upper bound on `GPULMT_SIM_DEVICES`: far beyond any real node, low enough that a
+/// typo (an extra digit) is caught rather than silently accepted.
+pub const MAX_SIM_DEVICES: u32 = 1024;
+
+/// Size of the header page in front of each allocation's data.
+const HEADER_BYTES: usize = 4096;
+/// Allocation sizes are rounded up to this, as the driver rounds to its granularity.
+const ALLOC_GRANULARITY: usize = 4096;
+
+/// Magic of the header page ("GLMTSIMA").
+const HEADER_MAGIC: u64 = u64::from_le_bytes(*b"GLMTSIMA");
+/// Magic of an exported handle ("GLMTSIMH"); differs from the header's so that a
+/// header page mistaken for a handle (or the reverse) is caught.
+const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"GLMTSIMH");
+/// Version of the handle layout; bump when [`HandleFields`] changes.
+const HANDLE_VERSION: u32 = 1;
+
+/// CUDA's `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`, reported when a handle is opened on a
+/// device without peer access to the owner's device, so logs read as on real nodes.
+const CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: i64 = 217;
+/// CUDA's `CUDA_ERROR_INVALID_HANDLE`, for polling a ticket that does not exist.
+const CUDA_ERROR_INVALID_HANDLE: i64 = 400;
+/// CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, for sizes that cannot be represented.
+const CUDA_ERROR_OUT_OF_MEMORY: i64 = 2;
+
+/// Buffer ids are unique for the lifetime of the process, across backend instances,
+/// so a recycled address (or a second instance) never aliases an old id.
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+
+// ---------------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------------
+
+/// Which pairs of distinct devices have peer access. A device always reaches itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerMatrix {
+    /// Every pair of devices is peer-accessible (an NVLink/NVSwitch node).
+    All,
+    /// No two distinct devices are (e.g. GPUs behind different PCIe root complexes).
+    NoPeers,
+    /// Exactly these symmetric pairs are; each stored as `(min, max)`.
+    Pairs(Vec<(DevId, DevId)>),
+}
+
+/// Renders the form `GPULMT_SIM_PEER` accepts, so messages quote it back as written.
+impl std::fmt::Display for PeerMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerMatrix::All => f.write_str("all"),
+            PeerMatrix::NoPeers => f.write_str("none"),
+            PeerMatrix::Pairs(pairs) => {
+                for (i, (a, b)) in pairs.iter().enumerate() {
+                    write!(f, "{}{a}-{b}", if i > 0 { "," } else { "" })?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl PeerMatrix {
+    /// Parses `all`, `none` or a comma-separated list of pairs like `0-1,2-3`
+    /// (case-insensitive, blanks around items ignored). The error text names the
+    /// accepted forms; the caller prefixes the variable name.
+    pub fn parse(text: &str) -> Result<PeerMatrix, String> {
+        let t = text.trim();
+        if t.eq_ignore_ascii_case("all") {
+            return Ok(PeerMatrix::All);
+        }
+        if t.eq_ignore_ascii_case("none") {
+            return Ok(PeerMatrix::NoPeers);
+        }
+        let mut pairs = Vec::new();
+        for item in t.split(',') {
+            let item = item.trim();
+            let (a, b) = item
+                .split_once('-')
+                .ok_or_else(|| format!("item {item:?} is not a pair `A-B`"))?;
+            let parse = |s: &str| {
+                s.trim()
+                    .parse::<DevId>()
+                    .map_err(|_| format!("item {item:?}: {s:?} is not a device ordinal"))
+            };
+            let (a, b) = (parse(a)?, parse(b)?);
+            let pair = (a.min(b), a.max(b));
+            if !pairs.contains(&pair) {
+                pairs.push(pair);
+            }
+        }
+        Ok(PeerMatrix::Pairs(pairs))
+    }
+
+    /// Whether `a` can reach `b` (symmetric; true when `a == b`). Does not check that
+    /// the devices exist.
+    pub fn allows(&self, a: DevId, b: DevId) -> bool {
+        if a == b {
+            return true;
+        }
+        match self {
+            PeerMatrix::All => true,
+            PeerMatrix::NoPeers => false,
+            PeerMatrix::Pairs(pairs) => pairs.contains(&(a.min(b), a.max(b))),
+        }
+    }
+}
+
+/// Configuration of a [`SimBackend`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Number of simulated devices (at least 1).
+    pub devices: u32,
+    /// Peer-access topology.
+    pub peer: PeerMatrix,
+    /// How long [`DeviceBackend::open_handle`] sleeps, in microseconds, to model the
+    /// real driver's cost of opening an IPC handle.
+    pub ipc_open_us: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            devices: 2,
+            peer: PeerMatrix::All,
+            ipc_open_us: 0,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Reads `GPULMT_SIM_DEVICES`, `GPULMT_SIM_PEER` and `GPULMT_SIM_IPC_OPEN_US`.
+    /// Unset or empty variables take their defaults (2, `all`, 0).
+    pub fn from_env() -> Result<SimConfig, DeviceError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// As [`from_env`](Self::from_env), reading variables through `lookup`: lets tests
+    /// and launchers parse a child's environment without touching the process's own.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<SimConfig, DeviceError> {
+        // An empty value counts as unset: `VAR= cmd` is a common way to clear one.
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let bad = |var: &str, value: &str, accepted: &str| DeviceError::Unavailable {
+            reason: format!("sim backend: {var}={value:?} is invalid: expected {accepted}"),
+        };
+        let mut cfg = SimConfig::default();
+        if let Some(v) = get(ENV_DEVICES) {
+            cfg.devices = v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=MAX_SIM_DEVICES).contains(n))
+                .ok_or_else(|| {
+                    bad(
+                        ENV_DEVICES,
+                        &v,
+                        &format!("an integer from 1 to {MAX_SIM_DEVICES} (default 2)"),
+                    )
+                })?;
+        }
+        if let Some(v) = get(ENV_PEER) {
+            cfg.peer = PeerMatrix::parse(&v).map_err(|why| {
+                bad(
+                    ENV_PEER,
+                    &v,
+                    &format!(
+                        "`all` (default), `none`, or comma-separated device pairs like `0-1,2-3` ({why})"
+                    ),
+                )
+            })?;
+        }
+        if let Some(v) = get(ENV_IPC_OPEN_US) {
+            cfg.ipc_open_us = v.trim().parse::<u64>().map_err(|_| {
+                bad(
+                    ENV_IPC_OPEN_US,
+                    &v,
+                    "a whole number of microseconds, e.g. 930 (default 0)",
+                )
+            })?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the device count and that every peer pair names existing devices.
+    pub fn validate(&self) -> Result<(), DeviceError> {
+        if !(1..=MAX_SIM_DEVICES).contains(&self.devices) {
+            return Err(DeviceError::Unavailable {
+                reason: format!(
+                    "sim backend: {ENV_DEVICES}={} is invalid: expected an integer from 1 to {MAX_SIM_DEVICES}",
+                    self.devices
+                ),
+            });
+        }
+        if let PeerMatrix::Pairs(pairs) = &self.peer {
+            if let Some(&(a, b)) = pairs.iter().find(|&&(a, b)| a.max(b) >= self.devices) {
+                return Err(DeviceError::Unavailable {
+                    reason: format!(
+                        "sim backend: {ENV_PEER} names pair {a}-{b} but only devices 0..{} exist ({ENV_DEVICES}={}); expected `all`, `none`, or pairs like `0-1,2-3` of existing devices",
+                        self.devices, self.devices
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Shared-memory layout: header page and handle
+// ---------------------------------------------------------------------------------
+
+/// The first bytes of every allocation's shared-memory object. The plain fields are
+/// written once by the owner before the handle can be exported, so openers read them
+/// without synchronisation; the atomics are shared between processes (atomics on a
+/// MAP_SHARED mapping are coherent across processes on every platform we run on).
+#[repr(C)]
+struct Header {
+    magic: u64,
+    owner_pid: u32,
+    device: u32,
+    buffer_id: u64,
+    /// Data size as allocated (the caller's size, at least 1).
+    size: u64,
+    /// Number of other processes (backend instances) that have it open.
+    mappers: AtomicU32,
+    /// Set to 1 by the owner when it frees the allocation.
+    freed: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
+
+/// Views the header of a mapping that starts at `map_base`.
+///
+/// # Safety
+/// `map_base` must be the start of a live mapping of at least `HEADER_BYTES` bytes
+/// that stays mapped for `'a`.
+unsafe fn header<'a>(map_base: usize) -> &'a Header {
+    &*(map_base as *const Header)
+}
+
+/// The fields of an exported handle, little-endian in its 64 bytes:
+/// `[0..8)` magic, `[8..12)` version, `[12..16)` owner pid, `[16..24)` nonce,
+/// `[24..32)` buffer id, `[32..40)` size, `[40..44)` device, rest zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HandleFields {
+    owner_pid: u32,
+    nonce: u64,
+    buffer_id: u64,
+    size: u64,
+    device: DevId,
+}
+
+impl HandleFields {
+    fn encode(&self) -> IpcHandle {
+        let mut b = [0u8; IPC_HANDLE_BYTES];
+        b[0..8].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+        b[8..12].copy_from_slice(&HANDLE_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.owner_pid.to_le_bytes());
+        b[16..24].copy_from_slice(&self.nonce.to_le_bytes());
+        b[24..32].copy_from_slice(&self.buffer_id.to_le_bytes());
+        b[32..40].copy_from_slice(&self.size.to_le_bytes());
+        b[40..44].copy_from_slice(&self.device.to_le_bytes());
+        IpcHandle(b)
+    }
+
+    fn decode(h: &IpcHandle) -> Result<HandleFields, DeviceError> {
+        let b = &h.0;
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        if u64_at(0) != HANDLE_MAGIC {
+            return Err(bad_handle(
+                "bad magic: not a handle exported by the sim backend (a CUDA handle, or corrupt)",
+            ));
+        }
+        let version = u32_at(8);
+        if version != HANDLE_VERSION {
+            return Err(bad_handle(format!(
+                "handle version {version}, this build understands {HANDLE_VERSION} (peers built from different gpulmt versions?)"
+            )));
+        }
+        if b[44..].iter().any(|&x| x != 0) {
+            return Err(bad_handle("reserved bytes are not zero (corrupt handle)"));
+        }
+        let f = HandleFields {
+            owner_pid: u32_at(12),
+            nonce: u64_at(16),
+            buffer_id: u64_at(24),
+            size: u64_at(32),
+            device: u32_at(40),
+        };
+        if f.buffer_id == 0 || f.size == 0 || f.owner_pid == 0 {
+            return Err(bad_handle(
+                "zero owner pid, buffer id or size (corrupt handle)",
+            ));
+        }
+        Ok(f)
+    }
+}
+
+/// Name of an allocation's shared-memory object, as passed to `shm_open`.
+fn shm_name(pid: u32, nonce: u64, buffer_id: u64) -> CString {
+    CString::new(format!("/{SHM_PREFIX}{pid}-{nonce:016x}-{buffer_id}"))
+        .expect("formatted name has no NUL")
+}
+
+/// Bytes of the whole object (header page + data rounded up) for a data size.
+fn object_len(size: usize) -> Option<usize> {
+    let data =
+        size.max(1).checked_add(ALLOC_GRANULARITY - 1)? / ALLOC_GRANULARITY * ALLOC_GRANULARITY;
+    data.checked_add(HEADER_BYTES)
+}
+
+fn bad_handle(reason: impl Into<String>) -> DeviceError {
+    DeviceError::BadHandle {
+        reason: reason.into(),
+    }
+}
+
+/// Turns the current `errno` into a [`DeviceError::Driver`] naming the libc call.
+fn os_error(call: &'static str, what: impl std::fmt::Display) -> DeviceError {
+    errno_error(
+        call,
+        io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        what,
+    )
+}
+
+fn errno_error(call: &'static str, errno: i32, what: impl std::fmt::Display) -> DeviceError {
+    DeviceError::Driver {
+        call,
+        code: errno as i64,
+        message: format!("{what}: {}", io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// A per-instance random nonce, so that object names never collide between backends
+/// (or with leftovers of a dead process whose pid was recycled). `RandomState` is
+/// seeded from the OS's randomness; the counter and clock make instances differ even
+/// if it were not.
+fn fresh_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.write_u128(now);
+    h.finish()
+}
+
+/// A shared-memory file descriptor, closed on drop (error paths) or through
+/// [`ShmFd::close`] where the result matters.
+struct ShmFd(libc::c_int);
+
+impl ShmFd {
+    fn close(mut self) -> Result<(), DeviceError> {
+        let fd = std::mem::replace(&mut self.0, -1);
+        // SAFETY: fd is an open descriptor we own; it is closed exactly once.
+        if unsafe { libc::close(fd) } != 0 {
+            return Err(os_error("close", "closing a sim shared-memory object"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ShmFd {
+    fn drop(&mut self) {
+        if self.0 >= 0 {
+            // SAFETY: as in `close`. Only reached on error paths, which already fail.
+            if unsafe { libc::close(self.0) } != 0 {
+                warn!(error = %io::Error::last_os_error(), "sim: close of a shared-memory object failed");
+            }
+        }
+    }
+}
+
+/// A mapping unmapped on drop unless [`MapGuard::keep`] is called: keeps the error
+/// paths of alloc/open free of leaks.
+struct MapGuard {
+    base: usize,
+    len: usize,
+}
+
+impl MapGuard {
+    fn keep(self) -> usize {
+        let base = self.base;
+        std::mem::forget(self);
+        base
+    }
+}
+
+impl Drop for MapGuard {
+    fn drop(&mut self) {
+        if let Err(e) = unmap(self.base, self.len) {
+            warn!(error = %e, "sim: unmapping after a failed operation");
+        }
+    }
+}
+
+fn map_shared(fd: &ShmFd, len: usize, what: &str) -> Result<MapGuard, DeviceError> {
+    // SAFETY: a fresh mapping chosen by the kernel; aliases nothing of ours.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.0,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_error("mmap", format!("mapping {what} ({len} bytes)")));
+    }
+    Ok(MapGuard {
+        base: p as usize,
+        len,
+    })
+}
+
+fn unmap(base: usize, len: usize) -> Result<(), DeviceError> {
+    // SAFETY: callers pass a mapping they created and no longer use.
+    if unsafe { libc::munmap(base as *mut libc::c_void, len) } != 0 {
+        return Err(os_error(
+            "munmap",
+            format!("unmapping {base:#x} ({len} bytes)"),
+        ));
+    }
+    Ok(())
+}
+
+fn unlink(name: &CString) -> Result<(), DeviceError> {
+    // SAFETY: name is a valid NUL-terminated string.
+    if unsafe { libc::shm_unlink(name.as_ptr()) } != 0 {
+        return Err(os_error(
+            "shm_unlink",
+            format!("removing {}", name.to_string_lossy()),
+        ));
+    }
+    Ok(())
+}
+
+/// Decrements a header's `mappers` without wrapping: a count corrupted by a crashed
+/// peer must not turn into 4 billion phantom mappers.
+fn release_mapper(h: &Header, buffer_id: u64) {
+    if h.mappers
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_err()
+    {
+        warn!(
+            buffer_id,
+            "sim: mapper count of a peer allocation was already 0"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Registry
+// ---------------------------------------------------------------------------------
+
+/// Identifies one allocation of one backend instance across the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct OpenKey {
+    owner_pid: u32,
+    nonce: u64,
+    buffer_id: u64,
+}
+
+#[derive(Debug)]
+struct LocalAlloc {
+    dev: DevId,
+    size: usize,
+    buffer_id: u64,
+    map_base: usize,
+    map_len: usize,
+    name: CString,
+}
+
+#[derive(Debug)]
+struct PeerMap {
+    key: OpenKey,
+    owner_dev: DevId,
+    size: usize,
+    map_base: usize,
+    map_len: usize,
+}
+
+#[derive(Debug)]
+enum Region {
+    Local(LocalAlloc),
+    Peer(PeerMap),
+}
+
+impl Region {
+    fn size(&self) -> usize {
+        match self {
+            Region::Local(l) => l.size,
+            Region::Peer(p) => p.size,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Local allocations and peer mappings, keyed by the address of their data.
+    regions: BTreeMap<usize, Region>,
+    /// Handles open (or being opened) in this instance; reserved before the slow part
+    /// of `open_handle` so two threads opening one handle cannot both succeed.
+    open_keys: HashSet<OpenKey>,
+    /// Registered host ranges: start -> length.
+    host: BTreeMap<usize, usize>,
+}
+
+impl State {
+    /// The region holding `ptr`, with its data address.
+    fn find(&self, ptr: usize) -> Option<(usize, &Region)> {
+        let (&base, r) = self.regions.range(..=ptr).next_back()?;
+        (ptr - base < r.size()).then_some((base, r))
+    }
+
+    /// Fails if `[ptr, ptr+len)` starts inside device memory but runs past its end:
+    /// the driver faults on such a copy, and silently overrunning into the next page
+    /// of shared memory would hide the bug.
+    fn check_range(&self, op: &'static str, ptr: usize, len: usize) -> Result<(), DeviceError> {
+        if ptr == 0 {
+            return Err(DeviceError::InvalidPointer {
+                op,
+                ptr,
+                expected: "a non-null address",
+            });
+        }
+        if let Some((base, r)) = self.find(ptr) {
+            if len > r.size() - (ptr - base) {
+                return Err(DeviceError::InvalidPointer {
+                    op,
+                    ptr,
+                    expected: "the start of a range that ends inside its device allocation",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Copy engines
+// ---------------------------------------------------------------------------------
+
+struct CopyJob {
+    dst: usize,
+    src: usize,
+    len: usize,
+    done: Arc<AtomicBool>,
+}
+
+struct Engine {
+    tx: mpsc::Sender<CopyJob>,
+    thread: JoinHandle<()>,
+}
+
+fn engine_main(rx: mpsc::Receiver<CopyJob>) {
+    // Ends when the backend drops the sender, after draining what was queued, so a
+    // dropped backend never leaves a copy half done.
+    for job in rx {
+        // SAFETY: copy_async's caller guarantees, as with cuMemcpyAsync, that both
+        // ranges stay valid until the copy is observed complete. `copy` handles overlap.
+        unsafe { std::ptr::copy(job.src as *const u8, job.dst as *mut u8, job.len) };
+        // Release: publishes the bytes just written to whoever Acquire-loads the flag
+        // in copy_poll, so a completed poll implies the data is visible.
+        job.done.store(true, Ordering::Release);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The backend
+// ---------------------------------------------------------------------------------
+
+/// The simulated device backend. See the module documentation.
+pub struct SimBackend {
+    cfg: SimConfig,
+    pid: u32,
+    nonce: u64,
+    state: Mutex<State>,
+    /// One copy engine per device, started on first use.
+    engines: Vec<Mutex<Option<Engine>>>,
+    next_ticket: AtomicU64,
+    tickets: Mutex<std::collections::HashMap<u64, Arc<AtomicBool>>>,
+}
+
+// The backend is shared between the progress engine and user threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<SimBackend>();
+};
+
+impl std::fmt::Debug for SimBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimBackend")
+            .field("cfg", &self.cfg)
+            .field("pid", &self.pid)
+            .field("nonce", &format_args!("{:016x}", self.nonce))
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere must not make every later call panic too: the state is kept
+    // consistent at each unlock, so the poisoned value is still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SimBackend {
+    /// A backend configured from `GPULMT_SIM_*` (see [`SimConfig::from_env`]).
+    pub fn from_env() -> Result<SimBackend, DeviceError> {
+        Self::new(SimConfig::from_env()?)
+    }
+
+    /// A backend with the given configuration; fails with [`DeviceError::Unavailable`]
+    /// if it is inconsistent (no devices, or a peer pair naming a missing device).
+    pub fn new(cfg: SimConfig) -> Result<SimBackend, DeviceError> {
+        cfg.validate()?;
+        let engines = (0..cfg.devices).map(|_| Mutex::new(None)).collect();
+        let nonce = fresh_nonce();
+        debug!(devices = cfg.devices, peer = ?cfg.peer, ipc_open_us = cfg.ipc_open_us, nonce = format_args!("{nonce:016x}"), "sim backend up");
+        Ok(SimBackend {
+            cfg,
+            pid: std::process::id(),
+            nonce,
+            state: Mutex::new(State::default()),
+            engines,
+            next_ticket: AtomicU64::new(1),
+            tickets: Mutex::new(Default::default()),
+        })
+    }
+
+    /// The configuration this backend runs with.
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    fn check_dev(&self, dev: DevId) -> Result<(), DeviceError> {
+        if dev >= self.cfg.devices {
+            return Err(DeviceError::NoSuchDevice {
+                dev,
+                count: self.cfg.devices,
+            });
+        }
+        Ok(())
+    }
+
+    /// The sender of `dev`'s engine, starting its thread on first use.
+    fn engine_sender(&self, dev: DevId) -> Result<mpsc::Sender<CopyJob>, DeviceError> {
+        let mut slot = lock(&self.engines[dev as usize]);
+        if let Some(e) = slot.as_ref() {
+            return Ok(e.tx.clone());
+        }
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("gpulmt-sim-ce{dev}"))
+            .spawn(move || engine_main(rx))
+            .map_err(|e| DeviceError::Driver {
+                call: "pthread_create",
+                code: e.raw_os_error().unwrap_or(0) as i64,
+                message: format!("starting the copy engine thread of sim device {dev}: {e}"),
+            })?;
+        *slot = Some(Engine {
+            tx: tx.clone(),
+            thread,
+        });
+        Ok(tx)
+    }
+
+    /// Releases a local allocation already removed from the registry. Returns the
+    /// number of peers that still mapped it, or the first libc error.
+    fn release_local(l: &LocalAlloc) -> Result<u32, DeviceError> {
+        // SAFETY: the mapping is live until unmapped below.
+        let h = unsafe { header(l.map_base) };
+        // SeqCst store-then-load, mirrored by open_handle's add-then-load: at least
+        // one side sees the other, so a peer cannot slip in unnoticed between the
+        // check and the unlink (at worst both back off, which is safe).
+        h.freed.store(1, Ordering::SeqCst);
+        let mappers = h.mappers.load(Ordering::SeqCst);
+        let unmapped = unmap(l.map_base, l.map_len);
+        // Unlink even if unmapping failed: the name must not outlive the allocation.
+        let unlinked = unlink(&l.name);
+        unmapped.and(unlinked)?;
+        Ok(mappers)
+    }
+}
+
+impl DeviceBackend for SimBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sim
+    }
+
+    fn device_count(&self) -> u32 {
+        self.cfg.devices
+    }
+
+    fn can_access_peer(&self, from: DevId, to: DevId) -> bool {
+        from < self.cfg.devices && to < self.cfg.devices && self.cfg.peer.allows(from, to)
+    }
+
+    fn alloc(&self, dev: DevId, bytes: usize) -> Result<usize, DeviceError> {
+        self.check_dev(dev)?;
+        let size = bytes.max(1);
+        let map_len = object_len(size).ok_or_else(|| DeviceError::Driver {
+            call: "alloc",
+            code: CUDA_ERROR_OUT_OF_MEMORY,
+            message: format!("{bytes} bytes cannot be allocated"),
+        })?;
+        let buffer_id = NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed);
+        let name = shm_name(self.pid, self.nonce, buffer_id);
+        let shown = name.to_string_lossy().into_owned();
+
+        // SAFETY: valid C string; O_EXCL so we never adopt someone else's object.
+        let fd = unsafe {
+            libc::shm_open(
+                name.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(os_error("shm_open", format!("creating {shown}")));
+        }
+        let fd = ShmFd(fd);
+        // From here on, any failure must remove the name again.
+        let fail = |e: DeviceError| {
+            if let Err(u) = unlink(&name) {
+                warn!(error = %u, "sim: removing a half-made allocation");
+            }
+            e
+        };
+        // SAFETY: fd is open; the length fits off_t (checked by try_from).
+        let off = libc::off_t::try_from(map_len).map_err(|_| {
+            fail(DeviceError::Driver {
+                call: "alloc",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                message: format!("{bytes} bytes cannot be allocated"),
+            })
+        })?;
+        if unsafe { libc::ftruncate(fd.0, off) } != 0 {
+            return Err(fail(os_error(
+                "ftruncate",
+                format!("sizing {shown} to {map_len} bytes"),
+            )));
+        }
+        // Reserve the pages now: a full /dev/shm must fail here, like cuMemAlloc
+        // returning out-of-memory, not as a SIGBUS on first touch deep in a copy.
+        // SAFETY: fd is open. posix_fallocate returns the error instead of setting errno.
+        let rc = unsafe { libc::posix_fallocate(fd.0, 0, off) };
+        if rc != 0 && rc != libc::EOPNOTSUPP {
+            return Err(fail(errno_error(
+                "posix_fallocate",
+                rc,
+                format!("reserving {map_len} bytes for {shown} (is /dev/shm too small? docker: --shm-size)"),
+            )));
+        }
+        let map = map_shared(&fd, map_len, &shown).map_err(fail)?;
+        fd.close().map_err(fail)?;
+        // SAFETY: the mapping is fresh, page-aligned and at least HEADER_BYTES long;
+        // nobody else can know its name before export, so a plain write is race-free.
+        unsafe {
+            std::ptr::write(
+                map.base as *mut Header,
+                Header {
+                    magic: HEADER_MAGIC,
+                    owner_pid: self.pid,
+                    device: dev,
+                    buffer_id,
+                    size: size as u64,
+                    mappers: AtomicU32::new(0),
+                    freed: AtomicU32::new(0),
+                },
+            )
+        };
+        let map_base = map.keep();
+        let data = map_base + HEADER_BYTES;
+        lock(&self.state).regions.insert(
+            data,
+            Region::Local(LocalAlloc {
+                dev,
+                size,
+                buffer_id,
+                map_base,
+                map_len,
+                name,
+            }),
+        );
+        debug!(
+            dev,
+            bytes,
+            buffer_id,
+            ptr = format_args!("{data:#x}"),
+            "sim: alloc"
+        );
+        Ok(data)
+    }
+
+    fn free(&self, ptr: usize) -> Result<(), DeviceError> {
+        let local = {
+            let mut st = lock(&self.state);
+            match st.regions.get(&ptr) {
+                Some(Region::Local(_)) => match st.regions.remove(&ptr) {
+                    Some(Region::Local(l)) => l,
+                    _ => unreachable!("checked just above under the same lock"),
+                },
+                _ => {
+                    return Err(DeviceError::InvalidPointer {
+                        op: "free",
+                        ptr,
+                        expected: "the start of a device allocation of this process",
+                    })
+                }
+            }
+        };
+        let mappers = Self::release_local(&local)?;
+        debug!(
+            buffer_id = local.buffer_id,
+            ptr = format_args!("{ptr:#x}"),
+            "sim: free"
+        );
+        if mappers > 0 {
+            warn!(
+                buffer_id = local.buffer_id,
+                ptr = format_args!("{ptr:#x}"),
+                mappers,
+                "sim: allocation freed while peers still map it (their pages stay alive, as with CUDA)"
+            );
+            return Err(DeviceError::FreedWhileMapped {
+                ptr,
+                buffer_id: local.buffer_id,
+                mappers,
+            });
+        }
+        Ok(())
+    }
+
+    fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError> {
+        let st = lock(&self.state);
+        Ok(match st.find(ptr) {
+            Some((base, Region::Local(l))) => PointerInfo {
+                kind: MemoryKind::Device(l.dev),
+                base,
+                size: l.size,
+                buffer_id: l.buffer_id,
+            },
+            Some((base, Region::Peer(p))) => PointerInfo {
+                kind: MemoryKind::Device(p.owner_dev),
+                base,
+                size: p.size,
+                buffer_id: p.key.buffer_id,
+            },
+            None => PointerInfo {
+                kind: MemoryKind::Host,
+                base: ptr,
+                size: 0,
+                buffer_id: 0,
+            },
+        })
+    }
+
+    fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError> {
+        let st = lock(&self.state);
+        match st.regions.get(&base) {
+            Some(Region::Local(l)) => Ok(HandleFields {
+                owner_pid: self.pid,
+                nonce: self.nonce,
+                buffer_id: l.buffer_id,
+                size: l.size as u64,
+                device: l.dev,
+            }
+            .encode()),
+            _ => Err(DeviceError::InvalidPointer {
+                op: "export_handle",
+                ptr: base,
+                expected: "the start of a device allocation of this process",
+            }),
+        }
+    }
+
+    fn open_handle(&self, handle: &IpcHandle, on: DevId) -> Result<Mapping, DeviceError> {
+        let f = HandleFields::decode(handle)?;
+        if f.owner_pid == self.pid && f.nonce == self.nonce {
+            return Err(bad_handle(format!(
+                "buffer {} was exported by this process; CUDA cannot open its own handles, use the allocation directly",
+                f.buffer_id
+            )));
+        }
+        self.check_dev(on)?;
+        let size =
+            usize::try_from(f.size).map_err(|_| bad_handle("size does not fit this machine"))?;
+        let map_len =
+            object_len(size).ok_or_else(|| bad_handle("size too large (corrupt handle)"))?;
+        let key = OpenKey {
+            owner_pid: f.owner_pid,
+            nonce: f.nonce,
+            buffer_id: f.buffer_id,
+        };
+
+        // Reserve the key before the slow part, so a concurrent second open fails
+        // instead of both mapping it; released again if the open fails.
+        if !lock(&self.state).open_keys.insert(key) {
+            return Err(DeviceError::DoubleOpen {
+                owner: f.owner_pid,
+                buffer_id: f.buffer_id,
+            });
+        }
+        struct Reservation<'a> {
+            st: &'a Mutex<State>,
+            key: OpenKey,
+        }
+        impl Drop for Reservation<'_> {
+            fn drop(&mut self) {
+                lock(self.st).open_keys.remove(&self.key);
+            }
+        }
+        let reservation = Reservation {
+            st: &self.state,
+            key,
+        };
+
+        let name = shm_name(f.owner_pid, f.nonce, f.buffer_id);
+        let shown = name.to_string_lossy().into_owned();
+        // SAFETY: valid C string; no O_CREAT, so we only ever open an existing object.
+        let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOENT) {
+                return Err(bad_handle(format!(
+                    "buffer {} of pid {}: no object {shown}: the owner freed it or exited",
+                    f.buffer_id, f.owner_pid
+                )));
+            }
+            return Err(errno_error(
+                "shm_open",
+                err.raw_os_error().unwrap_or(0),
+                format!("opening {shown}"),
+            ));
+        }
+        let fd = ShmFd(fd);
+        // Check the length before mapping: mapping more than the object holds would
+        // turn a forged size into a SIGBUS on first touch.
+        // SAFETY: fd is open; st is plain old data filled by the kernel.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.0, &mut st) } != 0 {
+            return Err(os_error("fstat", format!("sizing {shown}")));
+        }
+        if st.st_size as u64 != map_len as u64 {
+            return Err(bad_handle(format!(
+                "{shown} holds {} bytes but the handle's size {} needs {map_len} (forged or corrupt handle)",
+                st.st_size, f.size
+            )));
+        }
+        let map = map_shared(&fd, map_len, &shown)?;
+        fd.close()?;
+        // SAFETY: the mapping is live and at least HEADER_BYTES long; the guard keeps
+        // it mapped for as long as `h` is used below.
+        let h = unsafe { header(map.base) };
+        // SAFETY (reads): plain fields are written once by the owner before export.
+        let (magic, owner_pid, device, buffer_id, hsize) = unsafe {
+            let p = map.base as *const Header;
+            (
+                std::ptr::addr_of!((*p).magic).read(),
+                std::ptr::addr_of!((*p).owner_pid).read(),
+                std::ptr::addr_of!((*p).device).read(),
+                std::ptr::addr_of!((*p).buffer_id).read(),
+                std::ptr::addr_of!((*p).size).read(),
+            )
+        };
+        if magic != HEADER_MAGIC
+            || owner_pid != f.owner_pid
+            || buffer_id != f.buffer_id
+            || hsize != f.size
+            || device != f.device
+        {
+            return Err(bad_handle(format!(
+                "{shown} does not match the handle (header: pid {owner_pid}, device {device}, buffer {buffer_id}, size {hsize}; handle: pid {}, device {}, buffer {}, size {}): forged or corrupt handle",
+                f.owner_pid, f.device, f.buffer_id, f.size
+            )));
+        }
+        if h.freed.load(Ordering::SeqCst) != 0 {
+            return Err(bad_handle(format!(
+                "buffer {} of pid {}: the owner freed it",
+                f.buffer_id, f.owner_pid
+            )));
+        }
+        if !self.can_access_peer(on, f.device) {
+            return Err(DeviceError::Driver {
+                call: "cuIpcOpenMemHandle",
+                code: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+                message: format!(
+                    "peer access unavailable: device {on} cannot reach device {} of pid {} ({ENV_PEER}={})",
+                    f.device, f.owner_pid, self.cfg.peer
+                ),
+            });
+        }
+        // Pairs with release_local's store-then-load (see there).
+        h.mappers.fetch_add(1, Ordering::SeqCst);
+        if h.freed.load(Ordering::SeqCst) != 0 {
+            release_mapper(h, f.buffer_id);
+            return Err(bad_handle(format!(
+                "buffer {} of pid {}: the owner freed it",
+                f.buffer_id, f.owner_pid
+            )));
+        }
+        if self.cfg.ipc_open_us > 0 {
+            std::thread::sleep(Duration::from_micros(self.cfg.ipc_open_us));
+        }
+        let map_base = map.keep();
+        let data = map_base + HEADER_BYTES;
+        lock(&self.state).regions.insert(
+            data,
+            Region::Peer(PeerMap {
+                key,
+                owner_dev: f.device,
+                size,
+                map_base,
+                map_len,
+            }),
+        );
+        // The key stays reserved until close_handle.
+        std::mem::forget(reservation);
+        debug!(
+            owner = f.owner_pid,
+            buffer_id = f.buffer_id,
+            on,
+            ptr = format_args!("{data:#x}"),
+            "sim: open_handle"
+        );
+        Ok(Mapping { ptr: data, size })
+    }
+
+    fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError> {
+        let peer = {
+            let mut st = lock(&self.state);
+            match st.regions.get(&mapping.ptr) {
+                Some(Region::Peer(p)) if p.size == mapping.size => {}
+                _ => {
+                    return Err(DeviceError::InvalidPointer {
+                        op: "close_handle",
+                        ptr: mapping.ptr,
+                        expected: "a mapping returned by open_handle and not yet closed",
+                    })
+                }
+            }
+            let Some(Region::Peer(p)) = st.regions.remove(&mapping.ptr) else {
+                unreachable!("checked just above under the same lock")
+            };
+            st.open_keys.remove(&p.key);
+            p
+        };
+        // SAFETY: still mapped until the unmap below.
+        release_mapper(unsafe { header(peer.map_base) }, peer.key.buffer_id);
+        unmap(peer.map_base, peer.map_len)?;
+        debug!(
+            owner = peer.key.owner_pid,
+            buffer_id = peer.key.buffer_id,
+            "sim: close_handle"
+        );
+        Ok(())
+    }
+
+    fn copy_async(
+        &self,
+        engine: DevId,
+        _lane: u32,
+        dst: usize,
+        src: usize,
+        len: usize,
+    ) -> Result<CopyTicket, DeviceError> {
+        self.check_dev(engine)?;
+        let done = Arc::new(AtomicBool::new(false));
+        if len == 0 {
+            done.store(true, Ordering::Relaxed);
+        } else {
+            {
+                let st = lock(&self.state);
+                st.check_range("copy_async", dst, len)?;
+                st.check_range("copy_async", src, len)?;
+            }
+            // Lanes are accepted and ignored: one FIFO per device keeps each lane's
+            // order trivially and serialises lanes, which the trait allows (lanes *may*
+            // run concurrently) and which makes contention on one engine visible.
+            let job = CopyJob {
+                dst,
+                src,
+                len,
+                done: done.clone(),
+            };
+            self.engine_sender(engine)?
+                .send(job)
+                .map_err(|_| DeviceError::Driver {
+                    call: "copy_async",
+                    code: 0,
+                    message: format!("copy engine thread of sim device {engine} has stopped"),
+                })?;
+        }
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        lock(&self.tickets).insert(id, done);
+        Ok(CopyTicket(id))
+    }
+
+    fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
+        let mut tickets = lock(&self.tickets);
+        let Some(flag) = tickets.get(&ticket.0) else {
+            return Err(DeviceError::Driver {
+                call: "copy_poll",
+                code: CUDA_ERROR_INVALID_HANDLE,
+                message: format!(
+                    "unknown copy ticket {} (never issued, or already reported done)",
+                    ticket.0
+                ),
+            });
+        };
+        // Acquire: pairs with the engine's Release store, so once this reads true the
+        // copied bytes are visible to this thread.
+        if flag.load(Ordering::Acquire) {
+            tickets.remove(&ticket.0);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
+        if len == 0 {
+            return Ok(());
+        }
+        {
+            let st = lock(&self.state);
+            st.check_range("copy_sync", dst, len)?;
+            st.check_range("copy_sync", src, len)?;
+        }
+        // SAFETY: as with cuMemcpy, the caller guarantees both ranges are valid; the
+        // ranges inside device memory were checked above. `copy` handles overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+        Ok(())
+    }
+
+    fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
+        let mut st = lock(&self.state);
+        if ptr == 0 || len == 0 {
+            return Err(DeviceError::InvalidPointer {
+                op: "register_host",
+                ptr,
+                expected: "a non-null host range of at least one byte",
+            });
+        }
+        // cuMemHostRegister rejects device memory; catching it here keeps CI honest.
+        if st.find(ptr).is_some() {
+            return Err(DeviceError::InvalidPointer {
+                op: "register_host",
+                ptr,
+                expected: "host memory",
+            });
+        }
+        let e = st.host.entry(ptr).or_insert(len);
+        *e = (*e).max(len);
+        Ok(())
+    }
+
+    fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError> {
+        // As cuMemHostUnregister, unregistering what is not registered is an error.
+        match lock(&self.state).host.remove(&ptr) {
+            Some(_) => Ok(()),
+            None => Err(DeviceError::InvalidPointer {
+                op: "unregister_host",
+                ptr,
+                expected: "the start of a registered host range",
+            }),
+        }
+    }
+}
+
+impl Drop for SimBackend {
+    fn drop(&mut self) {
+        // Engines first: they drain their queues, and copies may touch the memory
+        // released below.
+        for slot in &self.engines {
+            if let Some(Engine { tx, thread }) = lock(slot).take() {
+                drop(tx);
+                if thread.join().is_err() {
+                    warn!("sim: a copy engine thread panicked");
+                }
+            }
+        }
+        let st = std::mem::take(&mut *lock(&self.state));
+        for (ptr, region) in st.regions {
+            match region {
+                Region::Peer(p) => {
+                    // SAFETY: mapped until the unmap just after.
+                    release_mapper(unsafe { header(p.map_base) }, p.key.buffer_id);
+                    if let Err(e) = unmap(p.map_base, p.map_len) {
+                        warn!(error = %e, "sim: unmapping a peer mapping at shutdown");
+                    }
+                }
+                Region::Local(l) => match Self::release_local(&l) {
+                    Ok(0) => {}
+                    Ok(mappers) => warn!(
+                        buffer_id = l.buffer_id,
+                        ptr = format_args!("{ptr:#x}"),
+                        mappers,
+                        "sim: allocation released at shutdown while peers still map it"
+                    ),
+                    Err(e) => warn!(error = %e, "sim: releasing an allocation at shutdown"),
+                },
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Cleanup of leftovers
+// ---------------------------------------------------------------------------------
+
+/// The pid in a `/dev/shm` entry name of this backend, if it is one.
+fn object_pid(file_name: &str) -> Option<u32> {
+    let rest = file_name.strip_prefix(SHM_PREFIX)?;
+    let (pid, _) = rest.split_once('-')?;
+    pid.parse().ok()
+}
+
+/// Unlinks every object of this backend in `/dev/shm` whose owner pid satisfies `pick`.
+fn remove_objects_where(mut pick: impl FnMut(u32) -> bool) -> Result<usize, DeviceError> {
+    let dir = match std::fs::read_dir("/dev/shm") {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            return Err(errno_error(
+                "opendir",
+                e.raw_os_error().unwrap_or(0),
+                "listing /dev/shm",
+            ))
+        }
+    };
+    let mut removed = 0;
+    for entry in dir {
+        let entry = entry.map_err(|e| {
+            errno_error("readdir", e.raw_os_error().unwrap_or(0), "listing /dev/shm")
+        })?;
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str() else {
+            continue;
+        };
+        let Some(pid) = object_pid(name) else {
+            continue;
+        };
+        if !pick(pid) {
+            continue;
+        }
+        let cname = CString::new(format!("/{name}")).expect("directory entries have no NUL");
+        // SAFETY: valid C string.
+        if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
+            let err = io::Error::last_os_error();
+            // Someone else (a concurrent cleanup, the owner) removed it first: fine.
+            if err.raw_os_error() == Some(libc::ENOENT) {
+                continue;
+            }
+            return Err(errno_error(
+                "shm_unlink",
+                err.raw_os_error().unwrap_or(0),
+                format!("removing /dev/shm/{name}"),
+            ));
+        }
+        debug!(name, "sim: removed leftover shared-memory object");
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// Removes the objects in `/dev/shm` left by sim backends of processes that no longer
+/// exist (crashed or killed before they could clean up). Returns how many it removed.
+///
+/// Liveness is `kill(pid, 0)` failing with `ESRCH`, so a process of another user
+/// (`EPERM`) counts as alive. Only meaningful within one pid namespace: a container
+/// sharing `/dev/shm` with the host sees other pids.
+pub fn cleanup_stale_sim_objects() -> Result<usize, DeviceError> {
+    let mut first_error = None;
+    let removed = remove_objects_where(|pid| {
+        // kill(0, ..) would address our process group, and pids above i32::MAX
+        // cannot exist; neither is a name we made.
+        let Ok(p) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        if p <= 0 {
+            return false;
+        }
+        // SAFETY: signal 0 only checks that the process exists.
+        if unsafe { libc::kill(p, 0) } == 0 {
+            return false;
+        }
+        match io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => true,
+            Some(libc::EPERM) => false,
+            other => {
+                first_error.get_or_insert_with(|| {
+                    errno_error("kill", other.unwrap_or(0), format!("probing pid {pid}"))
+                });
+                false
+            }
+        }
+    })?;
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(removed),
+    }
+}
+
+/// Removes every object in `/dev/shm` made by the sim backend of process `pid`; the
+/// launcher calls it after a child exits, since a crashed child cannot clean up.
+/// Returns how many it removed. Calling it with the pid of a live process pulls the
+/// names from under it (its mappings stay valid, but peers can no longer open them).
+pub fn remove_objects_of_pid(pid: u32) -> Result<usize, DeviceError> {
+    remove_objects_where(|p| p == pid)
+}
+
+// ---------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn backend(devices: u32, peer: PeerMatrix, ipc_open_us: u64) -> SimBackend {
+        SimBackend::new(SimConfig {
+            devices,
+            peer,
+            ipc_open_us,
+        })
+        .expect("valid config")
+    }
+
+    fn two() -> SimBackend {
+        backend(2, PeerMatrix::All, 0)
+    }
+
+    fn shm_path(b: &SimBackend, buffer_id: u64) -> std::path::PathBuf {
+        format!(
+            "/dev/shm/{SHM_PREFIX}{}-{:016x}-{buffer_id}",
+            b.pid, b.nonce
+        )
+        .into()
+    }
+
+    fn fill(b: &SimBackend, ptr: usize, bytes: &[u8]) {
+        b.copy_sync(ptr, bytes.as_ptr() as usize, bytes.len())
+            .unwrap();
+    }
+
+    fn read(b: &SimBackend, ptr: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        b.copy_sync(v.as_mut_ptr() as usize, ptr, len).unwrap();
+        v
+    }
+
+    fn wait(b: &SimBackend, t: CopyTicket) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !b.copy_poll(t).unwrap() {
+            assert!(Instant::now() < deadline, "copy {t:?} did not complete");
+            std::thread::yield_now();
+        }
+    }
+
+    fn mappers_of(b: &SimBackend, ptr: usize) -> u32 {
+        let st = lock(&b.state);
+        let Some(Region::Local(l)) = st.regions.get(&ptr) else {
+            panic!("not local")
+        };
+        unsafe { header(l.map_base) }.mappers.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn alloc_free_pointer_info() {
+        let b = two();
+        let p = b.alloc(1, 10_000).unwrap();
+        assert_eq!(p % 4096, 0);
+        let info = b.pointer_info(p + 9_999).unwrap();
+        assert_eq!(info.kind, MemoryKind::Device(1));
+        assert_eq!((info.base, info.size), (p, 10_000));
+        assert!(info.buffer_id > 0);
+        // One past the end, and the header page, are not device memory.
+        assert_eq!(b.pointer_info(p + 10_000).unwrap().kind, MemoryKind::Host);
+        assert_eq!(b.pointer_info(p - 1).unwrap().kind, MemoryKind::Host);
+        let host = 0x1234usize;
+        assert_eq!(
+            b.pointer_info(host).unwrap(),
+            PointerInfo {
+                kind: MemoryKind::Host,
+                base: host,
+                size: 0,
+                buffer_id: 0
+            }
+        );
+        // The object exists with mode 0600 and the rounded size.
+        let path = shm_path(&b, info.buffer_id);
+        let md = std::fs::metadata(&path).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(md.permissions().mode() & 0o777, 0o600);
+        assert_eq!(md.len(), 4096 + 12_288);
+
+        // Only an allocation's base can be freed, and only once.
+        assert!(matches!(
+            b.free(p + 1),
+            Err(DeviceError::InvalidPointer { .. })
+        ));
+        b.free(p).unwrap();
+        assert!(!path.exists(), "free must unlink the object");
+        assert!(matches!(b.free(p), Err(DeviceError::InvalidPointer { .. })));
+        assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
+        assert!(matches!(
+            b.alloc(2, 1),
+            Err(DeviceError::NoSuchDevice { dev: 2, count: 2 })
+        ));
+
+        // Zero-size allocations get a byte.
+        let z = b.alloc(0, 0).unwrap();
+        assert_eq!(b.pointer_info(z).unwrap().size, 1);
+        b.free(z).unwrap();
+    }
+
+    #[test]
+    fn recycled_address_gets_new_buffer_id() {
+        let b = two();
+        let mut seen = HashSet::new();
+        let mut reused = false;
+        let mut last: Option<(usize, u64)> = None;
+        for _ in 0..64 {
+            let p = b.alloc(0, 8192).unwrap();
+            let id = b.pointer_info(p).unwrap().buffer_id;
+            assert!(seen.insert(id), "buffer id {id} reused");
+            if let Some((lp, lid)) = last {
+                if lp == p {
+                    reused = true;
+                    assert_ne!(lid, id);
+                }
+            }
+            last = Some((p, id));
+            b.free(p).unwrap();
+        }
+        // mmap normally hands the hole straight back; if it never did, the id check
+        // above still covered every allocation.
+        if !reused {
+            eprintln!("note: the kernel never recycled an address in this run");
+        }
+    }
+
+    #[test]
+    fn export_open_close_between_instances() {
+        let owner = two();
+        let peer = two();
+        let p = owner.alloc(1, 5000).unwrap();
+        let id = owner.pointer_info(p).unwrap().buffer_id;
+        fill(&owner, p, &[7u8; 5000]);
+
+        assert!(matches!(
+            owner.export_handle(p + 8),
+            Err(DeviceError::InvalidPointer { .. })
+        ));
+        let h = owner.export_handle(p).unwrap();
+        // A process cannot open its own handle.
+        assert!(matches!(
+            owner.open_handle(&h, 0),
+            Err(DeviceError::BadHandle { .. })
+        ));
+
+        let m = peer.open_handle(&h, 0).unwrap();
+        assert_eq!(m.size, 5000);
+        assert_eq!(mappers_of(&owner, p), 1);
+        let info = peer.pointer_info(m.ptr + 4999).unwrap();
+        assert_eq!(
+            info,
+            PointerInfo {
+                kind: MemoryKind::Device(1),
+                base: m.ptr,
+                size: 5000,
+                buffer_id: id
+            }
+        );
+        // Shared pages: writes on either side are seen by the other.
+        assert_eq!(read(&peer, m.ptr, 5000), vec![7u8; 5000]);
+        fill(&peer, m.ptr + 100, b"peer");
+        assert_eq!(read(&owner, p + 100, 4), b"peer");
+
+        // The second open of one handle is rejected, as by the CUDA driver.
+        assert_eq!(
+            peer.open_handle(&h, 1),
+            Err(DeviceError::DoubleOpen {
+                owner: std::process::id(),
+                buffer_id: id
+            })
+        );
+        peer.close_handle(m).unwrap();
+        assert_eq!(mappers_of(&owner, p), 0);
+        assert_eq!(peer.pointer_info(m.ptr).unwrap().kind, MemoryKind::Host);
+        assert!(matches!(
+            peer.close_handle(m),
+            Err(DeviceError::InvalidPointer { .. })
+        ));
+        // Closed, it can be opened again.
+        let m2 = peer.open_handle(&h, 1).unwrap();
+        peer.close_handle(m2).unwrap();
+        owner.free(p).unwrap();
+        // Freed: the handle is dead.
+        assert!(matches!(
+            peer.open_handle(&h, 0),
+            Err(DeviceError::BadHandle { .. })
+        ));
+    }
+
+    #[test]
+    fn concurrent_opens_of_one_handle_only_one_wins() {
+        let owner = two();
+        let peer = Arc::new(backend(2, PeerMatrix::All, 2_000));
+        let p = owner.alloc(0, 64).unwrap();
+        let h = owner.export_handle(p).unwrap();
+        let results: Vec<_> = (0..4)
+            .map(|_| {
+                let peer = peer.clone();
+                std::thread::spawn(move || peer.open_handle(&h, 0))
+            })
+            .map(|t| t.join().unwrap())
+            .collect();
+        let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(ok.len(), 1, "{results:?}");
+        assert!(results
+            .iter()
+            .filter(|r| r.is_err())
+            .all(|r| matches!(r, Err(DeviceError::DoubleOpen { .. }))));
+        peer.close_handle(*ok[0]).unwrap();
+        owner.free(p).unwrap();
+    }
+
+    #[test]
+    fn forged_handles_are_rejected() {
+        let owner = two();
+        let peer = two();
+        let p = owner.alloc(0, 100).unwrap();
+        let h = owner.export_handle(p).unwrap();
+        let f = HandleFields::decode(&h).unwrap();
+        let is_bad =
+            |r: Result<Mapping, DeviceError>| matches!(r, Err(DeviceError::BadHandle { .. }));
+
+        let mut magic = h;
+        magic.0[0] ^= 0xff;
+        assert!(is_bad(peer.open_handle(&magic, 0)));
+        let mut version = h;
+        version.0[8] = 9;
+        assert!(is_bad(peer.open_handle(&version, 0)));
+        // Same page count, different size: caught by the header.
+        assert!(is_bad(
+            peer.open_handle(&HandleFields { size: 200, ..f }.encode(), 0)
+        ));
+        // Larger size: caught by the object's length before mapping.
+        assert!(is_bad(
+            peer.open_handle(&HandleFields { size: 1 << 20, ..f }.encode(), 0)
+        ));
+        // Wrong device: caught by the header.
+        assert!(is_bad(
+            peer.open_handle(&HandleFields { device: 1, ..f }.encode(), 0)
+        ));
+        // No such object.
+        assert!(is_bad(
+            peer.open_handle(
+                &HandleFields {
+                    buffer_id: u64::MAX,
+                    ..f
+                }
+                .encode(),
+                0
+            )
+        ));
+        assert!(is_bad(
+            peer.open_handle(
+                &HandleFields {
+                    nonce: f.nonce ^ 1,
+                    ..f
+                }
+                .encode(),
+                0
+            )
+        ));
+        assert!(is_bad(
+            peer.open_handle(&IpcHandle([0; IPC_HANDLE_BYTES]), 0)
+        ));
+        // Failed opens leave nothing behind: the genuine handle still opens.
+        assert_eq!(mappers_of(&owner, p), 0);
+        let m = peer.open_handle(&h, 0).unwrap();
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
+
+    #[test]
+    fn free_while_mapped_is_reported_and_pages_survive() {
+        let owner = two();
+        let peer = two();
+        let p = owner.alloc(0, 4096).unwrap();
+        let id = owner.pointer_info(p).unwrap().buffer_id;
+        let h = owner.export_handle(p).unwrap();
+        let m = peer.open_handle(&h, 1).unwrap();
+        assert_eq!(
+            owner.free(p),
+            Err(DeviceError::FreedWhileMapped {
+                ptr: p,
+                buffer_id: id,
+                mappers: 1
+            })
+        );
+        // Released locally all the same.
+        assert_eq!(owner.pointer_info(p).unwrap().kind, MemoryKind::Host);
+        assert!(!shm_path(&owner, id).exists());
+        // The peer's pages are still there.
+        fill(&peer, m.ptr, b"alive");
+        assert_eq!(read(&peer, m.ptr, 5), b"alive");
+        peer.close_handle(m).unwrap();
+        // A fresh open of the freed allocation fails.
+        assert!(matches!(
+            peer.open_handle(&h, 1),
+            Err(DeviceError::BadHandle { .. })
+        ));
+    }
+
+    #[test]
+    fn peer_access_is_enforced_on_open() {
+        let owner = backend(3, PeerMatrix::parse("0-2").unwrap(), 0);
+        let peer = backend(3, PeerMatrix::parse("0-2").unwrap(), 0);
+        assert!(peer.can_access_peer(2, 0) && peer.can_access_peer(1, 1));
+        assert!(!peer.can_access_peer(0, 1) && !peer.can_access_peer(0, 3));
+        let p = owner.alloc(0, 64).unwrap();
+        let h = owner.export_handle(p).unwrap();
+        match peer.open_handle(&h, 1) {
+            Err(DeviceError::Driver {
+                call: "cuIpcOpenMemHandle",
+                message,
+                ..
+            }) => {
+                assert!(message.contains("peer access unavailable"), "{message}")
+            }
+            other => panic!("expected a peer-access error, got {other:?}"),
+        }
+        assert!(matches!(
+            peer.open_handle(&h, 7),
+            Err(DeviceError::NoSuchDevice { dev: 7, count: 3 })
+        ));
+        // The failed opens released their reservation and left no mapper behind.
+        assert_eq!(mappers_of(&owner, p), 0);
+        let m = peer.open_handle(&h, 2).unwrap();
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+
+        let isolated = backend(2, PeerMatrix::NoPeers, 0);
+        let owner2 = backend(2, PeerMatrix::NoPeers, 0);
+        let q = owner2.alloc(1, 64).unwrap();
+        let h2 = owner2.export_handle(q).unwrap();
+        assert!(matches!(
+            isolated.open_handle(&h2, 0),
+            Err(DeviceError::Driver { .. })
+        ));
+        let m = isolated.open_handle(&h2, 1).unwrap();
+        isolated.close_handle(m).unwrap();
+        owner2.free(q).unwrap();
+    }
+
+    #[test]
+    fn open_cost_is_honoured() {
+        let owner = two();
+        let peer = backend(2, PeerMatrix::All, 20_000);
+        let p = owner.alloc(0, 64).unwrap();
+        let h = owner.export_handle(p).unwrap();
+        let t = Instant::now();
+        let m = peer.open_handle(&h, 0).unwrap();
+        let took = t.elapsed();
+        assert!(took >= Duration::from_micros(20_000), "open took {took:?}");
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
+
+    #[test]
+    fn engine_copies_complete_with_right_data() {
+        let b = two();
+        let len = 3 << 20;
+        let d0 = b.alloc(0, len).unwrap();
+        let d1 = b.alloc(1, len).unwrap();
+        let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let mut dst = vec![0u8; len];
+
+        let t = b.copy_async(0, 0, d0, src.as_ptr() as usize, len).unwrap();
+        wait(&b, t);
+        let t = b.copy_async(1, 3, d1, d0, len).unwrap();
+        wait(&b, t);
+        let t = b
+            .copy_async(1, 0, dst.as_mut_ptr() as usize, d1, len)
+            .unwrap();
+        wait(&b, t);
+        assert!(dst == src);
+        // A done ticket is consumed.
+        assert!(matches!(
+            b.copy_poll(t),
+            Err(DeviceError::Driver {
+                call: "copy_poll",
+                ..
+            })
+        ));
+        assert!(b.copy_poll(CopyTicket(u64::MAX)).is_err());
+
+        // Copies on one engine run in submission order: the last write wins.
+        let a = [1u8; 4096];
+        let c = [2u8; 4096];
+        let tickets: Vec<_> = (0..32)
+            .map(|i| {
+                let s = if i % 2 == 0 { &a } else { &c };
+                b.copy_async(0, i, d0, s.as_ptr() as usize, 4096).unwrap()
+            })
+            .collect();
+        for t in tickets {
+            wait(&b, t);
+        }
+        assert_eq!(read(&b, d0, 4096), vec![2u8; 4096]);
+
+        // Zero-length copies are done at once; bad engines and overruns are refused.
+        let t = b.copy_async(1, 0, 0, 0, 0).unwrap();
+        assert!(b.copy_poll(t).unwrap());
+        assert!(matches!(
+            b.copy_async(2, 0, d0, d1, 1),
+            Err(DeviceError::NoSuchDevice { .. })
+        ));
+        assert!(matches!(
+            b.copy_async(0, 0, d0 + 1, d1, len),
+            Err(DeviceError::InvalidPointer { .. })
+        ));
+        assert!(matches!(
+            b.copy_sync(d0, 0, 1),
+            Err(DeviceError::InvalidPointer { .. })
+        ));
+
+        // Overlapping copy_sync behaves like memmove.
+        fill(&b, d1, &[1, 2, 3, 4, 5]);
+        b.copy_sync(d1 + 1, d1, 4).unwrap();
+        assert_eq!(read(&b, d1, 5), [1, 1, 2, 3, 4]);
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
+
+    #[test]
+    fn register_host_ranges() {
+        let b = two();
+        let buf = vec![0u8; 8192];
+        let p = buf.as_ptr() as usize;
+        b.register_host(p, 8192).unwrap();
+        b.register_host(p, 8192).unwrap();
+        assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
+        b.unregister_host(p).unwrap();
+        assert!(b.unregister_host(p).is_err());
+        let d = b.alloc(0, 64).unwrap();
+        assert!(b.register_host(d, 64).is_err());
+        b.free(d).unwrap();
+    }
+
+    #[test]
+    fn drop_releases_everything() {
+        let owner = two();
+        let peer = two();
+        let p = owner.alloc(0, 64).unwrap();
+        let id = owner.pointer_info(p).unwrap().buffer_id;
+        let _q = peer.alloc(1, 64).unwrap();
+        let qid = peer.pointer_info(_q).unwrap().buffer_id;
+        let m = peer
+            .open_handle(&owner.export_handle(p).unwrap(), 0)
+            .unwrap();
+        let t = peer.copy_async(0, 0, m.ptr, _q, 64).unwrap();
+        let _ = t;
+        let qpath = shm_path(&peer, qid);
+        assert!(qpath.exists());
+        drop(peer);
+        assert!(!qpath.exists(), "drop must unlink own allocations");
+        assert_eq!(mappers_of(&owner, p), 0, "drop must close peer mappings");
+        let path = shm_path(&owner, id);
+        drop(owner);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn config_parsing() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            SimConfig::from_lookup(env(&[])).unwrap(),
+            SimConfig::default()
+        );
+        let c = SimConfig::from_lookup(env(&[
+            (ENV_DEVICES, "4"),
+            (ENV_PEER, "none"),
+            (ENV_IPC_OPEN_US, "930"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c,
+            SimConfig {
+                devices: 4,
+                peer: PeerMatrix::NoPeers,
+                ipc_open_us: 930
+            }
+        );
+        let c =
+            SimConfig::from_lookup(env(&[(ENV_DEVICES, "4"), (ENV_PEER, " 1-0, 2-3 ")])).unwrap();
+        assert_eq!(c.peer, PeerMatrix::Pairs(vec![(0, 1), (2, 3)]));
+        assert!(
+            c.peer.allows(0, 1)
+                && c.peer.allows(1, 0)
+                && c.peer.allows(3, 2)
+                && c.peer.allows(2, 2)
+        );
+        assert!(!c.peer.allows(0, 2) && !c.peer.allows(1, 3));
+        assert_eq!(PeerMatrix::parse("ALL").unwrap(), PeerMatrix::All);
+        assert_eq!(c.peer.to_string(), "0-1,2-3");
+        assert_eq!(PeerMatrix::NoPeers.to_string(), "none");
+        assert!(!PeerMatrix::NoPeers.allows(0, 1) && PeerMatrix::NoPeers.allows(1, 1));
+        assert_eq!(
+            SimConfig::from_lookup(env(&[(ENV_PEER, "")])).unwrap().peer,
+            PeerMatrix::All
+        );
+
+        let rejected = |vars: &'static [(&'static str, &'static str)], var: &str| {
+            match SimConfig::from_lookup(env(vars)) {
+                Err(DeviceError::Unavailable { reason }) => {
+                    assert!(reason.contains(var), "{reason}");
+                }
+                other => panic!("{vars:?} should be rejected, got {other:?}"),
+            }
+        };
+        rejected(&[(ENV_PEER, "garbage")], ENV_PEER);
+        rejected(&[(ENV_PEER, "0-1,")], ENV_PEER);
+        rejected(&[(ENV_PEER, "0-x")], ENV_PEER);
+        rejected(&[(ENV_PEER, "0-5")], ENV_PEER); // device 5 does not exist
+        rejected(&[(ENV_DEVICES, "two")], ENV_DEVICES);
+        rejected(&[(ENV_DEVICES, "0")], ENV_DEVICES);
+        rejected(&[(ENV_DEVICES, "-1")], ENV_DEVICES);
+        rejected(&[(ENV_IPC_OPEN_US, "1ms")], ENV_IPC_OPEN_US);
+        assert!(SimBackend::new(SimConfig {
+            devices: 0,
+            ..Default::default()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn handle_round_trip() {
+        let f = HandleFields {
+            owner_pid: 42,
+            nonce: 0xdead_beef,
+            buffer_id: 9,
+            size: 123,
+            device: 3,
+        };
+        assert_eq!(HandleFields::decode(&f.encode()).unwrap(), f);
+        let mut h = f.encode();
+        h.0[63] = 1;
+        assert!(HandleFields::decode(&h).is_err());
+    }
+
+    #[test]
+    fn cleanup_of_dead_and_given_pids() {
+        // A pid that surely is dead: a child we started and reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let make = |pid: u32, tag: &str| {
+            let path = format!("/dev/shm/{SHM_PREFIX}{pid}-{tag}-1");
+            std::fs::write(&path, b"x").unwrap();
+            std::path::PathBuf::from(path)
+        };
+        let stale = make(dead, "00000000deadbeef");
+        let live = make(std::process::id(), "00000000feedface");
+        assert!(cleanup_stale_sim_objects().unwrap() >= 1);
+        assert!(!stale.exists());
+        assert!(live.exists(), "objects of live processes must be kept");
+
+        let other = make(dead, "00000000cafef00d");
+        assert_eq!(remove_objects_of_pid(dead).unwrap(), 1);
+        assert!(!other.exists());
+        std::fs::remove_file(&live).unwrap();
+        assert_eq!(object_pid("gpulmt-sim-123-abc-4"), Some(123));
+        assert_eq!(object_pid("gpulmt-other-123-abc-4"), None);
+    }
+
+    /// Environment variable carrying a hex handle to [`cross_process_child`].
+    const CHILD_HANDLE_VAR: &str = "GPULMT_SIM_TEST_CHILD_HANDLE";
+
+    /// Child half of [`cross_process_open`]: does nothing unless started by it (the
+    /// test binary re-runs itself, filtered to this test, with the handle in the
+    /// environment). Re-running the binary rather than fork() keeps the child free
+    /// of the harness's threads and locks.
+    #[test]
+    fn cross_process_child() {
+        let Ok(hex) = std::env::var(CHILD_HANDLE_VAR) else {
+            return;
+        };
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let h = IpcHandle(bytes.try_into().unwrap());
+        let b = two();
+        let m = b.open_handle(&h, 1).unwrap();
+        assert!(matches!(
+            b.open_handle(&h, 0),
+            Err(DeviceError::DoubleOpen { .. })
+        ));
+        assert_eq!(read(&b, m.ptr, 4), b"ping");
+        // Write back through this process's copy engine.
+        let t = b
+            .copy_async(1, 0, m.ptr, b"pong".as_ptr() as usize, 4)
+            .unwrap();
+        wait(&b, t);
+        b.close_handle(m).unwrap();
+    }
+
+    #[test]
+    fn cross_process_open() {
+        let owner = two();
+        let p = owner.alloc(0, 4096).unwrap();
+        fill(&owner, p, b"ping");
+        let h = owner.export_handle(p).unwrap();
+        let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "device::sim::tests::cross_process_child",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(CHILD_HANDLE_VAR, hex)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "child failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Make sure the child really ran the test rather than filtering it out.
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_eq!(read(&owner, p, 4), b"pong");
+        assert_eq!(mappers_of(&owner, p), 0);
+        owner.free(p).unwrap();
+    }
+}

@@ -1,0 +1,557 @@
+//! The public Rust API: a [`Context`] per rank, with MPI-style non-blocking
+//! point-to-point operations, device memory management with two-phase free, and
+//! the job's bootstrap.
+//!
+//! A context is driven by its owner's thread: progress happens inside `test`,
+//! `wait`, `progress` and the other calls (like MPI_THREAD_FUNNELED). The I/O that
+//! executes the protocol engine's actions lives in [`crate::progress`].
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use gpulmt_handles::{CacheLimits, ExportCache, FreeCommit, FreeMarks, HandleCache};
+use gpulmt_protocols::engine::{BufDesc, Engine, EngineConfig};
+use gpulmt_protocols::policy::{PolicyConfig, Protocol};
+use gpulmt_protocols::wire::{Packet, Region};
+use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
+
+use crate::config::Config;
+use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind};
+use crate::error::{Error, Result};
+use crate::mapping::DeviceOpener;
+use crate::progress::{InflightCopy, Stats};
+use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
+
+/// Tags at or above this value are reserved for gpulmt's own collectives.
+pub const TAG_UB: Tag = i32::MAX - 16;
+const BARRIER_TAG: Tag = i32::MAX - 1;
+
+/// A pending operation. Complete it with [`Context::wait`] or [`Context::test`].
+#[must_use = "a request must be waited for or tested to completion"]
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Request(pub(crate) u64);
+
+impl Request {
+    /// The request's number (for logs and C handles).
+    pub fn id(&self) -> u64 {
+        self.0
+    }
+    /// Rebuilds a request from [`id`](Self::id) (for the C ABI).
+    pub fn from_id(id: u64) -> Self {
+        Request(id)
+    }
+}
+
+/// A user buffer of a live request.
+pub(crate) struct ReqState {
+    pub ptr: usize,
+    pub len: usize,
+    pub kind: MemoryKind,
+    pub result: Option<std::result::Result<Status, ProtoError>>,
+    pub protocol: Option<Protocol>,
+    pub span: tracing::Span,
+}
+
+/// Identity of a rank within its job, from the launcher's environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobInfo {
+    pub job: String,
+    pub rank: u32,
+    pub size: u32,
+}
+
+impl JobInfo {
+    /// Reads `GPULMT_JOB`, `GPULMT_RANK`, `GPULMT_SIZE`; without them this is a
+    /// one-rank job of its own.
+    pub fn from_env() -> Result<JobInfo> {
+        let var = |k: &str| std::env::var(k).ok();
+        match (var("GPULMT_JOB"), var("GPULMT_RANK"), var("GPULMT_SIZE")) {
+            (Some(job), Some(rank), Some(size)) => {
+                let parse = |k: &str, v: &str| {
+                    v.trim().parse::<u32>().map_err(|_| Error::Bootstrap(format!("{k}={v:?} is not a number")))
+                };
+                let (rank, size) = (parse("GPULMT_RANK", &rank)?, parse("GPULMT_SIZE", &size)?);
+                if rank >= size {
+                    return Err(Error::Bootstrap(format!("GPULMT_RANK={rank} is not below GPULMT_SIZE={size}")));
+                }
+                Ok(JobInfo { job, rank, size })
+            }
+            (None, None, None) => Ok(JobInfo {
+                job: format!("solo{}x{:x}", std::process::id(), now_nanos()),
+                rank: 0,
+                size: 1,
+            }),
+            _ => Err(Error::Bootstrap(
+                "GPULMT_JOB, GPULMT_RANK and GPULMT_SIZE must be set together: start ranks with gpulmt-run".into(),
+            )),
+        }
+    }
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Installs the log subscriber once per process (`GPULMT_LOG`, default `warn`).
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("GPULMT_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// One rank's endpoint of a gpulmt job.
+pub struct Context {
+    pub(crate) cfg: Config,
+    pub(crate) info: JobInfo,
+    pub(crate) node: u64,
+    pub(crate) backend: Backend,
+    pub(crate) device: DevId,
+    pub(crate) seg: JobSegment,
+    pub(crate) engine: Engine,
+    pub(crate) cache: HandleCache<DeviceOpener>,
+    pub(crate) exports: ExportCache<u64, IpcHandle>,
+    pub(crate) reqs: HashMap<u64, ReqState>,
+    pub(crate) next_req: u64,
+    /// Per peer: encoded packets waiting for space in its ring (FIFO).
+    pub(crate) outbox: Vec<VecDeque<Vec<u8>>>,
+    pub(crate) outbox_len: usize,
+    pub(crate) loopback: VecDeque<Packet>,
+    pub(crate) inflight: Vec<InflightCopy>,
+    /// Per directed pair index: whether its staging area is registered for DMA.
+    pub(crate) staging_registered: Vec<bool>,
+    pub(crate) last_liveness: Instant,
+    pub(crate) stats: Stats,
+    pub(crate) free_marks: FreeMarks<u64>,
+    /// Buffer id -> address of allocations made through `mem_alloc`.
+    pub(crate) allocations: HashMap<u64, usize>,
+    pub(crate) free_commit: FreeCommit<u64>,
+    pub(crate) finalized: bool,
+}
+
+impl Context {
+    /// Joins the job described by the environment (see [`JobInfo::from_env`]) with
+    /// the configuration of the `GPULMT_*` variables.
+    pub fn init() -> Result<Context> {
+        init_logging();
+        Self::init_with(Config::from_env()?, JobInfo::from_env()?)
+    }
+
+    /// Joins a job with an explicit configuration.
+    pub fn init_with(cfg: Config, info: JobInfo) -> Result<Context> {
+        init_logging();
+        let backend = device::select(cfg.device)?;
+        let ndev = backend.device_count();
+        if ndev == 0 {
+            return Err(Error::Bootstrap("the device backend reports no devices".into()));
+        }
+        let device = match cfg.gpu {
+            Some(g) if g >= ndev => {
+                return Err(device::DeviceError::NoSuchDevice { dev: g, count: ndev }.into());
+            }
+            Some(g) => g,
+            None => {
+                let local = std::env::var("GPULMT_LOCAL_RANK").ok().and_then(|v| v.parse::<u32>().ok());
+                local.unwrap_or(info.rank) % ndev
+            }
+        };
+        let layout = JobLayout {
+            nranks: info.size,
+            ring_slots: cfg.ring_slots,
+            slot_size: cfg.slot_size,
+            chunk_size: cfg.chunk_size,
+            depth: cfg.depth,
+        };
+        let seg = if info.rank == 0 {
+            JobSegment::create(&info.job, layout)?
+        } else {
+            JobSegment::open(&info.job, Duration::from_millis(cfg.init_timeout_ms))?
+        };
+        if seg.layout() != layout {
+            return Err(Error::Bootstrap(format!(
+                "rank {} was configured with {:?} but the job uses {:?}: give every rank the same GPULMT_* settings",
+                info.rank,
+                layout,
+                seg.layout()
+            )));
+        }
+        let node = node_id();
+        seg.set_rank(info.rank as usize, std::process::id(), node, device);
+        let me = info.rank as usize;
+        let init_timeout = Duration::from_millis(cfg.init_timeout_ms);
+        if let Err(e) = seg.barrier(me, init_timeout, || false) {
+            seg.mark_state(me, RankState::Failed);
+            return Err(e.into());
+        }
+        for r in 0..info.size as usize {
+            if seg.rank_node(r) != node {
+                return Err(Error::Bootstrap(format!("rank {r} runs on another node: gpulmt-run starts local ranks only")));
+            }
+        }
+
+        let mut ecfg = EngineConfig::new(info.rank, info.size, ndev);
+        ecfg.node = node;
+        ecfg.eager_limit = cfg.eager_limit;
+        ecfg.device_eager_limit = cfg.device_eager_limit;
+        ecfg.policy = PolicyConfig { mode: cfg.protocol, coop_min: cfg.coop_min };
+        ecfg.chunk_size = cfg.chunk_size;
+        ecfg.depth = cfg.depth;
+        ecfg.copy_split = cfg.copy_split;
+        ecfg.lanes = cfg.lanes;
+        ecfg.coop_sender_permille = cfg.coop_sender_permille;
+        ecfg.peer_access = (0..ndev * ndev).map(|i| backend.can_access_peer(i / ndev, i % ndev)).collect();
+
+        let limits = if cfg.handle_cache {
+            CacheLimits { max_entries: cfg.cache_entries, max_bytes: cfg.cache_bytes, enabled: true }
+        } else {
+            CacheLimits::disabled()
+        };
+        let cache = HandleCache::new(DeviceOpener { backend: backend.clone(), device }, limits);
+        let free_commit = FreeCommit::new(info.size as usize, me)
+            .map_err(|e| Error::Bootstrap(format!("two-phase free: {e}")))?;
+        tracing::info!(
+            rank = info.rank,
+            size = info.size,
+            job = %info.job,
+            backend = %backend.kind(),
+            device,
+            devices = ndev,
+            "gpulmt rank ready"
+        );
+        let n = info.size as usize;
+        Ok(Context {
+            engine: Engine::new(ecfg),
+            cfg,
+            node,
+            backend,
+            device,
+            seg,
+            cache,
+            exports: ExportCache::new(),
+            reqs: HashMap::new(),
+            next_req: 1,
+            outbox: (0..n).map(|_| VecDeque::new()).collect(),
+            outbox_len: 0,
+            loopback: VecDeque::new(),
+            inflight: Vec::new(),
+            staging_registered: vec![false; n * n],
+            last_liveness: Instant::now(),
+            stats: Stats::default(),
+            free_marks: FreeMarks::new(),
+            allocations: HashMap::new(),
+            free_commit,
+            finalized: false,
+            info,
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.info.rank
+    }
+
+    pub fn size(&self) -> u32 {
+        self.info.size
+    }
+
+    /// The device this rank is bound to.
+    pub fn device(&self) -> DevId {
+        self.device
+    }
+
+    pub fn backend_kind(&self) -> BackendKind {
+        self.backend.kind()
+    }
+
+    /// The backend, for direct device operations (copies, queries).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Counters: protocols used, packets, handle cache.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        s.cache = self.cache.stats();
+        s
+    }
+
+    fn check_tag(tag: Tag) -> Result<()> {
+        if !(0..TAG_UB).contains(&tag) {
+            return Err(Error::InvalidArgument(format!("tag {tag} outside 0..{TAG_UB}")));
+        }
+        Ok(())
+    }
+
+    /// Describes a user buffer for the engine, exporting device buffers that may
+    /// take part in a rendezvous.
+    fn describe(&mut self, ptr: usize, len: usize, export: bool) -> Result<(MemoryKind, BufDesc)> {
+        let info = self.backend.pointer_info(ptr)?;
+        let mut desc = BufDesc::host(len as u64);
+        if let MemoryKind::Device(dev) = info.kind {
+            desc.device = Some(dev);
+            if ptr + len > info.base + info.size {
+                return Err(Error::InvalidArgument(format!(
+                    "buffer {ptr:#x}+{len} runs past the end of its device allocation {:#x}+{}",
+                    info.base, info.size
+                )));
+            }
+            if export {
+                let backend = &self.backend;
+                let handle =
+                    *self.exports.get_or_export(info.buffer_id, || backend.export_handle(info.base))?;
+                desc.region = Some(Region {
+                    handle: handle.0,
+                    alloc_size: info.size as u64,
+                    offset: (ptr - info.base) as u64,
+                    device: dev,
+                    node: self.node,
+                    buffer_id: info.buffer_id,
+                });
+            }
+        }
+        Ok((info.kind, desc))
+    }
+
+    fn new_request(&mut self, ptr: usize, len: usize, kind: MemoryKind, span: tracing::Span) -> ReqId {
+        let id = self.next_req;
+        self.next_req += 1;
+        self.reqs.insert(id, ReqState { ptr, len, kind, result: None, protocol: None, span });
+        ReqId(id)
+    }
+
+    /// Starts sending `len` bytes at `buf` (host or device memory) to `dst` with `tag`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid and unmodified until the request completes.
+    pub unsafe fn isend(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
+        Self::check_tag(tag)?;
+        self.isend_tagged(buf, len, dst, tag)
+    }
+
+    unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
+        if dst >= self.size() {
+            return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
+        }
+        let ptr = buf as usize;
+        let info_kind = self.backend.pointer_info(ptr)?.kind;
+        let device = matches!(info_kind, MemoryKind::Device(_));
+        let eager = self.engine.is_eager(len as u64, device);
+        let (kind, desc) = self.describe(ptr, len, !eager)?;
+        let payload = if eager {
+            let mut v = vec![0u8; len];
+            if len > 0 {
+                match kind {
+                    MemoryKind::Host => v.copy_from_slice(std::slice::from_raw_parts(buf, len)),
+                    MemoryKind::Device(_) => self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)?,
+                }
+            }
+            Some(v)
+        } else {
+            None
+        };
+        let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty);
+        let req = self.new_request(ptr, len, kind, span);
+        self.engine.post_send(req, dst, tag, desc, payload);
+        self.run_actions();
+        Ok(Request(req.0))
+    }
+
+    /// Starts receiving up to `len` bytes into `buf` from `src` (None = any) with
+    /// `tag` (None = any).
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid and unused until the request completes.
+    pub unsafe fn irecv(&mut self, buf: *mut u8, len: usize, src: Option<Rank>, tag: Option<Tag>) -> Result<Request> {
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
+        }
+        self.irecv_tagged(buf, len, src, tag)
+    }
+
+    unsafe fn irecv_tagged(&mut self, buf: *mut u8, len: usize, src: Option<Rank>, tag: Option<Tag>) -> Result<Request> {
+        if let Some(s) = src {
+            if s >= self.size() {
+                return Err(ProtoError::BadRank { rank: s, size: self.size() }.into());
+            }
+        }
+        let ptr = buf as usize;
+        // Export only buffers that PUT/COOPERATE could write: rendezvous sized.
+        let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit);
+        let (kind, desc) = self.describe(ptr, len, export)?;
+        let span = tracing::debug_span!("recv", from = ?src, tag = ?tag, len, protocol = tracing::field::Empty);
+        let req = self.new_request(ptr, len, kind, span);
+        self.engine.post_recv(req, src, tag, desc);
+        self.run_actions();
+        Ok(Request(req.0))
+    }
+
+    /// Completes the request if it is done: `Ok(Some(status))` (the request is then
+    /// consumed), `Ok(None)` if not yet; a failed request returns its error.
+    pub fn test(&mut self, req: &Request) -> Result<Option<Status>> {
+        self.progress()?;
+        self.take_result(req)
+    }
+
+    fn take_result(&mut self, req: &Request) -> Result<Option<Status>> {
+        let Some(st) = self.reqs.get(&req.0) else {
+            return Err(Error::InvalidArgument(format!("request {} is unknown or already completed", req.0)));
+        };
+        if st.result.is_none() {
+            return Ok(None);
+        }
+        let st = self.reqs.remove(&req.0).expect("present");
+        st.result.expect("checked").map(Some).map_err(Error::from)
+    }
+
+    /// Waits for a request; returns its status or its error. Never hangs on a dead
+    /// peer: liveness checks fail requests whose peer exited.
+    pub fn wait(&mut self, req: Request) -> Result<Status> {
+        loop {
+            if let Some(s) = self.test(&req)? {
+                return Ok(s);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Waits for every request; returns all statuses, or the first error once all
+    /// requests have finished.
+    pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Status>> {
+        let mut out: Vec<Option<Status>> = vec![None; reqs.len()];
+        let mut first_err = None;
+        let mut left = reqs.len();
+        let mut done = vec![false; reqs.len()];
+        while left > 0 {
+            self.progress()?;
+            for (i, r) in reqs.iter().enumerate() {
+                if done[i] {
+                    continue;
+                }
+                match self.take_result(r) {
+                    Ok(None) => {}
+                    Ok(Some(s)) => {
+                        out[i] = Some(s);
+                        done[i] = true;
+                        left -= 1;
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        done[i] = true;
+                        left -= 1;
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out.into_iter().map(|s| s.expect("all done")).collect()),
+        }
+    }
+
+    /// MPI_Iprobe: the envelope of the next message `src`/`tag` would receive.
+    pub fn iprobe(&mut self, src: Option<Rank>, tag: Option<Tag>) -> Result<Option<Status>> {
+        self.progress()?;
+        Ok(self.engine.probe(src, tag))
+    }
+
+    /// Cancels a receive that has not matched a message yet; true if cancelled (the
+    /// request then completes with `ProtoError::Cancelled`).
+    pub fn cancel(&mut self, req: &Request) -> bool {
+        let ok = self.engine.cancel_recv(ReqId(req.0));
+        self.run_actions();
+        ok
+    }
+
+    /// Blocking send of a host slice.
+    pub fn send(&mut self, data: &[u8], dst: Rank, tag: Tag) -> Result<Status> {
+        // SAFETY: the slice outlives the request: we wait for it before returning.
+        let r = unsafe { self.isend(data.as_ptr(), data.len(), dst, tag)? };
+        self.wait(r)
+    }
+
+    /// Blocking receive into a host slice.
+    pub fn recv(&mut self, data: &mut [u8], src: Option<Rank>, tag: Option<Tag>) -> Result<Status> {
+        // SAFETY: as in `send`.
+        let r = unsafe { self.irecv(data.as_mut_ptr(), data.len(), src, tag)? };
+        self.wait(r)
+    }
+
+    /// Synchronises all ranks of the job (dissemination barrier over zero-byte
+    /// messages, so progress continues while waiting).
+    pub fn barrier(&mut self) -> Result<()> {
+        let (me, n) = (self.rank(), self.size());
+        let mut step = 1;
+        while step < n {
+            let to = (me + step) % n;
+            let from = (me + n - step) % n;
+            let mut byte = 0u8;
+            // SAFETY: zero-length buffers are never dereferenced.
+            let r = unsafe { self.irecv_tagged(&mut byte, 0, Some(from), Some(BARRIER_TAG))? };
+            let s = unsafe { self.isend_tagged(&byte, 0, to, BARRIER_TAG)? };
+            self.wait_all(vec![s, r])?;
+            step *= 2;
+        }
+        Ok(())
+    }
+
+    /// Allocates `bytes` of device memory on this rank's device.
+    pub fn mem_alloc(&mut self, bytes: usize) -> Result<usize> {
+        let ptr = self.backend.alloc(self.device, bytes)?;
+        let info = self.backend.pointer_info(ptr)?;
+        self.allocations.insert(info.buffer_id, ptr);
+        Ok(ptr)
+    }
+
+    /// Copies between any two buffers (host or device) and waits.
+    pub fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<()> {
+        Ok(self.backend.copy_sync(dst, src, len)?)
+    }
+
+    /// Ends this rank's part of the job: finishes pending traffic, synchronises with
+    /// the other ranks, closes peer mappings.
+    pub fn finalize(mut self) -> Result<()> {
+        let r = self.shutdown();
+        self.finalized = true;
+        r
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if !self.reqs.is_empty() {
+            tracing::warn!(pending = self.reqs.len(), "finalize with requests not waited for");
+        }
+        self.barrier()?;
+        // Outgoing packets must reach the rings before peers stop reading them.
+        while self.outbox_len > 0 {
+            self.progress()?;
+        }
+        self.cache.close_all().map_err(|e| Error::Free(format!("closing peer mappings at finalize: {e}")))?;
+        let me = self.rank() as usize;
+        let seg = &self.seg;
+        let failed = || (0..seg.nranks()).any(|r| r != me && seg.rank_state(r) == RankState::Failed);
+        self.seg.barrier(me, Duration::from_millis(self.cfg.init_timeout_ms), failed)?;
+        self.seg.mark_state(me, RankState::Finalized);
+        for (_, ptr) in self.allocations.drain() {
+            if let Err(e) = self.backend.free(ptr) {
+                tracing::warn!(error = %e, "freeing device memory at finalize");
+            }
+        }
+        if self.rank() == 0 {
+            // Every rank has mapped the segment; the name is no longer needed.
+            let _ = JobSegment::unlink(&self.info.job);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if !self.finalized {
+            // Dropped without finalize (panic, early return): tell peers at once so
+            // they fail their transfers with us instead of waiting.
+            self.seg.mark_state(self.rank() as usize, RankState::Failed);
+            let _ = self.cache.close_all();
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Two-phase free of device memory (seed design): `mem_free` only marks an
+//! allocation; the collective `mem_free_commit` exchanges the marks among the
+//! node-local ranks, every rank closes its mappings of marked buffers (waiting for
+//! transfers in flight), acknowledges, and only then do owners release the memory.
+//! The commit's state machine is `gpulmt_handles::FreeCommit`; this is its I/O.
+
+use gpulmt_handles::{FreeMsg, Outgoing, Phase};
+use gpulmt_protocols::wire::Packet;
+use gpulmt_protocols::Rank;
+
+use crate::context::Context;
+use crate::device::MemoryKind;
+use crate::error::{Error, Result};
+
+impl Context {
+    /// Marks device memory from [`mem_alloc`](Self::mem_alloc) to be freed at the
+    /// next [`mem_free_commit`](Self::mem_free_commit); it stays valid until then.
+    pub fn mem_free(&mut self, ptr: usize) -> Result<()> {
+        let info = self.backend.pointer_info(ptr)?;
+        let known = matches!(info.kind, MemoryKind::Device(_))
+            && info.base == ptr
+            && self.allocations.get(&info.buffer_id) == Some(&ptr);
+        if !known {
+            return Err(Error::Free(format!(
+                "{ptr:#x} was not returned by mem_alloc (or was already released); free only what mem_alloc gave"
+            )));
+        }
+        if self.free_commit.is_releasing(&info.buffer_id) {
+            return Err(Error::Free(format!("{ptr:#x} is already being freed by the commit in progress")));
+        }
+        self.free_marks
+            .mark(info.buffer_id)
+            .map_err(|_| Error::Free(format!("double free of {ptr:#x}: it is already marked for the next commit")))
+    }
+
+    /// Collective over the job's ranks (every rank must call it): releases the
+    /// memory marked by [`mem_free`](Self::mem_free) on every rank, after every rank
+    /// closed its mappings of it. Safe to call with nothing marked.
+    pub fn mem_free_commit(&mut self) -> Result<()> {
+        let marks = self.free_marks.take();
+        let out = self.free_commit.start(marks).map_err(|e| Error::Free(e.to_string()))?;
+        self.send_free(out);
+        let mut errors = Vec::new();
+        loop {
+            self.progress()?;
+            match self.free_commit.phase() {
+                Phase::CollectingMarks | Phase::AwaitingAcks => {}
+                Phase::CloseMappings => {
+                    let doomed: Vec<(usize, Vec<u64>)> =
+                        self.free_commit.peer_marks().map(|(r, m)| (r, m.to_vec())).collect();
+                    let hit = |k: &crate::mapping::PeerBufferKey| {
+                        doomed.iter().any(|(r, ids)| *r == k.peer as usize && ids.contains(&k.buffer_id))
+                    };
+                    self.cache.invalidate_where(hit);
+                    // Mappings still used by copies close at their last release.
+                    while self.cache.count_open_where(hit) > 0 {
+                        self.progress()?;
+                    }
+                    let out = self.free_commit.mappings_closed().map_err(|e| Error::Free(e.to_string()))?;
+                    self.send_free(out);
+                }
+                Phase::ReleaseOwn => {
+                    for id in self.free_commit.release_own().map_err(|e| Error::Free(e.to_string()))? {
+                        self.exports.forget(&id);
+                        if let Some(ptr) = self.allocations.remove(&id) {
+                            if let Err(e) = self.backend.free(ptr) {
+                                errors.push(e.to_string());
+                            }
+                        }
+                    }
+                }
+                Phase::Done => break,
+                Phase::Idle => unreachable!("a started commit is never idle"),
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Free(format!("releasing marked memory: {}", errors.join("; "))))
+        }
+    }
+
+    fn send_free(&mut self, out: Vec<Outgoing<u64>>) {
+        for o in out {
+            let p = match o.msg {
+                FreeMsg::Marks { epoch, marks } => Packet::FreeMarks { epoch, buffer_ids: marks },
+                FreeMsg::Ack { epoch } => Packet::FreeAck { epoch },
+            };
+            self.send_packet(o.to as Rank, p);
+        }
+    }
+
+    pub(crate) fn on_free_packet(&mut self, from: usize, p: Packet) {
+        let msg = match p {
+            Packet::FreeMarks { epoch, buffer_ids } => FreeMsg::Marks { epoch, marks: buffer_ids },
+            Packet::FreeAck { epoch } => FreeMsg::Ack { epoch },
+            _ => return,
+        };
+        if let Err(e) = self.free_commit.on_message(from, msg) {
+            self.stats.violations += 1;
+            tracing::warn!(peer = from, error = %e, "dropped a free-commit message");
+        }
+    }
+
+    pub(crate) fn free_peer_failed(&mut self, r: usize) {
+        if let Err(e) = self.free_commit.on_peer_failed(r) {
+            tracing::warn!(peer = r, error = %e, "two-phase free: peer failure");
+        }
+    }
+}

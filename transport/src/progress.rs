@@ -1,0 +1,364 @@
+//! The progress engine: executes the protocol engine's actions (ring packets,
+//! copies, completions) and feeds it what happened (packets read, copies done,
+//! peers dead). Everything here is I/O; every decision is in `gpulmt-protocols`.
+
+use std::time::{Duration, Instant};
+
+use gpulmt_handles::CacheStats;
+use gpulmt_protocols::engine::{Action, CopyCmd, CopyEngine, Loc};
+use gpulmt_protocols::policy::Protocol;
+use gpulmt_protocols::wire::Packet;
+use gpulmt_protocols::{CopyId, Rank};
+
+use crate::context::Context;
+use crate::device::{CopyTicket, MemoryKind};
+use crate::error::Result;
+use crate::mapping::PeerBufferKey;
+use crate::shm::job::PeerStatus;
+
+/// Counters of one rank.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Rendezvous receives per protocol: get, put, coop, shm, self.
+    pub protocols: [u64; 5],
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    /// Packets that found their ring full and waited in the outbox.
+    pub backpressure: u64,
+    /// Packets dropped as malformed or out of protocol.
+    pub violations: u64,
+    pub copies: u64,
+    pub cache: CacheStats,
+}
+
+impl Stats {
+    pub fn protocol_count(&self, p: Protocol) -> u64 {
+        self.protocols[protocol_index(p)]
+    }
+}
+
+fn protocol_index(p: Protocol) -> usize {
+    match p {
+        Protocol::Get => 0,
+        Protocol::Put => 1,
+        Protocol::Coop => 2,
+        Protocol::Shm => 3,
+        Protocol::SelfCopy => 4,
+    }
+}
+
+/// A device copy in flight, and the peer mapping it holds a lease on.
+pub(crate) struct InflightCopy {
+    id: CopyId,
+    ticket: CopyTicket,
+    lease: Option<PeerBufferKey>,
+}
+
+impl Context {
+    /// Makes progress on everything in flight; returns whether anything happened.
+    pub fn progress(&mut self) -> Result<bool> {
+        let mut did = false;
+        while let Some(p) = self.loopback.pop_front() {
+            did = true;
+            self.on_packet(self.rank(), p);
+        }
+        let me = self.rank() as usize;
+        for from in 0..self.size() as usize {
+            if from != me {
+                did |= self.drain_ring(from);
+            }
+        }
+        did |= self.poll_copies();
+        if self.outbox_len > 0 {
+            did |= self.flush_outbox();
+        }
+        self.run_actions();
+        if self.last_liveness.elapsed() >= Duration::from_millis(self.cfg.liveness_ms) {
+            self.check_liveness();
+        }
+        Ok(did)
+    }
+
+    /// Reads every packet waiting in `from`'s ring to us.
+    fn drain_ring(&mut self, from: usize) -> bool {
+        let ring = self.seg.ring(from, self.rank() as usize);
+        let mut did = false;
+        loop {
+            match ring.try_pop(Packet::decode) {
+                Ok(None) => break,
+                Ok(Some(Ok(p))) => {
+                    did = true;
+                    self.stats.packets_received += 1;
+                    self.on_packet(from as Rank, p);
+                }
+                Ok(Some(Err(e))) => {
+                    did = true;
+                    self.stats.violations += 1;
+                    tracing::warn!(peer = from, error = %e, "dropped an undecodable control packet");
+                }
+                Err(e) => {
+                    self.stats.violations += 1;
+                    tracing::error!(peer = from, error = %e, "control ring from peer is corrupt; treating the peer as failed");
+                    self.peer_failed(from as Rank);
+                    break;
+                }
+            }
+        }
+        did
+    }
+
+    fn on_packet(&mut self, from: Rank, p: Packet) {
+        match p {
+            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => self.on_free_packet(from as usize, p),
+            p => self.engine.on_packet(from, p),
+        }
+        self.run_actions();
+    }
+
+    /// Polls device copies; reports finished ones to the engine.
+    fn poll_copies(&mut self) -> bool {
+        let mut did = false;
+        let mut i = 0;
+        while i < self.inflight.len() {
+            let c = &self.inflight[i];
+            match self.backend.copy_poll(c.ticket) {
+                Ok(false) => i += 1,
+                Ok(true) => {
+                    let c = self.inflight.swap_remove(i);
+                    self.release_lease(c.lease);
+                    self.engine.on_copy_done(c.id, Ok(()));
+                    did = true;
+                }
+                Err(e) => {
+                    let c = self.inflight.swap_remove(i);
+                    self.release_lease(c.lease);
+                    self.engine.on_copy_done(c.id, Err(e.to_string()));
+                    did = true;
+                }
+            }
+        }
+        did
+    }
+
+    fn release_lease(&mut self, lease: Option<PeerBufferKey>) {
+        if let Some(k) = lease {
+            if let Err(e) = self.cache.release(&k) {
+                tracing::warn!(key = ?k, error = %e, "releasing a peer mapping");
+            }
+        }
+    }
+
+    /// Executes the engine's actions until it has none.
+    pub(crate) fn run_actions(&mut self) {
+        while let Some(a) = self.engine.poll_action() {
+            match a {
+                Action::Send { to, packet } => self.send_packet(to, packet),
+                Action::Copy(c) => self.start_copy(c),
+                Action::Deliver { req, payload } => {
+                    let Some(st) = self.reqs.get(&req.0) else { continue };
+                    let (ptr, kind) = (st.ptr, st.kind);
+                    let res = match kind {
+                        // SAFETY: the engine delivers at most the buffer's length into
+                        // the buffer the user lent us for this request.
+                        MemoryKind::Host => unsafe {
+                            std::ptr::copy_nonoverlapping(payload.as_ptr(), ptr as *mut u8, payload.len());
+                            Ok(())
+                        },
+                        MemoryKind::Device(_) => self.backend.copy_sync(ptr, payload.as_ptr() as usize, payload.len()),
+                    };
+                    if let Err(e) = res {
+                        // The request completes next with its status; record the failure.
+                        tracing::error!(error = %e, "writing an eager payload to device memory");
+                        if let Some(st) = self.reqs.get_mut(&req.0) {
+                            st.result = Some(Err(gpulmt_protocols::ProtoError::CopyFailed { what: e.to_string() }));
+                        }
+                    }
+                }
+                Action::Complete { req, result } => {
+                    if let Some(st) = self.reqs.get_mut(&req.0) {
+                        // A failure recorded while delivering wins over the engine's Ok.
+                        if !matches!(st.result, Some(Err(_))) {
+                            st.result = Some(result);
+                        }
+                        let _e = st.span.enter();
+                        tracing::debug!(protocol = ?st.protocol, ok = st.result.as_ref().is_some_and(|r| r.is_ok()), "complete");
+                    }
+                }
+                Action::Chose { req, peer, len, choice } => {
+                    self.stats.protocols[protocol_index(choice.protocol)] += 1;
+                    if let Some(st) = self.reqs.get_mut(&req.0) {
+                        st.protocol = Some(choice.protocol);
+                        st.span.record("protocol", tracing::field::display(choice.protocol));
+                        let _e = st.span.enter();
+                        tracing::debug!(peer, len, protocol = %choice.protocol, reason = choice.reason, "protocol chosen");
+                    }
+                }
+                Action::Violation { peer, what } => {
+                    self.stats.violations += 1;
+                    tracing::warn!(peer, "protocol violation: {what}");
+                }
+            }
+        }
+    }
+
+    /// Queues a packet to a peer: straight into its ring when there is room and
+    /// nothing is waiting ahead of it, else into the outbox (FIFO per peer).
+    pub(crate) fn send_packet(&mut self, to: Rank, p: Packet) {
+        if to == self.rank() {
+            self.loopback.push_back(p);
+            return;
+        }
+        self.stats.packets_sent += 1;
+        let t = to as usize;
+        if self.outbox[t].is_empty() {
+            let ring = self.seg.ring(self.rank() as usize, t);
+            match ring.try_push_with(p.encoded_len(), |slot| {
+                p.encode(slot);
+            }) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    // The engine never builds packets larger than a slot (eager
+                    // payloads are bounded by configuration); this is a bug.
+                    tracing::error!(error = %e, "control packet does not fit a ring slot");
+                    return;
+                }
+            }
+        }
+        self.stats.backpressure += 1;
+        self.outbox[t].push_back(p.to_vec());
+        self.outbox_len += 1;
+    }
+
+    fn flush_outbox(&mut self) -> bool {
+        let me = self.rank() as usize;
+        let mut did = false;
+        for t in 0..self.outbox.len() {
+            let ring = self.seg.ring(me, t);
+            while let Some(bytes) = self.outbox[t].front() {
+                match ring.try_push(bytes) {
+                    Ok(true) => {
+                        self.outbox[t].pop_front();
+                        self.outbox_len -= 1;
+                        did = true;
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::error!(error = %e, "dropping an oversized control packet");
+                        self.outbox[t].pop_front();
+                        self.outbox_len -= 1;
+                    }
+                }
+            }
+        }
+        did
+    }
+
+    /// Resolves a copy end to an address; Peer ends take a lease on a cached mapping.
+    fn resolve(&mut self, loc: Loc, len: u64, lease: &mut Option<PeerBufferKey>) -> Result<usize, String> {
+        match loc {
+            Loc::User { req, offset } => {
+                let st = self.reqs.get(&req.0).ok_or_else(|| format!("copy for unknown request {}", req.0))?;
+                if offset + len > st.len as u64 {
+                    return Err(format!("copy of {len} bytes at {offset} overruns the {}-byte buffer", st.len));
+                }
+                Ok(st.ptr + offset as usize)
+            }
+            Loc::Peer { peer, region, offset } => {
+                let key = PeerBufferKey { peer, device: region.device, buffer_id: region.buffer_id };
+                let handle = crate::device::IpcHandle(region.handle);
+                let m = self
+                    .cache
+                    .acquire(&key, &handle, region.alloc_size)
+                    .map_err(|e| format!("mapping rank {peer}'s buffer: {e}"))?;
+                *lease = Some(key);
+                // The RTS/CTS promised the range lies inside the allocation; check the
+                // promise against what the driver actually mapped.
+                let end = region.offset + offset + len;
+                if end > m.size as u64 || m.size as u64 != region.alloc_size {
+                    return Err(format!(
+                        "rank {peer}'s region claims {} bytes but the mapping holds {} (needs {end})",
+                        region.alloc_size, m.size
+                    ));
+                }
+                Ok(m.ptr + (region.offset + offset) as usize)
+            }
+            Loc::Staging { from, to, slot } => {
+                let (from, to) = (from as usize, to as usize);
+                let pair = from * self.size() as usize + to;
+                if !self.staging_registered[pair] {
+                    let (base, bytes) = self.seg.staging(from, to);
+                    self.backend.register_host(base, bytes).map_err(|e| e.to_string())?;
+                    self.staging_registered[pair] = true;
+                }
+                Ok(self.seg.staging_chunk(from, to, slot as usize))
+            }
+        }
+    }
+
+    fn start_copy(&mut self, c: CopyCmd) {
+        self.stats.copies += 1;
+        let mut lease = None;
+        let ends = self
+            .resolve(c.src, c.len, &mut lease)
+            .and_then(|s| self.resolve(c.dst, c.len, &mut lease).map(|d| (s, d)));
+        let (src, dst) = match ends {
+            Ok(v) => v,
+            Err(what) => {
+                self.release_lease(lease);
+                self.engine.on_copy_done(c.id, Err(what));
+                return;
+            }
+        };
+        match c.engine {
+            CopyEngine::Host => {
+                // SAFETY: both ends were resolved to live buffers of at least `len`
+                // bytes; they belong to different requests or processes, so they do
+                // not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, c.len as usize) };
+                self.release_lease(lease);
+                self.engine.on_copy_done(c.id, Ok(()));
+            }
+            CopyEngine::Device(d) => match self.backend.copy_async(d, c.lane, dst, src, c.len as usize) {
+                Ok(ticket) => self.inflight.push(InflightCopy { id: c.id, ticket, lease }),
+                Err(e) => {
+                    self.release_lease(lease);
+                    self.engine.on_copy_done(c.id, Err(e.to_string()));
+                }
+            },
+        }
+    }
+
+    /// Checks every peer; a failed or finalized peer's transfers fail.
+    fn check_liveness(&mut self) {
+        self.last_liveness = Instant::now();
+        let me = self.rank() as usize;
+        for r in 0..self.size() as usize {
+            if r == me || self.engine.is_peer_failed(r as Rank) {
+                continue;
+            }
+            match self.seg.peer_status(r) {
+                PeerStatus::Alive | PeerStatus::Unknown => {}
+                PeerStatus::Finalized | PeerStatus::Failed => {
+                    // What it sent before it went is in its ring: take it first.
+                    self.drain_ring(r);
+                    self.peer_failed(r as Rank);
+                }
+            }
+        }
+    }
+
+    fn peer_failed(&mut self, r: Rank) {
+        if self.engine.is_peer_failed(r) {
+            return;
+        }
+        tracing::warn!(peer = r, "peer failed or exited: failing its transfers");
+        self.engine.on_peer_failed(r);
+        self.outbox_len -= self.outbox[r as usize].len();
+        self.outbox[r as usize].clear();
+        // Its mappings stay until our copies on them finish (leases), then close.
+        self.cache.invalidate_where(|k| k.peer == r);
+        self.free_peer_failed(r as usize);
+        self.run_actions();
+    }
+}
