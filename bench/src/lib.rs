@@ -1,1 +1,268 @@
-//! (being written)
+//! Shared parts of the OSU-style benchmarks: options, buffers in host or device
+//! memory, data validation, and output in the OSU format (so numbers compare line by
+//! line with OSU micro-benchmark results) plus optional CSV.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+
+pub mod window;
+
+use clap::Parser;
+use gpulmt::{Context, Error};
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Host,
+    Device,
+}
+
+impl Placement {
+    pub fn letter(self) -> &'static str {
+        match self {
+            Placement::Host => "H",
+            Placement::Device => "D",
+        }
+    }
+    fn word(self) -> &'static str {
+        match self {
+            Placement::Host => "HOST (H)",
+            Placement::Device => "DEVICE (D)",
+        }
+    }
+}
+
+fn parse_placement(s: &str) -> Result<Placement, String> {
+    match s {
+        "H" | "h" => Ok(Placement::Host),
+        "D" | "d" => Ok(Placement::Device),
+        _ => Err(format!("buffer placement '{s}': use D (device) or H (host)")),
+    }
+}
+
+fn parse_range(s: &str) -> Result<(usize, usize), String> {
+    let size = |t: &str| gpulmt::config::parse_size(t).map(|v| v as usize).ok_or(format!("bad size '{t}'"));
+    match s.split_once(':') {
+        Some((a, b)) => {
+            let lo = if a.is_empty() { 0 } else { size(a)? };
+            let hi = size(b)?;
+            if lo > hi {
+                return Err(format!("-m {s}: min above max"));
+            }
+            Ok((lo, hi))
+        }
+        None => Ok((0, size(s)?)),
+    }
+}
+
+/// Options common to the benchmarks (OSU names where OSU has them).
+#[derive(Parser, Debug, Clone)]
+pub struct Options {
+    /// Message sizes `min:max` (OSU -m), e.g. `1:4M`; sizes double from min.
+    #[arg(short = 'm', long = "message-size", value_parser = parse_range, default_value = "0:4M")]
+    pub range: (usize, usize),
+    /// Iterations per size (OSU -i); large messages use fewer (see --large-budget).
+    #[arg(short = 'i', long = "iterations", default_value_t = 1000)]
+    pub iterations: usize,
+    /// Warm-up iterations per size (OSU -x).
+    #[arg(short = 'x', long = "warmup", default_value_t = 100)]
+    pub warmup: usize,
+    /// Window size for bandwidth tests (OSU -W).
+    #[arg(short = 'W', long = "window-size", default_value_t = 64)]
+    pub window: usize,
+    /// Validate every received byte (OSU -c).
+    #[arg(short = 'c', long = "validation")]
+    pub validate: bool,
+    /// Force a rendezvous protocol (sets GPULMT_PROTOCOL): auto, get, put, coop, shm.
+    #[arg(long)]
+    pub protocol: Option<String>,
+    /// Bytes moved per size at most (iterations shrink for large messages).
+    #[arg(long, value_parser = |s: &str| gpulmt::config::parse_size(s).ok_or("bad size"), default_value = "8G")]
+    pub large_budget: u64,
+    /// Append results as CSV rows `bench,placement,protocol,bytes,metric,value`.
+    #[arg(long)]
+    pub csv: Option<String>,
+    /// Print the handle-cache and protocol counters at the end.
+    #[arg(long)]
+    pub stats: bool,
+    /// Send buffer placement (D or H).
+    #[arg(value_parser = parse_placement, default_value = "H")]
+    pub send: Placement,
+    /// Receive buffer placement (D or H).
+    #[arg(value_parser = parse_placement, default_value = "H")]
+    pub recv: Placement,
+}
+
+impl Options {
+    /// Parses the command line and applies `--protocol` before the context reads
+    /// the environment.
+    pub fn from_args() -> Options {
+        let o = Options::parse();
+        if let Some(p) = &o.protocol {
+            // SAFETY: called at start-up, before any thread exists.
+            unsafe { std::env::set_var("GPULMT_PROTOCOL", p) };
+        }
+        o
+    }
+
+    /// Sizes to run: 0 (if in range), then powers of two from max(min,1) to max.
+    pub fn sizes(&self) -> Vec<usize> {
+        let (lo, hi) = self.range;
+        let mut v = Vec::new();
+        if lo == 0 {
+            v.push(0);
+        }
+        let mut s = lo.max(1);
+        while s <= hi {
+            v.push(s);
+            s *= 2;
+        }
+        v
+    }
+
+    /// Iterations and warm-up for a size, bounded by the byte budget so that
+    /// gigabyte messages finish in seconds.
+    pub fn iterations_for(&self, size: usize, per_iter_msgs: usize) -> (usize, usize) {
+        let bytes = (size.max(1) * per_iter_msgs.max(1)) as u64;
+        let cap = (self.large_budget / bytes).max(10) as usize;
+        let iters = self.iterations.min(cap);
+        let warm = self.warmup.min((iters / 10).max(2));
+        (iters, warm)
+    }
+
+    pub fn protocol_name(&self) -> String {
+        std::env::var("GPULMT_PROTOCOL").unwrap_or_else(|_| "auto".into())
+    }
+}
+
+/// A buffer of `len` bytes in host or device memory.
+pub struct Buffer {
+    pub ptr: usize,
+    pub len: usize,
+    pub placement: Placement,
+    _host: Option<Vec<u8>>,
+}
+
+impl Buffer {
+    pub fn new(ctx: &mut Context, placement: Placement, len: usize) -> Result<Buffer, Error> {
+        let len = len.max(1);
+        Ok(match placement {
+            Placement::Host => {
+                let mut v = vec![0u8; len];
+                Buffer { ptr: v.as_mut_ptr() as usize, len, placement, _host: Some(v) }
+            }
+            Placement::Device => Buffer { ptr: ctx.mem_alloc(len)?, len, placement, _host: None },
+        })
+    }
+
+    /// Fills the first `n` bytes with the pattern of `seed`.
+    pub fn fill(&self, ctx: &Context, n: usize, seed: u64) -> Result<(), Error> {
+        let data = pattern(seed, n);
+        ctx.copy_sync(self.ptr, data.as_ptr() as usize, n)
+    }
+
+    /// Checks the first `n` bytes hold the pattern of `seed`.
+    pub fn check(&self, ctx: &Context, n: usize, seed: u64) -> Result<(), String> {
+        let mut got = vec![0u8; n];
+        ctx.copy_sync(got.as_mut_ptr() as usize, self.ptr, n).map_err(|e| e.to_string())?;
+        let want = pattern(seed, n);
+        match got.iter().zip(&want).position(|(a, b)| a != b) {
+            None => Ok(()),
+            Some(i) => Err(format!("validation failed at byte {i} of {n}: got {:#04x}, expected {:#04x}", got[i], want[i])),
+        }
+    }
+
+    pub fn free(self, ctx: &mut Context) -> Result<(), Error> {
+        if self.placement == Placement::Device {
+            ctx.mem_free(self.ptr)?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes derived from a seed (xorshift), cheap and reproducible on both ranks.
+pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+/// Prints the OSU header for a benchmark.
+pub fn header(ctx: &Context, title: &str, o: &Options, column: &str) {
+    println!("# gpulmt {title} (OSU format) v{}", env!("CARGO_PKG_VERSION"));
+    println!(
+        "# Backend {} | protocol {} | ranks {} | devices: rank 0 bound to {}",
+        ctx.backend_kind(),
+        o.protocol_name(),
+        ctx.size(),
+        ctx.device()
+    );
+    println!("# Send Buffer on {} and Receive Buffer on {}", o.send.word(), o.recv.word());
+    println!("{:<10}{:>20}", "# Size", column);
+}
+
+/// Appends one CSV row (header written when the file is new).
+pub fn csv_row(o: &Options, bench: &str, bytes: usize, metric: &str, value: f64) {
+    let Some(path) = &o.csv else { return };
+    let new = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
+    let mut f = match OpenOptions::new().create(true).append(true).open(path) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot write {path}: {e}");
+            return;
+        }
+    };
+    if new {
+        let _ = writeln!(f, "bench,placement,protocol,bytes,metric,value");
+    }
+    let _ = writeln!(
+        f,
+        "{bench},{} {},{},{bytes},{metric},{value:.4}",
+        o.send.letter(),
+        o.recv.letter(),
+        o.protocol_name()
+    );
+}
+
+/// Prints counters at the end, when asked.
+pub fn print_stats(ctx: &Context, o: &Options) {
+    if !o.stats {
+        return;
+    }
+    let s = ctx.stats();
+    println!(
+        "# rank {} protocols get={} put={} coop={} shm={} | cache hits={} misses={} opens={} closes={} evictions={} open_ms={:.3} | packets sent={} backpressure={} violations={}",
+        ctx.rank(),
+        s.protocols[0],
+        s.protocols[1],
+        s.protocols[2],
+        s.protocols[3],
+        s.cache.hits,
+        s.cache.misses,
+        s.cache.opens,
+        s.cache.closes,
+        s.cache.evictions,
+        s.cache.open_nanos as f64 / 1e6,
+        s.packets_sent,
+        s.backpressure,
+        s.violations
+    );
+}
+
+/// Exits with a message on error (benchmarks have no one to return to).
+pub fn or_die<T>(r: Result<T, Error>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {what}: {e}");
+            std::process::exit(1);
+        }
+    }
+}

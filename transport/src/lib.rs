@@ -14,3 +14,12 @@
 pub mod config;
 pub mod device;
 pub mod shm;
+pub mod context;
+pub mod error;
+mod free;
+pub mod mapping;
+pub mod progress;
+
+pub use context::{Context, JobInfo, Request};
+pub use error::{Error, Result};
+pub use gpulmt_protocols::{policy::Protocol, ProtoError, Rank, Status, Tag};

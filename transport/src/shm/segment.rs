@@ -1,1 +1,544 @@
-//! (being written)
+//! Named POSIX shared-memory objects (`shm_open` + `mmap(MAP_SHARED)`), the errors of
+//! the whole `shm` layer, and the housekeeping that removes leftovers from `/dev/shm`.
+//!
+//! Every object gpulmt creates is named `gpulmt-...` so that the launcher and
+//! `gpulmt-run --cleanup` can find them:
+//! - `gpulmt-<job>`: the job segment (see [`super::job`]);
+//! - `gpulmt-<job>-<anything>`: further objects of that job;
+//! - `gpulmt-sim-<pid>-<anything>`: simulated device memory owned by process `<pid>`.
+//!
+//! A segment is never unlinked implicitly: the name must outlive the creator for late
+//! openers, and a crashed job leaves its objects behind on purpose (they are small
+//! until touched, and `gpulmt-run` removes them after every run).
+
+use std::ffi::CString;
+use std::io;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::time::{Duration, SystemTime};
+
+/// Where Linux exposes POSIX shared-memory objects as files.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Prefix of every shared-memory object gpulmt creates.
+pub const OBJECT_PREFIX: &str = "gpulmt-";
+
+/// Prefix of the simulated-device objects: `gpulmt-sim-<pid>-...`.
+pub const SIM_PREFIX: &str = "gpulmt-sim-";
+
+/// Unparseable `gpulmt-*` objects older than this are presumed abandoned by `--cleanup`.
+pub const STALE_UNPARSEABLE_AGE: Duration = Duration::from_secs(3600);
+
+/// What to tell the user when no more specific advice applies.
+const HINT_LEFTOVERS: &str =
+    "/dev/shm full or limited? remove leftovers with `gpulmt-run --cleanup` (and check `df -h /dev/shm`)";
+
+/// Errors of the shared-memory layer. Every message names what failed and what to try.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShmError {
+    /// A libc call failed.
+    #[error("{call}(\"/{name}\") failed: {source}; {hint}")]
+    Os {
+        /// The libc function, e.g. `shm_open`.
+        call: &'static str,
+        /// The object name (without the leading `/`).
+        name: String,
+        #[source]
+        source: io::Error,
+        /// What the user can do about it.
+        hint: &'static str,
+    },
+    /// The name cannot be a POSIX shared-memory object name.
+    #[error("invalid shared-memory object name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    /// The object exists but has size 0: its creator has not sized it yet, or died doing so.
+    #[error("shared-memory object \"/{name}\" has size 0: its creator has not sized it yet (or died while creating it; `gpulmt-run --cleanup` removes it)")]
+    Empty { name: String },
+    /// The object exists but its contents are not what we expect (wrong magic or version,
+    /// too small for the layout it claims...).
+    #[error("shared-memory segment \"/{name}\" is not usable: {reason}")]
+    BadSegment { name: String, reason: String },
+    /// A job layout or ring geometry that cannot be laid out.
+    #[error("invalid shared-memory layout: {0}")]
+    BadLayout(String),
+    /// Waiting for something shared took too long.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout { what: String, waited: Duration },
+    /// A job barrier could not complete.
+    #[error("barrier #{generation} of job segment \"/{name}\" failed on rank {me}: {reason}; ranks that have not arrived: {missing:?}")]
+    Barrier {
+        name: String,
+        me: usize,
+        generation: u64,
+        missing: Vec<usize>,
+        reason: String,
+    },
+}
+
+impl ShmError {
+    /// The errno of an [`ShmError::Os`], if that is what this is.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            ShmError::Os { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// Builds an [`ShmError::Os`] from the current `errno`, with advice that fits it.
+    fn last_os(call: &'static str, name: &str) -> Self {
+        let source = io::Error::last_os_error();
+        let hint = hint_for(call, source.raw_os_error().unwrap_or(0));
+        ShmError::Os { call, name: name.to_owned(), source, hint }
+    }
+}
+
+/// Advice for a failed libc call, by errno.
+fn hint_for(call: &str, errno: i32) -> &'static str {
+    match (call, errno) {
+        ("shm_open", libc::EEXIST) => {
+            "an object of that name already exists: another job with the same GPULMT_JOB, or a leftover of a crashed one (`gpulmt-run --cleanup` removes leftovers)"
+        }
+        ("shm_open", libc::ENOENT) => {
+            "it does not exist (yet): is rank 0 running, and do all ranks have the same GPULMT_JOB? (start jobs with gpulmt-run)"
+        }
+        (_, libc::EACCES) | (_, libc::EPERM) => {
+            "permission denied: the object belongs to another user or has a restrictive mode; use another job id or have its owner remove it"
+        }
+        (_, libc::EMFILE) | (_, libc::ENFILE) => "too many open files: raise `ulimit -n`",
+        (_, libc::ENOSPC) | (_, libc::ENOMEM) | (_, libc::EFBIG) => HINT_LEFTOVERS,
+        (_, libc::ENAMETOOLONG) => "the name is too long: use a shorter job id",
+        ("mmap", libc::EINVAL) => "the size or alignment is invalid for mmap",
+        _ => "see the errno above",
+    }
+}
+
+/// Checks `name` and returns it without a leading `/` (how we store it) and as the
+/// C string `shm_open` wants (with the leading `/`).
+fn c_name(name: &str) -> Result<(String, CString), ShmError> {
+    let bare = name.strip_prefix('/').unwrap_or(name);
+    let invalid = |reason| ShmError::InvalidName { name: name.to_owned(), reason };
+    if bare.is_empty() {
+        return Err(invalid("empty"));
+    }
+    // NAME_MAX is 255 on Linux; glibc rejects longer names with ENAMETOOLONG, but a
+    // clear message up front is better.
+    if bare.len() > 250 {
+        return Err(invalid("longer than 250 bytes"));
+    }
+    if bare.contains('/') {
+        return Err(invalid("contains '/' after the leading one"));
+    }
+    if bare == "." || bare == ".." {
+        return Err(invalid("'.' and '..' are not object names"));
+    }
+    if bare.bytes().any(|b| b == 0 || b.is_ascii_control()) {
+        return Err(invalid("contains NUL or control characters"));
+    }
+    let c = CString::new(format!("/{bare}")).map_err(|_| invalid("contains NUL"))?;
+    Ok((bare.to_owned(), c))
+}
+
+/// Closes `fd`, logging (not failing) on error: after mmap the mapping no longer needs
+/// the descriptor, and there is nothing useful to do if close fails on a tmpfs fd.
+fn close_fd(fd: libc::c_int, name: &str) {
+    // SAFETY: fd is a descriptor we opened and own; it is closed exactly once.
+    if unsafe { libc::close(fd) } != 0 {
+        tracing::warn!(name, error = %io::Error::last_os_error(), "close of shm descriptor failed");
+    }
+}
+
+/// A named POSIX shared-memory object mapped read-write and `MAP_SHARED`.
+///
+/// Dropping it unmaps it; the name stays until [`ShmSegment::unlink`].
+#[derive(Debug)]
+pub struct ShmSegment {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Without the leading `/`.
+    name: String,
+}
+
+// SAFETY: the segment is a plain mapping of shared memory; it holds no thread-affine
+// state. What lives inside is synchronized by its users (atomics, SPSC rings).
+unsafe impl Send for ShmSegment {}
+// SAFETY: as above; `&ShmSegment` only hands out the raw pointer and the length.
+unsafe impl Sync for ShmSegment {}
+
+impl ShmSegment {
+    /// Creates the object `name` (it must not exist), sizes it to `len` bytes and maps it.
+    ///
+    /// The object has mode 0600: only this user's processes may open it. The file is
+    /// sparse: pages cost memory only once touched (and reading untouched pages gives
+    /// zeros, so a fresh segment is zero-initialized). Note that tmpfs checks its size
+    /// limit when a page is first touched, not here: touching a page of a segment larger
+    /// than the free space of `/dev/shm` raises SIGBUS.
+    pub fn create(name: &str, len: usize) -> Result<Self, ShmError> {
+        let (bare, cname) = c_name(name)?;
+        if len == 0 {
+            return Err(ShmError::BadLayout(format!("cannot create \"/{bare}\" with size 0")));
+        }
+        let off_len = libc::off_t::try_from(len)
+            .map_err(|_| ShmError::BadLayout(format!("size {len} of \"/{bare}\" does not fit off_t")))?;
+        // O_EXCL: two jobs must never share a segment by accident (same job id, leftover).
+        // SAFETY: cname is a valid NUL-terminated string.
+        let fd = unsafe {
+            libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC, 0o600)
+        };
+        if fd < 0 {
+            return Err(ShmError::last_os("shm_open", &bare));
+        }
+        // From here on a failure must remove the half-made object, or it would block the
+        // next create of this name (O_EXCL) and leak until --cleanup.
+        let fail = |call: &'static str| {
+            let err = ShmError::last_os(call, &bare);
+            close_fd(fd, &bare);
+            // SAFETY: cname is valid; we created this name just now.
+            unsafe { libc::shm_unlink(cname.as_ptr()) };
+            err
+        };
+        // The umask may have stripped bits from 0600 but cannot have added any; force the
+        // exact mode anyway so that a umask of e.g. 0277 cannot leave us read-only.
+        // SAFETY: fd is open.
+        if unsafe { libc::fchmod(fd, 0o600) } != 0 {
+            return Err(fail("fchmod"));
+        }
+        // ftruncate makes a sparse file: no page is allocated until touched.
+        // SAFETY: fd is open.
+        if unsafe { libc::ftruncate(fd, off_len) } != 0 {
+            return Err(fail("ftruncate"));
+        }
+        // SAFETY: fd is open and sized to len; we ask for a fresh mapping anywhere.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(fail("mmap"));
+        }
+        close_fd(fd, &bare);
+        Ok(ShmSegment { ptr: NonNull::new(p.cast()).expect("mmap returned NULL"), len, name: bare })
+    }
+
+    /// Opens and maps the existing object `name`; its size is the object's current size.
+    ///
+    /// Returns [`ShmError::Empty`] if the object has size 0 (its creator has not sized it
+    /// yet), so that waiting openers can retry.
+    pub fn open(name: &str) -> Result<Self, ShmError> {
+        let (bare, cname) = c_name(name)?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(ShmError::last_os("shm_open", &bare));
+        }
+        // SAFETY: zeroed stat is a valid out-buffer for fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open and st is a valid out-pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            let err = ShmError::last_os("fstat", &bare);
+            close_fd(fd, &bare);
+            return Err(err);
+        }
+        let len = match usize::try_from(st.st_size) {
+            Ok(0) => {
+                close_fd(fd, &bare);
+                return Err(ShmError::Empty { name: bare });
+            }
+            Ok(n) => n,
+            Err(_) => {
+                close_fd(fd, &bare);
+                return Err(ShmError::BadSegment { name: bare, reason: format!("size {} does not fit usize", st.st_size) });
+            }
+        };
+        // SAFETY: fd is open with at least len bytes; fresh mapping anywhere.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            let err = ShmError::last_os("mmap", &bare);
+            close_fd(fd, &bare);
+            return Err(err);
+        }
+        close_fd(fd, &bare);
+        Ok(ShmSegment { ptr: NonNull::new(p.cast()).expect("mmap returned NULL"), len, name: bare })
+    }
+
+    /// Removes the name `name`. Existing mappings stay valid until unmapped.
+    ///
+    /// Returns `Ok(false)` if no such object existed (so cleanup paths can be idempotent).
+    pub fn unlink(name: &str) -> Result<bool, ShmError> {
+        let (bare, cname) = c_name(name)?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        if unsafe { libc::shm_unlink(cname.as_ptr()) } == 0 {
+            return Ok(true);
+        }
+        let err = ShmError::last_os("shm_unlink", &bare);
+        if err.raw_os_error() == Some(libc::ENOENT) {
+            Ok(false)
+        } else {
+            Err(err)
+        }
+    }
+
+    /// Start of the mapping (page-aligned).
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a segment cannot be created or opened with size 0.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The object name, without the leading `/` (the file name under `/dev/shm`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ShmSegment {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping we made and nobody else unmaps.
+        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) } != 0 {
+            tracing::warn!(name = %self.name, error = %io::Error::last_os_error(), "munmap of shm segment failed");
+        }
+    }
+}
+
+/// Names of the entries of `/dev/shm` that start with `prefix` (empty if the directory
+/// cannot be read: then there is nothing we could remove either).
+fn shm_entries(prefix: &str) -> Vec<String> {
+    let dir = match std::fs::read_dir(SHM_DIR) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(dir = SHM_DIR, error = %e, "cannot list shared-memory objects");
+            return Vec::new();
+        }
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// Unlinks `name`, counting it if it was removed and logging why if it could not be.
+fn unlink_counted(name: &str) -> usize {
+    match ShmSegment::unlink(name) {
+        Ok(true) => {
+            tracing::debug!(name, "removed shared-memory object");
+            1
+        }
+        // Someone else removed it between listing and unlinking: fine.
+        Ok(false) => 0,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot remove shared-memory object");
+            0
+        }
+    }
+}
+
+/// Unlinks every `/dev/shm` entry whose name starts with `prefix`; returns how many.
+///
+/// The prefix is matched literally: include a trailing separator (`gpulmt-sim-123-`)
+/// when a shorter id must not match a longer one.
+pub fn remove_objects_with_prefix(prefix: &str) -> usize {
+    if prefix.is_empty() || prefix.contains('/') {
+        // Never let a bad prefix wipe all of /dev/shm.
+        tracing::warn!(prefix, "refusing to remove shared-memory objects by an empty or bad prefix");
+        return 0;
+    }
+    shm_entries(prefix).iter().map(|n| unlink_counted(n)).sum()
+}
+
+/// True if `name` is `base` itself or `base` followed by a character that cannot be
+/// part of a job id's alphanumeric run (`-`, `.`, `_`...), so that job `ab` does not
+/// match the objects of job `abc`.
+fn is_object_of(name: &str, base: &str) -> bool {
+    match name.strip_prefix(base) {
+        Some("") => true,
+        Some(rest) => !rest.as_bytes()[0].is_ascii_alphanumeric(),
+        None => false,
+    }
+}
+
+/// Unlinks every `/dev/shm` object of job `job`: `gpulmt-<job>` and `gpulmt-<job>-*`
+/// (any non-alphanumeric separator). Returns how many were removed.
+pub fn remove_job_objects(job: &str) -> usize {
+    if job.is_empty() || job.contains('/') {
+        tracing::warn!(job, "refusing to remove the objects of an empty or bad job id");
+        return 0;
+    }
+    let base = format!("{OBJECT_PREFIX}{job}");
+    shm_entries(&base).iter().filter(|n| is_object_of(n, &base)).map(|n| unlink_counted(n)).sum()
+}
+
+/// Liveness of a process on this machine: `kill(pid, 0)` fails with ESRCH only if no
+/// such process exists (EPERM means it exists but belongs to someone else).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence and permission; it sends nothing.
+    if unsafe { libc::kill(p, 0) } == 0 {
+        return true;
+    }
+    io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Age of `/dev/shm/<name>` by modification time (None if unknown).
+fn object_age(name: &str) -> Option<Duration> {
+    let modified = std::fs::metadata(Path::new(SHM_DIR).join(name)).ok()?.modified().ok()?;
+    SystemTime::now().duration_since(modified).ok()
+}
+
+/// Removes the objects of jobs whose owners are all dead; returns how many were removed.
+///
+/// For every `gpulmt-<job>` job segment it can parse (through [`super::job`]), if the
+/// creator and every rank pid recorded in its rank table are dead, it removes the
+/// segment and the job's other objects (`gpulmt-<job>-*`). A live job's objects are
+/// kept. Other `gpulmt-*` objects it cannot attribute to a parsed job (not a job
+/// segment, a segment still being initialized, another user's) are removed only when
+/// older than [`STALE_UNPARSEABLE_AGE`]. Simulated-device objects (`gpulmt-sim-*`) are
+/// left to [`cleanup_stale_sim_objects`].
+///
+/// Pids are checked on this machine: run it on the node that ran the job.
+pub fn cleanup_stale_jobs() -> usize {
+    let names: Vec<String> =
+        shm_entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
+    // (segment name, all owners dead)
+    let mut jobs: Vec<(String, bool)> = Vec::new();
+    for n in &names {
+        if let Some(pids) = super::job::probe_owner_pids(n) {
+            let dead = pids.iter().all(|&p| !pid_alive(p));
+            jobs.push((n.clone(), dead));
+        }
+    }
+    let mut removed = 0;
+    for n in &names {
+        // The longest parsed job segment this name belongs to (a job id may itself
+        // contain '-', so `gpulmt-a-b` could be an object of `gpulmt-a` or a segment).
+        let owner = jobs.iter().filter(|(j, _)| is_object_of(n, j)).max_by_key(|(j, _)| j.len());
+        let stale = match owner {
+            Some((_, dead)) => *dead,
+            None => object_age(n).is_some_and(|age| age > STALE_UNPARSEABLE_AGE),
+        };
+        if stale {
+            removed += unlink_counted(n);
+        }
+    }
+    removed
+}
+
+/// Removes `gpulmt-sim-<pid>-*` objects whose `<pid>` is dead; returns how many.
+/// Names without a parseable pid are left alone (they are not ours to judge).
+pub fn cleanup_stale_sim_objects() -> usize {
+    let mut removed = 0;
+    for n in shm_entries(SIM_PREFIX) {
+        let rest = &n[SIM_PREFIX.len()..];
+        let digits = rest.split('-').next().unwrap_or("");
+        let Ok(pid) = digits.parse::<u32>() else { continue };
+        if !pid_alive(pid) {
+            removed += unlink_counted(&n);
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A name unique to this test process and call, so parallel tests never collide.
+    pub(crate) fn unique(tag: &str) -> String {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        format!("gpulmt-test{}x{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Pid of a process that has exited and been reaped.
+    pub(crate) fn dead_pid() -> u32 {
+        let mut c = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = c.id();
+        c.wait().expect("wait true");
+        pid
+    }
+
+    #[test]
+    fn create_open_unlink_mode() {
+        let name = unique("seg");
+        let a = ShmSegment::create(&name, 3 * 4096 + 5).unwrap();
+        assert_eq!(a.len(), 3 * 4096 + 5);
+        assert_eq!(a.name(), name);
+        assert_eq!(a.ptr() as usize % 4096, 0);
+        let meta = std::fs::metadata(Path::new(SHM_DIR).join(&name)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+
+        // A second create of the same name must fail with EEXIST and a useful hint.
+        let e = ShmSegment::create(&name, 4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        assert!(e.to_string().contains("--cleanup"), "{e}");
+
+        // Writes through one mapping are visible through another.
+        let b = ShmSegment::open(&format!("/{name}")).unwrap();
+        assert_eq!(b.len(), a.len());
+        // SAFETY: both mappings are at least 3*4096+5 bytes.
+        unsafe {
+            assert_eq!(*b.ptr().add(3 * 4096 + 4), 0, "fresh segment reads as zeros");
+            *a.ptr().add(4097) = 42;
+            assert_eq!(*b.ptr().add(4097), 42);
+        }
+        assert!(ShmSegment::unlink(&name).unwrap());
+        assert!(!ShmSegment::unlink(&name).unwrap(), "second unlink: already gone");
+        // The mappings survive the unlink.
+        // SAFETY: still mapped.
+        unsafe { assert_eq!(*a.ptr().add(4097), 42) };
+        let e = ShmSegment::open(&name).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn bad_names_and_sizes() {
+        assert!(matches!(ShmSegment::create("", 10), Err(ShmError::InvalidName { .. })));
+        assert!(matches!(ShmSegment::create("a/b", 10), Err(ShmError::InvalidName { .. })));
+        assert!(matches!(ShmSegment::create(&"x".repeat(300), 10), Err(ShmError::InvalidName { .. })));
+        let name = unique("zero");
+        assert!(matches!(ShmSegment::create(&name, 0), Err(ShmError::BadLayout(_))));
+        assert!(!Path::new(SHM_DIR).join(&name).exists());
+    }
+
+    #[test]
+    fn remove_by_prefix_respects_boundaries() {
+        let base = unique("pfx");
+        let a = base.clone();
+        let b = format!("{base}-x");
+        let longer = format!("{base}7");
+        for n in [&a, &b, &longer] {
+            drop(ShmSegment::create(n, 4096).unwrap());
+        }
+        // remove_job_objects takes the job id, i.e. the name without "gpulmt-".
+        let job = &base[OBJECT_PREFIX.len()..];
+        assert_eq!(remove_job_objects(job), 2);
+        assert!(Path::new(SHM_DIR).join(&longer).exists(), "job {job}7 is another job");
+        assert_eq!(remove_objects_with_prefix(&longer), 1);
+        assert_eq!(remove_objects_with_prefix(""), 0);
+    }
+
+    #[test]
+    fn stale_sim_objects() {
+        let dead = dead_pid();
+        let stale = format!("{SIM_PREFIX}{dead}-test-dev0");
+        let live = format!("{SIM_PREFIX}{}-test-dev0", std::process::id());
+        drop(ShmSegment::create(&stale, 4096).unwrap());
+        drop(ShmSegment::create(&live, 4096).unwrap());
+        assert!(cleanup_stale_sim_objects() >= 1);
+        assert!(!Path::new(SHM_DIR).join(&stale).exists());
+        assert!(Path::new(SHM_DIR).join(&live).exists());
+        ShmSegment::unlink(&live).unwrap();
+    }
+}
