@@ -47,7 +47,7 @@
 //! a lock, and keep one cache per process and local device, since the driver's
 //! "open once" rule is per process.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt::Debug;
 use std::time::Instant;
 
@@ -274,7 +274,7 @@ impl<O: MappingOpener> HandleCache<O> {
         HandleCache {
             opener,
             limits,
-            in_use: HashMap::new(),
+            in_use: HashMap::default(),
             idle: LruCache::unbounded(),
             bytes: 0,
             hits: 0,

@@ -10,7 +10,7 @@
 //! No eviction: an entry is a few dozen bytes per live allocation and holds no
 //! driver resource.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::hash::Hash;
 
 /// Counters and size of an [`ExportCache`].
@@ -38,7 +38,7 @@ pub struct ExportCache<Id, H> {
 impl<Id, H> Default for ExportCache<Id, H> {
     fn default() -> Self {
         ExportCache {
-            handles: HashMap::new(),
+            handles: HashMap::default(),
             hits: 0,
             misses: 0,
             forgotten: 0,

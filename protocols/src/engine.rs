@@ -15,7 +15,10 @@
 //! A request whose copies are still running is never completed, even when it fails:
 //! its buffer may still be read or written by an engine until they finish.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Keys are small integers chosen by us, not by an adversary: a fast hasher is safe.
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::matching::{Matcher, Selector};
 use crate::policy::{self, PolicyConfig, Protocol, ProtocolChoice};
@@ -249,11 +252,11 @@ impl Engine {
             next_msg: 1,
             next_copy: 1,
             matcher: Matcher::default(),
-            posted: HashMap::new(),
-            sends: HashMap::new(),
-            recvs: HashMap::new(),
-            copies: HashMap::new(),
-            shm_queue: HashMap::new(),
+            posted: HashMap::default(),
+            sends: HashMap::default(),
+            recvs: HashMap::default(),
+            copies: HashMap::default(),
+            shm_queue: HashMap::default(),
             dead,
             actions: VecDeque::new(),
         }

@@ -6,7 +6,10 @@
 //! `wait`, `progress` and the other calls (like MPI_THREAD_FUNNELED). The I/O that
 //! executes the protocol engine's actions lives in [`crate::progress`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Request ids and buffer ids are ours: a fast hasher is safe on this hot path.
+use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use gpulmt_handles::{CacheLimits, ExportCache, FreeCommit, FreeMarks, HandleCache};
@@ -16,11 +19,13 @@ use gpulmt_protocols::wire::{Packet, Region};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
 use crate::config::Config;
-use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind};
+use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, PointerInfo};
 use crate::error::{Error, Result};
 use crate::mapping::DeviceOpener;
+use crate::requests::RequestTable;
 use crate::progress::{InflightCopy, Stats};
 use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
+use crate::shm::ring::PacketRing;
 
 /// Tags at or above this value are reserved for gpulmt's own collectives.
 pub const TAG_UB: Tag = i32::MAX - 16;
@@ -110,8 +115,7 @@ pub struct Context {
     pub(crate) engine: Engine,
     pub(crate) cache: HandleCache<DeviceOpener>,
     pub(crate) exports: ExportCache<u64, IpcHandle>,
-    pub(crate) reqs: HashMap<u64, ReqState>,
-    pub(crate) next_req: u64,
+    pub(crate) reqs: RequestTable<ReqState>,
     /// Per peer: encoded packets waiting for space in its ring (FIFO).
     pub(crate) outbox: Vec<VecDeque<Vec<u8>>>,
     pub(crate) outbox_len: usize,
@@ -120,6 +124,12 @@ pub struct Context {
     /// Per directed pair index: whether its staging area is registered for DMA.
     pub(crate) staging_registered: Vec<bool>,
     pub(crate) last_liveness: Instant,
+    /// Progress calls since the last liveness check (reading the clock on every
+    /// call would cost a tenth of the eager latency).
+    pub(crate) polls_since_liveness: u32,
+    /// Views of the rings from each peer to us and from us to each peer.
+    pub(crate) rx: Vec<PacketRing>,
+    pub(crate) tx: Vec<PacketRing>,
     pub(crate) stats: Stats,
     pub(crate) free_marks: FreeMarks<u64>,
     /// Buffer id -> address of allocations made through `mem_alloc`.
@@ -218,6 +228,8 @@ impl Context {
             "gpulmt rank ready"
         );
         let n = info.size as usize;
+        let rx = (0..n).map(|r| seg.ring(r, me)).collect();
+        let tx = (0..n).map(|r| seg.ring(me, r)).collect();
         Ok(Context {
             engine: Engine::new(ecfg),
             cfg,
@@ -227,17 +239,19 @@ impl Context {
             seg,
             cache,
             exports: ExportCache::new(),
-            reqs: HashMap::new(),
-            next_req: 1,
+            reqs: RequestTable::default(),
             outbox: (0..n).map(|_| VecDeque::new()).collect(),
             outbox_len: 0,
             loopback: VecDeque::new(),
             inflight: Vec::new(),
             staging_registered: vec![false; n * n],
             last_liveness: Instant::now(),
+            polls_since_liveness: 0,
+            rx,
+            tx,
             stats: Stats::default(),
             free_marks: FreeMarks::new(),
-            allocations: HashMap::new(),
+            allocations: HashMap::default(),
             free_commit,
             finalized: false,
             info,
@@ -286,8 +300,7 @@ impl Context {
 
     /// Describes a user buffer for the engine, exporting device buffers that may
     /// take part in a rendezvous.
-    fn describe(&mut self, ptr: usize, len: usize, export: bool) -> Result<(MemoryKind, BufDesc)> {
-        let info = self.backend.pointer_info(ptr)?;
+    fn describe(&mut self, info: PointerInfo, ptr: usize, len: usize, export: bool) -> Result<BufDesc> {
         let mut desc = BufDesc::host(len as u64);
         if let MemoryKind::Device(dev) = info.kind {
             desc.device = Some(dev);
@@ -311,14 +324,11 @@ impl Context {
                 });
             }
         }
-        Ok((info.kind, desc))
+        Ok(desc)
     }
 
     fn new_request(&mut self, ptr: usize, len: usize, kind: MemoryKind, span: tracing::Span) -> ReqId {
-        let id = self.next_req;
-        self.next_req += 1;
-        self.reqs.insert(id, ReqState { ptr, len, kind, result: None, protocol: None, span });
-        ReqId(id)
+        ReqId(self.reqs.insert(ReqState { ptr, len, kind, result: None, protocol: None, span }))
     }
 
     /// Starts sending `len` bytes at `buf` (host or device memory) to `dst` with `tag`.
@@ -335,10 +345,10 @@ impl Context {
             return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
         }
         let ptr = buf as usize;
-        let info_kind = self.backend.pointer_info(ptr)?.kind;
-        let device = matches!(info_kind, MemoryKind::Device(_));
-        let eager = self.engine.is_eager(len as u64, device);
-        let (kind, desc) = self.describe(ptr, len, !eager)?;
+        let info = self.backend.pointer_info(ptr)?;
+        let kind = info.kind;
+        let eager = self.engine.is_eager(len as u64, matches!(kind, MemoryKind::Device(_)));
+        let desc = self.describe(info, ptr, len, !eager)?;
         let payload = if eager {
             let mut v = vec![0u8; len];
             if len > 0 {
@@ -379,7 +389,9 @@ impl Context {
         let ptr = buf as usize;
         // Export only buffers that PUT/COOPERATE could write: rendezvous sized.
         let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit);
-        let (kind, desc) = self.describe(ptr, len, export)?;
+        let info = self.backend.pointer_info(ptr)?;
+        let kind = info.kind;
+        let desc = self.describe(info, ptr, len, export)?;
         let span = tracing::debug_span!("recv", from = ?src, tag = ?tag, len, protocol = tracing::field::Empty);
         let req = self.new_request(ptr, len, kind, span);
         self.engine.post_recv(req, src, tag, desc);
@@ -395,13 +407,13 @@ impl Context {
     }
 
     fn take_result(&mut self, req: &Request) -> Result<Option<Status>> {
-        let Some(st) = self.reqs.get(&req.0) else {
+        let Some(st) = self.reqs.get(req.0) else {
             return Err(Error::InvalidArgument(format!("request {} is unknown or already completed", req.0)));
         };
         if st.result.is_none() {
             return Ok(None);
         }
-        let st = self.reqs.remove(&req.0).expect("present");
+        let st = self.reqs.remove(req.0).expect("present");
         st.result.expect("checked").map(Some).map_err(Error::from)
     }
 

@@ -73,15 +73,19 @@ impl Context {
             did |= self.flush_outbox();
         }
         self.run_actions();
-        if self.last_liveness.elapsed() >= Duration::from_millis(self.cfg.liveness_ms) {
-            self.check_liveness();
+        self.polls_since_liveness += 1;
+        if self.polls_since_liveness >= 256 || did {
+            self.polls_since_liveness = 0;
+            if self.last_liveness.elapsed() >= Duration::from_millis(self.cfg.liveness_ms) {
+                self.check_liveness();
+            }
         }
         Ok(did)
     }
 
     /// Reads every packet waiting in `from`'s ring to us.
     fn drain_ring(&mut self, from: usize) -> bool {
-        let ring = self.seg.ring(from, self.rank() as usize);
+        let ring = self.rx[from];
         let mut did = false;
         loop {
             match ring.try_pop(Packet::decode) {
@@ -155,7 +159,7 @@ impl Context {
                 Action::Send { to, packet } => self.send_packet(to, packet),
                 Action::Copy(c) => self.start_copy(c),
                 Action::Deliver { req, payload } => {
-                    let Some(st) = self.reqs.get(&req.0) else { continue };
+                    let Some(st) = self.reqs.get(req.0) else { continue };
                     let (ptr, kind) = (st.ptr, st.kind);
                     let res = match kind {
                         // SAFETY: the engine delivers at most the buffer's length into
@@ -169,13 +173,13 @@ impl Context {
                     if let Err(e) = res {
                         // The request completes next with its status; record the failure.
                         tracing::error!(error = %e, "writing an eager payload to device memory");
-                        if let Some(st) = self.reqs.get_mut(&req.0) {
+                        if let Some(st) = self.reqs.get_mut(req.0) {
                             st.result = Some(Err(gpulmt_protocols::ProtoError::CopyFailed { what: e.to_string() }));
                         }
                     }
                 }
                 Action::Complete { req, result } => {
-                    if let Some(st) = self.reqs.get_mut(&req.0) {
+                    if let Some(st) = self.reqs.get_mut(req.0) {
                         // A failure recorded while delivering wins over the engine's Ok.
                         if !matches!(st.result, Some(Err(_))) {
                             st.result = Some(result);
@@ -186,7 +190,7 @@ impl Context {
                 }
                 Action::Chose { req, peer, len, choice } => {
                     self.stats.protocols[protocol_index(choice.protocol)] += 1;
-                    if let Some(st) = self.reqs.get_mut(&req.0) {
+                    if let Some(st) = self.reqs.get_mut(req.0) {
                         st.protocol = Some(choice.protocol);
                         st.span.record("protocol", tracing::field::display(choice.protocol));
                         let _e = st.span.enter();
@@ -211,8 +215,7 @@ impl Context {
         self.stats.packets_sent += 1;
         let t = to as usize;
         if self.outbox[t].is_empty() {
-            let ring = self.seg.ring(self.rank() as usize, t);
-            match ring.try_push_with(p.encoded_len(), |slot| {
+            match self.tx[t].try_push_with(p.encoded_len(), |slot| {
                 p.encode(slot);
             }) {
                 Ok(true) => return,
@@ -231,10 +234,9 @@ impl Context {
     }
 
     fn flush_outbox(&mut self) -> bool {
-        let me = self.rank() as usize;
         let mut did = false;
         for t in 0..self.outbox.len() {
-            let ring = self.seg.ring(me, t);
+            let ring = self.tx[t];
             while let Some(bytes) = self.outbox[t].front() {
                 match ring.try_push(bytes) {
                     Ok(true) => {
@@ -258,7 +260,7 @@ impl Context {
     fn resolve(&mut self, loc: Loc, len: u64, lease: &mut Option<PeerBufferKey>) -> Result<usize, String> {
         match loc {
             Loc::User { req, offset } => {
-                let st = self.reqs.get(&req.0).ok_or_else(|| format!("copy for unknown request {}", req.0))?;
+                let st = self.reqs.get(req.0).ok_or_else(|| format!("copy for unknown request {}", req.0))?;
                 if offset + len > st.len as u64 {
                     return Err(format!("copy of {len} bytes at {offset} overruns the {}-byte buffer", st.len));
                 }

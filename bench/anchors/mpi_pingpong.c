@@ -1,0 +1,36 @@
+/* Host-memory ping-pong over the system MPI (Open MPI's shared-memory path inside a
+ * node): the anchor for gpulmt's H-H eager latency. Prints CSV rows
+ * `mpi_sm,half_rtt_us,<bytes>,<value>`. Build: mpicc -O2 mpi_pingpong.c -o mpi_pingpong */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    size_t max = argc > 1 ? strtoull(argv[1], NULL, 10) : 8192;
+    int iters = argc > 2 ? atoi(argv[2]) : 20000;
+    char *buf = malloc(max ? max : 1);
+    if (rank == 0) printf("anchor,metric,bytes,value\n");
+    for (size_t n = 1; n <= max; n *= 8) {
+        int warm = iters / 10;
+        double t0 = 0;
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int i = 0; i < iters + warm; i++) {
+            if (i == warm) t0 = MPI_Wtime();
+            if (rank == 0) {
+                MPI_Send(buf, (int)n, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
+                MPI_Recv(buf, (int)n, MPI_BYTE, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            } else if (rank == 1) {
+                MPI_Recv(buf, (int)n, MPI_BYTE, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(buf, (int)n, MPI_BYTE, 0, 1, MPI_COMM_WORLD);
+            }
+        }
+        double us = (MPI_Wtime() - t0) * 1e6 / (2.0 * iters);
+        if (rank == 0) printf("mpi_sm,half_rtt_us,%zu,%.3f\n", n, us);
+    }
+    free(buf);
+    MPI_Finalize();
+    return 0;
+}
