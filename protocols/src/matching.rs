@@ -10,6 +10,11 @@ use std::collections::VecDeque;
 
 use crate::{Rank, ReqId, Tag};
 
+/// Tags from here up belong to the transport's own collectives (barrier, ...). A
+/// wildcard receive never matches them, so library traffic cannot be stolen by a
+/// user's ANY_TAG receive (MPI gives collectives their own context for this).
+pub const RESERVED_TAG_BASE: Tag = i32::MAX - 16;
+
 /// What a posted receive accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Selector {
@@ -21,7 +26,11 @@ pub struct Selector {
 
 impl Selector {
     pub fn accepts(&self, source: Rank, tag: Tag) -> bool {
-        self.source.is_none_or(|s| s == source) && self.tag.is_none_or(|t| t == tag)
+        self.source.is_none_or(|s| s == source)
+            && match self.tag {
+                Some(t) => t == tag,
+                None => tag < RESERVED_TAG_BASE,
+            }
     }
 }
 
@@ -132,6 +141,14 @@ mod tests {
         assert_eq!(m.post(ReqId(2), sel(Some(0), Some(1))), None);
         assert_eq!(m.arrive(0, 1, 1), Some((ReqId(1), 1)));
         assert_eq!(m.arrive(0, 1, 2), Some((ReqId(2), 2)));
+    }
+
+    #[test]
+    fn wildcards_skip_reserved_tags() {
+        let mut m: Matcher<u32> = Matcher::default();
+        assert_eq!(m.arrive(1, RESERVED_TAG_BASE, 1), None);
+        assert_eq!(m.post(ReqId(1), sel(None, None)), None);
+        assert_eq!(m.post(ReqId(2), sel(Some(1), Some(RESERVED_TAG_BASE))), Some((1, RESERVED_TAG_BASE, 1)));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
 use crate::shm::ring::PacketRing;
 
 /// Tags at or above this value are reserved for gpulmt's own collectives.
-pub const TAG_UB: Tag = i32::MAX - 16;
+pub const TAG_UB: Tag = gpulmt_protocols::matching::RESERVED_TAG_BASE;
 const BARRIER_TAG: Tag = i32::MAX - 1;
 
 /// A pending operation. Complete it with [`Context::wait`] or [`Context::test`].
