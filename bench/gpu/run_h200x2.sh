@@ -45,6 +45,7 @@ csv="$out/gpulmt.csv"
 rm -f "$csv"
 log latency
 $run $bin/osu_latency -m 0:1G --csv "$csv" D D
+for p in get put coop; do $run $bin/osu_latency -m 1:64M --csv "$csv" --protocol $p D D; done
 $run $bin/osu_latency -m 0:8K -i 100000 --csv "$csv" H H
 log bandwidth per protocol
 for p in auto get put coop; do
