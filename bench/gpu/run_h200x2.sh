@@ -33,6 +33,20 @@ if [ "$mode" = quick ]; then
   exit 0
 fi
 
+if [ "$mode" = tune ]; then
+  csv="$out/tune.csv"; rm -f "$csv"
+  mpicc -O2 bench/anchors/mpi_pingpong.c -o /tmp/mpi_pingpong && \
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 /tmp/mpi_pingpong 8 200000 > "$out/mpi_sm.csv" 2>&1
+  $run $bin/osu_latency -m 8:8 -i 200000 --csv "$csv" H H
+  GPULMT_DEVICE=sim $run $bin/osu_latency -m 8:8 -i 200000 --csv "$out/tune_sim.csv" H H
+  GPULMT_MEMTYPE_CACHE=0 $run $bin/osu_latency -m 8:8 -i 200000 --csv "$out/tune_nocache.csv" H H
+  for p in put get coop; do
+    $run $bin/osu_bw -m 256K:64M --csv "$csv" --protocol $p D D
+    $run $bin/osu_bibw -m 256K:64M --csv "$csv" --protocol $p D D
+  done
+  exit 0
+fi
+
 log anchors
 bash .gpu/tools/anchors.sh 1073741824 > "$out/anchors.csv" 2> "$out/anchors.err"
 log staged_mpi

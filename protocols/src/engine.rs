@@ -224,6 +224,15 @@ enum CopyOwner {
     Recv { from: Rank, msg: MsgId, chunk: Option<u32> },
 }
 
+/// Completion of an eager message of `msg_len` bytes into a `buf_len`-byte buffer.
+fn eager_result(from: Rank, tag: Tag, msg_len: u64, buf_len: u64) -> Result<Status, ProtoError> {
+    if msg_len > buf_len {
+        Err(ProtoError::Truncated { msg_len, buf_len })
+    } else {
+        Ok(Status { source: from, tag, len: msg_len })
+    }
+}
+
 /// The protocol engine of one rank.
 #[derive(Debug)]
 pub struct Engine {
@@ -239,6 +248,9 @@ pub struct Engine {
     /// Per destination: SHM sends waiting for (front: using) the staging ring.
     shm_queue: HashMap<Rank, VecDeque<MsgId>>,
     dead: Vec<bool>,
+    /// Per peer: rendezvous sends to it not finished yet (its engine may be
+    /// moving them: the policy avoids loading it further).
+    sends_to: Vec<u32>,
     actions: VecDeque<Action>,
 }
 
@@ -247,6 +259,7 @@ impl Engine {
         assert!(cfg.chunk_size > 0 && cfg.depth > 0, "SHM chunk size and depth must be positive");
         assert!(cfg.rank < cfg.size, "rank {} outside job of {}", cfg.rank, cfg.size);
         let dead = vec![false; cfg.size as usize];
+        let sends_to = vec![0; cfg.size as usize];
         Self {
             cfg,
             next_msg: 1,
@@ -258,6 +271,7 @@ impl Engine {
             copies: HashMap::default(),
             shm_queue: HashMap::default(),
             dead,
+            sends_to,
             actions: VecDeque::new(),
         }
     }
@@ -271,6 +285,36 @@ impl Engine {
     /// [`post_send`](Self::post_send). Empty messages always do.
     pub fn is_eager(&self, len: u64, device: bool) -> bool {
         len == 0 || len <= if device { self.cfg.device_eager_limit } else { self.cfg.eager_limit }
+    }
+
+    /// Eager send fast path: checks the destination and assigns the message id; the
+    /// caller then sends `Packet::Eager { msg, tag, payload }` to `to` itself (in
+    /// order with this engine's other packets to `to`) and the send is complete.
+    pub fn send_eager(&mut self, to: Rank) -> Result<MsgId, ProtoError> {
+        if to >= self.cfg.size {
+            return Err(ProtoError::BadRank { rank: to, size: self.cfg.size });
+        }
+        if self.dead[to as usize] {
+            return Err(ProtoError::PeerFailed { rank: to });
+        }
+        let msg = self.next_msg;
+        self.next_msg += 1;
+        Ok(msg)
+    }
+
+    /// Eager receive fast path: if a posted receive takes an eager message from
+    /// `from` with `tag` and `len` bytes, removes it and returns it with the
+    /// completion to report once the caller has copied `min(len, buffer)` bytes in.
+    /// None: no receive is waiting; hand the packet to [`on_packet`](Self::on_packet).
+    pub fn take_eager_match(
+        &mut self,
+        from: Rank,
+        tag: Tag,
+        len: u64,
+    ) -> Option<(ReqId, BufDesc, Result<Status, ProtoError>)> {
+        let req = self.matcher.take_posted(from, tag)?;
+        let buf = self.posted.remove(&req).expect("posted receive has a buffer");
+        Some((req, buf, eager_result(from, tag, len, buf.len)))
     }
 
     /// Next action for the transport to perform.
@@ -338,6 +382,7 @@ impl Engine {
             }
         };
         self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
+        self.sends_to[to as usize] += 1;
         self.sends.insert(
             msg,
             SendXfer {
@@ -403,13 +448,8 @@ impl Engine {
     fn start_recv(&mut self, req: ReqId, from: Rank, tag: Tag, buf: BufDesc, u: Unexpected) {
         match u {
             Unexpected::Eager { mut payload } => {
-                let msg_len = payload.len() as u64;
-                let result = if msg_len > buf.len {
-                    payload.truncate(buf.len as usize);
-                    Err(ProtoError::Truncated { msg_len, buf_len: buf.len })
-                } else {
-                    Ok(Status { source: from, tag, len: msg_len })
-                };
+                let result = eager_result(from, tag, payload.len() as u64, buf.len);
+                payload.truncate(buf.len as usize);
                 if !payload.is_empty() {
                     self.emit(Action::Deliver { req, payload });
                 }
@@ -429,7 +469,8 @@ impl Engine {
             ProtocolChoice { protocol: Protocol::SelfCopy, reason: "sender and receiver are the same rank" }
         } else {
             let cfg = &self.cfg;
-            policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, |a, b| cfg.can_access(a, b))
+            let busy = self.sends_to[from as usize] > 0;
+            policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, busy, |a, b| cfg.can_access(a, b))
         };
         let mut choice = choice;
         let split = self.coop_split(len);
@@ -898,6 +939,7 @@ impl Engine {
         }
         self.complete_send_request(msg);
         let s = self.sends.remove(&msg).expect("live send");
+        self.sends_to[s.to as usize] -= 1;
         if s.proto == Some(Protocol::Shm) {
             if let Some(q) = self.shm_queue.get_mut(&s.to) {
                 let was_front = q.front() == Some(&msg);
@@ -967,6 +1009,16 @@ impl Engine {
         for req in self.matcher.drain_posted_from(peer) {
             self.posted.remove(&req);
             self.complete(req, Err(err.clone()));
+        }
+        // With no live peer left, a wildcard receive could only be matched by this
+        // rank itself; fail it rather than wait forever (MPI's fault-tolerance
+        // extension reports such receives as failed too).
+        let me = self.cfg.rank as usize;
+        if self.dead.iter().enumerate().all(|(r, d)| *d || r == me) {
+            for req in self.matcher.drain_posted_where(|sel| sel.source.is_none()) {
+                self.posted.remove(&req);
+                self.complete(req, Err(err.clone()));
+            }
         }
         // Its eager messages already arrived whole and stay receivable; its RTSs
         // can never be fetched.

@@ -57,11 +57,17 @@ impl<U> Matcher<U> {
         None
     }
 
+    /// A new message, if a posted receive accepts it: removes and returns the
+    /// earliest such receive (the message is then the caller's to deliver).
+    pub fn take_posted(&mut self, source: Rank, tag: Tag) -> Option<ReqId> {
+        let i = self.posted.iter().position(|(_, sel)| sel.accepts(source, tag))?;
+        self.posted.remove(i).map(|(req, _)| req)
+    }
+
     /// A new message: returns the earliest posted receive that accepts it, with the
     /// message handed back, or keeps the message as unexpected (None).
     pub fn arrive(&mut self, source: Rank, tag: Tag, msg: U) -> Option<(ReqId, U)> {
-        if let Some(i) = self.posted.iter().position(|(_, sel)| sel.accepts(source, tag)) {
-            let (req, _) = self.posted.remove(i).expect("index from position");
+        if let Some(req) = self.take_posted(source, tag) {
             return Some((req, msg));
         }
         self.unexpected.push_back((source, tag, msg));
@@ -86,13 +92,18 @@ impl<U> Matcher<U> {
 
     /// Removes the posted receives that can only match `source` (it died), returning them.
     pub fn drain_posted_from(&mut self, source: Rank) -> Vec<ReqId> {
+        self.drain_posted_where(|sel| sel.source == Some(source))
+    }
+
+    /// Removes the posted receives whose selector `doomed` accepts, returning them.
+    pub fn drain_posted_where(&mut self, mut doomed: impl FnMut(&Selector) -> bool) -> Vec<ReqId> {
         let mut out = Vec::new();
         self.posted.retain(|(r, sel)| {
-            let doomed = sel.source == Some(source);
-            if doomed {
+            let d = doomed(sel);
+            if d {
                 out.push(*r);
             }
-            !doomed
+            !d
         });
         out
     }

@@ -75,24 +75,32 @@ pub struct PolicyConfig {
     /// Messages of at least this many bytes between peer-accessible devices use
     /// COOPERATE under `auto` (u64::MAX: never).
     pub coop_min: u64,
+    /// Below `coop_min`, messages of at least this many bytes use PUT under `auto`:
+    /// the sender's engine pushes (posted NVLink writes beat the reads of a GET once
+    /// the CTS round trip is hidden by the copy time).
+    pub put_min: u64,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX }
+        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX, put_min: u64::MAX }
     }
 }
 
 /// Decides the protocol for a message of `len` bytes from a sender whose buffer is
 /// `src` to a receiver whose buffer is `dst` (device ordinal, and whether it is
 /// exported so the sender may map it). `can_access(a, b)` says whether device `a`'s
-/// engine can reach device `b`'s memory.
+/// engine can reach device `b`'s memory. `sender_busy` says the sender's engine is
+/// already moving this receiver's own messages to it (traffic both ways): then
+/// `auto` leaves it alone rather than COOPERATE or PUT on it, since two engines
+/// each serving one direction beat two engines sharing both (measured on H200).
 pub fn choose(
     cfg: &PolicyConfig,
     src: &MemDesc,
     dst_device: Option<u32>,
     dst_exported: bool,
     len: u64,
+    sender_busy: bool,
     can_access: impl Fn(u32, u32) -> bool,
 ) -> ProtocolChoice {
     let pick = |protocol, reason| ProtocolChoice { protocol, reason };
@@ -117,8 +125,10 @@ pub fn choose(
         ProtocolOverride::Auto => {
             if s == d {
                 pick(Protocol::Get, "same device: one engine copies within it")
-            } else if coop_ok && len >= cfg.coop_min {
+            } else if coop_ok && len >= cfg.coop_min && !sender_busy {
                 pick(Protocol::Coop, "peer-accessible and large: both engines move a part")
+            } else if put_ok && len >= cfg.put_min && !sender_busy {
+                pick(Protocol::Put, "peer-accessible and mid-sized: sender's engine pushes")
             } else if get_ok {
                 pick(Protocol::Get, "peer-accessible: receiver's engine pulls")
             } else if put_ok {
@@ -142,28 +152,33 @@ mod tests {
     #[test]
     fn host_memory_goes_through_shm() {
         let c = PolicyConfig::default();
-        assert_eq!(choose(&c, &MemDesc::Host, Some(0), true, 1 << 20, |_, _| true).protocol, Protocol::Shm);
-        assert_eq!(choose(&c, &dev(0), None, false, 1 << 20, |_, _| true).protocol, Protocol::Shm);
+        assert_eq!(choose(&c, &MemDesc::Host, Some(0), true, 1 << 20, false, |_, _| true).protocol, Protocol::Shm);
+        assert_eq!(choose(&c, &dev(0), None, false, 1 << 20, false, |_, _| true).protocol, Protocol::Shm);
     }
 
     #[test]
     fn auto_by_accessibility_and_size() {
         let mut c = PolicyConfig::default();
-        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |_, _| true).protocol, Protocol::Get);
-        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |_, _| false).protocol, Protocol::Shm);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol, Protocol::Get);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| false).protocol, Protocol::Shm);
         // Only the sender (0) reaches the receiver (1).
-        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |a, b| a == 0 && b == 1).protocol, Protocol::Put);
-        assert_eq!(choose(&c, &dev(0), Some(1), false, 1 << 20, |a, b| a == 0 && b == 1).protocol, Protocol::Shm);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |a, b| a == 0 && b == 1).protocol, Protocol::Put);
+        assert_eq!(choose(&c, &dev(0), Some(1), false, 1 << 20, false, |a, b| a == 0 && b == 1).protocol, Protocol::Shm);
+        c.put_min = 1 << 19;
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol, Protocol::Put);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 18, false, |_, _| true).protocol, Protocol::Get);
         c.coop_min = 1 << 20;
-        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, |_, _| true).protocol, Protocol::Coop);
-        assert_eq!(choose(&c, &dev(0), Some(0), true, 1 << 20, |_, _| true).protocol, Protocol::Get);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol, Protocol::Coop);
+        // Traffic both ways: the sender's engine is taken, the receiver pulls.
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, true, |_, _| true).protocol, Protocol::Get);
+        assert_eq!(choose(&c, &dev(0), Some(0), true, 1 << 20, false, |_, _| true).protocol, Protocol::Get);
     }
 
     #[test]
     fn overrides_fall_back_when_impossible() {
         let c = PolicyConfig { mode: ProtocolOverride::Put, ..Default::default() };
-        assert_eq!(choose(&c, &dev(0), Some(1), true, 10, |_, _| true).protocol, Protocol::Put);
-        let r = choose(&c, &dev(0), Some(1), true, 10, |_, _| false);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 10, false, |_, _| true).protocol, Protocol::Put);
+        let r = choose(&c, &dev(0), Some(1), true, 10, false, |_, _| false);
         assert_eq!(r.protocol, Protocol::Shm);
         assert!(r.reason.contains("impossible"));
         assert_eq!("COOP".parse::<ProtocolOverride>(), Ok(ProtocolOverride::Coop));

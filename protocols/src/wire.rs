@@ -376,6 +376,29 @@ impl Packet {
     }
 }
 
+/// Writes an eager packet's header into `out` (at least [`eager_overhead`] bytes);
+/// the payload follows it. Lets the transport copy a payload straight from the
+/// user's buffer into a ring slot.
+pub fn encode_eager_header(out: &mut [u8], msg: MsgId, tag: Tag) {
+    let mut w = Writer { buf: out, pos: 0 };
+    w.u8(WIRE_VERSION);
+    w.u8(K_EAGER);
+    w.u64(msg);
+    w.i32(tag);
+}
+
+/// If `bytes` is a well-formed eager packet, its message id, tag and payload,
+/// borrowed in place (the receive fast path copies the payload once, into the
+/// user's buffer).
+pub fn peek_eager(bytes: &[u8]) -> Option<(MsgId, Tag, &[u8])> {
+    if bytes.len() < eager_overhead() || bytes[0] != WIRE_VERSION || bytes[1] != K_EAGER {
+        return None;
+    }
+    let msg = u64::from_le_bytes(bytes[2..10].try_into().ok()?);
+    let tag = i32::from_le_bytes(bytes[10..14].try_into().ok()?);
+    Some((msg, tag, &bytes[eager_overhead()..]))
+}
+
 /// Bytes an eager packet adds to its payload (the ring slot must hold both).
 pub const fn eager_overhead() -> usize {
     HEADER + 8 + 4
@@ -545,6 +568,18 @@ mod tests {
         let mut v = Packet::FreeMarks { epoch: 1, buffer_ids: vec![5] }.to_vec();
         v[10..14].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(Packet::decode(&v), Err(DecodeError::Field { .. })));
+    }
+
+    #[test]
+    fn eager_header_and_peek_agree_with_the_codec() {
+        let p = Packet::Eager { msg: 42, tag: 9, payload: vec![1, 2, 3] };
+        let v = p.to_vec();
+        assert_eq!(peek_eager(&v), Some((42, 9, &[1u8, 2, 3][..])));
+        let mut w = vec![0u8; eager_overhead() + 3];
+        encode_eager_header(&mut w, 42, 9);
+        w[eager_overhead()..].copy_from_slice(&[1, 2, 3]);
+        assert_eq!(w, v);
+        assert_eq!(peek_eager(&Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec()), None);
     }
 
     #[test]

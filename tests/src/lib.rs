@@ -1,1 +1,436 @@
-//! (being written)
+//! Harness of gpulmt's multi-process integration tests.
+//!
+//! The tests in `tests/` start jobs of the `gpulmt-check` rank program (this crate's
+//! binary) under the `gpulmt-run` launcher (the `gpulmt` crate's binary) with the sim
+//! device backend, and assert the exit status and the lines the ranks print:
+//!
+//! ```text
+//! job=<id>                                          (rank 0)
+//! rank=R pid=P device=D size=N
+//! rank=R protocols get=.. put=.. coop=.. shm=.. self=..
+//! rank=R cache opens=.. closes=.. hits=.. misses=.. entries=.. evictions=..
+//! rank=R ok <scenario>
+//! ```
+//!
+//! Both binaries live next to the test executables: `target/<profile>/deps/<test>-<hash>`
+//! runs, `target/<profile>/gpulmt-run` and `target/<profile>/gpulmt-check` are the
+//! binaries. `cargo test -p gpulmt-tests` builds `gpulmt-check` but not the launcher of
+//! another package: run `cargo build --workspace --bins` first.
+//!
+//! Jobs are serialized across threads and test processes with a file lock: every rank
+//! busy-polls, so two jobs at once on a small CI machine would only slow each other
+//! down (and timing assertions would become flaky).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `target/<profile>/`, derived from the running test executable.
+pub fn target_profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory");
+    if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().expect("deps has a parent").to_path_buf()
+    } else {
+        deps.to_path_buf()
+    }
+}
+
+/// The launcher, `target/<profile>/gpulmt-run`; panics with the command to build it.
+pub fn launcher() -> PathBuf {
+    let p = target_profile_dir().join("gpulmt-run");
+    assert!(
+        p.is_file(),
+        "the launcher {} is missing: run `cargo build --workspace --bins` before `cargo test -p gpulmt-tests`",
+        p.display()
+    );
+    p
+}
+
+/// The rank program. Tests pass `env!("CARGO_BIN_EXE_gpulmt-check")`; this is the
+/// fallback next to the launcher.
+pub fn check_program(from_cargo: Option<&str>) -> PathBuf {
+    let p = from_cargo
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_profile_dir().join("gpulmt-check"));
+    assert!(
+        p.is_file(),
+        "the rank program {} is missing: run `cargo build --workspace --bins`",
+        p.display()
+    );
+    p
+}
+
+/// Holds the lock that serializes jobs (see the module documentation).
+pub struct JobLock(#[allow(dead_code)] File);
+
+pub fn job_lock() -> JobLock {
+    let path = target_profile_dir().join("gpulmt-tests.lock");
+    let f = File::options()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    // SAFETY: a valid open descriptor; flock has no memory-safety preconditions.
+    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        let e = std::io::Error::last_os_error();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EINTR),
+            "flock {}: {e}",
+            path.display()
+        );
+    }
+    JobLock(f)
+}
+
+/// What one job did.
+#[derive(Debug)]
+pub struct JobOutput {
+    pub what: String,
+    /// The launcher's exit code (None if it was killed by a signal).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// Counters one rank printed.
+pub type Counters = BTreeMap<String, u64>;
+
+impl JobOutput {
+    /// Everything, for assertion messages.
+    pub fn dump(&self) -> String {
+        format!(
+            "job `{}`: exit {:?} after {:.2} s\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.what,
+            self.code,
+            self.elapsed.as_secs_f64(),
+            self.stdout,
+            self.stderr
+        )
+    }
+
+    pub fn assert_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "unexpected exit status\n{}",
+            self.dump()
+        );
+        self
+    }
+
+    /// Exit 0, and every rank of `n` printed `rank=R ok <scenario>`.
+    pub fn assert_ok(&self, n: usize, scenario: &str) -> &Self {
+        self.assert_code(0);
+        for r in 0..n {
+            let line = format!("rank={r} ok {scenario}");
+            assert!(
+                self.stdout.lines().any(|l| l == line),
+                "missing `{line}`\n{}",
+                self.dump()
+            );
+        }
+        assert!(
+            !self.stderr.contains("FAIL"),
+            "a rank reported a failure\n{}",
+            self.dump()
+        );
+        self
+    }
+
+    pub fn has_line(&self, line: &str) -> bool {
+        self.stdout.lines().any(|l| l.trim() == line)
+    }
+
+    /// The job id rank 0 printed.
+    pub fn job(&self) -> Option<String> {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("job="))
+            .map(|s| s.trim().to_string())
+    }
+
+    /// The pids the ranks printed.
+    pub fn pids(&self) -> Vec<u32> {
+        self.stdout
+            .lines()
+            .filter(|l| l.starts_with("rank="))
+            .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("pid=")))
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+
+    /// `key=value` counters of rank `r`'s line that starts with `rank=R <section>`.
+    pub fn counters(&self, rank: usize, section: &str) -> Counters {
+        let head = format!("rank={rank} {section} ");
+        let line = self
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&head))
+            .unwrap_or_else(|| panic!("no `{head}...` line\n{}", self.dump()));
+        line[head.len()..]
+            .split_whitespace()
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    }
+
+    pub fn protocols(&self, rank: usize) -> Counters {
+        self.counters(rank, "protocols")
+    }
+
+    pub fn cache(&self, rank: usize) -> Counters {
+        self.counters(rank, "cache")
+    }
+
+    /// Asserts that nothing of this job is left in /dev/shm: its segment and objects
+    /// (`gpulmt-<job>`, `gpulmt-<job>-*`) and the sim device objects of its ranks
+    /// (`gpulmt-sim-<pid>-*`).
+    pub fn assert_no_litter(&self) -> &Self {
+        let left = self.litter();
+        assert!(
+            left.is_empty(),
+            "/dev/shm objects of this job were left behind: {left:?}\n{}",
+            self.dump()
+        );
+        self
+    }
+
+    pub fn litter(&self) -> Vec<String> {
+        let job = self.job();
+        let pids = self.pids();
+        shm_entries("gpulmt-")
+            .into_iter()
+            .filter(|n| {
+                let of_job = job.as_ref().is_some_and(|j| {
+                    let base = format!("gpulmt-{j}");
+                    n == &base || n.starts_with(&format!("{base}-"))
+                });
+                let of_pid = pids
+                    .iter()
+                    .any(|p| n.starts_with(&format!("gpulmt-sim-{p}-")));
+                of_job || of_pid
+            })
+            .collect()
+    }
+}
+
+/// `/dev/shm` entries whose names start with `prefix`.
+pub fn shm_entries(prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A job to run: `gpulmt-run -n N --timeout T -- gpulmt-check <args>`.
+pub struct Job {
+    n: usize,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    timeout_s: u64,
+    check: PathBuf,
+}
+
+impl Job {
+    /// `check` is `env!("CARGO_BIN_EXE_gpulmt-check")`.
+    pub fn new(check: &str, n: usize, args: &[&str]) -> Job {
+        Job {
+            n,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: vec![("GPULMT_DEVICE".into(), "sim".into())],
+            timeout_s: 60,
+            check: check_program(Some(check)),
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Job {
+        self.env.retain(|(key, _)| key != k);
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn envs(mut self, kv: &[(&str, &str)]) -> Job {
+        for (k, v) in kv {
+            self = self.env(k, v);
+        }
+        self
+    }
+
+    /// The launcher's `--timeout`: a hang fails the test (exit 124) instead of CI.
+    pub fn timeout_s(mut self, t: u64) -> Job {
+        self.timeout_s = t;
+        self
+    }
+
+    pub fn describe(&self) -> String {
+        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!(
+            "{} gpulmt-run -n {} gpulmt-check {}",
+            env.join(" "),
+            self.n,
+            self.args.join(" ")
+        )
+    }
+
+    /// Runs the job (holding the job lock) and checks that it left nothing in /dev/shm.
+    pub fn run(&self) -> JobOutput {
+        let _lock = job_lock();
+        let mut cmd = Command::new(launcher());
+        cmd.arg("-n")
+            .arg(self.n.to_string())
+            .arg("--timeout")
+            .arg(self.timeout_s.to_string())
+            .arg("--");
+        cmd.arg(&self.check).args(&self.args);
+        // Only the settings of this test: none inherited from the caller's shell.
+        for (k, _) in std::env::vars_os() {
+            if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
+                cmd.env_remove(k);
+            }
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null());
+        let t0 = Instant::now();
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", launcher().display()));
+        let o = JobOutput {
+            what: self.describe(),
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed: t0.elapsed(),
+        };
+        o.assert_no_litter();
+        o
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Expected protocol counts (the policy of protocols/src/policy.rs, restated)
+// ---------------------------------------------------------------------------------
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mem {
+    H,
+    D,
+}
+
+/// Parses "D H" into (rank 0, rank 1).
+pub fn placement(p: &str) -> (Mem, Mem) {
+    let v: Vec<Mem> = p
+        .chars()
+        .filter_map(|c| match c {
+            'D' => Some(Mem::D),
+            'H' => Some(Mem::H),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(v.len(), 2, "placement {p:?}");
+    (v[0], v[1])
+}
+
+/// What the test environment sets that decides protocols.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup<'a> {
+    /// GPULMT_PROTOCOL (auto, get, put, coop, shm).
+    pub protocol: &'a str,
+    pub eager_limit: u64,
+    pub device_eager_limit: u64,
+    /// Whether the two ranks' devices reach each other (different devices).
+    pub peer_access: bool,
+    /// Both ranks on one device.
+    pub same_device: bool,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Setup {
+            protocol: "auto",
+            eager_limit: 8192,
+            device_eager_limit: 0,
+            peer_access: true,
+            same_device: false,
+        }
+    }
+}
+
+/// Which rendezvous protocol the receiver should choose for `len` bytes from a
+/// sender's `src` memory into `dst` memory; None when the message travels eagerly.
+pub fn expected_protocol(s: &Setup, src: Mem, dst: Mem, len: u64) -> Option<&'static str> {
+    let limit = if src == Mem::D {
+        s.device_eager_limit
+    } else {
+        s.eager_limit
+    };
+    if len == 0 || len <= limit {
+        return None;
+    }
+    if src == Mem::H || dst == Mem::H {
+        return Some("shm");
+    }
+    let reach = s.same_device || s.peer_access;
+    if !reach {
+        return Some("shm");
+    }
+    // COOPERATE splits at the sender's half, aligned down to 4 KiB; nothing to split
+    // means GET.
+    let split = (len * 500 / 1000) & !0xfff;
+    Some(match s.protocol {
+        "get" | "auto" => "get",
+        "put" => "put",
+        "coop" if split == 0 || split >= len => "get",
+        "coop" => "coop",
+        "shm" => "shm",
+        p => panic!("unknown protocol {p}"),
+    })
+}
+
+/// Per rank, the protocol counts of `pingpong` over `sizes`.
+pub fn expected_pingpong(s: &Setup, p0: Mem, p1: Mem, sizes: &[u64]) -> [Counters; 2] {
+    let mut c: [Counters; 2] = Default::default();
+    for m in &mut c {
+        for k in ["get", "put", "coop", "shm", "self"] {
+            m.insert(k.into(), 0);
+        }
+    }
+    for &len in sizes {
+        // 0 -> 1, counted by the receiver, then 1 -> 0.
+        if let Some(p) = expected_protocol(s, p0, p1, len) {
+            *c[1].get_mut(p).unwrap() += 1;
+        }
+        if let Some(p) = expected_protocol(s, p1, p0, len) {
+            *c[0].get_mut(p).unwrap() += 1;
+        }
+    }
+    c
+}
+
+/// Parses a `--sizes` list like the rank program does (plain byte counts).
+pub fn sizes(list: &str) -> Vec<u64> {
+    list.split(',')
+        .map(|s| s.trim().parse().expect("size"))
+        .collect()
+}
+
+/// Asserts `cond`, or panics with the job's output.
+#[track_caller]
+pub fn check(cond: bool, out: &JobOutput, what: impl std::fmt::Display) {
+    assert!(cond, "{what}\n{}", out.dump());
+}

@@ -22,7 +22,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_PROTOCOL", "auto", "rendezvous protocol: `auto`, `get`, `put`, `coop`, `shm` (a forced protocol that cannot work falls back to `shm`, logged)"),
     ("GPULMT_EAGER_LIMIT", "8192", "messages up to this size travel inline in the control packet (must fit a ring slot)"),
     ("GPULMT_DEVICE_EAGER_LIMIT", "0", "the eager limit for messages from device memory, whose payload needs a staging copy (0: device messages always rendezvous, one DMA instead of two)"),
-    ("GPULMT_COOP_MIN", "never", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large (`never` to disable)"),
+    ("GPULMT_COOP_MIN", "2M", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large, unless the sender's engine is busy with traffic the other way (`never` to disable; 2 MiB measured on 2x H200)"),
+    ("GPULMT_PUT_MIN", "never", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large (`never` to disable)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
     ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
     ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
@@ -33,6 +34,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_HANDLE_CACHE", "1", "cache opened IPC handles (`0`: open and close per transfer, for comparison)"),
     ("GPULMT_HANDLE_CACHE_ENTRIES", "1024", "most cached peer mappings kept open while unused"),
     ("GPULMT_HANDLE_CACHE_BYTES", "64G", "most bytes of cached peer mappings kept open while unused"),
+    ("GPULMT_MEMTYPE_CACHE", "1", "remember recently used host buffers to skip the driver's pointer query on the eager path (`0` to disable)"),
     ("GPULMT_INIT_TIMEOUT_MS", "30000", "how long a rank waits for the others to join the job"),
     ("GPULMT_LIVENESS_MS", "20", "how often a waiting rank checks that its peers are alive"),
     ("GPULMT_SIM_DEVICES", "2", "sim backend: number of devices"),
@@ -59,6 +61,7 @@ pub struct Config {
     pub eager_limit: u64,
     pub device_eager_limit: u64,
     pub coop_min: u64,
+    pub put_min: u64,
     pub coop_sender_permille: u32,
     pub copy_split: u64,
     pub lanes: u32,
@@ -71,6 +74,7 @@ pub struct Config {
     pub cache_bytes: u64,
     pub init_timeout_ms: u64,
     pub liveness_ms: u64,
+    pub memtype_cache: bool,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -84,7 +88,8 @@ impl Default for Config {
             protocol: ProtocolOverride::Auto,
             eager_limit: 8192,
             device_eager_limit: 0,
-            coop_min: u64::MAX,
+            coop_min: 2 << 20,
+            put_min: u64::MAX,
             coop_sender_permille: 500,
             copy_split: 0,
             lanes: 1,
@@ -97,6 +102,7 @@ impl Default for Config {
             cache_bytes: 64 << 30,
             init_timeout_ms: 30_000,
             liveness_ms: 20,
+            memtype_cache: true,
         }
     }
 }
@@ -171,9 +177,11 @@ impl Config {
                 "must not exceed GPULMT_EAGER_LIMIT (the ring slot is sized for that)",
             ));
         }
-        match get("GPULMT_COOP_MIN") {
-            Some(v) if v.trim().eq_ignore_ascii_case("never") => c.coop_min = u64::MAX,
-            _ => size("GPULMT_COOP_MIN", &mut c.coop_min)?,
+        for (var, dst) in [("GPULMT_COOP_MIN", &mut c.coop_min), ("GPULMT_PUT_MIN", &mut c.put_min)] {
+            match get(var) {
+                Some(v) if v.trim().eq_ignore_ascii_case("never") => *dst = u64::MAX,
+                _ => size(var, dst)?,
+            }
         }
         num("GPULMT_COOP_SENDER_SHARE", &mut c.coop_sender_permille, 1, 999)?;
         size("GPULMT_COPY_SPLIT", &mut c.copy_split)?;
@@ -204,12 +212,14 @@ impl Config {
                 &format!("an eager message must fit a ring slot: raise GPULMT_SLOT_SIZE to at least {}", c.eager_limit + SLOT_OVERHEAD as u64),
             ));
         }
-        if let Some(v) = get("GPULMT_HANDLE_CACHE") {
-            c.handle_cache = match v.trim() {
-                "1" | "on" | "true" | "yes" => true,
-                "0" | "off" | "false" | "no" => false,
-                _ => return Err(err("GPULMT_HANDLE_CACHE", &v, "expected 1 or 0")),
-            };
+        for (var, dst) in [("GPULMT_HANDLE_CACHE", &mut c.handle_cache), ("GPULMT_MEMTYPE_CACHE", &mut c.memtype_cache)] {
+            if let Some(v) = get(var) {
+                *dst = match v.trim() {
+                    "1" | "on" | "true" | "yes" => true,
+                    "0" | "off" | "false" | "no" => false,
+                    _ => return Err(err(var, &v, "expected 1 or 0")),
+                };
+            }
         }
         let mut entries = c.cache_entries as u64;
         size("GPULMT_HANDLE_CACHE_ENTRIES", &mut entries)?;

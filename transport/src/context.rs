@@ -22,8 +22,9 @@ use crate::config::Config;
 use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, PointerInfo};
 use crate::error::{Error, Result};
 use crate::mapping::DeviceOpener;
+use crate::memtype::HostRangeCache;
 use crate::requests::RequestTable;
-use crate::progress::{InflightCopy, Stats};
+use crate::progress::{CopyQueue, Stats};
 use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
 use crate::shm::ring::PacketRing;
 
@@ -116,11 +117,14 @@ pub struct Context {
     pub(crate) cache: HandleCache<DeviceOpener>,
     pub(crate) exports: ExportCache<u64, IpcHandle>,
     pub(crate) reqs: RequestTable<ReqState>,
+    host_ranges: HostRangeCache,
     /// Per peer: encoded packets waiting for space in its ring (FIFO).
     pub(crate) outbox: Vec<VecDeque<Vec<u8>>>,
     pub(crate) outbox_len: usize,
     pub(crate) loopback: VecDeque<Packet>,
-    pub(crate) inflight: Vec<InflightCopy>,
+    /// Device copies in flight, one FIFO per (engine, lane): copies of one lane
+    /// finish in order, so only each queue's oldest needs polling.
+    pub(crate) inflight: Vec<CopyQueue>,
     /// Per directed pair index: whether its staging area is registered for DMA.
     pub(crate) staging_registered: Vec<bool>,
     pub(crate) last_liveness: Instant,
@@ -202,7 +206,7 @@ impl Context {
         ecfg.node = node;
         ecfg.eager_limit = cfg.eager_limit;
         ecfg.device_eager_limit = cfg.device_eager_limit;
-        ecfg.policy = PolicyConfig { mode: cfg.protocol, coop_min: cfg.coop_min };
+        ecfg.policy = PolicyConfig { mode: cfg.protocol, coop_min: cfg.coop_min, put_min: cfg.put_min };
         ecfg.chunk_size = cfg.chunk_size;
         ecfg.depth = cfg.depth;
         ecfg.copy_split = cfg.copy_split;
@@ -240,6 +244,7 @@ impl Context {
             cache,
             exports: ExportCache::new(),
             reqs: RequestTable::default(),
+            host_ranges: HostRangeCache::default(),
             outbox: (0..n).map(|_| VecDeque::new()).collect(),
             outbox_len: 0,
             loopback: VecDeque::new(),
@@ -327,6 +332,18 @@ impl Context {
         Ok(desc)
     }
 
+    /// Classifies a user buffer, from the host-range cache when possible.
+    fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
+        if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
+            return Ok(PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 });
+        }
+        let info = self.backend.pointer_info(ptr)?;
+        if info.kind == MemoryKind::Host && self.cfg.memtype_cache {
+            self.host_ranges.insert(ptr, len);
+        }
+        Ok(info)
+    }
+
     fn new_request(&mut self, ptr: usize, len: usize, kind: MemoryKind, span: tracing::Span) -> ReqId {
         ReqId(self.reqs.insert(ReqState { ptr, len, kind, result: None, protocol: None, span }))
     }
@@ -345,9 +362,22 @@ impl Context {
             return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
         }
         let ptr = buf as usize;
-        let info = self.backend.pointer_info(ptr)?;
+        let info = self.classify(ptr, len)?;
         let kind = info.kind;
         let eager = self.engine.is_eager(len as u64, matches!(kind, MemoryKind::Device(_)));
+        if eager && kind == MemoryKind::Host && dst != self.rank() {
+            // Fast path: the payload goes from the user's buffer straight into the
+            // ring slot, and the send is complete (the bytes are in the ring).
+            let msg = self.engine.send_eager(dst)?;
+            // A zero-length buffer may be null, which from_raw_parts forbids.
+            let payload = if len == 0 { &[][..] } else { std::slice::from_raw_parts(buf, len) };
+            self.send_eager_in_place(dst, msg, tag, payload);
+            let span = tracing::Span::none();
+            let req = self.new_request(ptr, len, kind, span);
+            let st = self.reqs.get_mut(req.0).expect("just inserted");
+            st.result = Some(Ok(Status { source: dst, tag, len: len as u64 }));
+            return Ok(Request(req.0));
+        }
         let desc = self.describe(info, ptr, len, !eager)?;
         let payload = if eager {
             let mut v = vec![0u8; len];
@@ -389,7 +419,7 @@ impl Context {
         let ptr = buf as usize;
         // Export only buffers that PUT/COOPERATE could write: rendezvous sized.
         let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit);
-        let info = self.backend.pointer_info(ptr)?;
+        let info = self.classify(ptr, len)?;
         let kind = info.kind;
         let desc = self.describe(info, ptr, len, export)?;
         let span = tracing::debug_span!("recv", from = ?src, tag = ?tag, len, protocol = tracing::field::Empty);

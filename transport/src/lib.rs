@@ -19,6 +19,7 @@ pub mod error;
 mod free;
 pub mod mapping;
 pub mod progress;
+mod memtype;
 mod requests;
 
 pub use context::{Context, JobInfo, Request};

@@ -2,6 +2,7 @@
 //! copies, completions) and feeds it what happened (packets read, copies done,
 //! peers dead). Everything here is I/O; every decision is in `gpulmt-protocols`.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use gpulmt_handles::CacheStats;
@@ -11,7 +12,7 @@ use gpulmt_protocols::wire::Packet;
 use gpulmt_protocols::{CopyId, Rank};
 
 use crate::context::Context;
-use crate::device::{CopyTicket, MemoryKind};
+use crate::device::{CopyTicket, DevId, MemoryKind};
 use crate::error::Result;
 use crate::mapping::PeerBufferKey;
 use crate::shm::job::PeerStatus;
@@ -48,10 +49,17 @@ fn protocol_index(p: Protocol) -> usize {
 }
 
 /// A device copy in flight, and the peer mapping it holds a lease on.
-pub(crate) struct InflightCopy {
+struct InflightCopy {
     id: CopyId,
     ticket: CopyTicket,
     lease: Option<PeerBufferKey>,
+}
+
+/// The copies in flight on one lane of one engine, oldest first.
+pub(crate) struct CopyQueue {
+    engine: DevId,
+    lane: u32,
+    copies: VecDeque<InflightCopy>,
 }
 
 impl Context {
@@ -88,14 +96,29 @@ impl Context {
         let ring = self.rx[from];
         let mut did = false;
         loop {
-            match ring.try_pop(Packet::decode) {
+            // Eager messages a receive is waiting for are copied from the slot into
+            // the user's buffer; everything else is decoded for the engine.
+            let popped = ring.try_pop(|bytes| {
+                if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
+                    if let Some((req, buf, result)) = self.engine.take_eager_match(from as Rank, tag, payload.len() as u64) {
+                        self.deliver(req.0, &payload[..payload.len().min(buf.len as usize)], result);
+                        return None;
+                    }
+                }
+                Some(Packet::decode(bytes))
+            });
+            match popped {
                 Ok(None) => break,
-                Ok(Some(Ok(p))) => {
+                Ok(Some(None)) => {
+                    did = true;
+                    self.stats.packets_received += 1;
+                }
+                Ok(Some(Some(Ok(p)))) => {
                     did = true;
                     self.stats.packets_received += 1;
                     self.on_packet(from as Rank, p);
                 }
-                Ok(Some(Err(e))) => {
+                Ok(Some(Some(Err(e)))) => {
                     did = true;
                     self.stats.violations += 1;
                     tracing::warn!(peer = from, error = %e, "dropped an undecodable control packet");
@@ -120,25 +143,23 @@ impl Context {
     }
 
     /// Polls device copies; reports finished ones to the engine.
+    ///
+    /// A lane runs its copies in order, so polling stops at the first unfinished
+    /// copy of each queue: with a window of 64 copies in flight a progress call
+    /// costs one driver query per lane, not 64.
     fn poll_copies(&mut self) -> bool {
         let mut did = false;
-        let mut i = 0;
-        while i < self.inflight.len() {
-            let c = &self.inflight[i];
-            match self.backend.copy_poll(c.ticket) {
-                Ok(false) => i += 1,
-                Ok(true) => {
-                    let c = self.inflight.swap_remove(i);
-                    self.release_lease(c.lease);
-                    self.engine.on_copy_done(c.id, Ok(()));
-                    did = true;
-                }
-                Err(e) => {
-                    let c = self.inflight.swap_remove(i);
-                    self.release_lease(c.lease);
-                    self.engine.on_copy_done(c.id, Err(e.to_string()));
-                    did = true;
-                }
+        for q in 0..self.inflight.len() {
+            while let Some(c) = self.inflight[q].copies.front() {
+                let result = match self.backend.copy_poll(c.ticket) {
+                    Ok(false) => break,
+                    Ok(true) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let c = self.inflight[q].copies.pop_front().expect("front exists");
+                self.release_lease(c.lease);
+                self.engine.on_copy_done(c.id, result);
+                did = true;
             }
         }
         did
@@ -158,26 +179,7 @@ impl Context {
             match a {
                 Action::Send { to, packet } => self.send_packet(to, packet),
                 Action::Copy(c) => self.start_copy(c),
-                Action::Deliver { req, payload } => {
-                    let Some(st) = self.reqs.get(req.0) else { continue };
-                    let (ptr, kind) = (st.ptr, st.kind);
-                    let res = match kind {
-                        // SAFETY: the engine delivers at most the buffer's length into
-                        // the buffer the user lent us for this request.
-                        MemoryKind::Host => unsafe {
-                            std::ptr::copy_nonoverlapping(payload.as_ptr(), ptr as *mut u8, payload.len());
-                            Ok(())
-                        },
-                        MemoryKind::Device(_) => self.backend.copy_sync(ptr, payload.as_ptr() as usize, payload.len()),
-                    };
-                    if let Err(e) = res {
-                        // The request completes next with its status; record the failure.
-                        tracing::error!(error = %e, "writing an eager payload to device memory");
-                        if let Some(st) = self.reqs.get_mut(req.0) {
-                            st.result = Some(Err(gpulmt_protocols::ProtoError::CopyFailed { what: e.to_string() }));
-                        }
-                    }
-                }
+                Action::Deliver { req, payload } => self.write_payload(req.0, &payload),
                 Action::Complete { req, result } => {
                     if let Some(st) = self.reqs.get_mut(req.0) {
                         // A failure recorded while delivering wins over the engine's Ok.
@@ -201,6 +203,58 @@ impl Context {
                     self.stats.violations += 1;
                     tracing::warn!(peer, "protocol violation: {what}");
                 }
+            }
+        }
+    }
+
+    /// Sends an eager packet whose payload is copied from `payload` directly into
+    /// the ring slot (no intermediate buffer), or via the outbox when the ring is
+    /// full or packets are already waiting for it.
+    pub(crate) fn send_eager_in_place(&mut self, to: Rank, msg: u64, tag: i32, payload: &[u8]) {
+        let t = to as usize;
+        let hdr = gpulmt_protocols::wire::eager_overhead();
+        if self.outbox[t].is_empty() {
+            let pushed = self.tx[t].try_push_with(hdr + payload.len(), |slot| {
+                gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
+                slot[hdr..].copy_from_slice(payload);
+            });
+            if let Ok(true) = pushed {
+                self.stats.packets_sent += 1;
+                return;
+            }
+        }
+        self.send_packet(to, Packet::Eager { msg, tag, payload: payload.to_vec() });
+    }
+
+    /// Writes an eager payload (already cut to the buffer's length) into a
+    /// request's buffer; a failure is recorded as the request's result.
+    fn write_payload(&mut self, req: u64, payload: &[u8]) {
+        let Some(st) = self.reqs.get(req) else { return };
+        let res = match st.kind {
+            // SAFETY: the engine delivers at most the buffer's length into the buffer
+            // the user lent us for this request.
+            MemoryKind::Host => unsafe {
+                std::ptr::copy_nonoverlapping(payload.as_ptr(), st.ptr as *mut u8, payload.len());
+                Ok(())
+            },
+            MemoryKind::Device(_) => self.backend.copy_sync(st.ptr, payload.as_ptr() as usize, payload.len()),
+        };
+        if let Err(e) = res {
+            tracing::error!(error = %e, "writing an eager payload to device memory");
+            if let Some(st) = self.reqs.get_mut(req) {
+                st.result = Some(Err(gpulmt_protocols::ProtoError::CopyFailed { what: e.to_string() }));
+            }
+        }
+    }
+
+    /// Eager fast path: writes the payload and completes the request.
+    fn deliver(&mut self, req: u64, payload: &[u8], result: Result<gpulmt_protocols::Status, gpulmt_protocols::ProtoError>) {
+        if !payload.is_empty() {
+            self.write_payload(req, payload);
+        }
+        if let Some(st) = self.reqs.get_mut(req) {
+            if !matches!(st.result, Some(Err(_))) {
+                st.result = Some(result);
             }
         }
     }
@@ -322,7 +376,13 @@ impl Context {
                 self.engine.on_copy_done(c.id, Ok(()));
             }
             CopyEngine::Device(d) => match self.backend.copy_async(d, c.lane, dst, src, c.len as usize) {
-                Ok(ticket) => self.inflight.push(InflightCopy { id: c.id, ticket, lease }),
+                Ok(ticket) => {
+                    let copy = InflightCopy { id: c.id, ticket, lease };
+                    match self.inflight.iter_mut().find(|q| q.engine == d && q.lane == c.lane) {
+                        Some(q) => q.copies.push_back(copy),
+                        None => self.inflight.push(CopyQueue { engine: d, lane: c.lane, copies: VecDeque::from([copy]) }),
+                    }
+                }
                 Err(e) => {
                     self.release_lease(lease);
                     self.engine.on_copy_done(c.id, Err(e.to_string()));
