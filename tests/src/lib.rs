@@ -357,6 +357,8 @@ pub struct Setup<'a> {
     pub peer_access: bool,
     /// Both ranks on one device.
     pub same_device: bool,
+    /// GPULMT_COOP_MIN: `auto` cooperates from this size (one-way traffic).
+    pub coop_min: u64,
 }
 
 impl Default for Setup<'_> {
@@ -367,6 +369,7 @@ impl Default for Setup<'_> {
             device_eager_limit: 0,
             peer_access: true,
             same_device: false,
+            coop_min: 2 << 20,
         }
     }
 }
@@ -393,6 +396,7 @@ pub fn expected_protocol(s: &Setup, src: Mem, dst: Mem, len: u64) -> Option<&'st
     // means GET.
     let split = (len * 500 / 1000) & !0xfff;
     Some(match s.protocol {
+        "auto" if !s.same_device && len >= s.coop_min && split > 0 && split < len => "coop",
         "get" | "auto" => "get",
         "put" => "put",
         "coop" if split == 0 || split >= len => "get",
