@@ -45,6 +45,7 @@ options:
                         terminating them (default 3000)
   --cleanup             remove shared-memory leftovers of dead gpulmt jobs; alone, do
                         only that
+  --config-table        print every GPULMT_* setting as a Markdown table
   -h, --help            this help
 
 environment of each rank: GPULMT_JOB, GPULMT_RANK, GPULMT_SIZE, GPULMT_LOCAL_RANK,
@@ -103,6 +104,10 @@ fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> 
         };
         match opt {
             "-h" | "--help" => return Ok(Parsed::Help),
+            "--config-table" => {
+                print!("{}", gpulmt::config::Config::markdown_table());
+                std::process::exit(0);
+            }
             "--cleanup" => a.cleanup = true,
             "-n" | "--np" => {
                 let v = value(opt, inline, &mut it)?;
