@@ -350,8 +350,9 @@ impl Engine {
         self.emit(Action::Violation { peer, what });
     }
 
-    /// Posts a send of `buf` to `to` with `tag`. For eager sizes (see
-    /// [`is_eager`](Self::is_eager)) `payload` must hold the buffer's bytes.
+    /// Posts a send of `buf` to `to` with `tag`: eager with `payload` (the buffer's
+    /// bytes; the caller decides with [`is_eager`](Self::is_eager)), else a
+    /// rendezvous (which a host that does its own matching may use at any size).
     pub fn post_send(&mut self, req: ReqId, to: Rank, tag: Tag, buf: BufDesc, payload: Option<Vec<u8>>) {
         if to >= self.cfg.size {
             return self.complete(req, Err(ProtoError::BadRank { rank: to, size: self.cfg.size }));
@@ -361,15 +362,17 @@ impl Engine {
         }
         let msg = self.next_msg;
         self.next_msg += 1;
-        if self.is_eager(buf.len, buf.device.is_some()) {
-            let Some(payload) = payload.filter(|p| p.len() as u64 == buf.len) else {
-                return self.complete(
-                    req,
-                    Err(ProtoError::Unsupported { what: "eager send posted without its payload".into() }),
-                );
-            };
+        if let Some(payload) = payload {
+            if payload.len() as u64 != buf.len {
+                let what = format!("eager payload of {} bytes for a {}-byte buffer", payload.len(), buf.len);
+                return self.complete(req, Err(ProtoError::Unsupported { what }));
+            }
             self.send(to, Packet::Eager { msg, tag, payload });
             return self.complete(req, Ok(Status { source: to, tag, len: buf.len }));
+        }
+        if buf.len == 0 {
+            let what = "a rendezvous needs a non-empty buffer: send empty messages eagerly".into();
+            return self.complete(req, Err(ProtoError::Unsupported { what }));
         }
         let src = match (buf.device, buf.region) {
             (None, _) => MemDesc::Host,
@@ -596,25 +599,9 @@ impl Engine {
                 self.arrive(from, tag, u);
             }
             Packet::Rts { msg, tag, len, src } => {
-                if let MemDesc::Device(r) = &src {
-                    if !r.covers(len) {
-                        self.violation(from, format!("RTS {msg}: {len} bytes at offset {} exceed the {}-byte allocation", r.offset, r.alloc_size));
-                        return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
-                    }
-                    if r.node != self.cfg.node {
-                        self.violation(from, format!("RTS {msg}: buffer on node {:#x}, not this node", r.node));
-                        return self.send(from, Packet::Abort { msg, reason: AbortReason::Unsupported, dir: Dir::ToSender });
-                    }
-                    if r.device >= self.cfg.devices {
-                        self.violation(from, format!("RTS {msg}: device {} does not exist here", r.device));
-                        return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
-                    }
+                if self.check_rts(from, msg, len, &src) {
+                    self.arrive(from, tag, Unexpected::Rts { msg, len, src });
                 }
-                if len == 0 {
-                    self.violation(from, format!("RTS {msg} for an empty message"));
-                    return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
-                }
-                self.arrive(from, tag, Unexpected::Rts { msg, len, src });
             }
             Packet::Cts { msg, mode, dst, split } => self.on_cts(from, msg, mode, dst, split),
             Packet::Cookie { msg } => match self.sends.get_mut(&msg) {
@@ -669,6 +656,51 @@ impl Engine {
                 self.violation(from, "free-commit packet routed to the LMT engine".into())
             }
         }
+    }
+
+    /// Whether an RTS is acceptable; a bad one is reported and refused (ABORT), so
+    /// it can never make this rank read or write outside the exported allocation.
+    fn check_rts(&mut self, from: Rank, msg: MsgId, len: u64, src: &MemDesc) -> bool {
+        let refuse = |e: &mut Self, reason, what: String| {
+            e.violation(from, what);
+            e.send(from, Packet::Abort { msg, reason, dir: Dir::ToSender });
+            false
+        };
+        if let MemDesc::Device(r) = src {
+            if !r.covers(len) {
+                let what = format!("RTS {msg}: {len} bytes at offset {} exceed the {}-byte allocation", r.offset, r.alloc_size);
+                return refuse(self, AbortReason::BadRequest, what);
+            }
+            if r.node != self.cfg.node {
+                return refuse(self, AbortReason::Unsupported, format!("RTS {msg}: buffer on node {:#x}, not this node", r.node));
+            }
+            if r.device >= self.cfg.devices {
+                return refuse(self, AbortReason::BadRequest, format!("RTS {msg}: device {} does not exist here", r.device));
+            }
+        }
+        if len == 0 {
+            return refuse(self, AbortReason::BadRequest, format!("RTS {msg} for an empty message"));
+        }
+        true
+    }
+
+    /// For a host that matches messages itself (the LMT plugin ABI): starts
+    /// receiving the message announced by `rts` (an RTS packet from `from`, as the
+    /// host carried it) into `buf`. Returns false, having completed `req` with an
+    /// error, if `rts` is not an acceptable RTS.
+    pub fn post_matched_recv(&mut self, req: ReqId, from: Rank, rts: Packet, buf: BufDesc) -> bool {
+        let Packet::Rts { msg, tag, len, src } = rts else {
+            let what = format!("expected an RTS cookie, got {rts:?}");
+            self.complete(req, Err(ProtoError::Protocol { rank: from, what }));
+            return false;
+        };
+        if from >= self.cfg.size || !self.check_rts(from, msg, len, &src) {
+            let what = format!("RTS {msg} refused");
+            self.complete(req, Err(ProtoError::Protocol { rank: from, what }));
+            return false;
+        }
+        self.start_rendezvous(req, from, msg, tag, len, src, buf);
+        true
     }
 
     fn arrive(&mut self, from: Rank, tag: Tag, u: Unexpected) {

@@ -140,6 +140,11 @@ pub struct Context {
     pub(crate) allocations: HashMap<u64, usize>,
     pub(crate) free_commit: FreeCommit<u64>,
     pub(crate) finalized: bool,
+    /// Plugin mode: the host's control channel replaces the rings.
+    pub(crate) channel: Option<crate::plugin::HostChannel>,
+    /// Plugin mode: set while an LMT call wants its RTS/CTS handed back as a cookie
+    /// for the host to carry, instead of sent.
+    pub(crate) capture: Option<Option<Vec<u8>>>,
 }
 
 impl Context {
@@ -152,6 +157,10 @@ impl Context {
 
     /// Joins a job with an explicit configuration.
     pub fn init_with(cfg: Config, info: JobInfo) -> Result<Context> {
+        Self::init_inner(cfg, info, None)
+    }
+
+    pub(crate) fn init_inner(cfg: Config, info: JobInfo, channel: Option<crate::plugin::HostChannel>) -> Result<Context> {
         init_logging();
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
@@ -259,6 +268,8 @@ impl Context {
             allocations: HashMap::default(),
             free_commit,
             finalized: false,
+            channel,
+            capture: None,
             info,
         })
     }
@@ -305,7 +316,7 @@ impl Context {
 
     /// Describes a user buffer for the engine, exporting device buffers that may
     /// take part in a rendezvous.
-    fn describe(&mut self, info: PointerInfo, ptr: usize, len: usize, export: bool) -> Result<BufDesc> {
+    pub(crate) fn describe(&mut self, info: PointerInfo, ptr: usize, len: usize, export: bool) -> Result<BufDesc> {
         let mut desc = BufDesc::host(len as u64);
         if let MemoryKind::Device(dev) = info.kind {
             desc.device = Some(dev);
@@ -344,7 +355,7 @@ impl Context {
         Ok(info)
     }
 
-    fn new_request(&mut self, ptr: usize, len: usize, kind: MemoryKind, span: tracing::Span) -> ReqId {
+    pub(crate) fn new_request(&mut self, ptr: usize, len: usize, kind: MemoryKind, span: tracing::Span) -> ReqId {
         ReqId(self.reqs.insert(ReqState { ptr, len, kind, result: None, protocol: None, span }))
     }
 

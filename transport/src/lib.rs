@@ -18,6 +18,7 @@ pub mod context;
 pub mod error;
 mod free;
 pub mod mapping;
+pub mod plugin;
 pub mod progress;
 mod memtype;
 mod requests;

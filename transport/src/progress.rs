@@ -101,7 +101,7 @@ impl Context {
             let popped = ring.try_pop(|bytes| {
                 if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
                     if let Some((req, buf, result)) = self.engine.take_eager_match(from as Rank, tag, payload.len() as u64) {
-                        self.deliver(req.0, &payload[..payload.len().min(buf.len as usize)], result);
+                        self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
                         return None;
                     }
                 }
@@ -132,6 +132,11 @@ impl Context {
             }
         }
         did
+    }
+
+    pub(crate) fn on_control(&mut self, from: Rank, p: Packet) {
+        self.stats.packets_received += 1;
+        self.on_packet(from, p);
     }
 
     fn on_packet(&mut self, from: Rank, p: Packet) {
@@ -213,7 +218,7 @@ impl Context {
     pub(crate) fn send_eager_in_place(&mut self, to: Rank, msg: u64, tag: i32, payload: &[u8]) {
         let t = to as usize;
         let hdr = gpulmt_protocols::wire::eager_overhead();
-        if self.outbox[t].is_empty() {
+        if self.outbox[t].is_empty() && self.channel.is_none() {
             let pushed = self.tx[t].try_push_with(hdr + payload.len(), |slot| {
                 gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
                 slot[hdr..].copy_from_slice(payload);
@@ -248,7 +253,7 @@ impl Context {
     }
 
     /// Eager fast path: writes the payload and completes the request.
-    fn deliver(&mut self, req: u64, payload: &[u8], result: Result<gpulmt_protocols::Status, gpulmt_protocols::ProtoError>) {
+    fn deliver_eager(&mut self, req: u64, payload: &[u8], result: Result<gpulmt_protocols::Status, gpulmt_protocols::ProtoError>) {
         if !payload.is_empty() {
             self.write_payload(req, payload);
         }
@@ -262,6 +267,17 @@ impl Context {
     /// Queues a packet to a peer: straight into its ring when there is room and
     /// nothing is waiting ahead of it, else into the outbox (FIFO per peer).
     pub(crate) fn send_packet(&mut self, to: Rank, p: Packet) {
+        if let Some(slot @ None) = &mut self.capture {
+            if matches!(p, Packet::Rts { .. } | Packet::Cts { .. }) {
+                *slot = Some(p.to_vec());
+                return;
+            }
+        }
+        if let Some(ch) = &mut self.channel {
+            self.stats.packets_sent += 1;
+            ch(to, &p.to_vec());
+            return;
+        }
         if to == self.rank() {
             self.loopback.push_back(p);
             return;

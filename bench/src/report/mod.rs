@@ -1,0 +1,267 @@
+//! `bench-report`: turns one results directory (what `bench/gpu/run_h200x2.sh` leaves:
+//! gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv, optional split.csv) into
+//! summary.csv (each gpulmt point beside its anchor), protocols.csv (osu_bw per
+//! protocol), three SVG plots and a short Markdown table of the key points.
+//!
+//! Parsing is lenient on purpose: the anchor files can hold lines that are not CSV
+//! rows (notes a tool printed), so any line that does not parse as a row of the
+//! expected shape is skipped and counted.
+
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub mod plot;
+pub mod summary;
+pub mod table;
+
+pub use summary::{protocol_table, summarize, AnchorMatch, ProtoRow, SummaryRow};
+
+/// One gpulmt benchmark point: a row of gpulmt.csv or split.csv.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    pub bench: String,
+    pub placement: String,
+    pub protocol: String,
+    pub bytes: u64,
+    /// `us` or `MBps` (10^6 bytes per second).
+    pub metric: String,
+    pub value: f64,
+}
+
+/// One reference measurement: a row of anchors.csv, staged_mpi.csv or mpi_sm.csv.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Anchor {
+    pub anchor: String,
+    pub metric: String,
+    pub bytes: u64,
+    pub value: f64,
+}
+
+/// Rows of one file, and how many non-empty lines (the header not counted) did not
+/// parse as rows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parsed<T> {
+    pub rows: Vec<T>,
+    pub skipped: usize,
+}
+
+pub const POINTS_HEADER: &str = "bench,placement,protocol,bytes,metric,value";
+pub const ANCHORS_HEADER: &str = "anchor,metric,bytes,value";
+
+fn fields(line: &str) -> Vec<&str> {
+    line.split(',').map(str::trim).collect()
+}
+
+fn number(s: &str) -> Option<f64> {
+    s.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+fn parse_lines<T>(text: &str, header: &str, row: impl Fn(&[&str]) -> Option<T>) -> Parsed<T> {
+    let mut out = Parsed { rows: Vec::new(), skipped: 0 };
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line == header {
+            continue;
+        }
+        match row(&fields(line)) {
+            Some(r) => out.rows.push(r),
+            None => out.skipped += 1,
+        }
+    }
+    out
+}
+
+/// Parses gpulmt.csv / split.csv text: `bench,placement,protocol,bytes,metric,value`.
+pub fn parse_points(text: &str) -> Parsed<Point> {
+    parse_lines(text, POINTS_HEADER, |f| {
+        if f.len() != 6 || f[0].is_empty() {
+            return None;
+        }
+        Some(Point {
+            bench: f[0].to_string(),
+            placement: f[1].to_string(),
+            protocol: f[2].to_string(),
+            bytes: f[3].parse().ok()?,
+            metric: f[4].to_string(),
+            value: number(f[5])?,
+        })
+    })
+}
+
+/// Parses anchors.csv / staged_mpi.csv / mpi_sm.csv text: `anchor,metric,bytes,value`.
+pub fn parse_anchors(text: &str) -> Parsed<Anchor> {
+    parse_lines(text, ANCHORS_HEADER, |f| {
+        if f.len() != 4 || f[0].is_empty() || f[1].is_empty() {
+            return None;
+        }
+        Some(Anchor {
+            anchor: f[0].to_string(),
+            metric: f[1].to_string(),
+            bytes: f[2].parse().ok()?,
+            value: number(f[3])?,
+        })
+    })
+}
+
+/// All reference measurements of one directory, looked up by (anchor, metric, bytes).
+#[derive(Clone, Debug, Default)]
+pub struct Anchors {
+    rows: Vec<Anchor>,
+}
+
+impl Anchors {
+    pub fn new(rows: Vec<Anchor>) -> Self {
+        Anchors { rows }
+    }
+
+    pub fn extend(&mut self, rows: Vec<Anchor>) {
+        self.rows.extend(rows);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The value measured at exactly `bytes` (the first such row).
+    pub fn exact(&self, anchor: &str, metric: &str, bytes: u64) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|a| a.anchor == anchor && a.metric == metric && a.bytes == bytes)
+            .map(|a| a.value)
+    }
+
+    /// The value at the largest size at or below `bytes`, with that size.
+    pub fn at_or_below(&self, anchor: &str, metric: &str, bytes: u64) -> Option<(u64, f64)> {
+        self.rows
+            .iter()
+            .filter(|a| a.anchor == anchor && a.metric == metric && a.bytes <= bytes)
+            .fold(None, |best: Option<&Anchor>, a| match best {
+                Some(b) if b.bytes >= a.bytes => Some(b),
+                _ => Some(a),
+            })
+            .map(|a| (a.bytes, a.value))
+    }
+
+    /// (bytes, value) sorted by size, one value per size.
+    pub fn series(&self, anchor: &str, metric: &str) -> Vec<(u64, f64)> {
+        let mut v: Vec<(u64, f64)> = Vec::new();
+        for a in self.rows.iter().filter(|a| a.anchor == anchor && a.metric == metric) {
+            if !v.iter().any(|(b, _)| *b == a.bytes) {
+                v.push((a.bytes, a.value));
+            }
+        }
+        v.sort_by_key(|p| p.0);
+        v
+    }
+}
+
+/// Everything read from one results directory.
+#[derive(Clone, Debug, Default)]
+pub struct Inputs {
+    pub points: Vec<Point>,
+    /// split.csv, when the directory has one.
+    pub split: Option<Vec<Point>>,
+    pub anchors: Anchors,
+    /// A name for titles: the last two components of the directory.
+    pub source: String,
+}
+
+#[derive(Debug)]
+pub struct ReportError(pub String);
+
+impl fmt::Display for ReportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ReportError {}
+
+impl From<String> for ReportError {
+    fn from(s: String) -> Self {
+        ReportError(s)
+    }
+}
+
+fn read_optional(path: &Path) -> Result<Option<String>, ReportError> {
+    match fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ReportError(format!("{}: {e}", path.display()))),
+    }
+}
+
+fn note_skipped(path: &Path, skipped: usize) {
+    if skipped > 0 {
+        eprintln!("bench-report: {}: skipped {skipped} line(s) that are not rows", path.display());
+    }
+}
+
+fn source_name(dir: &Path) -> String {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let parts: Vec<String> =
+        dir.components().rev().take(2).map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
+}
+
+/// Reads a results directory. gpulmt.csv must be there; a missing anchor file only
+/// leaves its anchors out (with a note on stderr).
+pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
+    let gp = dir.join("gpulmt.csv");
+    let text = fs::read_to_string(&gp).map_err(|e| ReportError(format!("{}: {e}", gp.display())))?;
+    let points = parse_points(&text);
+    note_skipped(&gp, points.skipped);
+    if points.rows.is_empty() {
+        return Err(ReportError(format!("{}: no benchmark rows", gp.display())));
+    }
+    let mut anchors = Anchors::default();
+    for name in ["anchors.csv", "staged_mpi.csv", "mpi_sm.csv"] {
+        let path = dir.join(name);
+        match read_optional(&path)? {
+            Some(t) => {
+                let p = parse_anchors(&t);
+                note_skipped(&path, p.skipped);
+                anchors.extend(p.rows);
+            }
+            None => eprintln!("bench-report: {} not found: its anchors are left out", path.display()),
+        }
+    }
+    let split_path = dir.join("split.csv");
+    let split = read_optional(&split_path)?.map(|t| {
+        let p = parse_points(&t);
+        note_skipped(&split_path, p.skipped);
+        p.rows
+    });
+    Ok(Inputs { points: points.rows, split, anchors, source: source_name(dir) })
+}
+
+/// What one run wrote.
+#[derive(Clone, Debug)]
+pub struct Outputs {
+    pub files: Vec<PathBuf>,
+    /// The Markdown table of key points.
+    pub table: String,
+}
+
+/// Reads `dir`, writes summary.csv, protocols.csv, latency.svg, bandwidth.svg and
+/// bibw.svg into `out` (created when missing) and returns the Markdown table.
+pub fn run(dir: &Path, out: &Path) -> Result<Outputs, ReportError> {
+    let inputs = load(dir)?;
+    fs::create_dir_all(out).map_err(|e| ReportError(format!("{}: {e}", out.display())))?;
+    let write = |name: &str, text: String| -> Result<PathBuf, ReportError> {
+        let path = out.join(name);
+        fs::write(&path, text).map_err(|e| ReportError(format!("{}: {e}", path.display())))?;
+        Ok(path)
+    };
+    let rows = summarize(&inputs.points, &inputs.anchors);
+    let protos = protocol_table(&inputs.points, inputs.split.as_deref());
+    let mut files = vec![
+        write("summary.csv", summary::summary_csv(&rows))?,
+        write("protocols.csv", summary::protocols_csv(&protos))?,
+    ];
+    for (name, svg) in plot::all(&inputs)? {
+        files.push(write(name, svg)?);
+    }
+    Ok(Outputs { files, table: table::markdown(&rows) })
+}

@@ -1,0 +1,109 @@
+//! The LMT plugin face: a host that owns matching and its own control channel
+//! (here: in-process channels between two threads, each a rank) moves device
+//! buffers through every protocol with gpulmt, carrying the RTS/CTS cookies itself.
+
+use std::sync::mpsc;
+
+use gpulmt::config::{Config, DeviceChoice};
+use gpulmt::{Context, JobInfo};
+
+/// What the host's own control channel carries between its two ranks.
+enum HostMsg {
+    /// The host's RTS with gpulmt's cookie piggybacked.
+    Rts(Vec<u8>),
+    /// The host's CTS with gpulmt's cookie (empty for GET).
+    Cts(Vec<u8>),
+    /// Any other gpulmt blob.
+    Blob(Vec<u8>),
+    /// The host's own goodbye: this rank is done.
+    Bye,
+}
+
+fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc::Receiver<HostMsg>, len: usize) {
+    let mut cfg = Config::from_lookup(|k| match k {
+        "GPULMT_PROTOCOL" => Some(protocol.to_string()),
+        _ => None,
+    })
+    .unwrap();
+    cfg.device = DeviceChoice::Sim;
+    cfg.gpu = Some(me);
+    let info = JobInfo { job: job.to_string(), rank: me, size: 2 };
+    let blob_tx = tx.clone();
+    let mut ctx = Context::init_plugin(cfg, info, Box::new(move |_to, b| blob_tx.send(HostMsg::Blob(b.to_vec())).unwrap())).unwrap();
+    let buf = ctx.mem_alloc(len + 64).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    let peer = 1 - me;
+    let req = if me == 0 {
+        ctx.copy_sync(buf + 64, data.as_ptr() as usize, len).unwrap();
+        let (req, rts) = unsafe { ctx.lmt_initiate((buf + 64) as *const u8, len, peer).unwrap() };
+        tx.send(HostMsg::Rts(rts)).unwrap();
+        req
+    } else {
+        let rts = loop {
+            match rx.recv().unwrap() {
+                HostMsg::Rts(c) => break c,
+                HostMsg::Blob(b) => ctx.deliver(peer, &b).unwrap(),
+                HostMsg::Cts(_) | HostMsg::Bye => panic!("CTS or goodbye before RTS"),
+            }
+        };
+        let (req, cts) = unsafe { ctx.lmt_start_recv(peer, &rts, (buf + 64) as *mut u8, len).unwrap() };
+        tx.send(HostMsg::Cts(cts.unwrap_or_default())).unwrap();
+        req
+    };
+    let mut bye = false;
+    let status = loop {
+        while let Ok(m) = rx.try_recv() {
+            match m {
+                HostMsg::Cts(c) if !c.is_empty() => ctx.lmt_handle_cts(peer, &c).unwrap(),
+                HostMsg::Cts(_) => {}
+                HostMsg::Blob(b) => ctx.deliver(peer, &b).unwrap(),
+                HostMsg::Rts(_) => panic!("unexpected RTS"),
+                HostMsg::Bye => bye = true,
+            }
+        }
+        if let Some(s) = ctx.test(&req).unwrap() {
+            break s;
+        }
+    };
+    assert_eq!(status.len, len as u64);
+    if me == 1 {
+        let mut got = vec![0u8; len];
+        ctx.copy_sync(got.as_mut_ptr() as usize, buf + 64, len).unwrap();
+        assert!(got == data, "{protocol}: data mismatch");
+        let s = ctx.stats();
+        let want = match protocol {
+            "put" => 1,
+            "coop" => 2,
+            "shm" => 3,
+            _ => 0,
+        };
+        assert_eq!(s.protocols[want], 1, "{protocol}: {:?}", s.protocols);
+    }
+    // The host's own goodbye: both ranks finished before either tears down.
+    tx.send(HostMsg::Bye).ok();
+    while !bye {
+        match rx.recv() {
+            Ok(HostMsg::Bye) | Err(_) => bye = true,
+            Ok(HostMsg::Blob(b)) => ctx.deliver(peer, &b).unwrap(),
+            Ok(_) => {}
+        }
+    }
+}
+
+#[test]
+fn host_driven_lmt_moves_device_buffers_through_every_protocol() {
+    for (i, protocol) in ["get", "put", "coop", "shm"].into_iter().enumerate() {
+        let job = format!("plugintest{}x{i}", std::process::id());
+        let (to1, from0) = mpsc::channel();
+        let (to0, from1) = mpsc::channel();
+        let len = 3 << 20;
+        let t0 = std::thread::spawn({
+            let job = job.clone();
+            move || rank(&job, 0, protocol, to1, from1, len)
+        });
+        let t1 = std::thread::spawn(move || rank(&job, 1, protocol, to0, from0, len));
+        t0.join().unwrap();
+        t1.join().unwrap();
+        gpulmt::shm::segment::remove_job_objects(&format!("plugintest{}x{i}", std::process::id()));
+    }
+}
