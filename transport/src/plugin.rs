@@ -100,6 +100,16 @@ impl Context {
         Ok((Request(req.0), cts))
     }
 
+    /// The host learned that local rank `rank` terminated: its transfers fail (once
+    /// copies on its memory stop) and its mappings are released.
+    pub fn peer_terminated(&mut self, rank: Rank) -> Result<()> {
+        if rank >= self.size() || rank == self.rank() {
+            return Err(Error::InvalidArgument(format!("peer_terminated({rank}): not another rank of this job")));
+        }
+        self.peer_failed(rank);
+        Ok(())
+    }
+
     /// Sender: the host delivered the receiver's CTS cookie.
     pub fn lmt_handle_cts(&mut self, from: Rank, cts_cookie: &[u8]) -> Result<()> {
         self.deliver(from, cts_cookie)

@@ -426,7 +426,7 @@ impl Context {
         }
     }
 
-    fn peer_failed(&mut self, r: Rank) {
+    pub(crate) fn peer_failed(&mut self, r: Rank) {
         if self.engine.is_peer_failed(r) {
             return;
         }
