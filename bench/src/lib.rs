@@ -5,7 +5,9 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 
+pub mod pair;
 pub mod window;
+pub mod report;
 
 use clap::Parser;
 use gpulmt::{Context, Error};

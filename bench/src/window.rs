@@ -4,9 +4,8 @@
 
 use std::time::Instant;
 
-use gpulmt::Context;
-
-use crate::{csv_row, header, or_die, print_stats, Buffer, Options};
+use crate::pair::Pair;
+use crate::{csv_row, header, or_die, Options};
 
 const DATA_TAG: i32 = 100;
 const ACK_TAG: i32 = 101;
@@ -15,20 +14,11 @@ const ACK_TAG: i32 = 101;
 pub fn run(bidirectional: bool) -> i32 {
     let o = Options::from_args();
     let name = if bidirectional { "osu_bibw" } else { "osu_bw" };
-    let mut ctx = or_die(Context::init(), "init");
-    if ctx.size() < 2 {
-        eprintln!("{name} needs 2 ranks: gpulmt-run -n 2 {}", std::env::args().next().unwrap_or_default());
-        return 2;
-    }
-    let me = ctx.rank();
-    let peer = 1 - me.min(1);
-    let place = if me == 0 { o.send } else { o.recv };
-    let max = o.range.1;
-    let sbuf = or_die(Buffer::new(&mut ctx, place, max), "allocating the send buffer");
-    let rbuf = or_die(Buffer::new(&mut ctx, place, max), "allocating the receive buffer");
+    let mut pair = Pair::setup(&o, name);
+    let Pair { ref mut ctx, me, peer, ref sbuf, ref rbuf } = pair;
     let title = if bidirectional { "Bi-Directional Bandwidth Test" } else { "Bandwidth Test" };
     if me == 0 {
-        header(&ctx, title, &o, "Bandwidth (MB/s)");
+        header(ctx, title, &o, "Bandwidth (MB/s)");
     }
     let mut ack = [0u8; 4];
     let mut failed = false;
@@ -38,7 +28,7 @@ pub fn run(bidirectional: bool) -> i32 {
         let (iters, warm) = o.iterations_for(size, msgs);
         let seed = size as u64 * 131 + me as u64;
         if o.validate {
-            or_die(sbuf.fill(&ctx, size, seed), "fill");
+            or_die(sbuf.fill(ctx, size, seed), "fill");
         }
         or_die(ctx.barrier(), "barrier");
         let mut t0 = Instant::now();
@@ -81,7 +71,7 @@ pub fn run(bidirectional: bool) -> i32 {
         let mbps = bytes / secs / 1e6;
         if o.validate && me <= 1 && (me == 1 || bidirectional) {
             let peer_seed = size as u64 * 131 + peer as u64;
-            if let Err(e) = rbuf.check(&ctx, size, peer_seed) {
+            if let Err(e) = rbuf.check(ctx, size, peer_seed) {
                 eprintln!("rank {me}: size {size}: {e}");
                 failed = true;
             }
@@ -91,10 +81,5 @@ pub fn run(bidirectional: bool) -> i32 {
             csv_row(&o, name, size, "MBps", mbps);
         }
     }
-    print_stats(&ctx, &o);
-    or_die(sbuf.free(&mut ctx), "free");
-    or_die(rbuf.free(&mut ctx), "free");
-    or_die(ctx.mem_free_commit(), "free commit");
-    or_die(ctx.finalize(), "finalize");
-    i32::from(failed)
+    pair.finish(&o, failed)
 }

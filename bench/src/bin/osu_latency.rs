@@ -4,22 +4,39 @@
 use std::time::Instant;
 
 use gpulmt::Context;
+use gpulmt_bench::pair::Pair;
 use gpulmt_bench::*;
+
+/// One ping-pong step: rank 0 sends then receives, rank 1 receives then sends
+/// (`from` is what rank 1 sends back, so validation can return the received data).
+///
+/// # Safety
+/// The buffers must hold `size` bytes and outlive the call.
+unsafe fn round_trip(ctx: &mut Context, me: u32, sbuf: &Buffer, rbuf: &Buffer, back: &Buffer, size: usize, tag: i32) {
+    let peer = 1 - me;
+    let send = |ctx: &mut Context, b: &Buffer| {
+        let s = or_die(ctx.isend(b.ptr as *const u8, size, peer, tag), "isend");
+        or_die(ctx.wait(s), "send");
+    };
+    let recv = |ctx: &mut Context| {
+        let r = or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(tag)), "irecv");
+        or_die(ctx.wait(r), "recv");
+    };
+    if me == 0 {
+        send(ctx, sbuf);
+        recv(ctx);
+    } else {
+        recv(ctx);
+        send(ctx, back);
+    }
+}
 
 fn main() {
     let o = Options::from_args();
-    let mut ctx = or_die(Context::init(), "init");
-    if ctx.size() < 2 {
-        eprintln!("osu_latency needs 2 ranks: gpulmt-run -n 2 {}", std::env::args().next().unwrap_or_default());
-        std::process::exit(2);
-    }
-    let me = ctx.rank();
-    let place = if me == 0 { o.send } else { o.recv };
-    let max = o.range.1;
-    let sbuf = or_die(Buffer::new(&mut ctx, place, max), "allocating the send buffer");
-    let rbuf = or_die(Buffer::new(&mut ctx, place, max), "allocating the receive buffer");
+    let mut pair = Pair::setup(&o, "osu_latency");
+    let Pair { ref mut ctx, me, ref sbuf, ref rbuf, .. } = pair;
     if me == 0 {
-        header(&ctx, "Latency Test", &o, "Latency (us)");
+        header(ctx, "Latency Test", &o, "Latency (us)");
     }
     let mut failed = false;
     for size in o.sizes() {
@@ -31,42 +48,20 @@ fn main() {
                 if i == warm {
                     t0 = Instant::now();
                 }
-                // SAFETY: the buffers live until the end of main and each request is
-                // waited for before the buffer is used again.
-                unsafe {
-                    if me == 0 {
-                        let s = or_die(ctx.isend(sbuf.ptr as *const u8, size, 1, 1), "isend");
-                        or_die(ctx.wait(s), "send");
-                        let r = or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(1), Some(1)), "irecv");
-                        or_die(ctx.wait(r), "recv");
-                    } else {
-                        let r = or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(0), Some(1)), "irecv");
-                        or_die(ctx.wait(r), "recv");
-                        let s = or_die(ctx.isend(sbuf.ptr as *const u8, size, 0, 1), "isend");
-                        or_die(ctx.wait(s), "send");
-                    }
-                }
+                // SAFETY: the buffers hold the largest size and live until the end.
+                unsafe { round_trip(ctx, me, sbuf, rbuf, sbuf, size, 1) };
             }
         }
         let lat = t0.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
         if o.validate && me <= 1 && size > 0 {
             // One more round trip outside the timing, with known data both ways.
             let seed = size as u64 * 31 + 7;
-            unsafe {
-                if me == 0 {
-                    or_die(sbuf.fill(&ctx, size, seed), "fill");
-                    let s = or_die(ctx.isend(sbuf.ptr as *const u8, size, 1, 2), "isend");
-                    or_die(ctx.wait(s), "send");
-                    let r = or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(1), Some(2)), "irecv");
-                    or_die(ctx.wait(r), "recv");
-                } else {
-                    let r = or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(0), Some(2)), "irecv");
-                    or_die(ctx.wait(r), "recv");
-                    let s = or_die(ctx.isend(rbuf.ptr as *const u8, size, 0, 2), "isend");
-                    or_die(ctx.wait(s), "send");
-                }
+            if me == 0 {
+                or_die(sbuf.fill(ctx, size, seed), "fill");
             }
-            if let Err(e) = rbuf.check(&ctx, size, seed) {
+            // SAFETY: as above; rank 1 sends back what it received.
+            unsafe { round_trip(ctx, me, sbuf, rbuf, rbuf, size, 2) };
+            if let Err(e) = rbuf.check(ctx, size, seed) {
                 eprintln!("rank {me}: size {size}: {e}");
                 failed = true;
             }
@@ -76,12 +71,5 @@ fn main() {
             csv_row(&o, "osu_latency", size, "us", lat);
         }
     }
-    print_stats(&ctx, &o);
-    or_die(sbuf.free(&mut ctx), "free");
-    or_die(rbuf.free(&mut ctx), "free");
-    or_die(ctx.mem_free_commit(), "free commit");
-    or_die(ctx.finalize(), "finalize");
-    if failed {
-        std::process::exit(1);
-    }
+    std::process::exit(pair.finish(&o, failed));
 }

@@ -265,3 +265,57 @@ pub fn run(dir: &Path, out: &Path) -> Result<Outputs, ReportError> {
     }
     Ok(Outputs { files, table: table::markdown(&rows) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_parse_and_bad_lines_are_skipped() {
+        let p = parse_points(
+            "bench,placement,protocol,bytes,metric,value\n\
+             osu_bw,D D,auto,4194304,MBps,292355.5086\n\
+             \n\
+             # a comment\n\
+             osu_bw,D D,auto,notanumber,MBps,1\n\
+             osu_latency,H H,auto,8,us,1.0559\r\n\
+             osu_latency,H H,auto,16,us,nan\n\
+             osu_latency,H H,auto,16,us\n",
+        );
+        assert_eq!(p.skipped, 4);
+        assert_eq!(p.rows.len(), 2);
+        assert_eq!(
+            p.rows[0],
+            Point {
+                bench: "osu_bw".into(),
+                placement: "D D".into(),
+                protocol: "auto".into(),
+                bytes: 4194304,
+                metric: "MBps".into(),
+                value: 292355.5086
+            }
+        );
+        assert_eq!(p.rows[1].placement, "H H");
+        assert_eq!(p.rows[1].value, 1.0559);
+    }
+
+    #[test]
+    fn anchors_parse_skipping_non_csv_lines() {
+        let p = parse_anchors(
+            "anchor,metric,bytes,value\n\
+             staged_mpi,half_rtt_us,8,16.056\n\
+             # OSU MPI-CUDA Latency Test v7.4\n\
+             Warning: something the MPI library printed\n\
+             staged_mpi,GBps,8,0.001\n\
+             ,GBps,8,1\n",
+        );
+        assert_eq!(p.skipped, 3);
+        assert_eq!(p.rows.len(), 2);
+        assert_eq!(p.rows[1], Anchor { anchor: "staged_mpi".into(), metric: "GBps".into(), bytes: 8, value: 0.001 });
+        let a = Anchors::new(p.rows);
+        assert_eq!(a.exact("staged_mpi", "half_rtt_us", 8), Some(16.056));
+        assert_eq!(a.exact("staged_mpi", "half_rtt_us", 16), None);
+        assert_eq!(a.exact("staged_mpi", "GBps", 8), Some(0.001));
+        assert_eq!(a.series("staged_mpi", "GBps"), vec![(8, 0.001)]);
+    }
+}

@@ -246,7 +246,7 @@ mod tests {
 
     const POINTS: &str = "bench,placement,protocol,bytes,metric,value
 osu_bw,D D,auto,4194304,MBps,318200.0
-osu_bw,D D,auto,8192,MBps,3000.5
+osu_bw,D D,auto,8192,MBps,3000.0
 osu_bw,D D,shm,4194304,MBps,33791.3899
 osu_bw,D D,shm,65536,MBps,3172.3
 osu_bibw,D D,get,4194304,MBps,530000

@@ -11,7 +11,7 @@ const MIB: u64 = 1 << 20;
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (u, name) in UNITS {
-        if b >= u && b % u == 0 {
+        if b >= u && b & (u - 1) == 0 {
             return format!("{} {name}", b / u);
         }
     }

@@ -1,0 +1,46 @@
+//! The two-rank set-up and tear-down shared by the point-to-point benchmarks: the
+//! context, which side this rank is, and its send and receive buffers in the
+//! placement of its side (rank 0 takes the first placement argument, rank 1 the
+//! second, as in OSU).
+
+use gpulmt::Context;
+
+use crate::{or_die, print_stats, Buffer, Options};
+
+/// One rank of a two-rank benchmark.
+pub struct Pair {
+    pub ctx: Context,
+    pub me: u32,
+    pub peer: u32,
+    pub sbuf: Buffer,
+    pub rbuf: Buffer,
+}
+
+impl Pair {
+    /// Joins the job and allocates buffers of the largest size; exits with a usage
+    /// message when fewer than two ranks run.
+    pub fn setup(o: &Options, name: &str) -> Pair {
+        let mut ctx = or_die(Context::init(), "init");
+        if ctx.size() < 2 {
+            eprintln!("{name} needs 2 ranks: gpulmt-run -n 2 {}", std::env::args().next().unwrap_or_default());
+            std::process::exit(2);
+        }
+        let me = ctx.rank();
+        let place = if me == 0 { o.send } else { o.recv };
+        let sbuf = or_die(Buffer::new(&mut ctx, place, o.range.1), "allocating the send buffer");
+        let rbuf = or_die(Buffer::new(&mut ctx, place, o.range.1), "allocating the receive buffer");
+        Pair { ctx, me, peer: 1 - me.min(1), sbuf, rbuf }
+    }
+
+    /// Prints counters if asked, frees the buffers (two-phase), finalizes; returns
+    /// the exit code.
+    pub fn finish(self, o: &Options, failed: bool) -> i32 {
+        let Pair { mut ctx, sbuf, rbuf, .. } = self;
+        print_stats(&ctx, o);
+        or_die(sbuf.free(&mut ctx), "free");
+        or_die(rbuf.free(&mut ctx), "free");
+        or_die(ctx.mem_free_commit(), "free commit");
+        or_die(ctx.finalize(), "finalize");
+        i32::from(failed)
+    }
+}
