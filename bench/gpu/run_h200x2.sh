@@ -19,17 +19,32 @@ log() { echo "== $(date +%T) $*" >&2; }
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$out/host.txt" 2>&1
 nvidia-smi topo -m >> "$out/host.txt" 2>&1
 
-if [ "$mode" = quick ]; then
-  log correctness
+checks() {
+  # Correctness on real GPUs: every protocol x placement x sizes (random data,
+  # non-zero offsets, checked byte for byte), two ranks on one GPU, 4 ranks on 2 GPUs,
+  # the handle cache and two-phase free with real IPC, truncation, peer death.
   for p in auto get put coop shm; do
     for pl in "D D" "D H" "H D" "H H"; do
-      GPULMT_PROTOCOL=$p $run $bin/gpulmt-check pingpong --placement "$pl" --sizes 0,1,7,4095,4096,65537,4194304,67108864 --offset 4096 \
-        > /tmp/chk.txt 2>&1 && echo "check,$p,$pl,ok,$(grep -o 'protocols.*' /tmp/chk.txt | head -1)" || { echo "check,$p,$pl,FAIL"; tail -5 /tmp/chk.txt; }
+      GPULMT_PROTOCOL=$p $run $bin/gpulmt-check pingpong --placement "$pl" --sizes 0,1,7,4095,4096,65537,1048576,4194304,67108864,1073741824 --offset 4096 \
+        > /tmp/chk.txt 2>&1 && echo "pingpong,$p,$pl,ok,$(grep -o 'protocols.*' /tmp/chk.txt | head -1 | tr ',' ' ')" || { echo "pingpong,$p,$pl,FAIL"; tail -5 /tmp/chk.txt; }
     done
-  done | tee "$out/check.csv"
-  log smoke benchmarks
-  $run $bin/osu_latency -m 0:1M -i 2000 -c D D | tee "$out/smoke_lat.txt"
-  for p in get put coop shm; do $run $bin/osu_bw -m 64K:256M -i 100 -c --stats --protocol $p D D | tail -3; done | tee "$out/smoke_bw.txt"
+  done
+  for p in get put coop shm; do
+    GPULMT_GPU=0 GPULMT_PROTOCOL=$p $run $bin/gpulmt-check pingpong --placement "D D" --sizes 1,65537,4194304,67108864 --offset 4096 > /tmp/chk.txt 2>&1 \
+      && echo "same_gpu_pingpong,$p,D D,ok,$(grep -o 'protocols.*' /tmp/chk.txt | head -1 | tr ',' ' ')" || { echo "same_gpu_pingpong,$p,D D,FAIL"; tail -5 /tmp/chk.txt; }
+  done
+  one() { name=$1; shift; "$@" > /tmp/chk.txt 2>&1 && echo "$name,ok" || { echo "$name,FAIL"; tail -5 /tmp/chk.txt; }; }
+  one same_device_3ranks env GPULMT_GPU=1 $bin/gpulmt-run -n 3 --timeout 120 -- $bin/gpulmt-check same-device
+  one alltoall_4ranks_2gpus $bin/gpulmt-run -n 4 --timeout 120 -- $bin/gpulmt-check alltoall --iters 4
+  one free_4ranks $bin/gpulmt-run -n 4 --timeout 120 -- $bin/gpulmt-check free --rounds 3 --fresh-open
+  one cache_64_in_flight $run $bin/gpulmt-check cache
+  for pl in "D D" "H D" "D H"; do one "truncate $pl" $run $bin/gpulmt-check truncate --placement "$pl"; done
+  $bin/gpulmt-run -n 2 --timeout 60 -- $bin/gpulmt-check die --when mid --how kill --placement "D D" > /tmp/chk.txt 2>&1
+  grep -q survivor-ok /tmp/chk.txt && echo "peer_death_mid_transfer,ok" || { echo "peer_death_mid_transfer,FAIL"; tail -5 /tmp/chk.txt; }
+}
+
+if [ "$mode" = quick ]; then
+  checks | tee "$out/check.csv"
   exit 0
 fi
 
@@ -66,11 +81,21 @@ for p in auto get put coop; do
   $run $bin/osu_bw -m 64K:1G --csv "$csv" --stats --protocol $p D D
 done
 log bibw
-for p in auto get coop; do
+for p in auto get put coop; do
   $run $bin/osu_bibw -m 64K:1G --csv "$csv" --protocol $p D D
 done
+log handle cache: osu_bw 1 MiB with and without the cache, windows 64 and 1
+for w in 64 1; do
+  for c in 1 0; do
+    GPULMT_HANDLE_CACHE=$c $run $bin/osu_bw -m 1M:1M -W $w -i 200 --stats D D > /tmp/cache.txt 2>&1
+    echo "cache=$c window=$w $(grep -E '^1048576' /tmp/cache.txt | tr -s ' ') $(grep 'rank 1 ' /tmp/cache.txt | grep -o 'cache hits.*open_ms=[0-9.]*')"
+  done
+done | tee "$out/cache.txt"
 log split copies over lanes
 GPULMT_COPY_SPLIT=16M GPULMT_LANES=4 $run $bin/osu_bw -m 1M:1G --csv "$out/split.csv" --protocol get D D
 log shm fallback
 $run $bin/osu_bw -m 64K:256M --large-budget 2G --csv "$csv" --protocol shm D D
+log correctness
+checks > "$out/check.csv"
+grep -c ',ok' "$out/check.csv"; grep FAIL "$out/check.csv" || echo "all checks ok"
 log done
