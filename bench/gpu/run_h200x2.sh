@@ -34,7 +34,7 @@ checks() {
       && echo "same_gpu_pingpong,$p,D D,ok,$(grep -o 'protocols.*' /tmp/chk.txt | head -1 | tr ',' ' ')" || { echo "same_gpu_pingpong,$p,D D,FAIL"; tail -5 /tmp/chk.txt; }
   done
   one() { name=$1; shift; "$@" > /tmp/chk.txt 2>&1 && echo "$name,ok" || { echo "$name,FAIL"; tail -5 /tmp/chk.txt; }; }
-  one same_device_3ranks env GPULMT_GPU=1 $bin/gpulmt-run -n 3 --timeout 120 -- $bin/gpulmt-check same-device
+  one same_device_3ranks env GPULMT_GPU=0 $bin/gpulmt-run -n 3 --timeout 120 -- $bin/gpulmt-check same-device
   one alltoall_4ranks_2gpus $bin/gpulmt-run -n 4 --timeout 120 -- $bin/gpulmt-check alltoall --iters 4
   one free_4ranks $bin/gpulmt-run -n 4 --timeout 120 -- $bin/gpulmt-check free --rounds 3 --fresh-open
   one cache_64_in_flight $run $bin/gpulmt-check cache
@@ -95,6 +95,9 @@ log split copies over lanes
 GPULMT_COPY_SPLIT=16M GPULMT_LANES=4 $run $bin/osu_bw -m 1M:1G --csv "$out/split.csv" --protocol get D D
 log shm fallback
 $run $bin/osu_bw -m 64K:256M --large-budget 2G --csv "$csv" --protocol shm D D
+for c in 512K 2M 4M; do
+  GPULMT_CHUNK_SIZE=$c $run $bin/osu_bw -m 4M:256M --large-budget 2G --csv "$out/shm_chunk_$c.csv" --protocol shm D D
+done
 log correctness
 checks > "$out/check.csv"
 grep -c ',ok' "$out/check.csv"; grep FAIL "$out/check.csv" || echo "all checks ok"

@@ -79,11 +79,16 @@ pub struct PolicyConfig {
     /// the sender's engine pushes (posted NVLink writes beat the reads of a GET once
     /// the CTS round trip is hidden by the copy time).
     pub put_min: u64,
+    /// With traffic both ways (the sender's engine is busy pulling this receiver's
+    /// messages), messages of at least this many bytes use PUT under `auto`: each
+    /// engine then pushes its own data, as two concurrent push streams do best on
+    /// NVLink (measured on H200: GET reads win below 32 MiB, pushes above).
+    pub bidir_put_min: u64,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX, put_min: u64::MAX }
+        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX, put_min: u64::MAX, bidir_put_min: u64::MAX }
     }
 }
 
@@ -129,6 +134,8 @@ pub fn choose(
                 pick(Protocol::Coop, "peer-accessible and large: both engines move a part")
             } else if put_ok && len >= cfg.put_min && !sender_busy {
                 pick(Protocol::Put, "peer-accessible and mid-sized: sender's engine pushes")
+            } else if put_ok && len >= cfg.bidir_put_min && sender_busy {
+                pick(Protocol::Put, "traffic both ways and large: each engine pushes its own data")
             } else if get_ok {
                 pick(Protocol::Get, "peer-accessible: receiver's engine pulls")
             } else if put_ok {
@@ -169,8 +176,12 @@ mod tests {
         assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 18, false, |_, _| true).protocol, Protocol::Get);
         c.coop_min = 1 << 20;
         assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol, Protocol::Coop);
-        // Traffic both ways: the sender's engine is taken, the receiver pulls.
+        // Traffic both ways: the sender's engine is taken, the receiver pulls...
         assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, true, |_, _| true).protocol, Protocol::Get);
+        // ...unless the message is large enough that pushing its own data wins.
+        c.bidir_put_min = 32 << 20;
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, true, |_, _| true).protocol, Protocol::Put);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, false, |_, _| true).protocol, Protocol::Coop);
         assert_eq!(choose(&c, &dev(0), Some(0), true, 1 << 20, false, |_, _| true).protocol, Protocol::Get);
     }
 

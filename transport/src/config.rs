@@ -24,6 +24,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_DEVICE_EAGER_LIMIT", "0", "the eager limit for messages from device memory, whose payload needs a staging copy (0: device messages always rendezvous, one DMA instead of two)"),
     ("GPULMT_COOP_MIN", "2M", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large, unless the sender's engine is busy with traffic the other way (`never` to disable; 2 MiB measured on 2x H200)"),
     ("GPULMT_PUT_MIN", "never", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large (`never` to disable)"),
+    ("GPULMT_BIDIR_PUT_MIN", "32M", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; measured on 2x H200)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
     ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
     ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
@@ -62,6 +63,7 @@ pub struct Config {
     pub device_eager_limit: u64,
     pub coop_min: u64,
     pub put_min: u64,
+    pub bidir_put_min: u64,
     pub coop_sender_permille: u32,
     pub copy_split: u64,
     pub lanes: u32,
@@ -90,6 +92,7 @@ impl Default for Config {
             device_eager_limit: 0,
             coop_min: 2 << 20,
             put_min: u64::MAX,
+            bidir_put_min: 32 << 20,
             coop_sender_permille: 500,
             copy_split: 0,
             lanes: 1,
@@ -177,7 +180,11 @@ impl Config {
                 "must not exceed GPULMT_EAGER_LIMIT (the ring slot is sized for that)",
             ));
         }
-        for (var, dst) in [("GPULMT_COOP_MIN", &mut c.coop_min), ("GPULMT_PUT_MIN", &mut c.put_min)] {
+        for (var, dst) in [
+            ("GPULMT_COOP_MIN", &mut c.coop_min),
+            ("GPULMT_PUT_MIN", &mut c.put_min),
+            ("GPULMT_BIDIR_PUT_MIN", &mut c.bidir_put_min),
+        ] {
             match get(var) {
                 Some(v) if v.trim().eq_ignore_ascii_case("never") => *dst = u64::MAX,
                 _ => size(var, dst)?,

@@ -215,7 +215,12 @@ impl Context {
         ecfg.node = node;
         ecfg.eager_limit = cfg.eager_limit;
         ecfg.device_eager_limit = cfg.device_eager_limit;
-        ecfg.policy = PolicyConfig { mode: cfg.protocol, coop_min: cfg.coop_min, put_min: cfg.put_min };
+        ecfg.policy = PolicyConfig {
+            mode: cfg.protocol,
+            coop_min: cfg.coop_min,
+            put_min: cfg.put_min,
+            bidir_put_min: cfg.bidir_put_min,
+        };
         ecfg.chunk_size = cfg.chunk_size;
         ecfg.depth = cfg.depth;
         ecfg.copy_split = cfg.copy_split;

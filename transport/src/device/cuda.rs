@@ -316,6 +316,11 @@ pub struct CudaBackend {
     next_ticket: AtomicU64,
     tickets: Mutex<HashMap<u64, Pending>>,
     open: Mutex<OpenHandles>,
+    /// Allocations made by [`alloc`](DeviceBackend::alloc), by base address: their
+    /// attributes are known until [`free`](DeviceBackend::free), so `pointer_info`
+    /// answers them without a driver query (one `cuPointerGetAttributes` per
+    /// message is a large share of the CPU time of a busy bi-directional stream).
+    own: Mutex<std::collections::BTreeMap<usize, PointerInfo>>,
 }
 
 fn to_raw_handle(h: &IpcHandle) -> sys::CUipcMemHandle {
@@ -387,6 +392,7 @@ impl CudaBackend {
             next_ticket: AtomicU64::new(1),
             tickets: Mutex::new(HashMap::new()),
             open: Mutex::new(OpenHandles::default()),
+            own: Mutex::new(std::collections::BTreeMap::new()),
         })
     }
 
@@ -569,67 +575,33 @@ impl DeviceBackend for CudaBackend {
             warn_teardown(cu!(cuMemFree_v2(ptr)));
             return Err(f.into());
         }
+        match self.query_pointer(ptr as usize) {
+            Ok(info) => {
+                lock(&self.own).insert(ptr as usize, info);
+            }
+            Err(e) => {
+                warn_teardown(cu!(cuMemFree_v2(ptr)));
+                return Err(e);
+            }
+        }
         Ok(ptr as usize)
     }
 
     fn free(&self, ptr: usize) -> Result<(), DeviceError> {
         let dev = self.allocation_device("free", ptr)?;
         let _current = self.enter(dev)?;
-        Ok(cu!(cuMemFree_v2(ptr as CUdeviceptr))?)
+        cu!(cuMemFree_v2(ptr as CUdeviceptr))?;
+        lock(&self.own).remove(&ptr);
+        Ok(())
     }
 
     fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError> {
-        use sys::CUpointer_attribute::*;
-        // Plain integers, not cudarc's enums: the driver writes 0 for memory it does not know,
-        // which no enum variant holds.
-        let mut mem_type: c_uint = 0;
-        let mut ordinal: c_int = -1;
-        let mut start: CUdeviceptr = 0;
-        let mut size: usize = 0;
-        let mut buffer_id: u64 = 0;
-        let mut attrs = [
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-            CU_POINTER_ATTRIBUTE_BUFFER_ID,
-        ];
-        let mut data: [*mut c_void; 5] = [
-            (&mut mem_type as *mut c_uint).cast(),
-            (&mut ordinal as *mut c_int).cast(),
-            (&mut start as *mut CUdeviceptr).cast(),
-            (&mut size as *mut usize).cast(),
-            (&mut buffer_id as *mut u64).cast(),
-        ];
-        let host = PointerInfo {
-            kind: MemoryKind::Host,
-            base: ptr,
-            size: 0,
-            buffer_id: 0,
-        };
-        // No context needed: the driver resolves unified addresses process-wide.
-        match cu!(cuPointerGetAttributes(
-            attrs.len() as c_uint,
-            attrs.as_mut_ptr(),
-            data.as_mut_ptr(),
-            ptr as CUdeviceptr,
-        )) {
-            Ok(()) => {}
-            // Some drivers refuse memory they have never seen instead of reporting type 0.
-            Err(f) if f.code == CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(host),
-            Err(f) => return Err(f.into()),
+        if let Some((_, info)) = lock(&self.own).range(..=ptr).next_back() {
+            if ptr < info.base + info.size {
+                return Ok(*info);
+            }
         }
-        let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint;
-        Ok(match u32::try_from(ordinal) {
-            Ok(dev) if mem_type == device => PointerInfo {
-                kind: MemoryKind::Device(dev),
-                base: start as usize,
-                size,
-                buffer_id,
-            },
-            // Unknown to CUDA (0), registered or pinned host memory (HOST).
-            _ => host,
-        })
+        self.query_pointer(ptr)
     }
 
     fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError> {
@@ -844,6 +816,63 @@ impl Drop for CudaBackend {
         {
             warn_teardown(cu!(cuCtxSetCurrent(ptr::null_mut())));
         }
+    }
+}
+
+impl CudaBackend {
+    /// Asks the driver what `ptr` is.
+    fn query_pointer(&self, ptr: usize) -> Result<PointerInfo, DeviceError> {
+        use sys::CUpointer_attribute::*;
+        // Plain integers, not cudarc's enums: the driver writes 0 for memory it does not know,
+        // which no enum variant holds.
+        let mut mem_type: c_uint = 0;
+        let mut ordinal: c_int = -1;
+        let mut start: CUdeviceptr = 0;
+        let mut size: usize = 0;
+        let mut buffer_id: u64 = 0;
+        let mut attrs = [
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        ];
+        let mut data: [*mut c_void; 5] = [
+            (&mut mem_type as *mut c_uint).cast(),
+            (&mut ordinal as *mut c_int).cast(),
+            (&mut start as *mut CUdeviceptr).cast(),
+            (&mut size as *mut usize).cast(),
+            (&mut buffer_id as *mut u64).cast(),
+        ];
+        let host = PointerInfo {
+            kind: MemoryKind::Host,
+            base: ptr,
+            size: 0,
+            buffer_id: 0,
+        };
+        // No context needed: the driver resolves unified addresses process-wide.
+        match cu!(cuPointerGetAttributes(
+            attrs.len() as c_uint,
+            attrs.as_mut_ptr(),
+            data.as_mut_ptr(),
+            ptr as CUdeviceptr,
+        )) {
+            Ok(()) => {}
+            // Some drivers refuse memory they have never seen instead of reporting type 0.
+            Err(f) if f.code == CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(host),
+            Err(f) => return Err(f.into()),
+        }
+        let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint;
+        Ok(match u32::try_from(ordinal) {
+            Ok(dev) if mem_type == device => PointerInfo {
+                kind: MemoryKind::Device(dev),
+                base: start as usize,
+                size,
+                buffer_id,
+            },
+            // Unknown to CUDA (0), registered or pinned host memory (HOST).
+            _ => host,
+        })
     }
 }
 
