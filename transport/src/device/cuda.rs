@@ -63,7 +63,6 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
-    "cuStreamQuery",
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",
@@ -287,32 +286,11 @@ struct Device {
     events: Mutex<Vec<Event>>,
 }
 
-/// How to tell that a copy in flight has finished.
-#[derive(Clone, Copy)]
-enum Wait {
-    /// Nothing to wait for (a zero-length copy).
-    Done,
-    /// The copy is the newest work on its stream: the stream being idle means it is
-    /// done. Saves recording an event on the latency-critical single-copy path.
-    StreamIdle,
-    /// A later copy was queued behind it: an event recorded between the two says.
-    Event(Event),
-}
-
-/// A copy in flight.
+/// A copy in flight: the event to query, or none for a zero-length copy.
 #[derive(Clone, Copy)]
 struct Pending {
     dev: DevId,
-    slot: usize,
-    wait: Wait,
-}
-
-/// Copies in flight, and per (device, stream slot) the newest one, which has no
-/// event yet.
-#[derive(Default)]
-struct Tickets {
-    pending: HashMap<u64, Pending>,
-    tails: HashMap<(DevId, usize), u64>,
+    event: Option<Event>,
 }
 
 struct OpenMapping {
@@ -336,7 +314,7 @@ pub struct CudaBackend {
     /// Serialises context retention, so that peer access is enabled once per pair.
     retain_lock: Mutex<()>,
     next_ticket: AtomicU64,
-    tickets: Mutex<Tickets>,
+    tickets: Mutex<HashMap<u64, Pending>>,
     open: Mutex<OpenHandles>,
     /// Allocations made by [`alloc`](DeviceBackend::alloc), by base address: their
     /// attributes are known until [`free`](DeviceBackend::free), so `pointer_info`
@@ -412,7 +390,7 @@ impl CudaBackend {
             peer,
             retain_lock: Mutex::new(()),
             next_ticket: AtomicU64::new(1),
-            tickets: Mutex::new(Tickets::default()),
+            tickets: Mutex::new(HashMap::new()),
             open: Mutex::new(OpenHandles::default()),
             own: Mutex::new(std::collections::BTreeMap::new()),
         })
@@ -700,70 +678,50 @@ impl DeviceBackend for CudaBackend {
         src: usize,
         len: usize,
     ) -> Result<CopyTicket, DeviceError> {
-        let slot = lane_slot(lane);
-        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        if len == 0 {
+        let event = if len == 0 {
             self.device(engine)?;
-            lock(&self.tickets).pending.insert(id, Pending { dev: engine, slot, wait: Wait::Done });
-            return Ok(CopyTicket(id));
-        }
-        let d = self.device(engine)?;
-        let _current = self.enter(engine)?;
-        let stream = Self::stream(d, slot)?;
-        let mut t = lock(&self.tickets);
-        // The stream's previous newest copy gets its event now: recorded before the
-        // new copy is queued, it completes exactly when that copy has.
-        if let Some(prev) = t.tails.get(&(engine, slot)).copied() {
-            if let Some(p) = t.pending.get_mut(&prev) {
-                if matches!(p.wait, Wait::StreamIdle) {
+            None
+        } else {
+            Some(
+                self.enqueue(engine, lane_slot(lane), dst, src, len, |d, stream| {
                     let ev = Self::take_event(d)?;
                     if let Err(f) = cu!(cuEventRecord(ev.0, stream)) {
                         lock(&d.events).push(ev);
                         return Err(f.into());
                     }
-                    p.wait = Wait::Event(ev);
-                }
-            }
-        }
-        cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
-        t.pending.insert(id, Pending { dev: engine, slot, wait: Wait::StreamIdle });
-        t.tails.insert((engine, slot), id);
+                    Ok(ev)
+                })?,
+            )
+        };
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        lock(&self.tickets).insert(id, Pending { dev: engine, event });
         Ok(CopyTicket(id))
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
-        // One lock for the whole poll: a concurrent copy_async on the same stream must
-        // not turn this tail into an event-waited copy between our look and our query.
-        let mut t = lock(&self.tickets);
-        let pending = t.pending.get(&ticket.0).copied().ok_or(DeviceError::InvalidPointer {
-            op: "copy_poll",
-            ptr: ticket.0 as usize,
-            expected: "a copy ticket in flight (already completed, or never issued)",
-        })?;
-        let result = match pending.wait {
-            Wait::Done => Ok(()),
-            Wait::Event(ev) => {
-                let _current = self.enter(pending.dev)?;
-                cu!(cuEventQuery(ev.0))
+        let pending =
+            lock(&self.tickets)
+                .get(&ticket.0)
+                .copied()
+                .ok_or(DeviceError::InvalidPointer {
+                    op: "copy_poll",
+                    ptr: ticket.0 as usize,
+                    expected: "a copy ticket in flight (already completed, or never issued)",
+                })?;
+        if let Some(ev) = pending.event {
+            let _current = self.enter(pending.dev)?;
+            match cu!(cuEventQuery(ev.0)) {
+                Ok(()) => {}
+                Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                Err(f) => return Err(f.into()),
             }
-            Wait::StreamIdle => {
-                let d = &self.devices[pending.dev as usize];
-                let _current = self.enter(pending.dev)?;
-                let stream = Self::stream(d, pending.slot)?;
-                cu!(cuStreamQuery(stream))
+        }
+        // Only the poller that removes the ticket recycles its event: two threads polling the
+        // same ticket must not put one event in the pool twice.
+        if lock(&self.tickets).remove(&ticket.0).is_some() {
+            if let Some(ev) = pending.event {
+                lock(&self.devices[pending.dev as usize].events).push(ev);
             }
-        };
-        match result {
-            Ok(()) => {}
-            Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
-            Err(f) => return Err(f.into()),
-        }
-        t.pending.remove(&ticket.0);
-        if t.tails.get(&(pending.dev, pending.slot)) == Some(&ticket.0) {
-            t.tails.remove(&(pending.dev, pending.slot));
-        }
-        if let Wait::Event(ev) = pending.wait {
-            lock(&self.devices[pending.dev as usize].events).push(ev);
         }
         Ok(true)
     }
@@ -822,9 +780,8 @@ impl Drop for CudaBackend {
             .tickets
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
-        tickets.tails.clear();
-        for (_, p) in tickets.pending.drain() {
-            if let (Wait::Event(ev), Some(d)) = (p.wait, self.devices.get_mut(p.dev as usize)) {
+        for (_, p) in tickets.drain() {
+            if let (Some(ev), Some(d)) = (p.event, self.devices.get_mut(p.dev as usize)) {
                 d.events
                     .get_mut()
                     .unwrap_or_else(PoisonError::into_inner)
