@@ -273,13 +273,13 @@ impl Context {
                 return;
             }
         }
+        if to == self.rank() {
+            self.loopback.push_back(p);
+            return;
+        }
         if let Some(ch) = &mut self.channel {
             self.stats.packets_sent += 1;
             ch(to, &p.to_vec());
-            return;
-        }
-        if to == self.rank() {
-            self.loopback.push_back(p);
             return;
         }
         self.stats.packets_sent += 1;

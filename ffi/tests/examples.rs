@@ -1,0 +1,173 @@
+//! The C examples, compiled with the system C compiler against `include/gpulmt.h` and
+//! the cdylib this `cargo test` built, and run on sim devices:
+//! - `examples/host.c`: a host that drives the LMT plugin ABI over its own socketpair,
+//!   through every protocol, with the protocol counts checked against the policy, and
+//!   with a peer that leaves mid-transfer;
+//! - `examples/pingpong.c`: the plain endpoint API under `gpulmt-run -n 2`, host and
+//!   device buffers.
+//!
+//! Needs `cc` (or `$CC`) and the launcher: run `cargo build --workspace` first.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use gpulmt_tests::{expected_pingpong, expected_protocol, job_lock, sizes, target_profile_dir, Job, JobOutput, Mem, Setup};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("ffi/ is inside the workspace").to_path_buf()
+}
+
+/// The directory of the cdylib this `cargo test` built. `cargo build` copies it up to
+/// `target/<profile>/`, `cargo test` leaves it in `deps/`: link against `deps/` so the
+/// examples always run against the library under test.
+fn lib_dir() -> PathBuf {
+    let deps = target_profile_dir().join("deps");
+    assert!(
+        deps.join("libgpulmt.so").is_file(),
+        "{} is missing: build the C library with `cargo build -p gpulmt-ffi`",
+        deps.join("libgpulmt.so").display()
+    );
+    deps
+}
+
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// Compiles `source` (relative to the repository) with strict warnings into the
+/// scratch directory; `link` adds the library. Returns the output path.
+fn compile(source: &str, out_name: &str, extra: &[&str], link: bool) -> PathBuf {
+    let root = repo_root();
+    let dir = target_profile_dir().join("ffi-examples");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(out_name);
+    let mut cmd = Command::new(cc());
+    cmd.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1"])
+        .args(extra)
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg(root.join(source))
+        .arg("-o")
+        .arg(&out);
+    if link {
+        let lib = lib_dir();
+        cmd.arg("-L").arg(&lib).arg(format!("-Wl,-rpath,{}", lib.display())).arg("-lgpulmt");
+    }
+    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{}`: {e} (set CC)", cc()));
+    assert!(
+        o.status.success(),
+        "compiling {source} failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+/// Runs `cmd` with only the given `GPULMT_*` settings, killing it after `limit`.
+fn run_with_limit(mut cmd: Command, env: &[(&str, &str)], limit: Duration, what: String) -> JobOutput {
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    while child.try_wait().expect("wait for the example").is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("collect the example's output");
+    JobOutput {
+        what,
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: t0.elapsed(),
+    }
+}
+
+/// `examples/host.c`, compiled once for the tests that run it.
+fn host_example() -> &'static Path {
+    static HOST: OnceLock<PathBuf> = OnceLock::new();
+    HOST.get_or_init(|| compile("ffi/examples/host.c", "host", &["-std=c11"], true))
+}
+
+#[test]
+fn header_compiles_alone_as_c99_and_cxx() {
+    let dir = target_profile_dir().join("ffi-examples");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("header_only.c");
+    std::fs::write(&src, "#include <gpulmt.h>\nint main(void) { return GPULMT_SUCCESS; }\n").unwrap();
+    let src = src.to_str().unwrap();
+    compile(src, "header_only_c99", &["-std=c99"], false);
+    // C++ too, where a C++ compiler is installed.
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    if Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let o = Command::new(&cxx)
+            .args(["-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"])
+            .arg(repo_root().join("include"))
+            .arg(src)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "gpulmt.h does not compile as C++:\n{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+#[test]
+fn host_example_moves_device_buffers_through_every_protocol() {
+    let host = host_example();
+    for protocol in ["get", "put", "coop", "shm", "auto"] {
+        let _lock = job_lock();
+        let env = [("GPULMT_DEVICE", "sim"), ("GPULMT_PROTOCOL", protocol)];
+        let what = format!("GPULMT_DEVICE=sim GPULMT_PROTOCOL={protocol} {}", host.display());
+        let out = run_with_limit(Command::new(host), &env, Duration::from_secs(90), what);
+        out.assert_ok(2, &format!("host {protocol}")).assert_no_litter();
+        // Each rank received one message of each size, device to device, between the
+        // two peer-accessible sim devices.
+        let list = out.stdout.lines().find_map(|l| l.strip_prefix("sizes=")).expect("sizes= line");
+        let setup = Setup { protocol, ..Setup::default() };
+        for rank in 0..2 {
+            let mut want: gpulmt_tests::Counters = ["get", "put", "coop", "shm", "self"].map(|k| (k.to_string(), 0)).into();
+            for len in sizes(list) {
+                let p = expected_protocol(&setup, Mem::D, Mem::D, len).expect("every size is a rendezvous");
+                *want.get_mut(p).unwrap() += 1;
+            }
+            assert_eq!(out.protocols(rank), want, "rank {rank}: protocols\n{}", out.dump());
+        }
+    }
+}
+
+#[test]
+fn host_example_fails_transfers_with_a_departed_peer() {
+    let host = host_example();
+    let _lock = job_lock();
+    let what = format!("GPULMT_DEVICE=sim {} --peer-dies", host.display());
+    let mut cmd = Command::new(host);
+    cmd.arg("--peer-dies");
+    let out = run_with_limit(cmd, &[("GPULMT_DEVICE", "sim")], Duration::from_secs(90), what);
+    out.assert_ok(2, "host peer-dies").assert_no_litter();
+}
+
+#[test]
+fn pingpong_example_runs_under_the_launcher() {
+    let pingpong = compile("ffi/examples/pingpong.c", "pingpong", &["-std=c11"], true);
+    let list = "0,1,7,4095,4096,65537,4194304";
+    for (placement, mem) in [("host", Mem::H), ("device", Mem::D)] {
+        let mut args = vec![placement, "2"];
+        args.extend(list.split(','));
+        let out = Job::new(pingpong.to_str().unwrap(), 2, &args).run();
+        out.assert_ok(2, "pingpong");
+        // Two round trips per size.
+        let once = expected_pingpong(&Setup::default(), mem, mem, &sizes(list));
+        for (rank, want) in once.iter().enumerate() {
+            let want: gpulmt_tests::Counters = want.iter().map(|(k, v)| (k.clone(), 2 * v)).collect();
+            assert_eq!(out.protocols(rank), want, "rank {rank}: protocols ({placement})\n{}", out.dump());
+        }
+    }
+}
