@@ -39,6 +39,10 @@ checks() {
   one free_4ranks $bin/gpulmt-run -n 4 --timeout 120 -- $bin/gpulmt-check free --rounds 3 --fresh-open
   one cache_64_in_flight $run $bin/gpulmt-check cache
   for pl in "D D" "H D" "D H"; do one "truncate $pl" $run $bin/gpulmt-check truncate --placement "$pl"; done
+  if [ -x "$bin/c_host" ]; then
+    one c_abi_plugin_host_all_protocols $bin/c_host get put coop shm auto
+    one c_abi_endpoint_pingpong_device $run $bin/c_pingpong device 50 1 8 65536 4194304 67108864
+  fi
   $bin/gpulmt-run -n 2 --timeout 60 -- $bin/gpulmt-check die --when mid --how kill --placement "D D" > /tmp/chk.txt 2>&1
   grep -q survivor-ok /tmp/chk.txt && echo "peer_death_mid_transfer,ok" || { echo "peer_death_mid_transfer,FAIL"; tail -5 /tmp/chk.txt; }
 }
@@ -98,6 +102,10 @@ $run $bin/osu_bw -m 64K:256M --large-budget 2G --csv "$csv" --protocol shm D D
 for c in 512K 2M 4M; do
   GPULMT_CHUNK_SIZE=$c $run $bin/osu_bw -m 4M:256M --large-budget 2G --csv "$out/shm_chunk_$c.csv" --protocol shm D D
 done
+if [ -x "$bin/stencil2d" ]; then
+  log stencil2d
+  bash bench/gpu/stencil_h200x2.sh "$out" || echo "stencil experiment failed" >&2
+fi
 log correctness
 checks > "$out/check.csv"
 grep -c ',ok' "$out/check.csv"; grep FAIL "$out/check.csv" || echo "all checks ok"
