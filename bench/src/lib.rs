@@ -6,6 +6,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 
 pub mod pair;
+pub mod stencil;
 pub mod window;
 pub mod report;
 

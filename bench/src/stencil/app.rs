@@ -1,0 +1,634 @@
+//! The Stencil2D program: options, the time loop, the report and the check.
+//!
+//! The time loop runs `warmup + iters` steps in batches of `halo` steps, one halo
+//! exchange per batch; only the last `iters` steps are timed, each rank on its own
+//! clock between two barriers. The slowest rank's time per step is the result; the
+//! communication share is the time a rank spends in the exchange (posting, packing,
+//! staging copies, waiting, unpacking) over its total. In the overlap mode on CUDA
+//! the interior kernel runs during that time, so the share then measures
+//! communication that overlapped compute, and the gain shows as a shorter step.
+
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::mem::size_of;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use gpulmt::device::BackendKind;
+use gpulmt::{Context, Tag};
+
+use super::compute;
+use super::exchange::{Carrier, HaloExchange, PairwiseExchange, ProtocolTally};
+use super::grid::{Decomp, ProcGrid, Side};
+use super::kernel::{self, Real, Weights};
+use super::{Result, StencilError};
+
+/// How halos travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Device -> host copies, messages between host buffers, host -> device copies
+    /// (the seed's shared-memory baseline).
+    Staged,
+    /// After the kernel, messages between device buffers (gpulmt's copy engines).
+    InterK,
+    /// As inter-k, with the first step's interior computed while the halos move and
+    /// its boundary strips after.
+    InterKOverlap,
+    // The intra-kernel mode of the GIO issue goes here: a `HaloExchange` whose
+    // start/finish signal and wait, and a step in `run` that launches the fused kernel.
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Staged => "staged",
+            Mode::InterK => "inter-k",
+            Mode::InterKOverlap => "inter-k-overlap",
+        }
+    }
+
+    /// Whether compute runs between the start and the end of an exchange.
+    pub fn overlaps(self) -> bool {
+        self == Mode::InterKOverlap
+    }
+
+    /// The exchange of this mode for the block `d`.
+    fn exchange<T: Real>(self, ctx: &mut Context, d: &Decomp) -> Result<Box<dyn HaloExchange<T>>> {
+        let carrier = match self {
+            Mode::Staged => Carrier::HostStaged,
+            Mode::InterK | Mode::InterKOverlap => Carrier::Device,
+        };
+        Ok(Box::new(PairwiseExchange::<T>::new(ctx, d, carrier)?))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Precision {
+    Single,
+    Double,
+}
+
+/// Stencil2D (SHOC's 9-point stencil) with halo exchange over gpulmt.
+///
+/// Run: `gpulmt-run -n 4 target/release/stencil2d --size 4096 --halo 1 --mode inter-k`.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "stencil2d", version)]
+pub struct StencilOptions {
+    /// Interior points per rank, N x N (weak scaling).
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// Global interior N x N split over the ranks instead (strong scaling).
+    #[arg(long, conflicts_with = "size")]
+    pub global: Option<usize>,
+    #[arg(long, value_enum, default_value_t = Precision::Single)]
+    pub precision: Precision,
+    /// Ghost layers = steps between halo exchanges.
+    #[arg(long, default_value_t = 1)]
+    pub halo: usize,
+    /// Timed steps.
+    #[arg(long, default_value_t = 1000)]
+    pub iters: usize,
+    /// Untimed steps first, rounded up to whole exchanges (default: one exchange's
+    /// worth, which opens the peer mappings and warms the kernels).
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    #[arg(long, value_enum, default_value_t = Mode::InterK)]
+    pub mode: Mode,
+    /// Process grid ROWSxCOLS (default: as square as the rank count allows, rows >= cols).
+    #[arg(long, value_parser = ProcGrid::parse)]
+    pub grid: Option<ProcGrid>,
+    #[arg(long, default_value_t = 0.25)]
+    pub weight_center: f64,
+    #[arg(long, default_value_t = 0.15)]
+    pub weight_cardinal: f64,
+    #[arg(long, default_value_t = 0.05)]
+    pub weight_diagonal: f64,
+    /// Compare with the single-rank CPU reference; exit 1 above the tolerance.
+    #[arg(long)]
+    pub check: bool,
+    /// CUDA: let NVRTC contract multiply-adds into FMAs. Faster arithmetic, but the
+    /// results are no longer bit-identical to the CPU: --check then allows a relative
+    /// error of 4 unit roundoffs per step.
+    #[arg(long)]
+    pub fmad: bool,
+    /// Append rows `bench,mode,precision,ranks,size,halo,metric,value`.
+    #[arg(long)]
+    pub csv: Option<String>,
+    /// Force a rendezvous protocol (sets GPULMT_PROTOCOL): auto, get, put, coop, shm.
+    #[arg(long)]
+    pub protocol: Option<String>,
+    /// Testing the check: add 1 to one interior value of this rank before the check.
+    #[arg(long, hide = true)]
+    pub corrupt_rank: Option<u32>,
+}
+
+/// Tags of the report and check messages, apart from the halo tags.
+const REPORT_LEN_TAG: Tag = 200;
+const REPORT_TAG: Tag = 201;
+const FIELD_TAG: Tag = 202;
+
+/// Floating-point operations per point and step, counted as SHOC does for the
+/// 9-point stencil: 3 multiplications and 8 additions.
+const FLOPS_PER_POINT: f64 = 11.0;
+
+/// The program: returns the exit status (0; 1 on failure or a failed check; 2 when
+/// the options describe a problem that cannot run).
+pub fn main() -> i32 {
+    let o = StencilOptions::parse();
+    if let Some(p) = &o.protocol {
+        // SAFETY: called at start-up, before any thread exists.
+        unsafe { std::env::set_var("GPULMT_PROTOCOL", p) };
+    }
+    let mut ctx = match Context::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("stencil2d: init: {e}");
+            return 1;
+        }
+    };
+    let outcome = match o.precision {
+        Precision::Single => run::<f32>(&mut ctx, &o),
+        Precision::Double => run::<f64>(&mut ctx, &o),
+    };
+    match outcome {
+        Ok(passed) => {
+            if let Err(e) = ctx.finalize() {
+                eprintln!("stencil2d: finalize: {e}");
+                return 1;
+            }
+            i32::from(!passed)
+        }
+        Err(e) => {
+            // Dropping the context marks this rank failed, so peers stop waiting.
+            eprintln!("stencil2d: rank {}: {e}", ctx.rank());
+            if matches!(e, StencilError::Config(_)) {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}
+
+/// What one rank measured and saw, sent to rank 0 for the report.
+#[derive(Clone, Debug, PartialEq)]
+struct RankReport {
+    device: u32,
+    elapsed: f64,
+    exchange: f64,
+    exchanges: u64,
+    tally: ProtocolTally,
+}
+
+impl RankReport {
+    fn encode(&self) -> String {
+        format!("{} {} {} {} {}", self.device, self.elapsed, self.exchange, self.exchanges, self.tally.encode())
+    }
+
+    fn decode(s: &str) -> Option<RankReport> {
+        let mut f = s.splitn(5, ' ');
+        Some(RankReport {
+            device: f.next()?.parse().ok()?,
+            elapsed: f.next()?.parse().ok()?,
+            exchange: f.next()?.parse().ok()?,
+            exchanges: f.next()?.parse().ok()?,
+            tally: ProtocolTally::decode(f.next().unwrap_or(""))?,
+        })
+    }
+}
+
+/// Runs the benchmark on this rank; returns whether the check (if any) passed.
+pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
+    let grid = o.grid.unwrap_or_else(|| ProcGrid::squarest(ctx.size()));
+    if grid.size() != ctx.size() {
+        return Err(StencilError::Config(format!("the {grid} grid needs {} ranks, the job has {}", grid.size(), ctx.size())));
+    }
+    if o.iters == 0 {
+        return Err(StencilError::Config("--iters must be at least 1".into()));
+    }
+    let global = match o.global {
+        Some(n) => (n, n),
+        None => (grid.rows as usize * o.size, grid.cols as usize * o.size),
+    };
+    let d = Decomp::new(grid, ctx.rank(), global, o.halo).map_err(StencilError::Config)?;
+    let weights = Weights::<T>::new(o.weight_center, o.weight_cardinal, o.weight_diagonal);
+    let mut dev = compute::for_context::<T>(ctx, weights, o.fmad)?;
+    let dev = dev.as_mut();
+
+    let bytes = d.len() * size_of::<T>();
+    let fields = [ctx.mem_alloc(bytes)?, ctx.mem_alloc(bytes)?];
+    // Both arrays start alike: the fixed boundary must be in each.
+    let init = kernel::initial_field::<T>(&d);
+    for f in fields {
+        ctx.copy_sync(f, init.as_ptr() as usize, bytes)?;
+    }
+    drop(init);
+    let mut ex = o.mode.exchange::<T>(ctx, &d)?;
+
+    let h = d.halo;
+    // Whole batches, so that the timed part starts with an exchange.
+    let warmup = o.warmup.unwrap_or(h).next_multiple_of(h);
+    let steps = warmup + o.iters;
+    let (pitch, inner, strips) = (d.pitch(), d.inner_region(), d.boundary_strips());
+    let mut cur = 0;
+    let mut step = 0;
+    let mut t0 = Instant::now();
+    let mut in_exchange = Duration::ZERO;
+    let mut exchanges = 0u64;
+    while step < steps {
+        if step == warmup {
+            ctx.barrier()?;
+            t0 = Instant::now();
+            in_exchange = Duration::ZERO;
+            exchanges = 0;
+        }
+        let batch = h.min(steps - step);
+        let (src, dst) = (fields[cur], fields[1 - cur]);
+        let t = Instant::now();
+        ex.start(ctx, dev, src)?;
+        if o.mode.overlaps() {
+            let posting = t.elapsed();
+            dev.stencil(src, dst, pitch, inner)?;
+            let t = Instant::now();
+            ex.finish(ctx, dev, src)?;
+            in_exchange += posting + t.elapsed();
+            for strip in &strips {
+                dev.stencil(src, dst, pitch, *strip)?;
+            }
+        } else {
+            ex.finish(ctx, dev, src)?;
+            in_exchange += t.elapsed();
+            dev.stencil(src, dst, pitch, d.step_region(0))?;
+        }
+        cur = 1 - cur;
+        for k in 1..batch {
+            dev.stencil(fields[cur], fields[1 - cur], pitch, d.step_region(k))?;
+            cur = 1 - cur;
+        }
+        // The next exchange sends what this batch wrote, through copy engines that do
+        // not wait for the compute queue.
+        dev.sync_compute()?;
+        exchanges += 1;
+        step += batch;
+    }
+    let elapsed = t0.elapsed();
+
+    let mine = RankReport {
+        device: ctx.device(),
+        elapsed: elapsed.as_secs_f64(),
+        exchange: in_exchange.as_secs_f64(),
+        exchanges,
+        tally: ex.tally().clone(),
+    };
+    let reports = gather_reports(ctx, &mine)?;
+    let setup = Setup { o, d: &d, ranks: ctx.size(), backend: ctx.backend_kind(), compute: dev.describe(), warmup, precision: T::NAME, elem_bytes: size_of::<T>() };
+    if let Some(reports) = &reports {
+        print!("{}", setup.report(reports));
+        setup.csv(reports);
+    }
+
+    let mut passed = true;
+    if o.check || o.corrupt_rank.is_some() {
+        if o.corrupt_rank == Some(ctx.rank()) {
+            corrupt::<T>(ctx, &d, fields[cur])?;
+        }
+        if let Some(err) = check::<T>(ctx, &d, fields[cur], &weights, steps)? {
+            let tolerance = setup.tolerance::<T>(steps);
+            passed = err.max_rel <= tolerance.0;
+            println!(
+                "check: {} max relative error {:e} over {} points, {} not bit-identical{} vs the single-rank CPU reference \
+                 (tolerance {:e}: {})",
+                if passed { "PASS" } else { "FAIL" },
+                err.max_rel,
+                err.points,
+                err.differing,
+                err.worst.map(|(i, j)| format!(", worst at ({i},{j})")).unwrap_or_default(),
+                tolerance.0,
+                tolerance.1
+            );
+            setup.csv_row("check_max_rel_err", err.max_rel);
+        }
+    }
+
+    ctx.mem_free(fields[0])?;
+    ctx.mem_free(fields[1])?;
+    ex.release(ctx)?;
+    ctx.mem_free_commit()?;
+    Ok(passed)
+}
+
+/// Rank 0 gets every rank's report (in rank order); the others get None.
+fn gather_reports(ctx: &mut Context, mine: &RankReport) -> Result<Option<Vec<RankReport>>> {
+    let text = mine.encode();
+    if ctx.rank() != 0 {
+        ctx.send(&(text.len() as u64).to_le_bytes(), 0, REPORT_LEN_TAG)?;
+        ctx.send(text.as_bytes(), 0, REPORT_TAG)?;
+        return Ok(None);
+    }
+    let mut all = vec![mine.clone()];
+    for r in 1..ctx.size() {
+        let mut len = [0u8; 8];
+        ctx.recv(&mut len, Some(r), Some(REPORT_LEN_TAG))?;
+        let mut buf = vec![0u8; u64::from_le_bytes(len) as usize];
+        ctx.recv(&mut buf, Some(r), Some(REPORT_TAG))?;
+        let report = std::str::from_utf8(&buf).ok().and_then(RankReport::decode);
+        all.push(report.ok_or_else(|| StencilError::Protocol(format!("rank {r} sent an unreadable report")))?);
+    }
+    Ok(Some(all))
+}
+
+/// The run's parameters, for the report.
+struct Setup<'a> {
+    o: &'a StencilOptions,
+    d: &'a Decomp,
+    ranks: u32,
+    backend: BackendKind,
+    compute: String,
+    warmup: usize,
+    precision: &'static str,
+    elem_bytes: usize,
+}
+
+impl Setup<'_> {
+    fn bench(&self) -> &'static str {
+        if self.o.global.is_some() {
+            "stencil2d-strong"
+        } else {
+            "stencil2d"
+        }
+    }
+
+    /// The CSV `size` column: points per rank side (weak) or global side (strong).
+    fn size(&self) -> usize {
+        self.o.global.unwrap_or(self.o.size)
+    }
+
+    /// The slowest rank's time per timed step, in seconds.
+    fn step_time(&self, reports: &[RankReport]) -> f64 {
+        reports.iter().map(|r| r.elapsed).fold(0.0, f64::max) / self.o.iters as f64
+    }
+
+    /// Mean and largest communication share over the ranks, in percent.
+    fn comm_share(reports: &[RankReport]) -> (f64, f64) {
+        let shares: Vec<f64> = reports.iter().map(|r| 100.0 * r.exchange / r.elapsed.max(f64::MIN_POSITIVE)).collect();
+        (shares.iter().sum::<f64>() / shares.len() as f64, shares.iter().copied().fold(0.0, f64::max))
+    }
+
+    fn gflops(&self, reports: &[RankReport]) -> f64 {
+        let points = (self.d.global.0 * self.d.global.1) as f64;
+        FLOPS_PER_POINT * points / self.step_time(reports) / 1e9
+    }
+
+    /// Halo receives per protocol label over all ranks and sides.
+    fn protocol_totals(reports: &[RankReport]) -> Vec<(String, u64)> {
+        let mut totals = std::collections::BTreeMap::<String, u64>::new();
+        for r in reports {
+            for side in Side::ALL {
+                for (p, n) in r.tally.side(side) {
+                    *totals.entry(p.clone()).or_default() += n;
+                }
+            }
+        }
+        totals.into_iter().collect()
+    }
+
+    /// The allowed relative error and why.
+    fn tolerance<T: Real>(&self, steps: usize) -> (f64, &'static str) {
+        if self.backend == BackendKind::Cuda && self.o.fmad {
+            // Each step rounds a contracted multiply-add once instead of twice per
+            // term; the differences add up at most linearly over the steps.
+            (4.0 * T::EPSILON * steps as f64, "FMA contraction (--fmad) rounds differently from the CPU, 4 unit roundoffs per step")
+        } else if self.backend == BackendKind::Cuda {
+            (0.0, "bit-identical: NVRTC --fmad=false rounds every operation like the CPU")
+        } else {
+            (0.0, "bit-identical: sim devices run the reference's own code")
+        }
+    }
+
+    fn report(&self, reports: &[RankReport]) -> String {
+        let (o, d) = (self.o, self.d);
+        let mut s = String::new();
+        let _ = writeln!(s, "# gpulmt Stencil2D (SHOC 9-point stencil) v{}", env!("CARGO_PKG_VERSION"));
+        let _ = writeln!(
+            s,
+            "# backend {}: {} | mode {} | precision {} | {} ranks as a {} grid | halo {}",
+            self.backend,
+            self.compute,
+            o.mode.name(),
+            self.precision,
+            self.ranks,
+            d.grid,
+            d.halo
+        );
+        let scaling = match o.global {
+            Some(_) => "strong scaling".to_string(),
+            None => format!("{0}x{0} per rank, weak scaling", o.size),
+        };
+        let _ = writeln!(
+            s,
+            "# global interior {}x{} ({scaling}) | {} timed steps after {} warm-up | weights {} {} {} | protocol {}",
+            d.global.0,
+            d.global.1,
+            o.iters,
+            self.warmup,
+            o.weight_center,
+            o.weight_cardinal,
+            o.weight_diagonal,
+            std::env::var("GPULMT_PROTOCOL").unwrap_or_else(|_| "auto".into())
+        );
+        let _ = writeln!(s, "# {:>4} {:>6} {:>22} {:>14} {:>14} {:>10}", "rank", "device", "block (offset)", "time/step us", "exchange us", "comm %");
+        for (r, rep) in reports.iter().enumerate() {
+            let b = Decomp::new(d.grid, r as u32, d.global, d.halo).expect("every rank built this block");
+            let block = format!("{}x{} ({},{})", b.local.0, b.local.1, b.offset.0, b.offset.1);
+            let _ = writeln!(
+                s,
+                "  {:>4} {:>6} {:>22} {:>14.2} {:>14.2} {:>10.1}",
+                r,
+                rep.device,
+                block,
+                1e6 * rep.elapsed / o.iters as f64,
+                1e6 * rep.exchange / rep.exchanges.max(1) as f64,
+                100.0 * rep.exchange / rep.elapsed.max(f64::MIN_POSITIVE)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# halo messages per neighbour pair: the protocol the receiver chose, counted over every exchange \
+             (warm-up included); a+b: the phase's two receives took both"
+        );
+        let _ = writeln!(s, "# {:>4} {:>4} {:>6} {:>8} {:>10}  protocol", "from", "to", "side", "devices", "bytes");
+        for (r, rep) in reports.iter().enumerate() {
+            let b = Decomp::new(d.grid, r as u32, d.global, d.halo).expect("every rank built this block");
+            for side in Side::ALL {
+                let Some(from) = b.neighbour(side) else { continue };
+                let _ = writeln!(
+                    s,
+                    "  {:>4} {:>4} {:>6} {:>8} {:>10}  {}",
+                    from,
+                    r,
+                    side.name(),
+                    format!("{}->{}", reports[from as usize].device, rep.device),
+                    b.message_len(side) * self.elem_bytes,
+                    rep.tally.describe(side)
+                );
+            }
+        }
+        let (mean, max) = Self::comm_share(reports);
+        let totals: Vec<String> = Self::protocol_totals(reports).iter().map(|(p, n)| format!("{p} x{n}")).collect();
+        let _ = writeln!(
+            s,
+            "summary: {:.2} us/step | comm share {:.1} % (max {:.1} %) | {:.2} GFLOP/s | {} exchanges/rank timed | halos {}",
+            1e6 * self.step_time(reports),
+            mean,
+            max,
+            self.gflops(reports),
+            reports[0].exchanges,
+            if totals.is_empty() { "none".to_string() } else { totals.join(", ") }
+        );
+        s
+    }
+
+    /// The CSV rows of the run (rank 0, with `--csv`).
+    fn csv(&self, reports: &[RankReport]) {
+        let (mean, max) = Self::comm_share(reports);
+        let exchange = reports.iter().map(|r| r.exchange / r.exchanges.max(1) as f64).sum::<f64>() / reports.len() as f64;
+        self.csv_row("time_per_iter_us", 1e6 * self.step_time(reports));
+        self.csv_row("comm_share_pct", mean);
+        self.csv_row("comm_share_max_pct", max);
+        self.csv_row("exchange_us", 1e6 * exchange);
+        self.csv_row("gflops", self.gflops(reports));
+        for (p, n) in Self::protocol_totals(reports) {
+            self.csv_row(&format!("halo_msgs_{p}"), n as f64);
+        }
+    }
+
+    /// Appends one row (header first when the file is new).
+    fn csv_row(&self, metric: &str, value: f64) {
+        let Some(path) = &self.o.csv else { return };
+        let fresh = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
+        let mut f = match OpenOptions::new().create(true).append(true).open(path) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("stencil2d: cannot write {path}: {e}");
+                return;
+            }
+        };
+        let mut row = String::new();
+        if fresh {
+            row.push_str("bench,mode,precision,ranks,size,halo,metric,value\n");
+        }
+        let _ = writeln!(
+            row,
+            "{},{},{},{},{},{},{metric},{value}",
+            self.bench(),
+            self.o.mode.name(),
+            self.precision,
+            self.ranks,
+            self.size(),
+            self.d.halo
+        );
+        if let Err(e) = f.write_all(row.as_bytes()) {
+            eprintln!("stencil2d: cannot write {path}: {e}");
+        }
+    }
+}
+
+/// How far a result is from the reference.
+struct CheckError {
+    max_rel: f64,
+    points: usize,
+    differing: usize,
+    /// Global coordinates of the largest relative error, if any value differs.
+    worst: Option<(usize, usize)>,
+}
+
+/// Copies a field's interior to the host.
+fn interior_of<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<Vec<T>> {
+    let mut all = vec![T::default(); d.len()];
+    ctx.copy_sync(all.as_mut_ptr() as usize, field, d.len() * size_of::<T>())?;
+    Ok(d.extract_interior(&all))
+}
+
+/// Gathers the result to rank 0 and compares it with the CPU reference there
+/// (`steps` steps); None on the other ranks.
+fn check<T: Real>(ctx: &mut Context, d: &Decomp, field: usize, w: &Weights<T>, steps: usize) -> Result<Option<CheckError>> {
+    let mine = interior_of::<T>(ctx, d, field)?;
+    let as_bytes = |v: &[T]| {
+        // SAFETY: f32/f64 have no padding and every byte pattern is a valid u8.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+    };
+    if ctx.rank() != 0 {
+        ctx.send(as_bytes(&mine), 0, FIELD_TAG)?;
+        return Ok(None);
+    }
+    let (gr, gc) = d.global;
+    let mut result = vec![T::default(); gr * gc];
+    for r in 0..ctx.size() {
+        let b = Decomp::new(d.grid, r, d.global, d.halo).map_err(StencilError::Config)?;
+        let block = if r == 0 {
+            mine.clone()
+        } else {
+            let mut v = vec![T::default(); b.local.0 * b.local.1];
+            // SAFETY: as above; any bytes make valid f32/f64 values.
+            let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())) };
+            ctx.recv(buf, Some(r), Some(FIELD_TAG))?;
+            v
+        };
+        for (i, row) in block.chunks(b.local.1).enumerate() {
+            let at = (b.offset.0 + i) * gc + b.offset.1;
+            result[at..at + b.local.1].copy_from_slice(row);
+        }
+    }
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let want = kernel::reference::<T>(d.global, w, steps, threads);
+    let mut err = CheckError { max_rel: 0.0, points: want.len(), differing: 0, worst: None };
+    for (k, (got, want)) in result.iter().zip(&want).enumerate() {
+        if got.same_bits(*want) {
+            continue;
+        }
+        err.differing += 1;
+        let (g, w) = (got.to_f64(), want.to_f64());
+        let rel = (g - w).abs() / w.abs().max(f64::MIN_POSITIVE);
+        // NaN compares false: count it as infinitely wrong.
+        let rel = if rel.is_nan() { f64::INFINITY } else { rel };
+        if err.worst.is_none() || rel > err.max_rel {
+            err.max_rel = rel;
+            err.worst = Some((k / gc, k % gc));
+        }
+    }
+    Ok(Some(err))
+}
+
+/// Adds 1 to the first interior value of `field` (for testing the check).
+fn corrupt<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<()> {
+    let at = field + (d.halo * d.pitch() + d.halo) * size_of::<T>();
+    let mut v = T::default();
+    ctx.copy_sync(&mut v as *mut T as usize, at, size_of::<T>())?;
+    v = v + T::from_f64(1.0);
+    ctx.copy_sync(at, &v as *const T as usize, size_of::<T>())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::exchange::PROTOCOLS;
+    use super::*;
+
+    #[test]
+    fn reports_survive_the_text_form() {
+        let mut tally = ProtocolTally::default();
+        tally.record(&[Side::South], &[0; PROTOCOLS.len()], &[1, 0, 0, 0, 0]);
+        let r = RankReport { device: 1, elapsed: 0.25, exchange: 1e-3, exchanges: 7, tally };
+        assert_eq!(RankReport::decode(&r.encode()), Some(r.clone()));
+        let empty = RankReport { tally: ProtocolTally::default(), ..r };
+        assert_eq!(RankReport::decode(&empty.encode()), Some(empty));
+    }
+
+    #[test]
+    fn options_parse() {
+        let o = StencilOptions::try_parse_from(["stencil2d", "--mode", "inter-k-overlap", "--precision", "double", "--grid", "1x4"]).unwrap();
+        assert_eq!((o.mode, o.precision, o.grid), (Mode::InterKOverlap, Precision::Double, Some(ProcGrid { rows: 1, cols: 4 })));
+        assert!(StencilOptions::try_parse_from(["stencil2d", "--size", "8", "--global", "16"]).is_err());
+    }
+}
