@@ -124,14 +124,16 @@ fn host_example_moves_device_buffers_through_every_protocol() {
     let host = host_example();
     for protocol in ["get", "put", "coop", "shm", "auto"] {
         let _lock = job_lock();
-        let env = [("GPULMT_DEVICE", "sim"), ("GPULMT_PROTOCOL", protocol)];
-        let what = format!("GPULMT_DEVICE=sim GPULMT_PROTOCOL={protocol} {}", host.display());
+        // Both ranks send at once, so `auto`'s one-way PUT and COOPERATE rules may or may not apply
+        // depending on timing: keep `auto` to its deterministic part here.
+        let env = [("GPULMT_DEVICE", "sim"), ("GPULMT_PROTOCOL", protocol), ("GPULMT_PUT_MIN", "never"), ("GPULMT_COOP_MIN", "never")];
+        let what = format!("GPULMT_DEVICE=sim GPULMT_PROTOCOL={protocol} GPULMT_PUT_MIN=never GPULMT_COOP_MIN=never {}", host.display());
         let out = run_with_limit(Command::new(host), &env, Duration::from_secs(90), what);
         out.assert_ok(2, &format!("host {protocol}")).assert_no_litter();
         // Each rank received one message of each size, device to device, between the
         // two peer-accessible sim devices.
         let list = out.stdout.lines().find_map(|l| l.strip_prefix("sizes=")).expect("sizes= line");
-        let setup = Setup { protocol, ..Setup::default() };
+        let setup = Setup { protocol, put_min: u64::MAX, coop_min: u64::MAX, ..Setup::default() };
         for rank in 0..2 {
             let mut want: gpulmt_tests::Counters = ["get", "put", "coop", "shm", "self"].map(|k| (k.to_string(), 0)).into();
             for len in sizes(list) {

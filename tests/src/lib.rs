@@ -359,6 +359,8 @@ pub struct Setup<'a> {
     pub same_device: bool,
     /// GPULMT_COOP_MIN: `auto` cooperates from this size (one-way traffic).
     pub coop_min: u64,
+    /// GPULMT_PUT_MIN: below `coop_min`, `auto` pushes from this size (one-way traffic).
+    pub put_min: u64,
 }
 
 impl Default for Setup<'_> {
@@ -370,6 +372,7 @@ impl Default for Setup<'_> {
             peer_access: true,
             same_device: false,
             coop_min: 2 << 20,
+            put_min: 512 << 10,
         }
     }
 }
@@ -397,6 +400,7 @@ pub fn expected_protocol(s: &Setup, src: Mem, dst: Mem, len: u64) -> Option<&'st
     let split = (len * 500 / 1000) & !0xfff;
     Some(match s.protocol {
         "auto" if !s.same_device && len >= s.coop_min && split > 0 && split < len => "coop",
+        "auto" if !s.same_device && len >= s.put_min => "put",
         "get" | "auto" => "get",
         "put" => "put",
         "coop" if split == 0 || split >= len => "get",

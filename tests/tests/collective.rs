@@ -237,7 +237,7 @@ fn window_non_overtaking_and_shm_queueing() {
         let out = window("H H", same_tag, &[]);
         // Host sender: 7 of the 12 sizes are above the eager limit.
         assert_eq!(out.protocols(1)["shm"], 7, "{}", out.dump());
-        let out = window("D D", same_tag, &[("GPULMT_COOP_MIN", "never")]);
+        let out = window("D D", same_tag, &[("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never")]);
         // Device sender: every non-empty message is a rendezvous.
         assert_eq!(out.protocols(1)["get"], 10, "{}", out.dump());
         let out = window(

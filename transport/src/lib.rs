@@ -18,6 +18,7 @@ pub mod context;
 pub mod error;
 mod free;
 pub mod mapping;
+#[cfg(feature = "mpi")] pub mod mpi;
 pub mod plugin;
 pub mod progress;
 mod memtype;

@@ -1,0 +1,218 @@
+//! The PMPI shim under a real MPI launcher: `tests/c/p2p.c`, a plain MPI program
+//! compiled with `mpicc` (not linked against the shim), runs under
+//! `mpirun -np 2` and `-np 4` with `LD_PRELOAD=libgpulmt_mpi.so` on sim devices, and
+//! checks every byte and status itself (placements D->D, D->H, H->D, H->H at 1, 176,
+//! 4097 bytes, 1 MiB and 16 MiB, blocking and not; MPI_ANY_SOURCE; receives posted in
+//! another tag order than sent; non-overtaking between device and host messages;
+//! truncation; MPI_Sendrecv; MPI_Probe/MPI_Iprobe then MPI_Recv; MPI_Cancel;
+//! MPI_Request_free; MPI_Waitany/Waitsome/Testall/Testany/Testsome; self sends; a
+//! communicator with reordered ranks). These tests assert that every rank finished
+//! clean, which path the shim took (its counters), and that /dev/shm is clean after.
+//!
+//! Needs `mpicc` and `mpirun` (Open MPI; `.ci/run` installs them); without them the
+//! tests print why and pass without running anything.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use gpulmt_tests::{job_lock, shm_entries, target_profile_dir};
+
+/// Whether `mpicc` and `mpirun` are on PATH; prints why not.
+fn have_mpi() -> bool {
+    let missing: Vec<&str> = ["mpicc", "mpirun"]
+        .into_iter()
+        .filter(|t| !Command::new("sh").args(["-c", &format!("command -v {t}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success()))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "SKIPPED: {} not found on PATH: the PMPI shim tests need an MPI installation (apt-get install libopenmpi-dev openmpi-bin; .ci/run does)",
+            missing.join(" and ")
+        );
+        return false;
+    }
+    true
+}
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The shim this `cargo test` built (`cargo test` leaves the cdylib in `deps/`).
+fn shim_lib() -> PathBuf {
+    let lib = target_profile_dir().join("deps").join("libgpulmt_mpi.so");
+    assert!(lib.is_file(), "{} is missing: build it with `cargo build -p gpulmt-shim`", lib.display());
+    lib
+}
+
+/// `tests/c/p2p.c`, compiled once with mpicc and strict warnings.
+fn p2p() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = target_profile_dir().join("shim-tests");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("p2p");
+        let o = Command::new("mpicc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-I"])
+            .arg(crate_dir().join("include"))
+            .arg(crate_dir().join("tests/c/p2p.c"))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("run mpicc");
+        assert!(
+            o.status.success(),
+            "mpicc tests/c/p2p.c failed:\n{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    })
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    what: String,
+}
+
+impl Run {
+    fn dump(&self) -> String {
+        format!("{} exited with {:?}\n--- stdout\n{}--- stderr\n{}", self.what, self.code, self.stdout, self.stderr)
+    }
+
+    /// Sums counter `name` over the ranks' `rank R counters ...` lines.
+    fn counter(&self, name: &str) -> u64 {
+        self.stdout
+            .lines()
+            .filter(|l| l.contains(" counters "))
+            .flat_map(|l| l.split_whitespace())
+            .filter_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("counter {name}={v}")))
+            .sum()
+    }
+
+    fn assert_all_ok(&self, np: usize) {
+        assert_eq!(self.code, Some(0), "{}", self.dump());
+        for r in 0..np {
+            assert!(
+                self.stdout.lines().any(|l| l.starts_with(&format!("rank {r} ok checks="))),
+                "rank {r} did not finish clean\n{}",
+                self.dump()
+            );
+        }
+        assert!(!self.stderr.contains("FAIL"), "{}", self.dump());
+    }
+}
+
+/// Runs `prog args` under `mpirun -np N` with only the given GPULMT_* settings (plus
+/// GPULMT_DEVICE=sim), the shim preloaded if `preload`; kills it after 300 s.
+fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_") || k == "LD_PRELOAD") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut vars = vec![("GPULMT_DEVICE".to_string(), "sim".to_string())];
+    if preload {
+        vars.push(("LD_PRELOAD".into(), shim_lib().display().to_string()));
+    }
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    for (k, v) in &vars {
+        cmd.arg("-x").arg(format!("{k}={v}"));
+    }
+    cmd.arg(p2p()).args(args);
+    let what = format!("mpirun -np {np} {} p2p {}", vars.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), args.join(" "));
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start mpirun");
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().unwrap()));
+    let err = pipe(Box::new(child.stderr.take().unwrap()));
+    let t0 = Instant::now();
+    let mut term_sent = None;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for mpirun") {
+            break s;
+        }
+        match term_sent {
+            None if t0.elapsed() > Duration::from_secs(300) => {
+                // mpirun forwards SIGTERM to its ranks; SIGKILL would orphan them.
+                // SAFETY: signalling our own child process.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                term_sent = Some(Instant::now());
+            }
+            Some(t) if t.elapsed() > Duration::from_secs(20) => {
+                let _ = child.kill();
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let run = Run { code: status.code(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), what };
+    assert!(term_sent.is_none(), "timed out after 300 s\n{}", run.dump());
+    run
+}
+
+/// Runs the program and checks that it left no shared memory behind.
+fn clean_run(np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let before = shm_entries("gpulmt-");
+    let run = mpirun(np, true, env, args);
+    let left: Vec<String> = shm_entries("gpulmt-").into_iter().filter(|n| !before.contains(n)).collect();
+    assert!(left.is_empty(), "/dev/shm objects left behind: {left:?}\n{}", run.dump());
+    run
+}
+
+#[test]
+fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for (np, args) in [(2, &[][..]), (4, &["thread"][..])] {
+        let run = clean_run(np, &[], args);
+        run.assert_all_ok(np);
+        assert!(run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0, "no device message went through gpulmt\n{}", run.dump());
+        assert_eq!(run.counter("lmt_sends"), run.counter("lmt_recvs"), "{}", run.dump());
+        assert_eq!(run.counter("staged_sends"), 0, "device sends within a node were staged\n{}", run.dump());
+    }
+}
+
+#[test]
+fn device_buffers_staged_through_host_memory_keep_mpi_semantics() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    // Every device message below 1 GiB is staged: the path of device buffers sent to
+    // ranks on other nodes.
+    for np in [2, 4] {
+        let run = clean_run(np, &[("GPULMT_MPI_LMT_MIN", "1G")], &[]);
+        run.assert_all_ok(np);
+        assert_eq!(run.counter("lmt_sends"), 0, "{}", run.dump());
+        assert!(run.counter("staged_sends") > 0 && run.counter("staged_recvs") > 0, "{}", run.dump());
+    }
+}
+
+#[test]
+fn the_program_runs_only_with_the_shim_active() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    // Not preloaded, or preloaded and switched off: the program sees no shim and stops.
+    for (preload, env) in [(false, &[][..]), (true, &[("GPULMT_MPI_DISABLE", "1")][..])] {
+        let run = mpirun(2, preload, env, &[]);
+        assert_ne!(run.code, Some(0), "{}", run.dump());
+        assert!(run.stderr.contains("the gpulmt shim is not active"), "{}", run.dump());
+    }
+}
