@@ -42,6 +42,27 @@ fn alltoall_4_ranks_any_source_mixed_sizes_and_memories() {
     );
 }
 
+/// More devices and ranks than the 2-GPU host has, with a mixed peer topology (pairs
+/// of devices peer-accessible, other pairs not): every pair of ranks exchanges, and
+/// both the peer (GET/PUT/COOPERATE) and the staged (SHM) paths carry messages.
+#[test]
+fn alltoall_on_8_and_4_sim_devices_with_mixed_topologies() {
+    for (n, peers) in [(8u64, "0-1,2-3,4-5,6-7"), (4, "0-1,1-2")] {
+        let devices = n.to_string();
+        let out = Job::new(CHECK, n as usize, &["alltoall", "--iters", "4"])
+            .envs(&[("GPULMT_SIM_DEVICES", devices.as_str()), ("GPULMT_SIM_PEER", peers)])
+            .timeout_s(90)
+            .run();
+        out.assert_ok(n as usize, "alltoall");
+        for r in 0..n as usize {
+            assert_eq!(alltoall_received(&out, r), 4 * (n - 1), "rank {r}\n{}", out.dump());
+        }
+        let peer: u64 = ["get", "put", "coop"].iter().map(|k| sum(&out, n as usize, "protocols", k)).sum();
+        check(peer > 0, &out, "no GET/PUT/COOPERATE between peer-accessible devices");
+        check(sum(&out, n as usize, "protocols", "shm") > 0, &out, "no SHM between devices without peer access");
+    }
+}
+
 #[test]
 fn alltoall_with_messages_to_self() {
     let out = Job::new(CHECK, 3, &["alltoall", "--iters", "4", "--include-self"])
