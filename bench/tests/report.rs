@@ -66,3 +66,49 @@ fn report_on_h200x2_run1() {
     let _ = fs::remove_dir_all(&dir);
     let _ = fs::remove_dir_all(&out);
 }
+
+#[test]
+fn report_on_h200x2_run4_stencil() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/h200x2/run4");
+    let dir = temp_dir("stencil-in");
+    copy_dir(&src, &dir);
+    // Only the inputs: outputs an earlier report left in run4 are not read.
+    for name in ["stencil_table.csv", "stencil_overlap.csv", "stencil.svg"] {
+        let _ = fs::remove_file(dir.join(name));
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_bench-report")).arg(&dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&o.stderr));
+
+    let table = fs::read_to_string(dir.join("stencil_table.csv")).unwrap();
+    let mut lines = table.lines();
+    assert_eq!(
+        lines.next(),
+        Some("precision,ranks,size,halo,staged_us,inter_k_us,overlap_us,inter_k_gain_pct,overlap_gain_pct")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    // 2 precisions x 2 job sizes (2, 4 ranks) x 3 sizes x 2 halos, each with a staged row.
+    assert_eq!(rows.len(), 24);
+    assert!(rows.iter().all(|r| r.len() == 9 && r.iter().all(|c| !c.is_empty())));
+    let r = rows.iter().find(|r| r[..4] == ["single", "2", "2048", "1"]).unwrap();
+    let (staged, ik, gain): (f64, f64, f64) = (r[4].parse().unwrap(), r[5].parse().unwrap(), r[7].parse().unwrap());
+    assert!((gain - (staged - ik) / staged * 100.0).abs() < 0.01);
+
+    let overlap = fs::read_to_string(dir.join("stencil_overlap.csv")).unwrap();
+    let mut lines = overlap.lines();
+    assert_eq!(
+        lines.next(),
+        Some("precision,size,halo,compute_us,inter_k_us,overlap_us,hidden_pct,overlap_vs_compute")
+    );
+    // The 1-rank (compute alone) rows: 4096, both precisions, halo 1 and 4.
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 4);
+    assert!(rows.iter().all(|r| r.len() == 8 && r[1] == "4096"));
+
+    let svg = fs::read_to_string(dir.join("stencil.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("single precision, halo 1"));
+    assert!(stdout.contains("### Stencil2D") && stdout.contains("4.7 %") && stdout.contains("2.3 %"), "{stdout}");
+    // No gpulmt.csv in run4: no point-to-point outputs.
+    assert!(!dir.join("summary.csv").exists());
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -3,7 +3,10 @@
 //! Reads gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv and (when present)
 //! split.csv from DIR; writes summary.csv, protocols.csv, latency.svg,
 //! bandwidth.svg and bibw.svg into --out (default DIR); prints a Markdown table of
-//! the key points to stdout. See `gpulmt_bench::report`.
+//! the key points to stdout. Where DIR has stencil.csv, also writes
+//! stencil_table.csv, stencil_overlap.csv and stencil.svg and prints a Markdown
+//! section on them (DIR may hold stencil.csv without gpulmt.csv). See
+//! `gpulmt_bench::report`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +16,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "bench-report", about = "Summary CSVs, SVG plots and a key-point table from a results directory")]
 struct Args {
-    /// Results directory (gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv, split.csv)
+    /// Results directory (gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv, split.csv, stencil.csv)
     dir: PathBuf,
     /// Where to write the outputs (default: DIR)
     #[arg(long)]
@@ -29,6 +32,12 @@ fn main() -> ExitCode {
                 eprintln!("wrote {}", f.display());
             }
             print!("{}", o.table);
+            if let Some(stencil) = &o.stencil {
+                if !o.table.is_empty() {
+                    println!();
+                }
+                print!("{stencil}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

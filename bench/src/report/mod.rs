@@ -1,7 +1,11 @@
 //! `bench-report`: turns one results directory (what `bench/gpu/run_h200x2.sh` leaves:
 //! gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv, optional split.csv) into
 //! summary.csv (each gpulmt point beside its anchor), protocols.csv (osu_bw per
-//! protocol), three SVG plots and a short Markdown table of the key points.
+//! protocol), three SVG plots and a short Markdown table of the key points; and,
+//! where the directory has a stencil.csv (what `bench/gpu/stencil_h200x2.sh` leaves),
+//! stencil_table.csv, stencil_overlap.csv, stencil.svg and a Markdown section on them
+//! (see [`stencil`]). A directory may hold stencil.csv alone: then only the stencil
+//! outputs are written.
 //!
 //! Parsing is lenient on purpose: the anchor files can hold lines that are not CSV
 //! rows (notes a tool printed), so any line that does not parse as a row of the
@@ -12,6 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub mod plot;
+pub mod stencil;
 pub mod summary;
 pub mod table;
 
@@ -46,8 +51,27 @@ pub struct Parsed<T> {
     pub skipped: usize,
 }
 
+/// One Stencil2D measurement: a row of stencil.csv.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StencilRow {
+    pub bench: String,
+    /// `staged`, `inter-k` or `inter-k-overlap`.
+    pub mode: String,
+    /// `single` or `double`.
+    pub precision: String,
+    pub ranks: u32,
+    /// Grid points per rank side (weak scaling) or the global side (strong).
+    pub size: u64,
+    /// Ghost layers: steps between exchanges.
+    pub halo: u32,
+    /// `time_per_iter_us`, `comm_share_pct`, ...
+    pub metric: String,
+    pub value: f64,
+}
+
 pub const POINTS_HEADER: &str = "bench,placement,protocol,bytes,metric,value";
 pub const ANCHORS_HEADER: &str = "anchor,metric,bytes,value";
+pub const STENCIL_HEADER: &str = "bench,mode,precision,ranks,size,halo,metric,value";
 
 fn fields(line: &str) -> Vec<&str> {
     line.split(',').map(str::trim).collect()
@@ -100,6 +124,25 @@ pub fn parse_anchors(text: &str) -> Parsed<Anchor> {
             metric: f[1].to_string(),
             bytes: f[2].parse().ok()?,
             value: number(f[3])?,
+        })
+    })
+}
+
+/// Parses stencil.csv text: `bench,mode,precision,ranks,size,halo,metric,value`.
+pub fn parse_stencil(text: &str) -> Parsed<StencilRow> {
+    parse_lines(text, STENCIL_HEADER, |f| {
+        if f.len() != 8 || f[..3].iter().chain(&f[6..7]).any(|s| s.is_empty()) {
+            return None;
+        }
+        Some(StencilRow {
+            bench: f[0].to_string(),
+            mode: f[1].to_string(),
+            precision: f[2].to_string(),
+            ranks: f[3].parse().ok()?,
+            size: f[4].parse().ok()?,
+            halo: f[5].parse().ok()?,
+            metric: f[6].to_string(),
+            value: number(f[7])?,
         })
     })
 }
@@ -159,10 +202,13 @@ impl Anchors {
 /// Everything read from one results directory.
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
+    /// gpulmt.csv; empty only where the directory has stencil.csv and no gpulmt.csv.
     pub points: Vec<Point>,
     /// split.csv, when the directory has one.
     pub split: Option<Vec<Point>>,
     pub anchors: Anchors,
+    /// stencil.csv, when the directory has one.
+    pub stencil: Option<Vec<StencilRow>>,
     /// A name for titles: the last two components of the directory.
     pub source: String,
 }
@@ -205,11 +251,30 @@ fn source_name(dir: &Path) -> String {
     parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
-/// Reads a results directory. gpulmt.csv must be there; a missing anchor file only
-/// leaves its anchors out (with a note on stderr).
+/// Reads a results directory. gpulmt.csv must be there unless stencil.csv is (which
+/// then must have rows); a missing anchor file only leaves its anchors out (with a
+/// note on stderr).
 pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
+    let stencil_path = dir.join("stencil.csv");
+    let stencil = match read_optional(&stencil_path)? {
+        Some(t) => {
+            let p = parse_stencil(&t);
+            note_skipped(&stencil_path, p.skipped);
+            if p.rows.is_empty() {
+                return Err(ReportError(format!("{}: no stencil rows", stencil_path.display())));
+            }
+            Some(p.rows)
+        }
+        None => None,
+    };
     let gp = dir.join("gpulmt.csv");
-    let text = fs::read_to_string(&gp).map_err(|e| ReportError(format!("{}: {e}", gp.display())))?;
+    let Some(text) = read_optional(&gp)? else {
+        if let Some(stencil) = stencil {
+            eprintln!("bench-report: {} not found: stencil outputs only", gp.display());
+            return Ok(Inputs { stencil: Some(stencil), source: source_name(dir), ..Default::default() });
+        }
+        return Err(ReportError(format!("{}: not found (and no stencil.csv)", gp.display())));
+    };
     let points = parse_points(&text);
     note_skipped(&gp, points.skipped);
     if points.rows.is_empty() {
@@ -233,19 +298,23 @@ pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
         note_skipped(&split_path, p.skipped);
         p.rows
     });
-    Ok(Inputs { points: points.rows, split, anchors, source: source_name(dir) })
+    Ok(Inputs { points: points.rows, split, anchors, stencil, source: source_name(dir) })
 }
 
 /// What one run wrote.
 #[derive(Clone, Debug)]
 pub struct Outputs {
     pub files: Vec<PathBuf>,
-    /// The Markdown table of key points.
+    /// The Markdown table of key points; empty without gpulmt.csv.
     pub table: String,
+    /// The Markdown section on stencil.csv, when the directory has one.
+    pub stencil: Option<String>,
 }
 
 /// Reads `dir`, writes summary.csv, protocols.csv, latency.svg, bandwidth.svg and
-/// bibw.svg into `out` (created when missing) and returns the Markdown table.
+/// bibw.svg (when it has gpulmt.csv) and stencil_table.csv, stencil_overlap.csv and
+/// stencil.svg (when it has stencil.csv) into `out` (created when missing) and
+/// returns the Markdown.
 pub fn run(dir: &Path, out: &Path) -> Result<Outputs, ReportError> {
     let inputs = load(dir)?;
     fs::create_dir_all(out).map_err(|e| ReportError(format!("{}: {e}", out.display())))?;
@@ -254,16 +323,30 @@ pub fn run(dir: &Path, out: &Path) -> Result<Outputs, ReportError> {
         fs::write(&path, text).map_err(|e| ReportError(format!("{}: {e}", path.display())))?;
         Ok(path)
     };
-    let rows = summarize(&inputs.points, &inputs.anchors);
-    let protos = protocol_table(&inputs.points, inputs.split.as_deref());
-    let mut files = vec![
-        write("summary.csv", summary::summary_csv(&rows))?,
-        write("protocols.csv", summary::protocols_csv(&protos))?,
-    ];
-    for (name, svg) in plot::all(&inputs)? {
-        files.push(write(name, svg)?);
+    let mut files = Vec::new();
+    let mut table = String::new();
+    if !inputs.points.is_empty() {
+        let rows = summarize(&inputs.points, &inputs.anchors);
+        let protos = protocol_table(&inputs.points, inputs.split.as_deref());
+        files.push(write("summary.csv", summary::summary_csv(&rows))?);
+        files.push(write("protocols.csv", summary::protocols_csv(&protos))?);
+        for (name, svg) in plot::all(&inputs)? {
+            files.push(write(name, svg)?);
+        }
+        table = table::markdown(&rows);
     }
-    Ok(Outputs { files, table: table::markdown(&rows) })
+    let stencil = match &inputs.stencil {
+        Some(rows) => {
+            let gains = stencil::gain_table(rows);
+            let overlap = stencil::overlap_table(rows);
+            files.push(write("stencil_table.csv", stencil::table_csv(&gains))?);
+            files.push(write("stencil_overlap.csv", stencil::overlap_csv(&overlap))?);
+            files.push(write("stencil.svg", plot::render(&plot::stencil_plot(rows, &inputs.source))?)?);
+            Some(stencil::markdown(&gains, &overlap))
+        }
+        None => None,
+    };
+    Ok(Outputs { files, table, stencil })
 }
 
 #[cfg(test)]
@@ -317,5 +400,30 @@ mod tests {
         assert_eq!(a.exact("staged_mpi", "half_rtt_us", 16), None);
         assert_eq!(a.exact("staged_mpi", "GBps", 8), Some(0.001));
         assert_eq!(a.series("staged_mpi", "GBps"), vec![(8, 0.001)]);
+    }
+
+    #[test]
+    fn stencil_rows_parse_and_bad_lines_are_skipped() {
+        let p = parse_stencil(
+            "bench,mode,precision,ranks,size,halo,metric,value\n\
+             stencil2d,inter-k-overlap,single,2,4096,1,time_per_iter_us,84.61222\n\
+             stencil2d,staged,single,two,4096,1,time_per_iter_us,1\n\
+             stencil2d,staged,single,2,4096,1,,1\n\
+             stencil2d,staged,single,2,4096,1,time_per_iter_us\n",
+        );
+        assert_eq!(p.skipped, 3);
+        assert_eq!(
+            p.rows,
+            [StencilRow {
+                bench: "stencil2d".into(),
+                mode: "inter-k-overlap".into(),
+                precision: "single".into(),
+                ranks: 2,
+                size: 4096,
+                halo: 1,
+                metric: "time_per_iter_us".into(),
+                value: 84.61222
+            }]
+        );
     }
 }

@@ -1,15 +1,17 @@
-//! The SVG plots: latency.svg (log-log), bandwidth.svg and bibw.svg (log x, GB/s).
+//! The SVG plots: latency.svg (log-log), bandwidth.svg and bibw.svg (log x, GB/s),
+//! and stencil.svg (Stencil2D time per iteration against grid size, log-log).
 //!
-//! The x axis is log2(bytes) on a linear axis, labelled in binary units, so ticks
-//! fall on powers of two. gpulmt's own series are solid lines with markers; anchors
-//! are dashed. Anchors are clipped to the sizes gpulmt's series cover. Text is left
+//! The x axis is log2(x) on a linear axis, labelled in binary units (bytes) or as
+//! plain numbers (grid sides), so ticks fall on powers of two. gpulmt's own series
+//! are solid (or dashed) lines with markers; anchors are dashed. Anchors are clipped to the sizes gpulmt's series cover. Text is left
 //! to the SVG viewer's sans-serif font (plotters is built without font support).
 
 use plotters::coord::ranged1d::{AsRangedCoord, Ranged, ValueFormatter};
 use plotters::prelude::*;
 
+use super::stencil::{INTER_K, OVERLAP, STAGED, TIME};
 use super::table::human_bytes;
-use super::{Inputs, Point, ReportError};
+use super::{Inputs, Point, ReportError, StencilRow};
 
 const WIDTH: u32 = 1100;
 const HEIGHT: u32 = 700;
@@ -18,6 +20,8 @@ const HEIGHT: u32 = 700;
 pub enum Kind {
     /// A gpulmt series: solid line with markers.
     Ours,
+    /// A second gpulmt series of the same colour: dashed line with markers.
+    OursDashed,
     /// A reference: dashed line.
     Anchor,
     /// A single reference point: a large marker.
@@ -29,13 +33,58 @@ pub struct Series {
     pub label: String,
     pub kind: Kind,
     pub color: RGBColor,
-    /// (bytes, y), bytes > 0, sorted by bytes.
+    /// (x, y), x > 0 (bytes, or a grid side), sorted by x.
     pub points: Vec<(u64, f64)>,
+}
+
+/// What the (log2) x axis counts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum XAxis {
+    /// Message size: ticks 1K, 1M, ..., points named 4 KiB.
+    Bytes,
+    /// Stencil2D grid side: ticks and points as plain numbers.
+    GridSide,
+}
+
+impl XAxis {
+    fn desc(self) -> &'static str {
+        match self {
+            XAxis::Bytes => "message size (bytes, log scale)",
+            XAxis::GridSide => "grid size N (N x N points per rank, log scale)",
+        }
+    }
+
+    /// A tick at log2(x) = v; empty between powers of two.
+    fn tick(self, v: f64) -> String {
+        let r = v.round();
+        if (v - r).abs() > 1e-6 || r < 0.0 {
+            return String::new();
+        }
+        let b = 1u64 << (r as u32).min(62);
+        match self {
+            XAxis::GridSide => b.to_string(),
+            XAxis::Bytes => match b {
+                b if b >= 1 << 30 => format!("{}G", b >> 30),
+                b if b >= 1 << 20 => format!("{}M", b >> 20),
+                b if b >= 1 << 10 => format!("{}K", b >> 10),
+                b => b.to_string(),
+            },
+        }
+    }
+
+    /// One x value in a legend label.
+    fn point(self, x: u64) -> String {
+        match self {
+            XAxis::Bytes => human_bytes(x),
+            XAxis::GridSide => x.to_string(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct Plot {
     pub title: String,
+    pub x: XAxis,
     pub y_desc: String,
     pub log_y: bool,
     pub series: Vec<Series>,
@@ -117,6 +166,7 @@ pub fn latency_plot(inputs: &Inputs) -> Plot {
     series.push(anchor(inputs, "ce_latency", "peer_us", "cudaMemcpyPeer latency (copy engine)", RED));
     Plot {
         title: format!("osu_latency, D D: gpulmt vs anchors ({})", inputs.source),
+        x: XAxis::Bytes,
         y_desc: "latency (us, log)".into(),
         log_y: true,
         series,
@@ -158,6 +208,7 @@ pub fn bandwidth_plot(inputs: &Inputs) -> Plot {
     series.push(anchor(inputs, "staged_mpi", "GBps", "MPI staged through host", RGBColor(188, 189, 34)));
     Plot {
         title: format!("osu_bw, D D: gpulmt vs anchors ({})", inputs.source),
+        x: XAxis::Bytes,
         y_desc: "bandwidth (GB/s = 10^9 B/s)".into(),
         log_y: false,
         series,
@@ -169,8 +220,65 @@ pub fn bibw_plot(inputs: &Inputs) -> Plot {
     series.push(anchor(inputs, "ce_peer_bi", "GBps", "cudaMemcpyPeer both ways (copy engine)", RED));
     Plot {
         title: format!("osu_bibw, D D: gpulmt vs anchors ({})", inputs.source),
+        x: XAxis::Bytes,
         y_desc: "bi-directional bandwidth (GB/s, both directions)".into(),
         log_y: false,
+        series,
+    }
+}
+
+fn mode_color(mode: &str) -> RGBColor {
+    match mode {
+        STAGED => RGBColor(127, 127, 127),
+        INTER_K => RGBColor(31, 119, 180),
+        OVERLAP => RGBColor(255, 127, 14),
+        _ => RGBColor(227, 119, 194),
+    }
+}
+
+/// The precision and halo stencil.svg shows.
+pub const STENCIL_PLOT: (&str, u32) = ("single", 1);
+
+/// stencil.svg: time per iteration against size, one series per (mode, ranks) at
+/// [`STENCIL_PLOT`]'s precision and halo. A colour per mode (staged, inter-k,
+/// inter-k-overlap, then others as they appear); the smallest multi-rank job solid,
+/// larger ones dashed; a 1-rank job measured at one size only (compute alone) is a
+/// single marker.
+pub fn stencil_plot(rows: &[StencilRow], source: &str) -> Plot {
+    let (precision, halo) = STENCIL_PLOT;
+    let rows: Vec<&StencilRow> =
+        rows.iter().filter(|r| r.metric == TIME && r.precision == precision && r.halo == halo && r.size > 0).collect();
+    let mut keys: Vec<(&str, u32)> = Vec::new();
+    for r in &rows {
+        if !keys.contains(&(r.mode.as_str(), r.ranks)) {
+            keys.push((&r.mode, r.ranks));
+        }
+    }
+    let rank = |m: &str| [STAGED, INTER_K, OVERLAP].iter().position(|q| *q == m).unwrap_or(9);
+    keys.sort_by_key(|&(m, n)| (n == 1, rank(m), n));
+    let first_multi = keys.iter().map(|k| k.1).filter(|&n| n > 1).min();
+    let series = keys
+        .into_iter()
+        .map(|(mode, ranks)| {
+            let mut points: Vec<(u64, f64)> =
+                rows.iter().filter(|r| r.mode == mode && r.ranks == ranks).map(|r| (r.size, r.value)).collect();
+            points.sort_by_key(|p| p.0);
+            points.dedup_by_key(|p| p.0);
+            let (label, kind) = if ranks == 1 {
+                let kind = if points.len() == 1 { Kind::AnchorPoint } else { Kind::Ours };
+                (format!("{mode}, 1 rank: compute alone"), kind)
+            } else {
+                let kind = if Some(ranks) == first_multi { Kind::Ours } else { Kind::OursDashed };
+                (format!("{mode}, {ranks} ranks"), kind)
+            };
+            Series { label, kind, color: mode_color(mode), points }
+        })
+        .collect();
+    Plot {
+        title: format!("Stencil2D, {precision} precision, halo {halo}: time per iteration ({source})"),
+        x: XAxis::GridSide,
+        y_desc: "time per iteration (us, log scale)".into(),
+        log_y: true,
         series,
     }
 }
@@ -191,8 +299,12 @@ fn lg(b: u64) -> f64 {
 /// Draws a plot into SVG text. Series are clipped to the sizes gpulmt's series
 /// cover; empty series are left out.
 pub fn render(plot: &Plot) -> Result<String, ReportError> {
-    let ours: Vec<u64> =
-        plot.series.iter().filter(|s| s.kind == Kind::Ours).flat_map(|s| s.points.iter().map(|p| p.0)).collect();
+    let ours: Vec<u64> = plot
+        .series
+        .iter()
+        .filter(|s| matches!(s.kind, Kind::Ours | Kind::OursDashed))
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
     let (lo, hi) = match (ours.iter().min(), ours.iter().max()) {
         (Some(&lo), Some(&hi)) => (lo, hi),
         _ => {
@@ -239,20 +351,6 @@ fn y_label(v: &f64) -> String {
     }
 }
 
-fn x_label(v: &f64) -> String {
-    let r = v.round();
-    if (v - r).abs() > 1e-6 || r < 0.0 {
-        return String::new();
-    }
-    let b = 1u64 << (r as u32).min(62);
-    match b {
-        b if b >= 1 << 30 => format!("{}G", b >> 30),
-        b if b >= 1 << 20 => format!("{}M", b >> 20),
-        b if b >= 1 << 10 => format!("{}K", b >> 10),
-        b => b.to_string(),
-    }
-}
-
 fn err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> ReportError + '_ {
     move |e| ReportError(format!("plot '{what}': {e:?}"))
 }
@@ -268,6 +366,8 @@ where
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(&e)?;
         let x_ticks = (x.end - x.start) as usize + 1;
+        let x_axis = plot.x;
+        let x_label = move |v: &f64| x_axis.tick(*v);
         let mut chart = ChartBuilder::on(&root)
             .caption(&plot.title, ("sans-serif", 24))
             .margin(16)
@@ -280,7 +380,7 @@ where
             .x_labels(x_ticks)
             .x_label_formatter(&x_label)
             .y_label_formatter(&y_label)
-            .x_desc("message size (bytes, log scale)")
+            .x_desc(plot.x.desc())
             .y_desc(plot.y_desc.as_str())
             .axis_desc_style(("sans-serif", 17))
             .label_style(("sans-serif", 14))
@@ -303,6 +403,19 @@ where
                                 + Circle::new((11, 0), 3, color.filled())
                         });
                 }
+                Kind::OursDashed => {
+                    chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(&e)?;
+                    chart
+                        .draw_series(DashedLineSeries::new(pts, 8, 5, color.stroke_width(2)))
+                        .map_err(&e)?
+                        .label(s.label.as_str())
+                        .legend(move |(x, y)| {
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (5, 0)], color.stroke_width(2))
+                                + PathElement::new(vec![(17, 0), (22, 0)], color.stroke_width(2))
+                                + Circle::new((11, 0), 3, color.filled())
+                        });
+                }
                 Kind::Anchor => {
                     chart
                         .draw_series(DashedLineSeries::new(pts, 8, 5, color.stroke_width(2)))
@@ -315,7 +428,7 @@ where
                         });
                 }
                 Kind::AnchorPoint => {
-                    let label = format!("{} ({} at {})", s.label, y_label(&s.points[0].1), human_bytes(s.points[0].0));
+                    let label = format!("{} ({} at {})", s.label, y_label(&s.points[0].1), plot.x.point(s.points[0].0));
                     chart
                         .draw_series(
                             pts.into_iter().map(|p| TriangleMarker::new(p, 9, color.filled())),
@@ -354,6 +467,7 @@ mod tests {
             )
             .rows,
             split: None,
+            stencil: None,
             anchors: Anchors::new(
                 parse_anchors("ce_latency,peer_us,8,7.8\nnccl,half_rtt_us,4,21.6\nnccl,half_rtt_us,1048576,27.9\nce_peer,GBps,1,0.0\nce_peer,GBps,1048576,213\n").rows,
             ),
@@ -370,5 +484,42 @@ mod tests {
         }
         // No osu_bibw points: still an (empty but labelled) plot.
         assert!(render(&bibw_plot(&inputs)).unwrap().contains("osu_bibw"));
+    }
+
+    #[test]
+    fn stencil_plot_has_a_series_per_mode_and_ranks_at_single_halo_1() {
+        let rows = super::super::parse_stencil(
+            "stencil2d,staged,single,2,2048,1,time_per_iter_us,53\n\
+             stencil2d,staged,single,2,4096,1,time_per_iter_us,113\n\
+             stencil2d,staged,single,2,4096,1,comm_share_pct,57\n\
+             stencil2d,inter-k,single,4,2048,1,time_per_iter_us,92\n\
+             stencil2d,inter-k,single,4,4096,1,time_per_iter_us,202\n\
+             stencil2d,inter-k,single,1,4096,1,time_per_iter_us,77.5\n\
+             stencil2d,inter-k,single,2,4096,4,time_per_iter_us,1\n\
+             stencil2d,inter-k,double,2,4096,1,time_per_iter_us,1\n",
+        )
+        .rows;
+        let p = stencil_plot(&rows, "t/run");
+        let got: Vec<_> = p.series.iter().map(|s| (s.label.as_str(), s.kind, s.points.clone())).collect();
+        assert_eq!(
+            got,
+            [
+                ("staged, 2 ranks", Kind::Ours, vec![(2048, 53.0), (4096, 113.0)]),
+                ("inter-k, 4 ranks", Kind::OursDashed, vec![(2048, 92.0), (4096, 202.0)]),
+                ("inter-k, 1 rank: compute alone", Kind::AnchorPoint, vec![(4096, 77.5)]),
+            ]
+        );
+        let svg = render(&p).unwrap();
+        for text in [
+            "Stencil2D, single precision, halo 1",
+            "time per iteration (us, log scale)",
+            "grid size N",
+            "staged, 2 ranks",
+            "inter-k, 4 ranks",
+            "compute alone (77.5 at 4096)",
+            ">\n2048\n<",
+        ] {
+            assert!(svg.contains(text), "stencil.svg lacks {text}");
+        }
     }
 }

@@ -124,7 +124,7 @@ fn fmt_value(metric: &str, v: f64) -> String {
     }
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+pub(super) fn opt(v: Option<f64>, digits: usize) -> String {
     v.map(|v| format!("{v:.digits$}")).unwrap_or_default()
 }
 

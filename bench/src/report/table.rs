@@ -19,7 +19,7 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 /// Three significant digits or so: 10.3, 318.2, 0.411, 1.056.
-fn num(v: f64) -> String {
+pub(super) fn num(v: f64) -> String {
     if v.abs() >= 100.0 {
         format!("{v:.1}")
     } else if v.abs() >= 10.0 {
