@@ -20,7 +20,7 @@ impl Pair {
     /// Joins the job and allocates buffers of the largest size; exits with a usage
     /// message when fewer than two ranks run.
     pub fn setup(o: &Options, name: &str) -> Pair {
-        let mut ctx = or_die(Context::init(), "init");
+        let mut ctx = or_die(join(), "init");
         if ctx.size() < 2 {
             eprintln!("{name} needs 2 ranks: gpulmt-run -n 2 {}", std::env::args().next().unwrap_or_default());
             std::process::exit(2);
@@ -41,6 +41,32 @@ impl Pair {
         or_die(rbuf.free(&mut ctx), "free");
         or_die(ctx.mem_free_commit(), "free commit");
         or_die(ctx.finalize(), "finalize");
+        // MPI_Finalize, if MPI started us: after gpulmt's finalize.
+        #[cfg(feature = "mpi")]
+        MPI.with(|m| drop(m.borrow_mut().take()));
         i32::from(failed)
     }
+}
+
+#[cfg(feature = "mpi")]
+thread_local! {
+    /// The MPI environment when an MPI launcher started this rank; dropping it
+    /// finalizes MPI.
+    static MPI: std::cell::RefCell<Option<gpulmt::mpi::rsmpi::environment::Universe>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Joins the job: through MPI (the node's ranks of `MPI_COMM_WORLD`) when built with
+/// the `mpi` feature and started by `mpirun` without `GPULMT_JOB`, else from the
+/// environment of `gpulmt-run`.
+fn join() -> gpulmt::Result<Context> {
+    #[cfg(feature = "mpi")]
+    if gpulmt::mpi::launched_by_mpi() {
+        let universe = gpulmt::mpi::rsmpi::initialize()
+            .ok_or_else(|| gpulmt::Error::Bootstrap("MPI was initialized already".into()))?;
+        let ctx = gpulmt::mpi::init_from_mpi(&universe.world());
+        MPI.with(|m| *m.borrow_mut() = Some(universe));
+        return ctx;
+    }
+    Context::init()
 }

@@ -712,7 +712,10 @@ impl Engine {
 
     fn on_cts(&mut self, from: Rank, msg: MsgId, mode: CtsMode, dst: Option<Region>, split: u64) {
         let Some(s) = self.sends.get_mut(&msg) else {
-            return self.violation(from, format!("CTS for unknown message {msg}"));
+            // Tell the receiver, whose request would otherwise wait for a DONE that
+            // never comes (the RTS it answers was not ours: forged or stale).
+            self.violation(from, format!("CTS for unknown message {msg}"));
+            return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToReceiver });
         };
         if s.to != from || s.proto.is_some() {
             return self.violation(from, format!("CTS for message {msg} not awaiting one"));

@@ -525,3 +525,16 @@ proptest! {
         prop_assert_eq!(got.len(), expected.len());
     }
 }
+
+#[test]
+fn cts_for_an_unknown_message_aborts_the_receiver() {
+    let mut w = World::new(2, 5, ProtocolOverride::Put, u64::MAX, 2, true);
+    w.engines[1].on_packet(0, Packet::Cts { msg: 77, mode: gpulmt_protocols::wire::CtsMode::Shm, dst: None, split: 0 });
+    let mut aborted = false;
+    while let Some(a) = w.engines[1].poll_action() {
+        if let Action::Send { to: 0, packet: Packet::Abort { msg: 77, dir: gpulmt_protocols::wire::Dir::ToReceiver, .. } } = a {
+            aborted = true;
+        }
+    }
+    assert!(aborted, "the receiver of a stray CTS must be told to give up");
+}

@@ -26,9 +26,9 @@
 //! - Completion (`MPI_Wait`, `MPI_Waitall`, `MPI_Waitany`, `MPI_Waitsome`, `MPI_Test`,
 //!   `MPI_Testall`, `MPI_Testany`, `MPI_Testsome`), `MPI_Probe`, `MPI_Iprobe` and
 //!   `MPI_Barrier` drive the shim's progress. The shim's non-blocking operations are
-//!   generalized requests, so `MPI_Cancel` (of unmatched receives), `MPI_Request_free`,
-//!   `MPI_Request_get_status` and `MPI_Get_count` work on them unmodified, and every
-//!   status carries the user's source, tag and byte count.
+//!   generalized requests, so `MPI_Cancel` (of unmatched receives), `MPI_Request_free`
+//!   and `MPI_Get_count` work on them unmodified, and every status carries the user's
+//!   source, tag and byte count. Their errors go to their communicator's handler.
 //!
 //! Extra C functions (`include/gpulmt_mpi.h`): `gpulmt_mpi_alloc` / `gpulmt_mpi_free`
 //! (device memory of the shim's gpulmt context: what makes the same program run on
@@ -220,11 +220,20 @@ enum SendPath {
 }
 
 fn send_path(s: &mut Shim, buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Result<SendPath, c_int> {
-    let (bytes, contiguous) = type_geometry(dt, count)?;
-    if bytes == 0 || !contiguous || !s.is_device(buf as usize, bytes) {
+    let mut size: c_int = 0;
+    // SAFETY: the user's datatype; an invalid one fails here and the MPI library
+    // reports it on the pass-through path.
+    if count <= 0 || unsafe { mpi_sys::PMPI_Type_size(dt, &mut size) } != SUCCESS || size <= 0 {
         return Ok(SendPath::Mpi);
     }
-    Ok(SendPath::Device(bytes))
+    let bytes = size as usize * count as usize;
+    if !s.is_device(buf as usize, bytes) {
+        return Ok(SendPath::Mpi);
+    }
+    match type_geometry(dt, count)? {
+        (bytes, true) => Ok(SendPath::Device(bytes)),
+        (_, false) => Ok(SendPath::Mpi),
+    }
 }
 
 type PmpiSend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm) -> c_int;
@@ -391,9 +400,8 @@ pub unsafe extern "C" fn MPI_Recv(
     }
     let posted = with(|s| s.post_recv(buf as usize, count, dt, source, tag, comm, false));
     let id = match posted {
-        None => return pass(),
-        // SAFETY: the user's communicator.
-        Some(Err(rc)) => return unsafe { raise(comm, rc) },
+        // Inactive, or arguments the MPI library rejects (and reports) itself.
+        None | Some(Err(_)) => return pass(),
         Some(Ok((id, _))) => id,
     };
     let d = wait_op(id);
@@ -422,9 +430,8 @@ pub unsafe extern "C" fn MPI_Irecv(
         return pass();
     }
     match with(|s| s.post_recv(buf as usize, count, dt, source, tag, comm, true)) {
-        None => pass(),
-        // SAFETY: the user's communicator.
-        Some(Err(rc)) => unsafe { raise(comm, rc) },
+        // Inactive, or arguments the MPI library rejects (and reports) itself.
+        None | Some(Err(_)) => pass(),
         Some(Ok((_, handle))) => {
             // SAFETY: the caller's out-pointer.
             unsafe { *request = handle };

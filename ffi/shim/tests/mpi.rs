@@ -1,6 +1,6 @@
 //! The PMPI shim under a real MPI launcher: `tests/c/p2p.c`, a plain MPI program
 //! compiled with `mpicc` (not linked against the shim), runs under
-//! `mpirun -np 2` and `-np 4` with `LD_PRELOAD=libgpulmt_mpi.so` on sim devices, and
+//! `mpirun -np 2`, `-np 3` and `-np 4` with `LD_PRELOAD=libgpulmt_mpi.so` on sim devices, and
 //! checks every byte and status itself (placements D->D, D->H, H->D, H->H at 1, 176,
 //! 4097 bytes, 1 MiB and 16 MiB, blocking and not; MPI_ANY_SOURCE; receives posted in
 //! another tag order than sent; non-overtaking between device and host messages;
@@ -178,7 +178,8 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
         return;
     }
     let _lock = job_lock();
-    for (np, args) in [(2, &[][..]), (4, &["thread"][..])] {
+    // 3 ranks: one rank without a partner in the pairwise parts.
+    for (np, args) in [(2, &[][..]), (3, &[][..]), (4, &["thread"][..])] {
         let run = clean_run(np, &[], args);
         run.assert_all_ok(np);
         assert!(run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0, "no device message went through gpulmt\n{}", run.dump());
