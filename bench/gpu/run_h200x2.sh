@@ -7,6 +7,8 @@
 #   bash bench/gpu/run_h200x2.sh [quick|full] [outdir]
 # Expects .gpu/bin/{gpulmt-run,osu_latency,osu_bw,osu_bibw,gpulmt-check} and
 # .gpu/tools/ (a copy of ../shared/device). Writes CSVs into outdir ($OUT by default).
+# The device tool brings back only 8 files of $OUT: give a scratch outdir and pack it,
+#   bash bench/gpu/run_h200x2.sh full /tmp/r; .gpu/bin/bench-report /tmp/r; tar czf $OUT/r.tgz -C /tmp/r .
 set -uo pipefail
 mode=${1:-full}
 out=${2:-${OUT:-/tmp/gpulmt-out}}
