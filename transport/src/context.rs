@@ -349,7 +349,7 @@ impl Context {
     }
 
     /// Classifies a user buffer, from the host-range cache when possible.
-    fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
+    pub(crate) fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
         if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
             return Ok(PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 });
         }

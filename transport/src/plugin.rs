@@ -117,7 +117,7 @@ impl Context {
 
     /// A buffer of an LMT transfer: device buffers are always exported.
     fn describe_for_lmt(&mut self, ptr: usize, len: usize) -> Result<(MemoryKind, BufDesc)> {
-        let info = self.backend.pointer_info(ptr)?;
+        let info = self.classify(ptr, len)?;
         Ok((info.kind, self.describe(info, ptr, len, true)?))
     }
 

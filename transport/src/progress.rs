@@ -216,19 +216,31 @@ impl Context {
     /// the ring slot (no intermediate buffer), or via the outbox when the ring is
     /// full or packets are already waiting for it.
     pub(crate) fn send_eager_in_place(&mut self, to: Rank, msg: u64, tag: i32, payload: &[u8]) {
-        let t = to as usize;
         let hdr = gpulmt_protocols::wire::eager_overhead();
-        if self.outbox[t].is_empty() && self.channel.is_none() {
-            let pushed = self.tx[t].try_push_with(hdr + payload.len(), |slot| {
-                gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
-                slot[hdr..].copy_from_slice(payload);
-            });
-            if let Ok(true) = pushed {
-                self.stats.packets_sent += 1;
-                return;
-            }
+        let pushed = self.try_push_direct(to as usize, hdr + payload.len(), |slot| {
+            gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
+            slot[hdr..].copy_from_slice(payload);
+        });
+        if let Ok(true) = pushed {
+            self.stats.packets_sent += 1;
+            return;
         }
         self.send_packet(to, Packet::Eager { msg, tag, payload: payload.to_vec() });
+    }
+
+    /// Writes a packet of `len` bytes straight into the ring to rank `t` when the
+    /// rings carry the control path and nothing waits ahead of it in the outbox;
+    /// `Ok(false)` when it must be queued instead (ring full, outbox busy, plugin).
+    fn try_push_direct(
+        &mut self,
+        t: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, crate::shm::ring::RingError> {
+        if !self.outbox[t].is_empty() || self.channel.is_some() {
+            return Ok(false);
+        }
+        self.tx[t].try_push_with(len, fill)
     }
 
     /// Writes an eager payload (already cut to the buffer's length) into a
@@ -284,18 +296,16 @@ impl Context {
         }
         self.stats.packets_sent += 1;
         let t = to as usize;
-        if self.outbox[t].is_empty() {
-            match self.tx[t].try_push_with(p.encoded_len(), |slot| {
-                p.encode(slot);
-            }) {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => {
-                    // The engine never builds packets larger than a slot (eager
-                    // payloads are bounded by configuration); this is a bug.
-                    tracing::error!(error = %e, "control packet does not fit a ring slot");
-                    return;
-                }
+        match self.try_push_direct(t, p.encoded_len(), |slot| {
+            p.encode(slot);
+        }) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                // The engine never builds packets larger than a slot (eager
+                // payloads are bounded by configuration); this is a bug.
+                tracing::error!(error = %e, "control packet does not fit a ring slot");
+                return;
             }
         }
         self.stats.backpressure += 1;
