@@ -8,9 +8,12 @@
 //! - COOPERATE: RTS → CTS(coop, cookie, split); the sender copies `[0, split)`, the
 //!   receiver `[split, len)`; the receiver sends COOKIE when its part is done, the
 //!   sender DONE when both parts are.
-//! - SHM: RTS → CTS(shm); the sender fills staging chunk k (slot k % depth) while the
-//!   receiver drains chunk k-1; CHUNK says a slot is full, CHUNK_ACK that it is free.
-//!   One SHM transfer at a time uses a directed pair's staging ring; later ones queue.
+//! - SHM: RTS → CTS(shm); the sender fills the slots of the directed pair's staging
+//!   ring while the receiver drains them; CHUNK says which slot holds chunk k of a
+//!   message, CHUNK_ACK that the chunk was copied out and its slot is free. SHM sends
+//!   to one peer fill the ring in CTS order, and the next one takes slots as soon as
+//!   they free up, so back-to-back messages stream through the ring without draining
+//!   it in between.
 //!
 //! A request whose copies are still running is never completed, even when it fails:
 //! its buffer may still be read or written by an engine until they finish.
@@ -166,6 +169,9 @@ enum Unexpected {
     Rts { msg: MsgId, len: u64, src: MemDesc },
 }
 
+/// How many failed SHM receives an engine remembers (see `Engine::failed_shm_recvs`).
+const FAILED_SHM_MEMORY: usize = 64;
+
 /// Where an SHM transfer stands.
 #[derive(Debug)]
 struct ShmState {
@@ -174,16 +180,41 @@ struct ShmState {
     next: u32,
     /// Sender: chunks filled. Receiver: chunks drained.
     done: u32,
-    /// Sender: which chunks the receiver acknowledged.
-    acked: Vec<bool>,
-    acked_n: u32,
+    /// Sender: chunks the receiver acknowledged.
+    acked: u32,
 }
 
 impl ShmState {
     fn new(len: u64, chunk: u64) -> Self {
         let nchunks = len.div_ceil(chunk) as u32;
-        Self { nchunks, next: 0, done: 0, acked: Vec::new(), acked_n: 0 }
+        Self { nchunks, next: 0, done: 0, acked: 0 }
     }
+}
+
+/// What a slot of a sender's staging ring holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotUse {
+    /// Chunk `.1` of message `.0` is being copied in.
+    Filling(MsgId, u32),
+    /// It is in, announced by CHUNK, and waits for its CHUNK_ACK.
+    Filled(MsgId, u32),
+}
+
+/// The sender's side of its staging ring to one peer. Slots are owned here rather
+/// than by the transfers, so a slot is reused only once the receiver acknowledged
+/// it, even when the transfer that filled it failed and was torn down meanwhile.
+#[derive(Debug, Default)]
+struct ShmRing {
+    slots: Vec<Option<SlotUse>>,
+    /// SHM sends to this peer in CTS order; the first with chunks left fills next.
+    queue: VecDeque<MsgId>,
+}
+
+/// A staging chunk of an SHM transfer: its index in the message and its slot.
+#[derive(Clone, Copy, Debug)]
+struct StagedChunk {
+    index: u32,
+    slot: u32,
 }
 
 #[derive(Debug)]
@@ -220,7 +251,7 @@ struct RecvXfer {
 /// Who owns a copy in flight.
 #[derive(Clone, Copy, Debug)]
 enum CopyOwner {
-    Send { msg: MsgId, chunk: Option<u32> },
+    Send { msg: MsgId, chunk: Option<StagedChunk> },
     Recv { from: Rank, msg: MsgId, chunk: Option<u32> },
 }
 
@@ -245,8 +276,11 @@ pub struct Engine {
     sends: HashMap<MsgId, SendXfer>,
     recvs: HashMap<(Rank, MsgId), RecvXfer>,
     copies: HashMap<CopyId, CopyOwner>,
-    /// Per destination: SHM sends waiting for (front: using) the staging ring.
-    shm_queue: HashMap<Rank, VecDeque<MsgId>>,
+    /// Per destination: the staging ring and the SHM sends that use it.
+    shm_rings: HashMap<Rank, ShmRing>,
+    /// The latest SHM receives that failed while their sender lived: CHUNKs it sent
+    /// before it learnt of the failure are acknowledged without complaint.
+    failed_shm_recvs: VecDeque<(Rank, MsgId)>,
     dead: Vec<bool>,
     /// Per peer: rendezvous sends to it not finished yet (its engine may be
     /// moving them: the policy avoids loading it further).
@@ -269,7 +303,8 @@ impl Engine {
             sends: HashMap::default(),
             recvs: HashMap::default(),
             copies: HashMap::default(),
-            shm_queue: HashMap::default(),
+            shm_rings: HashMap::default(),
+            failed_shm_recvs: VecDeque::new(),
             dead,
             sends_to,
             actions: VecDeque::new(),
@@ -629,7 +664,7 @@ impl Engine {
                 }
                 _ => self.violation(from, format!("DONE for unknown message {msg} from rank {from}")),
             },
-            Packet::Chunk { msg, index, len } => self.on_chunk(from, msg, index, len),
+            Packet::Chunk { msg, index, len, slot } => self.on_chunk(from, msg, index, len, slot),
             Packet::ChunkAck { msg, index } => self.on_chunk_ack(from, msg, index),
             Packet::Abort { msg, reason, dir: Dir::ToSender } => match self.sends.get(&msg) {
                 Some(s) if s.to == from => {
@@ -762,58 +797,81 @@ impl Engine {
             CtsMode::Shm => {
                 s.proto = Some(Protocol::Shm);
                 s.shm = Some(ShmState::new(len, self.cfg.chunk_size));
-                let q = self.shm_queue.entry(from).or_default();
-                q.push_back(msg);
-                if q.len() == 1 {
-                    self.pump_shm(msg);
-                }
+                self.shm_rings.entry(from).or_default().queue.push_back(msg);
+                self.pump_shm(from);
             }
         }
     }
 
-    /// Fills as many staging slots as the ring allows for the active SHM send `msg`.
-    fn pump_shm(&mut self, msg: MsgId) {
-        let depth = self.cfg.depth;
-        let chunk = self.cfg.chunk_size;
-        let me = self.cfg.rank;
-        let Some(s) = self.sends.get_mut(&msg) else { return };
-        if s.error.is_some() {
-            return;
+    /// Fills the free slots of the staging ring to `to` with the next chunks of the
+    /// SHM sends queued on it, in order.
+    fn pump_shm(&mut self, to: Rank) {
+        let (depth, chunk, me) = (self.cfg.depth as usize, self.cfg.chunk_size, self.cfg.rank);
+        let Engine { shm_rings, sends, .. } = self;
+        let Some(ring) = shm_rings.get_mut(&to) else { return };
+        if ring.slots.is_empty() {
+            ring.slots = vec![None; depth];
         }
-        let (req, to, len) = (s.req, s.to, s.buf.len);
-        let engine = s.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
-        let st = s.shm.as_mut().expect("SHM send has SHM state");
-        if st.acked.is_empty() {
-            st.acked = vec![false; st.nchunks as usize];
-        }
+        // (message, chunk, request, byte offset, bytes, engine)
         let mut cmds = Vec::new();
-        // Slot k % depth is free once chunk k - depth was acknowledged.
-        while st.next < st.nchunks && (st.next < depth || st.acked[(st.next - depth) as usize]) {
+        let mut queued = ring.queue.iter();
+        let mut current = queued.next().copied();
+        for (slot, owner) in ring.slots.iter_mut().enumerate().filter(|(_, o)| o.is_none()) {
+            // The first queued send with chunks left to fill (failed ones fill no more).
+            let next = loop {
+                let Some(msg) = current else { break None };
+                let s = &sends[&msg];
+                let st = s.shm.as_ref().expect("SHM send has SHM state");
+                if s.error.is_none() && st.next < st.nchunks {
+                    break Some(msg);
+                }
+                current = queued.next().copied();
+            };
+            let Some(msg) = next else { break };
+            let s = sends.get_mut(&msg).expect("queued SHM send is live");
+            let st = s.shm.as_mut().expect("SHM send has SHM state");
             let k = st.next;
             st.next += 1;
+            s.pending += 1;
             let off = k as u64 * chunk;
-            cmds.push((k, off, chunk.min(len - off)));
+            let engine = s.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
+            *owner = Some(SlotUse::Filling(msg, k));
+            cmds.push((msg, StagedChunk { index: k, slot: slot as u32 }, s.req, off, chunk.min(s.buf.len - off), engine));
         }
-        s.pending += cmds.len() as u32;
-        for (k, off, n) in cmds {
-            let id = self.new_copy(CopyOwner::Send { msg, chunk: Some(k) });
+        for (msg, c, req, off, n, engine) in cmds {
+            let id = self.new_copy(CopyOwner::Send { msg, chunk: Some(c) });
             self.emit(Action::Copy(CopyCmd {
                 id,
                 engine,
                 lane: 0,
                 src: Loc::User { req, offset: off },
-                dst: Loc::Staging { from: me, to, slot: k % depth },
+                dst: Loc::Staging { from: me, to, slot: c.slot },
                 len: n,
             }));
         }
     }
 
-    fn on_chunk(&mut self, from: Rank, msg: MsgId, index: u32, len: u32) {
+    /// Marks `slot` of the ring to `to` free and lets the queued sends fill it.
+    fn free_slot(&mut self, to: Rank, slot: u32) {
+        if let Some(ring) = self.shm_rings.get_mut(&to) {
+            ring.slots[slot as usize] = None;
+            self.pump_shm(to);
+        }
+    }
+
+    fn on_chunk(&mut self, from: Rank, msg: MsgId, index: u32, len: u32, slot: u32) {
         let chunk = self.cfg.chunk_size;
-        let depth = self.cfg.depth;
         let me = self.cfg.rank;
+        if slot >= self.cfg.depth {
+            return self.violation(from, format!("CHUNK {index} of message {msg} in slot {slot} of a {}-slot ring", self.cfg.depth));
+        }
         let Some(r) = self.recvs.get_mut(&(from, msg)) else {
-            return self.violation(from, format!("CHUNK for unknown message {msg}"));
+            // Nothing is read from the slot; the acknowledgement keeps the sender's
+            // ring moving.
+            if !self.failed_shm_recvs.contains(&(from, msg)) {
+                self.violation(from, format!("CHUNK for unknown message {msg}"));
+            }
+            return self.send(from, Packet::ChunkAck { msg, index });
         };
         let Some(st) = r.shm.as_ref() else {
             return self.violation(from, format!("CHUNK for message {msg} not moving through SHM"));
@@ -837,30 +895,30 @@ impl Engine {
             id,
             engine,
             lane: 0,
-            src: Loc::Staging { from, to: me, slot: index % depth },
+            src: Loc::Staging { from, to: me, slot },
             dst: Loc::User { req, offset: off },
             len: len as u64,
         }));
     }
 
     fn on_chunk_ack(&mut self, from: Rank, msg: MsgId, index: u32) {
-        let Some(s) = self.sends.get_mut(&msg) else {
-            // Late ack of a transfer that failed and was torn down.
-            return;
+        let filled = Some(SlotUse::Filled(msg, index));
+        let Some(slot) = self.shm_rings.get(&from).and_then(|ring| ring.slots.iter().position(|o| *o == filled)) else {
+            return self.violation(from, format!("CHUNK_ACK {index} for message {msg}: no such chunk waits in the ring"));
         };
-        let Some(st) = s.shm.as_mut().filter(|_| s.to == from) else {
-            return self.violation(from, format!("CHUNK_ACK for message {msg} not moving through SHM"));
+        // The send may have failed and gone; the slot is free either way.
+        let finished = match self.sends.get_mut(&msg) {
+            Some(s) => {
+                let st = s.shm.as_mut().expect("a ring slot's send moves through SHM");
+                st.acked += 1;
+                st.acked == st.nchunks
+            }
+            None => false,
         };
-        if index >= st.next || st.acked[index as usize] {
-            return self.violation(from, format!("CHUNK_ACK {index} for message {msg} never filled or acked twice"));
-        }
-        st.acked[index as usize] = true;
-        st.acked_n += 1;
-        if st.acked_n == st.nchunks {
+        if finished {
             self.finish_send(msg);
-        } else {
-            self.pump_shm(msg);
         }
+        self.free_slot(from, slot as u32);
     }
 
     /// A copy finished (Err carries the transport's description of the failure).
@@ -872,18 +930,29 @@ impl Engine {
             CopyOwner::Send { msg, chunk } => {
                 let Some(s) = self.sends.get_mut(&msg) else { return };
                 s.pending -= 1;
+                if result.is_err() || s.error.is_some() {
+                    // A fill that will not be announced: the receiver never reads its slot.
+                    if let Some(c) = chunk {
+                        let to = s.to;
+                        self.free_slot(to, c.slot);
+                    }
+                }
                 if let Err(what) = result {
                     return self.fail_send(msg, ProtoError::CopyFailed { what }, true);
                 }
+                let Some(s) = self.sends.get_mut(&msg) else { return };
                 if s.error.is_some() {
                     return self.try_finish_send(msg);
                 }
-                if let Some(k) = chunk {
+                if let Some(c) = chunk {
                     let st = s.shm.as_mut().expect("chunk copy of an SHM send");
                     st.done += 1;
-                    let len = self.cfg.chunk_size.min(s.buf.len - k as u64 * self.cfg.chunk_size) as u32;
+                    let len = self.cfg.chunk_size.min(s.buf.len - c.index as u64 * self.cfg.chunk_size) as u32;
                     let (to, all_filled) = (s.to, st.done == st.nchunks);
-                    self.send(to, Packet::Chunk { msg, index: k, len });
+                    if let Some(ring) = self.shm_rings.get_mut(&to) {
+                        ring.slots[c.slot as usize] = Some(SlotUse::Filled(msg, c.index));
+                    }
+                    self.send(to, Packet::Chunk { msg, index: c.index, len, slot: c.slot });
                     if all_filled {
                         // The user's buffer is no longer read; the ring drains on.
                         self.complete_send_request(msg);
@@ -896,6 +965,11 @@ impl Engine {
                 let key = (from, msg);
                 let Some(r) = self.recvs.get_mut(&key) else { return };
                 r.pending -= 1;
+                if let Some(index) = chunk {
+                    // The slot is no longer read, whatever became of the copy.
+                    self.send(from, Packet::ChunkAck { msg, index });
+                }
+                let Some(r) = self.recvs.get_mut(&key) else { return };
                 if let Err(what) = result {
                     return self.fail_recv(key, ProtoError::CopyFailed { what }, true);
                 }
@@ -903,11 +977,10 @@ impl Engine {
                     return self.finish_recv(key);
                 }
                 match (r.proto, chunk) {
-                    (Protocol::Shm, Some(index)) => {
+                    (Protocol::Shm, Some(_)) => {
                         let st = r.shm.as_mut().expect("SHM receive");
                         st.done += 1;
                         let all = st.done == st.nchunks;
-                        self.send(from, Packet::ChunkAck { msg, index });
                         if all {
                             self.finish_recv(key);
                         }
@@ -976,14 +1049,8 @@ impl Engine {
         let s = self.sends.remove(&msg).expect("live send");
         self.sends_to[s.to as usize] -= 1;
         if s.proto == Some(Protocol::Shm) {
-            if let Some(q) = self.shm_queue.get_mut(&s.to) {
-                let was_front = q.front() == Some(&msg);
-                q.retain(|m| *m != msg);
-                if was_front {
-                    if let Some(&next) = q.front() {
-                        self.pump_shm(next);
-                    }
-                }
+            if let Some(ring) = self.shm_rings.get_mut(&s.to) {
+                ring.queue.retain(|m| *m != msg);
             }
         }
     }
@@ -994,6 +1061,13 @@ impl Engine {
             return;
         }
         let r = self.recvs.remove(&key).expect("live receive");
+        if r.proto == Protocol::Shm && r.error.is_some() && !self.dead[key.0 as usize] {
+            // The sender may have announced chunks before it learnt of the failure.
+            if self.failed_shm_recvs.len() == FAILED_SHM_MEMORY {
+                self.failed_shm_recvs.pop_front();
+            }
+            self.failed_shm_recvs.push_back(key);
+        }
         let result = match r.error {
             Some(e) => Err(e),
             None => Ok(Status { source: key.0, tag: r.tag, len: r.len }),
@@ -1033,8 +1107,8 @@ impl Engine {
         self.dead[peer as usize] = true;
         let err = ProtoError::PeerFailed { rank: peer };
         let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();
+        self.shm_rings.remove(&peer);
         for msg in sends {
-            self.shm_queue.remove(&peer);
             self.fail_send(msg, err.clone(), false);
         }
         let recvs: Vec<(Rank, MsgId)> = self.recvs.keys().filter(|(f, _)| *f == peer).copied().collect();

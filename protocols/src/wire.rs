@@ -114,8 +114,9 @@ pub enum Packet {
     Cookie { msg: MsgId },
     /// The side that drove the last copy finished: the transfer is complete.
     Done { msg: MsgId, dir: Dir },
-    /// SHM: chunk `index` (`len` bytes) is in staging slot `index % depth`.
-    Chunk { msg: MsgId, index: u32, len: u32 },
+    /// SHM: chunk `index` (`len` bytes) of the message is in staging slot `slot` of
+    /// the directed pair's ring.
+    Chunk { msg: MsgId, index: u32, len: u32, slot: u32 },
     /// SHM: the receiver copied chunk `index` out; its slot is free again.
     ChunkAck { msg: MsgId, index: u32 },
     /// The transfer is refused or abandoned.
@@ -184,7 +185,7 @@ impl Packet {
                 Packet::Cts { dst, .. } => 8 + 1 + 8 + 1 + if dst.is_some() { REGION_BYTES } else { 0 },
                 Packet::Cookie { .. } => 8,
                 Packet::Done { .. } => 8 + 1,
-                Packet::Chunk { .. } => 8 + 4 + 4,
+                Packet::Chunk { .. } => 8 + 4 + 4 + 4,
                 Packet::ChunkAck { .. } => 8 + 4,
                 Packet::Abort { .. } => 8 + 1 + 1,
                 Packet::FreeMarks { buffer_ids, .. } => 8 + 4 + 8 * buffer_ids.len(),
@@ -239,11 +240,12 @@ impl Packet {
                 w.u64(*msg);
                 w.u8(*dir as u8);
             }
-            Packet::Chunk { msg, index, len } => {
+            Packet::Chunk { msg, index, len, slot } => {
                 w.u8(K_CHUNK);
                 w.u64(*msg);
                 w.u32(*index);
                 w.u32(*len);
+                w.u32(*slot);
             }
             Packet::ChunkAck { msg, index } => {
                 w.u8(K_CHUNK_ACK);
@@ -335,7 +337,7 @@ impl Packet {
             }
             K_CHUNK => {
                 r.kind = "chunk";
-                Packet::Chunk { msg: r.u64()?, index: r.u32()?, len: r.u32()? }
+                Packet::Chunk { msg: r.u64()?, index: r.u32()?, len: r.u32()?, slot: r.u32()? }
             }
             K_CHUNK_ACK => {
                 r.kind = "chunk_ack";
@@ -523,7 +525,7 @@ mod tests {
             Packet::Cookie { msg: 4 },
             Packet::Done { msg: 4, dir: Dir::ToSender },
             Packet::Done { msg: 4, dir: Dir::ToReceiver },
-            Packet::Chunk { msg: 4, index: 3, len: 4096 },
+            Packet::Chunk { msg: 4, index: 3, len: 4096, slot: 2 },
             Packet::ChunkAck { msg: 4, index: 3 },
             Packet::Abort { msg: 4, reason: AbortReason::Truncated, dir: Dir::ToSender },
             Packet::FreeMarks { epoch: 2, buffer_ids: vec![1, 2, 3] },

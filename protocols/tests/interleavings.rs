@@ -126,7 +126,10 @@ impl World {
                     let back = Packet::decode(&bytes).expect("own packets decode");
                     self.wires.entry((rank, to)).or_default().push_back(back);
                 }
-                Action::Copy(c) => self.copies[rank as usize].push(c),
+                Action::Copy(c) => {
+                    self.check_staging_conflicts(&c);
+                    self.copies[rank as usize].push(c);
+                }
                 Action::Deliver { req, payload } => {
                     let (a, off) = self.mem[rank as usize].allocs.get_mut(&req).unwrap();
                     a[*off as usize..*off as usize + payload.len()].copy_from_slice(&payload);
@@ -202,11 +205,41 @@ impl World {
             // Copies on different lanes may finish in any order.
             let i = self.rng.below(self.copies[r as usize].len());
             let c = self.copies[r as usize].swap_remove(i);
-            let data = self.read(r, c.src, c.len);
-            self.write(r, c.dst, &data);
-            self.finish_copy(r, c.id);
+            self.execute(r, c);
         }
         true
+    }
+
+    /// A staging slot is written by one copy at a time and never while a copy reads
+    /// it: a new copy that touches a slot another unfinished copy touches (a fill
+    /// over a chunk not yet drained, a drain of a slot being refilled) is a bug.
+    fn check_staging_conflicts(&self, c: &CopyCmd) {
+        let slot_of = |l: &Loc| match *l {
+            Loc::Staging { from, to, slot } => Some((from, to, slot)),
+            _ => None,
+        };
+        let Some(mine) = slot_of(&c.src).or(slot_of(&c.dst)) else { return };
+        for other in self.copies.iter().flatten() {
+            assert!(
+                slot_of(&other.src) != Some(mine) && slot_of(&other.dst) != Some(mine),
+                "staging slot {mine:?} used by {c:?} while {other:?} still runs"
+            );
+        }
+    }
+
+    /// Performs copy `c` of rank `r` and reports it finished.
+    fn execute(&mut self, r: Rank, c: CopyCmd) {
+        let data = self.read(r, c.src, c.len);
+        self.write(r, c.dst, &data);
+        self.finish_copy(r, c.id);
+    }
+
+    /// Delivers every packet in flight from `from` to `to`.
+    fn deliver(&mut self, from: Rank, to: Rank) {
+        while let Some(p) = self.wires.get_mut(&(from, to)).and_then(VecDeque::pop_front) {
+            self.engines[to as usize].on_packet(from, p);
+            self.drain(to);
+        }
     }
 
     fn finish_copy(&mut self, r: Rank, id: CopyId) {
@@ -537,4 +570,66 @@ fn cts_for_an_unknown_message_aborts_the_receiver() {
         }
     }
     assert!(aborted, "the receiver of a stray CTS must be told to give up");
+}
+
+/// Two SHM messages to one peer: the second starts filling the ring as soon as the
+/// first frees a slot, before the first one's receive has drained the rest.
+#[test]
+fn shm_sends_to_one_peer_stream_through_the_ring() {
+    let mut w = World::new(2, 5, ProtocolOverride::Shm, u64::MAX, 2, true);
+    let (a, b) = (pattern(1, 3 * 4096), pattern(2, 3 * 4096 - 7));
+    w.recv(1, ReqId(1), Some(0), Some(0), a.len(), None);
+    w.recv(1, ReqId(2), Some(0), Some(0), b.len(), None);
+    w.send(0, ReqId(1), 1, 0, a.clone(), None);
+    w.send(0, ReqId(2), 1, 0, b.clone(), None);
+    w.deliver(0, 1); // both RTS
+    w.deliver(1, 0); // both CTS: A fills the three slots, B waits
+    let fills: Vec<CopyCmd> = std::mem::take(&mut w.copies[0]);
+    assert_eq!(fills.len(), 3);
+    assert!(fills.iter().all(|c| matches!(c.src, Loc::User { req: ReqId(1), .. })));
+    for c in fills {
+        w.execute(0, c);
+    }
+    w.deliver(0, 1); // three CHUNKs
+    assert_eq!(w.copies[1].len(), 3);
+    let first = w.copies[1].remove(0);
+    w.execute(1, first);
+    w.deliver(1, 0); // one CHUNK_ACK
+    assert_eq!(w.copies[0].len(), 1, "the freed slot is refilled at once");
+    let c = w.copies[0][0];
+    assert!(matches!(c.src, Loc::User { req: ReqId(2), offset: 0 }), "{c:?}");
+    assert!(matches!(c.dst, Loc::Staging { from: 0, to: 1, .. }));
+    assert!(!w.done.contains_key(&(1, ReqId(1))), "A is still draining");
+    w.run();
+    w.assert_quiet();
+    assert_eq!(&w.user(1, ReqId(1))[..a.len()], &a[..]);
+    assert_eq!(&w.user(1, ReqId(2))[..b.len()], &b[..]);
+    assert!(w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok());
+}
+
+/// A receiver's staging copy fails halfway through an SHM message: both sides fail
+/// that message, every slot it held comes back (late CHUNKs are acknowledged), and
+/// the next message to the same peer goes through the ring intact.
+#[test]
+fn shm_copy_failure_leaves_the_ring_usable() {
+    for seed in 0..32 {
+        let mut w = World::new(2, seed, ProtocolOverride::Shm, u64::MAX, 2, true);
+        let (a, b) = (pattern(3, 7 * 4096 + 11), pattern(4, 5 * 4096));
+        w.recv(1, ReqId(1), Some(0), Some(0), a.len(), Some(1));
+        w.recv(1, ReqId(2), Some(0), Some(0), b.len(), None);
+        w.send(0, ReqId(1), 1, 0, a.clone(), Some(0));
+        w.send(0, ReqId(2), 1, 0, b.clone(), None);
+        while w.copies[1].is_empty() {
+            assert!(w.step());
+        }
+        let failed = w.copies[1].remove(0);
+        w.engines[1].on_copy_done(failed.id, Err("staging unreadable".into()));
+        w.drain(1);
+        w.run();
+        w.assert_quiet();
+        assert!(matches!(w.done[&(1, ReqId(1))], Err(ProtoError::CopyFailed { .. })), "seed {seed}");
+        assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })), "seed {seed}");
+        assert!(w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok(), "seed {seed}");
+        assert_eq!(&w.user(1, ReqId(2))[..b.len()], &b[..], "seed {seed}");
+    }
 }

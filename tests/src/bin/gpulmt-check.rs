@@ -1897,6 +1897,7 @@ fn forged(ctx: &mut Context) {
                 msg: FORGED_MSG + 11,
                 index: 0,
                 len: 10,
+                slot: u32::MAX,
             }
             .to_vec(),
             Packet::Cookie {
