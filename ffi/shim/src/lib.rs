@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mpi_sys::{
     MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status, PMPI_Barrier, PMPI_Comm_call_errhandler, PMPI_Finalize,
     PMPI_Ibarrier, PMPI_Init, PMPI_Init_thread, PMPI_Iprobe, PMPI_Irecv, PMPI_Isend, PMPI_Issend, PMPI_Probe,
-    PMPI_Recv, PMPI_Send, PMPI_Sendrecv, PMPI_Ssend, PMPI_Test, PMPI_Testall, PMPI_Testany, PMPI_Testsome,
+    PMPI_Mprobe, PMPI_Mrecv, PMPI_Recv, PMPI_Send, PMPI_Sendrecv, PMPI_Ssend, PMPI_Test, PMPI_Testall, PMPI_Testany, PMPI_Testsome,
     PMPI_Wait, PMPI_Waitall, PMPI_Waitany, PMPI_Waitsome, PMPI_Comm_get_errhandler, PMPI_Comm_set_errhandler,
     PMPI_Errhandler_free, RSMPI_ERRORS_RETURN,
 };
@@ -58,6 +58,7 @@ use mpi_sys::{
 use raw::*;
 pub use state::gpulmt_mpi_counters;
 use state::{errored, lock, Done, Shim};
+use envelope::ENVELOPE_BYTES;
 
 /// Set while the shim is active (between MPI_Init and MPI_Finalize): the fast test
 /// that lets every call pass straight through when it is not.
@@ -398,6 +399,14 @@ pub unsafe extern "C" fn MPI_Recv(
     if !active() || source == proc_null() {
         return pass();
     }
+    match with(|s| s.direct_recv_bytes(buf as usize, count, dt)) {
+        None => return pass(),
+        Some(Some(cap)) => {
+            // SAFETY: the caller's arguments.
+            return unsafe { recv_direct(buf, count, dt, source, tag, comm, status, cap) };
+        }
+        Some(None) => {}
+    }
     let posted = with(|s| s.post_recv(buf as usize, count, dt, source, tag, comm, false));
     let id = match posted {
         // Inactive, or arguments the MPI library rejects (and reports) itself.
@@ -405,6 +414,83 @@ pub unsafe extern "C" fn MPI_Recv(
         Some(Ok((id, _))) => id,
     };
     let d = wait_op(id);
+    // SAFETY: the caller's status pointer; the user's communicator.
+    unsafe {
+        fill_status(status, d.source, d.tag, d.error, d.bytes, d.cancelled);
+        raise(comm, d.error)
+    }
+}
+
+/// A blocking receive into a contiguous host buffer of `cap` bytes while the shim has
+/// nothing in flight (`Shim::direct_recv_bytes`): the MPI library receives it itself,
+/// and only a message of an envelope's size is looked at, so host traffic keeps the
+/// library's own latency. A buffer that holds an envelope receives straight into it,
+/// its first bytes kept aside to be put back should one arrive; a smaller one is
+/// matched by a blocking matched probe first, so an envelope is never truncated.
+#[allow(clippy::too_many_arguments)]
+unsafe fn recv_direct(
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    source: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    status: *mut MPI_Status,
+    cap: usize,
+) -> c_int {
+    let mut st = empty_status();
+    let mut envelope = [0u8; ENVELOPE_BYTES];
+    let rc;
+    let took_envelope_size;
+    if cap >= ENVELOPE_BYTES {
+        let mut saved = [0u8; ENVELOPE_BYTES];
+        // SAFETY: the user's host buffer holds cap >= ENVELOPE_BYTES bytes, and the
+        // receive is theirs to write until we return.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf as *const u8, saved.as_mut_ptr(), ENVELOPE_BYTES);
+            rc = PMPI_Recv(buf, count, dt, source, tag, comm, &mut st);
+        }
+        took_envelope_size = rc == SUCCESS && status_bytes(&st) == ENVELOPE_BYTES && {
+            // SAFETY: as above; the library wrote these bytes.
+            unsafe { std::ptr::copy_nonoverlapping(buf as *const u8, envelope.as_mut_ptr(), ENVELOPE_BYTES) };
+            with(|s| s.is_envelope(&envelope)).unwrap_or(false)
+        };
+        if took_envelope_size {
+            // The payload goes into the buffer; what it does not cover stays as it was.
+            // SAFETY: as above.
+            unsafe { std::ptr::copy_nonoverlapping(saved.as_ptr(), buf as *mut u8, ENVELOPE_BYTES) };
+        }
+    } else {
+        let mut msg = message_null();
+        // SAFETY: the caller's arguments; locals as out-pointers.
+        let probed = unsafe { PMPI_Mprobe(source, tag, comm, &mut msg, &mut st) };
+        if probed != SUCCESS {
+            return probed;
+        }
+        took_envelope_size = status_bytes(&st) == ENVELOPE_BYTES;
+        // SAFETY: the matched message goes to our envelope buffer (exactly its size)
+        // or to the user's buffer with their count and datatype.
+        rc = unsafe {
+            if took_envelope_size {
+                PMPI_Mrecv(envelope.as_mut_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), &mut msg, &mut st)
+            } else {
+                PMPI_Mrecv(buf, count, dt, &mut msg, &mut st)
+            }
+        };
+    }
+    if !took_envelope_size || rc != SUCCESS {
+        with(|s| s.counters.host_recvs += 1);
+        if !status.is_null() && status != status_ignore() {
+            // SAFETY: the caller's status, valid for writes.
+            unsafe { *status = st };
+        }
+        return rc;
+    }
+    let id = with(|s| s.deliver_direct((buf as usize, count, dt, source, tag, comm), st.MPI_SOURCE, st.MPI_TAG, &envelope));
+    let d = match id {
+        Some(id) => wait_op(id),
+        None => Done { source: st.MPI_SOURCE, tag: st.MPI_TAG, bytes: 0, error: ERR_INTERN, cancelled: false },
+    };
     // SAFETY: the caller's status pointer; the user's communicator.
     unsafe {
         fill_status(status, d.source, d.tag, d.error, d.bytes, d.cancelled);

@@ -572,6 +572,42 @@ impl Shim {
         Ok(r)
     }
 
+    /// Whether a blocking receive into `buf` may go straight to the MPI library (see
+    /// `recv_direct` in lib.rs): a contiguous host buffer while no shim operation or
+    /// stashed message could claim the next message first. Returns its bytes then.
+    pub fn direct_recv_bytes(&mut self, buf: usize, count: c_int, dtype: MPI_Datatype) -> Option<usize> {
+        if !self.is_idle() || !self.stash.is_empty() {
+            return None;
+        }
+        let (cap, contiguous) = type_geometry(dtype, count).ok()?;
+        (contiguous && !(cap > 0 && self.is_device(buf, cap))).then_some(cap)
+    }
+
+    /// Delivers a message of envelope size that a direct receive took from the MPI
+    /// library (`bytes`, from `source` with `tag`) to the receive the user posted:
+    /// data is copied in, an envelope starts gpulmt's receive. Returns the operation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn deliver_direct(
+        &mut self,
+        recv: (usize, c_int, MPI_Datatype, c_int, c_int, MPI_Comm),
+        source: c_int,
+        tag: c_int,
+        bytes: &[u8; ENVELOPE_BYTES],
+    ) -> u64 {
+        let (buf, count, dtype, want_source, want_tag, comm) = recv;
+        let cap = type_geometry(dtype, count).map_or(0, |g| g.0);
+        let spec = RecvSpec { buf, count, dtype, source: want_source, tag: want_tag, comm, device: false, contiguous: true, cap };
+        let (id, _) = self.new_op(Some(spec), comm, State::Posted, false);
+        let env = Envelope::decode(&bytes[..], self.job_hash);
+        self.deliver_small(id, &spec, source, tag, bytes, env);
+        id
+    }
+
+    /// Whether `bytes` are an envelope of this node's job.
+    pub fn is_envelope(&self, bytes: &[u8]) -> bool {
+        Envelope::decode(bytes, self.job_hash).is_some()
+    }
+
     /// Matches posted receives with messages, in post order.
     fn match_posted(&mut self) {
         let mut i = 0;

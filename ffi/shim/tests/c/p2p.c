@@ -6,6 +6,10 @@
  * mpirun -np N -x LD_PRELOAD=libgpulmt_mpi.so -x GPULMT_DEVICE=sim ./p2p [thread]
  *
  * N >= 2; with "thread" the program starts MPI with MPI_Init_thread(FUNNELED).
+ *
+ * Built with -DP2P_CUDA_MALLOC (and the CUDA runtime: -lcudart), device buffers come
+ * from cudaMalloc instead, as in an application that knows nothing of gpulmt; each
+ * rank first selects GPU (node-local rank mod GPUs), the device the shim binds to.
  * Prints, per rank, "rank R counters ..." and "rank R ok checks=C" (or FAIL lines,
  * and then exits 1).
  */
@@ -18,6 +22,34 @@
 /* Not linked against the shim: its functions come from the preloaded library. */
 #define GPULMT_MPI_WEAK
 #include "gpulmt_mpi.h"
+
+#ifdef P2P_CUDA_MALLOC
+#include <cuda_runtime.h>
+static void *dev_alloc(size_t n) {
+  void *p = NULL;
+  return cudaMalloc(&p, n) == cudaSuccess ? p : NULL;
+}
+static int dev_free(void *p) { return cudaFree(p) == cudaSuccess ? 0 : -1; }
+static int dev_memcpy(void *dst, const void *src, size_t n) {
+  return cudaMemcpy(dst, src, n, cudaMemcpyDefault) == cudaSuccess ? 0 : -1;
+}
+static void select_gpu(void) {
+  MPI_Comm node;
+  int local = 0, gpus = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0 || cudaSetDevice(local % gpus) != cudaSuccess) {
+    fprintf(stderr, "no usable CUDA device\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+}
+#else
+static void *dev_alloc(size_t n) { return gpulmt_mpi_alloc(n); }
+static int dev_free(void *p) { return gpulmt_mpi_free(p); }
+static int dev_memcpy(void *dst, const void *src, size_t n) { return gpulmt_mpi_memcpy(dst, src, n); }
+static void select_gpu(void) {}
+#endif
 
 static int rank, size, failures, checks;
 
@@ -59,7 +91,7 @@ typedef struct {
 
 static buf_t balloc(int dev, size_t n) {
   buf_t b = {NULL, n, dev};
-  b.p = dev ? gpulmt_mpi_alloc(n ? n : 1) : malloc(n ? n : 1);
+  b.p = dev ? dev_alloc(n ? n : 1) : malloc(n ? n : 1);
   if (!b.p) {
     fprintf(stderr, "rank %d: allocating %zu bytes (%s) failed\n", rank, n, pname(dev));
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -69,7 +101,7 @@ static buf_t balloc(int dev, size_t n) {
 
 static void bfree(buf_t *b) {
   if (b->dev) {
-    if (gpulmt_mpi_free(b->p) != 0) FAIL("gpulmt_mpi_free");
+    if (dev_free(b->p) != 0) FAIL("freeing device memory");
   } else {
     free(b->p);
   }
@@ -85,7 +117,7 @@ static void fill(buf_t *b, size_t n, unsigned seed) {
   unsigned char *h = b->dev ? malloc(b->n ? b->n : 1) : b->p;
   for (size_t i = 0; i < b->n; i++) h[i] = i < n ? pat(i, seed) : 0xEE;
   if (b->dev) {
-    if (gpulmt_mpi_memcpy(b->p, h, b->n) != 0) FAIL("memcpy to device");
+    if (dev_memcpy(b->p, h, b->n) != 0) FAIL("memcpy to device");
     free(h);
   }
 }
@@ -96,16 +128,21 @@ static void clear(buf_t *b) { fill(b, 0, 0); }
 /* The first n bytes hold the pattern and the rest is untouched (0xEE). */
 static void verify(const buf_t *b, size_t n, unsigned seed, const char *what) {
   unsigned char *h = b->dev ? malloc(b->n ? b->n : 1) : b->p;
-  if (b->dev && gpulmt_mpi_memcpy(h, b->p, b->n) != 0) FAIL("memcpy from device");
-  size_t bad = b->n;
+  if (b->dev && dev_memcpy(h, b->p, b->n) != 0) FAIL("memcpy from device");
+  size_t bad = b->n, differing = 0;
+  unsigned char got = 0, expect = 0;
   for (size_t i = 0; i < b->n; i++) {
     unsigned char want = i < n ? pat(i, seed) : 0xEE;
     if (h[i] != want) {
-      bad = i;
-      break;
+      if (!differing++) {
+        bad = i;
+        got = h[i];
+        expect = want;
+      }
     }
   }
-  CHECK(bad == b->n, "%s: byte %zu of %zu (message %zu) differs", what, bad, b->n, n);
+  CHECK(bad == b->n, "%s: byte %zu of %zu (message %zu) is %#x, want %#x; %zu bytes differ", what, bad, b->n, n, got, expect,
+        differing);
   if (b->dev) free(h);
 }
 
@@ -551,6 +588,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  select_gpu();
   if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
     fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
     MPI_Abort(MPI_COMM_WORLD, 3);
@@ -568,7 +606,10 @@ int main(int argc, char **argv) {
       {"cancel_and_free", cancel_and_free}, {"completion_calls", completion_calls}, {"self_send", self_send},
       {"other_comm", other_comm},
   };
+  /* P2P_PARTS=name,name,...: run only those parts (for debugging one of them). */
+  const char *only = getenv("P2P_PARTS");
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+    if (only && !strstr(only, parts[i].name)) continue;
     int before = failures;
     parts[i].run();
     MPI_Barrier(MPI_COMM_WORLD);
