@@ -34,6 +34,12 @@ pub trait Compute<T: Real> {
     /// layout, `pitch` elements per row) on the compute queue.
     fn stencil(&mut self, src: usize, dst: usize, pitch: usize, rect: Rect) -> Result<()>;
 
+    /// Queues one stencil step on each of `rects` on the comm queue, behind the
+    /// unpacking queued there: the overlap mode's boundary, which then runs beside
+    /// the interior still computing on the compute queue instead of after it. The
+    /// rectangles must not overlap what the compute queue writes meanwhile.
+    fn stencil_on_comm(&mut self, src: usize, dst: usize, pitch: usize, rects: &[Rect]) -> Result<()>;
+
     /// Queues a copy of a `rows x cols` block between pitched arrays on the comm queue
     /// (packing and unpacking of halo columns).
     fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()>;
@@ -93,6 +99,11 @@ impl<T: Real> Compute<T> for SimCompute<T> {
         // One thread: the ranks of a sim job share the host's cores already.
         kernel::stencil_band(&self.weights, src_rows, dst_rows, pitch, rect.c0..rect.c1, 1);
         Ok(())
+    }
+
+    fn stencil_on_comm(&mut self, src: usize, dst: usize, pitch: usize, rects: &[Rect]) -> Result<()> {
+        // One queue in effect: every call has completed when it returns.
+        rects.iter().try_for_each(|r| self.stencil(src, dst, pitch, *r))
     }
 
     fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()> {
@@ -190,25 +201,13 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
     }
 
     fn stencil(&mut self, src: usize, dst: usize, pitch: usize, rect: Rect) -> Result<()> {
-        if rect.is_empty() {
-            return Ok(());
-        }
-        let (bx, by) = STENCIL_BLOCK;
-        let cfg = LaunchConfig {
-            grid_dim: ((rect.cols() as u32).div_ceil(bx), (rect.rows() as u32).div_ceil(by), 1),
-            block_dim: (bx, by, 1),
-            shared_mem_bytes: 0,
-        };
-        let (src, dst, pitch) = (src as u64, dst as u64, pitch as u64);
-        let (r0, r1, c0, c1) = (rect.r0 as u32, rect.r1 as u32, rect.c0 as u32, rect.c1 as u32);
-        let w = self.weights;
-        let mut launch = self.compute.launch_builder(&self.stencil);
-        launch.arg(&src).arg(&dst).arg(&pitch).arg(&r0).arg(&r1).arg(&c0).arg(&c1);
-        launch.arg(&w.center).arg(&w.cardinal).arg(&w.diagonal);
-        // SAFETY: the arguments match stencil9's parameters in order and type; the
-        // region keeps every access inside the two arrays.
-        unsafe { launch.launch(cfg) }.map_err(cuda_err("launching stencil9"))?;
-        Ok(())
+        let stream = self.compute.clone();
+        self.launch_stencil(&stream, src, dst, pitch, rect)
+    }
+
+    fn stencil_on_comm(&mut self, src: usize, dst: usize, pitch: usize, rects: &[Rect]) -> Result<()> {
+        let stream = self.comm.clone();
+        rects.iter().try_for_each(|r| self.launch_stencil(&stream, src, dst, pitch, *r))
     }
 
     fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()> {
@@ -238,5 +237,30 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
     fn compute_after_comm(&mut self) -> Result<()> {
         self.comm_done.record(&self.comm).map_err(cuda_err("recording the comm event"))?;
         self.compute.wait(&self.comm_done).map_err(cuda_err("ordering compute after comm"))
+    }
+}
+
+impl<T: Real> CudaCompute<T> {
+    /// Queues stencil9 on `rect` on `stream`.
+    fn launch_stencil(&self, stream: &Arc<CudaStream>, src: usize, dst: usize, pitch: usize, rect: Rect) -> Result<()> {
+        if rect.is_empty() {
+            return Ok(());
+        }
+        let (bx, by) = STENCIL_BLOCK;
+        let cfg = LaunchConfig {
+            grid_dim: ((rect.cols() as u32).div_ceil(bx), (rect.rows() as u32).div_ceil(by), 1),
+            block_dim: (bx, by, 1),
+            shared_mem_bytes: 0,
+        };
+        let (src, dst, pitch) = (src as u64, dst as u64, pitch as u64);
+        let (r0, r1, c0, c1) = (rect.r0 as u32, rect.r1 as u32, rect.c0 as u32, rect.c1 as u32);
+        let w = self.weights;
+        let mut launch = stream.launch_builder(&self.stencil);
+        launch.arg(&src).arg(&dst).arg(&pitch).arg(&r0).arg(&r1).arg(&c0).arg(&c1);
+        launch.arg(&w.center).arg(&w.cardinal).arg(&w.diagonal);
+        // SAFETY: the arguments match stencil9's parameters in order and type; the
+        // region keeps every access inside the two arrays.
+        unsafe { launch.launch(cfg) }.map_err(cuda_err("launching stencil9"))?;
+        Ok(())
     }
 }
