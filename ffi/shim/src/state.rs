@@ -193,6 +193,8 @@ pub struct Shim {
     host_ranges: [(usize, usize); HOST_RANGES],
     host_next: usize,
     use_host_cache: bool,
+    /// The last device buffer `is_device` found, and its device.
+    last_device: Option<(usize, u32)>,
     /// Device messages below this many bytes are staged (`GPULMT_MPI_LMT_MIN`).
     lmt_min: usize,
     pub counters: gpulmt_mpi_counters,
@@ -309,6 +311,7 @@ impl Shim {
             host_ranges: [(0, 0); HOST_RANGES],
             host_next: 0,
             use_host_cache,
+            last_device: None,
             lmt_min,
             counters: gpulmt_mpi_counters::default(),
         })
@@ -382,7 +385,10 @@ impl Shim {
         }
         match self.ctx.backend().pointer_info(ptr) {
             Ok(i) => match i.kind {
-                MemoryKind::Device(_) => true,
+                MemoryKind::Device(dev) => {
+                    self.last_device = Some((ptr, dev));
+                    true
+                }
                 MemoryKind::Host => {
                     if self.use_host_cache && len > 0 {
                         self.host_ranges[self.host_next] = (ptr, end);
@@ -394,6 +400,26 @@ impl Shim {
             Err(e) => {
                 tracing::warn!(ptr = format_args!("{ptr:#x}"), error = %e, "pointer query failed; treating as host memory");
                 false
+            }
+        }
+    }
+
+    /// Lets the application's default-stream work on the device of `ptr` land before
+    /// gpulmt reads or writes that device buffer: an application may fill or clear it
+    /// with a `cudaMemcpy` from pageable memory, which returns before its DMA lands.
+    fn settle_app_writes(&self, ptr: usize) {
+        let backend = self.ctx.backend();
+        // The caller has just asked is_device about this buffer: no second query.
+        let dev = match self.last_device {
+            Some((p, dev)) if p == ptr => Some(dev),
+            _ => match backend.pointer_info(ptr) {
+                Ok(gpulmt::device::PointerInfo { kind: MemoryKind::Device(dev), .. }) => Some(dev),
+                _ => None,
+            },
+        };
+        if let Some(dev) = dev {
+            if let Err(e) = backend.wait_app_default_stream(dev) {
+                tracing::warn!(error = %e, "waiting for the application's default stream");
             }
         }
     }
@@ -487,6 +513,7 @@ impl Shim {
         sync: bool,
         greq: bool,
     ) -> Result<(u64, MPI_Request), c_int> {
+        self.settle_app_writes(buf);
         let local = if bytes >= self.lmt_min { self.local_rank_of(comm, dest) } else { None };
         let Some(to) = local else {
             // Another node, or a small message: stage through host memory.
@@ -565,6 +592,9 @@ impl Shim {
     ) -> Result<(u64, MPI_Request), c_int> {
         let (cap, contiguous) = type_geometry(dtype, count)?;
         let device = cap > 0 && self.is_device(buf, cap);
+        if device {
+            self.settle_app_writes(buf);
+        }
         let spec = RecvSpec { buf, count, dtype, source, tag, comm, device, contiguous, cap };
         let r = self.new_op(Some(spec), comm, State::Posted, greq);
         self.posted.push(r.0);

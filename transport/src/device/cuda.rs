@@ -63,10 +63,12 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",
     "cuEventQuery",
+    "cuStreamWaitEvent",
     "cuMemcpyAsync",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
@@ -90,6 +92,9 @@ const SYNC_SLOT: usize = 0;
 fn lane_slot(lane: u32) -> usize {
     lane as usize + 1
 }
+
+/// The application's legacy default stream (`CU_STREAM_LEGACY`).
+const LEGACY_STREAM: sys::CUstream = 1usize as sys::CUstream;
 
 // ---------------------------------------------------------------------------------------------
 // Driver results
@@ -506,18 +511,26 @@ impl CudaBackend {
 
     /// Queues a copy on stream `slot` of `dev`, then runs `then` with that stream while the
     /// context is still current. Unified addressing lets the driver work out the direction.
+    /// With `after_app`, the copy also waits for the work the application queued so far
+    /// on its legacy default stream (see [`DeviceBackend::copy_sync`]).
     fn enqueue<T>(
         &self,
         dev: DevId,
         slot: usize,
-        dst: usize,
-        src: usize,
-        len: usize,
+        (dst, src, len): (usize, usize, usize),
+        after_app: bool,
         then: impl FnOnce(&Device, sys::CUstream) -> Result<T, DeviceError>,
     ) -> Result<T, DeviceError> {
         let d = self.device(dev)?;
         let _current = self.enter(dev)?;
         let stream = Self::stream(d, slot)?;
+        if after_app {
+            let ev = Self::take_event(d)?;
+            // The wait takes the event's state now, so it can go back to the pool at once.
+            let ordered = cu!(cuEventRecord(ev.0, LEGACY_STREAM)).and_then(|()| cu!(cuStreamWaitEvent(stream, ev.0, 0)));
+            lock(&d.events).push(ev);
+            ordered?;
+        }
         cu!(cuMemcpyAsync(
             dst as CUdeviceptr,
             src as CUdeviceptr,
@@ -683,7 +696,7 @@ impl DeviceBackend for CudaBackend {
             None
         } else {
             Some(
-                self.enqueue(engine, lane_slot(lane), dst, src, len, |d, stream| {
+                self.enqueue(engine, lane_slot(lane), (dst, src, len), false, |d, stream| {
                     let ev = Self::take_event(d)?;
                     if let Err(f) = cu!(cuEventRecord(ev.0, stream)) {
                         lock(&d.events).push(ev);
@@ -728,7 +741,11 @@ impl DeviceBackend for CudaBackend {
 
     /// Runs on a stream of its own and waits for it, rather than `cuMemcpy`: `cuMemcpy` on the
     /// legacy default stream returns before a device-to-device copy has landed, and waits
-    /// for every blocking stream of the application in that context.
+    /// for every blocking stream of the application in that context. The copy is ordered
+    /// after what the application queued on its legacy default stream: a `cudaMemcpy` from
+    /// pageable memory returns before its DMA has landed, and a copy of ours into the same
+    /// buffer must not be overwritten by it afterwards (seen on 2x H200 with two ranks per
+    /// GPU under the PMPI shim).
     fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
         if len == 0 {
             return Ok(());
@@ -741,9 +758,19 @@ impl DeviceBackend for CudaBackend {
             }
         }
         let dev = dev.unwrap_or_else(|| self.fallback_device());
-        self.enqueue(dev, SYNC_SLOT, dst, src, len, |_, stream| {
+        self.enqueue(dev, SYNC_SLOT, (dst, src, len), true, |_, stream| {
             Ok(cu!(cuStreamSynchronize(stream))?)
         })
+    }
+
+    fn wait_app_default_stream(&self, dev: DevId) -> Result<(), DeviceError> {
+        let _current = self.enter(dev)?;
+        // Querying first keeps the common case (nothing pending) to one cheap call.
+        match cu!(cuStreamQuery(LEGACY_STREAM)) {
+            Ok(()) => Ok(()),
+            Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => Ok(cu!(cuStreamSynchronize(LEGACY_STREAM))?),
+            Err(f) => Err(f.into()),
+        }
     }
 
     fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {

@@ -170,6 +170,16 @@ pub trait DeviceBackend: Send + Sync {
     /// Copies and waits, in any direction (host or device at either end).
     fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError>;
 
+    /// Waits until the work the application queued on its default stream of device
+    /// `dev` so far has finished, if any is pending. For callers that move buffers an
+    /// application fills or clears through the runtime's default stream (a `cudaMemcpy`
+    /// from pageable memory returns before its DMA lands): the PMPI shim. Backends
+    /// without such a stream return at once.
+    fn wait_app_default_stream(&self, dev: DevId) -> Result<(), DeviceError> {
+        let _ = dev;
+        Ok(())
+    }
+
     /// Pins and registers host memory so device engines can DMA it (shared staging
     /// chunks); registering the same range twice is not an error.
     fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError>;
