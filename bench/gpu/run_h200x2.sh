@@ -94,7 +94,8 @@ log handle cache: osu_bw 1 MiB with and without the cache, windows 64 and 1
 for w in 64 1; do
   for c in 1 0; do
     GPULMT_HANDLE_CACHE=$c $run $bin/osu_bw -m 1M:1M -W $w -i 200 --stats D D > /tmp/cache.txt 2>&1
-    echo "cache=$c window=$w $(grep -E '^1048576' /tmp/cache.txt | tr -s ' ') $(grep 'rank 1 ' /tmp/cache.txt | grep -o 'cache hits.*open_ms=[0-9.]*')"
+    # Both ranks' counters: GET opens on the receiver, PUT and COOPERATE on the sender.
+    echo "cache=$c window=$w $(grep -E '^1048576' /tmp/cache.txt | tr -s ' ') $(grep -E 'rank [01] ' /tmp/cache.txt | grep -o 'rank [01] .*cache hits.*open_ms=[0-9.]*' | tr '\n' ' ')"
   done
 done | tee "$out/cache.txt"
 log split copies over lanes
