@@ -441,7 +441,9 @@ unsafe fn recv_direct(
     let mut st = empty_status();
     let mut envelope = [0u8; ENVELOPE_BYTES];
     let rc;
-    let took_envelope_size;
+    // Whether the shim takes over: an envelope, or (for a buffer smaller than one) any
+    // message of an envelope's size, received into `envelope`.
+    let for_shim;
     if cap >= ENVELOPE_BYTES {
         let mut saved = [0u8; ENVELOPE_BYTES];
         // SAFETY: the user's host buffer holds cap >= ENVELOPE_BYTES bytes, and the
@@ -450,12 +452,12 @@ unsafe fn recv_direct(
             std::ptr::copy_nonoverlapping(buf as *const u8, saved.as_mut_ptr(), ENVELOPE_BYTES);
             rc = PMPI_Recv(buf, count, dt, source, tag, comm, &mut st);
         }
-        took_envelope_size = rc == SUCCESS && status_bytes(&st) == ENVELOPE_BYTES && {
+        for_shim = rc == SUCCESS && status_bytes(&st) == ENVELOPE_BYTES && {
             // SAFETY: as above; the library wrote these bytes.
             unsafe { std::ptr::copy_nonoverlapping(buf as *const u8, envelope.as_mut_ptr(), ENVELOPE_BYTES) };
             with(|s| s.is_envelope(&envelope)).unwrap_or(false)
         };
-        if took_envelope_size {
+        if for_shim {
             // The payload goes into the buffer; what it does not cover stays as it was.
             // SAFETY: as above.
             unsafe { std::ptr::copy_nonoverlapping(saved.as_ptr(), buf as *mut u8, ENVELOPE_BYTES) };
@@ -467,18 +469,18 @@ unsafe fn recv_direct(
         if probed != SUCCESS {
             return probed;
         }
-        took_envelope_size = status_bytes(&st) == ENVELOPE_BYTES;
+        for_shim = status_bytes(&st) == ENVELOPE_BYTES;
         // SAFETY: the matched message goes to our envelope buffer (exactly its size)
         // or to the user's buffer with their count and datatype.
         rc = unsafe {
-            if took_envelope_size {
+            if for_shim {
                 PMPI_Mrecv(envelope.as_mut_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), &mut msg, &mut st)
             } else {
                 PMPI_Mrecv(buf, count, dt, &mut msg, &mut st)
             }
         };
     }
-    if !took_envelope_size || rc != SUCCESS {
+    if !for_shim || rc != SUCCESS {
         with(|s| s.counters.host_recvs += 1);
         if !status.is_null() && status != status_ignore() {
             // SAFETY: the caller's status, valid for writes.
