@@ -201,13 +201,11 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
     }
 
     fn stencil(&mut self, src: usize, dst: usize, pitch: usize, rect: Rect) -> Result<()> {
-        let stream = self.compute.clone();
-        self.launch_stencil(&stream, src, dst, pitch, rect)
+        self.launch_stencil(&self.compute, src, dst, pitch, rect)
     }
 
     fn stencil_on_comm(&mut self, src: usize, dst: usize, pitch: usize, rects: &[Rect]) -> Result<()> {
-        let stream = self.comm.clone();
-        rects.iter().try_for_each(|r| self.launch_stencil(&stream, src, dst, pitch, *r))
+        rects.iter().try_for_each(|r| self.launch_stencil(&self.comm, src, dst, pitch, *r))
     }
 
     fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()> {
