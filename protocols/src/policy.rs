@@ -82,7 +82,8 @@ pub struct PolicyConfig {
     /// With traffic both ways (the sender's engine is busy pulling this receiver's
     /// messages), messages of at least this many bytes use PUT under `auto`: each
     /// engine then pushes its own data, as two concurrent push streams do best on
-    /// NVLink (measured on H200: GET reads win below 32 MiB, pushes above).
+    /// NVLink (measured on H200 with sends progressed while they are posted: pushes
+    /// win from 512 KiB; without that, GET's reads won below 32 MiB).
     pub bidir_put_min: u64,
 }
 

@@ -210,6 +210,28 @@ fn handle_cache_opens_each_remote_allocation_once() {
     assert_eq!(out.protocols(1)["get"], 128, "{}", out.dump());
 }
 
+/// The cache's outcome is in each request's tracing span: of the 128 receives of the
+/// window above, the first opened the mapping (and says how long that took), the
+/// other 127 were served by the cache.
+#[test]
+fn handle_cache_outcome_is_recorded_in_request_spans() {
+    let out = Job::new(CHECK, 2, &["cache", "--iters", "64", "--expect-recv-opens", "1", "--expect-send-opens", "0"])
+        .envs(&[("GPULMT_PROTOCOL", "get"), ("GPULMT_LOG", "gpulmt=debug")])
+        .timeout_s(60)
+        .run();
+    out.assert_ok(2, "cache");
+    let completed = |outcome: &str| {
+        out.stderr
+            .lines()
+            .filter(|l| l.contains("recv{") && l.contains(&format!("ipc_cache=\"{outcome}\"")) && l.ends_with(" ok=true"))
+            .collect::<Vec<_>>()
+    };
+    let (misses, hits) = (completed("miss"), completed("hit"));
+    assert_eq!((misses.len(), hits.len()), (1, 127), "{}", out.dump());
+    assert!(misses[0].contains("ipc_open_us="), "the miss records its open time: {}", misses[0]);
+    assert!(hits.iter().all(|l| !l.contains("ipc_open_us=")), "{}", out.dump());
+}
+
 #[test]
 fn handle_cache_with_put_and_coop() {
     let out = cache_window("put", 0, 1);

@@ -5,6 +5,7 @@
 //! so documentation and code cannot drift apart.
 
 use gpulmt_protocols::ProtocolOverride;
+pub use crate::device::cuda::CudaCompletion;
 
 /// Which device backend to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_DEVICE_EAGER_LIMIT", "0", "the eager limit for messages from device memory, whose payload needs a staging copy (0: device messages always rendezvous, one DMA instead of two)"),
     ("GPULMT_COOP_MIN", "2M", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large, unless the sender's engine is busy with traffic the other way (`never` to disable; 2 MiB measured on 2x H200)"),
     ("GPULMT_PUT_MIN", "512K", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large, unless traffic flows both ways (`never` to disable; measured on 2x H200)"),
-    ("GPULMT_BIDIR_PUT_MIN", "32M", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; measured on 2x H200)"),
+    ("GPULMT_BIDIR_PUT_MIN", "512K", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; measured on 2x H200 with GPULMT_PROGRESS_ON_POST=1: pushes beat GET's reads from 512 KiB, by 4-40%)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
     ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
     ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
@@ -36,6 +37,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_HANDLE_CACHE_ENTRIES", "1024", "most cached peer mappings kept open while unused"),
     ("GPULMT_HANDLE_CACHE_BYTES", "64G", "most bytes of cached peer mappings kept open while unused"),
     ("GPULMT_MEMTYPE_CACHE", "1", "remember recently used host buffers to skip the driver's pointer query on the eager path (`0` to disable)"),
+    ("GPULMT_CUDA_COMPLETION", "word", "how the CUDA backend learns that a copy finished: `word` (the stream writes a sequence number into pinned host memory, polled without a driver call) or `event` (an event per copy, queried through the driver)"),
+    ("GPULMT_PROGRESS_ON_POST", "1", "a rendezvous isend also makes one progress pass, so the peer's answers start copies while an application is still posting a window of sends (`0`: progress only in test/wait)"),
     ("GPULMT_INIT_TIMEOUT_MS", "30000", "how long a rank waits for the others to join the job"),
     ("GPULMT_LIVENESS_MS", "20", "how often a waiting rank checks that its peers are alive"),
     ("GPULMT_SIM_DEVICES", "2", "sim backend: number of devices"),
@@ -77,6 +80,8 @@ pub struct Config {
     pub init_timeout_ms: u64,
     pub liveness_ms: u64,
     pub memtype_cache: bool,
+    pub progress_on_post: bool,
+    pub cuda_completion: CudaCompletion,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -92,7 +97,7 @@ impl Default for Config {
             device_eager_limit: 0,
             coop_min: 2 << 20,
             put_min: 512 << 10,
-            bidir_put_min: 32 << 20,
+            bidir_put_min: 512 << 10,
             coop_sender_permille: 500,
             copy_split: 0,
             lanes: 1,
@@ -106,6 +111,8 @@ impl Default for Config {
             init_timeout_ms: 30_000,
             liveness_ms: 20,
             memtype_cache: true,
+            progress_on_post: true,
+            cuda_completion: CudaCompletion::Word,
         }
     }
 }
@@ -165,6 +172,13 @@ impl Config {
                 _ => return Err(err("GPULMT_DEVICE", &v, "expected cuda, sim or auto")),
             };
         }
+        if let Some(v) = get("GPULMT_CUDA_COMPLETION") {
+            c.cuda_completion = match v.trim().to_ascii_lowercase().as_str() {
+                "word" => CudaCompletion::Word,
+                "event" => CudaCompletion::Event,
+                _ => return Err(err("GPULMT_CUDA_COMPLETION", &v, "expected word or event")),
+            };
+        }
         if let Some(v) = get("GPULMT_GPU") {
             c.gpu = Some(v.trim().parse().map_err(|_| err("GPULMT_GPU", &v, "expected a device ordinal"))?);
         }
@@ -219,7 +233,7 @@ impl Config {
                 &format!("an eager message must fit a ring slot: raise GPULMT_SLOT_SIZE to at least {}", c.eager_limit + SLOT_OVERHEAD as u64),
             ));
         }
-        for (var, dst) in [("GPULMT_HANDLE_CACHE", &mut c.handle_cache), ("GPULMT_MEMTYPE_CACHE", &mut c.memtype_cache)] {
+        for (var, dst) in [("GPULMT_HANDLE_CACHE", &mut c.handle_cache), ("GPULMT_MEMTYPE_CACHE", &mut c.memtype_cache), ("GPULMT_PROGRESS_ON_POST", &mut c.progress_on_post)] {
             if let Some(v) = get(var) {
                 *dst = match v.trim() {
                     "1" | "on" | "true" | "yes" => true,
@@ -268,6 +282,9 @@ mod tests {
         assert_eq!(c.protocol, ProtocolOverride::Coop);
         assert_eq!(c.chunk_size, 256 << 10);
         assert_eq!(c.coop_min, 4 << 20);
+        assert!(!cfg(&[("GPULMT_PROGRESS_ON_POST", "0")]).unwrap().progress_on_post);
+        assert_eq!(cfg(&[("GPULMT_CUDA_COMPLETION", "event")]).unwrap().cuda_completion, CudaCompletion::Event);
+        assert_eq!(cfg(&[]).unwrap().cuda_completion, CudaCompletion::Word);
     }
 
     #[test]
@@ -288,6 +305,8 @@ mod tests {
             ("GPULMT_PIPELINE_DEPTH", "0"),
             ("GPULMT_HANDLE_CACHE", "maybe"),
             ("GPULMT_CHUNK_SIZE", "0"),
+            ("GPULMT_PROGRESS_ON_POST", "2"),
+            ("GPULMT_CUDA_COMPLETION", "spin"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err();
             assert_eq!(e.var, k, "{e}");

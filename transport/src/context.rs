@@ -100,9 +100,7 @@ fn now_nanos() -> u64 {
 
 /// Installs the log subscriber once per process (`GPULMT_LOG`, default `warn`).
 fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("GPULMT_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    crate::logging::init("warn");
 }
 
 /// One rank's endpoint of a gpulmt job.
@@ -162,7 +160,7 @@ impl Context {
 
     pub(crate) fn init_inner(cfg: Config, info: JobInfo, channel: Option<crate::plugin::HostChannel>) -> Result<Context> {
         init_logging();
-        let backend = device::select(cfg.device)?;
+        let backend = device::select(cfg.device, cfg.cuda_completion)?;
         let ndev = backend.device_count();
         if ndev == 0 {
             return Err(Error::Bootstrap("the device backend reports no devices".into()));
@@ -407,10 +405,11 @@ impl Context {
         } else {
             None
         };
-        let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty);
+        let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
         let req = self.new_request(ptr, len, kind, span);
         self.engine.post_send(req, dst, tag, desc, payload);
         self.run_actions();
+        self.progress_on_post();
         Ok(Request(req.0))
     }
 
@@ -438,11 +437,25 @@ impl Context {
         let info = self.classify(ptr, len)?;
         let kind = info.kind;
         let desc = self.describe(info, ptr, len, export)?;
-        let span = tracing::debug_span!("recv", from = ?src, tag = ?tag, len, protocol = tracing::field::Empty);
+        let span = tracing::debug_span!("recv", from = ?src, tag = ?tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
         let req = self.new_request(ptr, len, kind, span);
         self.engine.post_recv(req, src, tag, desc);
         self.run_actions();
         Ok(Request(req.0))
+    }
+
+    /// One progress pass after posting a rendezvous send. A benchmark or halo exchange posts
+    /// a whole window before it waits; without this the peer's CTS/COOKIE packets (and so the
+    /// copies of PUT and COOPERATE) wait for the last post. Receives do not run it: the
+    /// protocol of an incoming message is decided once this rank's own sends are posted,
+    /// so traffic both ways is seen as such (deciding during the receives of a window mixed
+    /// COOPERATE into osu_bibw's PUT/GET traffic on 2x H200, half the bandwidth). What goes
+    /// wrong in the pass surfaces again at the next test/wait, which runs the same pass; the
+    /// request itself is already posted.
+    fn progress_on_post(&mut self) {
+        if self.cfg.progress_on_post {
+            let _ = self.progress();
+        }
     }
 
     /// Completes the request if it is done: `Ok(Some(status))` (the request is then

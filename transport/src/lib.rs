@@ -16,6 +16,7 @@ pub mod device;
 pub mod shm;
 pub mod context;
 pub mod error;
+pub mod logging;
 mod free;
 pub mod mapping;
 #[cfg(feature = "mpi")] pub mod mpi;

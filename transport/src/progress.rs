@@ -381,9 +381,13 @@ impl Context {
     fn start_copy(&mut self, c: CopyCmd) {
         self.stats.copies += 1;
         let mut lease = None;
+        let opens_before = self.cache.open_counters();
         let ends = self
             .resolve(c.src, c.len, &mut lease)
             .and_then(|s| self.resolve(c.dst, c.len, &mut lease).map(|d| (s, d)));
+        if let Some(key) = &lease {
+            self.record_cache_outcome(&c, key, opens_before);
+        }
         let (src, dst) = match ends {
             Ok(v) => v,
             Err(what) => {
@@ -414,6 +418,27 @@ impl Context {
                     self.engine.on_copy_done(c.id, Err(e.to_string()));
                 }
             },
+        }
+    }
+
+    /// Records on the span of the request a copy serves whether its peer mapping came
+    /// from the handle cache or was opened (and how long the open took).
+    fn record_cache_outcome(&self, c: &CopyCmd, key: &PeerBufferKey, (misses, nanos): (u64, u64)) {
+        let (misses_now, nanos_now) = self.cache.open_counters();
+        let opened = misses_now > misses;
+        let open_us = (nanos_now - nanos) as f64 / 1e3;
+        if opened {
+            tracing::debug!(peer = key.peer, device = key.device, buffer_id = key.buffer_id, open_us, "opened a peer IPC mapping");
+        }
+        let served = [c.src, c.dst].into_iter().find_map(|l| match l {
+            Loc::User { req, .. } => self.reqs.get(req.0),
+            _ => None,
+        });
+        if let Some(st) = served {
+            st.span.record("ipc_cache", if opened { "miss" } else { "hit" });
+            if opened {
+                st.span.record("ipc_open_us", open_us);
+            }
         }
     }
 

@@ -118,9 +118,7 @@ unsafe fn raise(comm: MPI_Comm, code: c_int) -> c_int {
 /// cached, and gpulmt_mpi_free is not collective; CUDA behaves the same, silently),
 /// so without `GPULMT_LOG` only its errors show.
 fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("GPULMT_LOG").unwrap_or_else(|_| EnvFilter::new("warn,gpulmt::device::sim=error"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_writer(std::io::stderr).try_init();
+    gpulmt::logging::init("warn,gpulmt::device::sim=error");
 }
 
 /// Runs a completion call of the MPI library on `reqs[..n]`. When one of them is a

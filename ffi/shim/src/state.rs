@@ -564,7 +564,13 @@ impl Shim {
         }
         self.counters.lmt_sends += 1;
         let r = self.new_op(None, comm, State::LmtSend { _env: env, env_req, lmt: Some(lmt), error: SUCCESS }, greq);
-        self.flush_blobs();
+        // As gpulmt's own isend does (GPULMT_PROGRESS_ON_POST): the peer's answers to the
+        // sends posted so far start their copies while the application posts the rest.
+        if self.ctx.config().progress_on_post {
+            self.progress_transfers();
+        } else {
+            self.flush_blobs();
+        }
         Ok(r)
     }
 
@@ -851,17 +857,23 @@ impl Shim {
     /// One round of progress: control blobs both ways, gpulmt, matching, and every
     /// running operation.
     pub fn progress(&mut self) {
-        self.flush_blobs();
-        self.drain_blobs();
-        if let Err(e) = self.ctx.progress() {
-            tracing::warn!(error = %e, "gpulmt progress");
-        }
+        self.progress_transfers();
         self.match_posted();
         let running: Vec<u64> = self.ops.keys().copied().collect();
         for id in running {
             self.poll(id);
         }
         self.flush_blobs();
+    }
+
+    /// Moves gpulmt's control blobs both ways and lets it start and finish copies, without
+    /// looking at the shim's own operations.
+    fn progress_transfers(&mut self) {
+        self.flush_blobs();
+        self.drain_blobs();
+        if let Err(e) = self.ctx.progress() {
+            tracing::warn!(error = %e, "gpulmt progress");
+        }
     }
 
     fn poll(&mut self, id: u64) {

@@ -493,10 +493,8 @@ fn run(args: Args) -> u8 {
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPULMT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // try_init: never fail the launcher over logging.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).try_init();
+    // Never fails the launcher over logging.
+    gpulmt::logging::init("warn");
 
     match parse_args(std::env::args_os().skip(1)) {
         Ok(Parsed::Help) => {

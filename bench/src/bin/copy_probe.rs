@@ -1,0 +1,244 @@
+//! copy_probe: where the time of one small device copy goes, call by call.
+//!
+//! The 8 B `osu_latency` target sits a microsecond above one copy-engine copy and wait, so
+//! this measures the pieces of that copy on the real driver, each the same way (median, mean
+//! and 90th percentile of 2000 repetitions after 200 warm-ups, host-timed): the anchor's
+//! `cuMemcpyPeerAsync` + `cuStreamSynchronize`, the UVA `cuMemcpyAsync` gpulmt issues, on the
+//! source's engine (push) and the destination's (pull), completed by stream synchronize,
+//! stream query, event query, event synchronize and a completion word the stream writes into
+//! pinned host memory (`cuStreamWriteValue32`); gpulmt's own `copy_async` + `copy_poll`
+//! with each `GPULMT_CUDA_COMPLETION` (word, event);
+//! and a pull from an IPC mapping opened in a second process, which is what a GET does.
+//! Needs two CUDA devices with peer access. Prints CSV `probe,variant,median_us,mean_us,p90_us`.
+//! Run: `copy_probe [bytes]` (default 8).
+
+use std::ffi::c_uint;
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::ptr;
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
+use gpulmt::device::cuda::{CudaBackend, CudaCompletion};
+use gpulmt::device::{DeviceBackend, IpcHandle, IPC_HANDLE_BYTES};
+
+const WARM: usize = 200;
+const REPS: usize = 2000;
+const CHILD_ENV: &str = "GPULMT_COPY_PROBE_HANDLE";
+
+fn ck(what: &str, r: CUresult) {
+    if r != CUresult::CUDA_SUCCESS {
+        eprintln!("copy_probe: {what} failed: {r:?}");
+        std::process::exit(1);
+    }
+}
+
+/// Times `op` (which must finish its copy before returning) and prints its row.
+fn measure(variant: &str, mut op: impl FnMut()) {
+    let mut t = Vec::with_capacity(REPS);
+    for i in 0..WARM + REPS {
+        let x = Instant::now();
+        op();
+        if i >= WARM {
+            t.push(x.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let mean = t.iter().sum::<f64>() / t.len() as f64;
+    t.sort_by(f64::total_cmp);
+    println!("copy_probe,{variant},{:.3},{mean:.3},{:.3}", t[t.len() / 2], t[t.len() * 9 / 10]);
+}
+
+struct Dev {
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    event: sys::CUevent,
+    /// Pinned host word (host address, device address) for stream-written completions.
+    word: (*mut u32, CUdeviceptr),
+}
+
+/// The primary context of `ordinal` (gpulmt's backend has retained it and enabled peer
+/// access), with a non-blocking stream and a timing-free event of its own.
+fn dev(ordinal: i32) -> Dev {
+    unsafe {
+        let mut cu = 0;
+        ck("cuDeviceGet", sys::cuDeviceGet(&mut cu, ordinal));
+        let mut ctx = ptr::null_mut();
+        ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, cu));
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
+        let mut stream = ptr::null_mut();
+        ck("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint));
+        let mut event = ptr::null_mut();
+        ck("cuEventCreate", sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint));
+        let mut host = ptr::null_mut();
+        ck("cuMemHostAlloc", sys::cuMemHostAlloc(&mut host, 64, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP));
+        host.cast::<u32>().write_volatile(0);
+        let mut word_dev = 0;
+        ck("cuMemHostGetDevicePointer", sys::cuMemHostGetDevicePointer_v2(&mut word_dev, host, 0));
+        Dev { ctx, stream, event, word: (host.cast(), word_dev) }
+    }
+}
+
+fn spin_stream(s: sys::CUstream) {
+    loop {
+        match unsafe { sys::cuStreamQuery(s) } {
+            CUresult::CUDA_SUCCESS => return,
+            CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+            r => ck("cuStreamQuery", r),
+        }
+    }
+}
+
+fn spin_event(e: sys::CUevent) {
+    loop {
+        match unsafe { sys::cuEventQuery(e) } {
+            CUresult::CUDA_SUCCESS => return,
+            CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+            r => ck("cuEventQuery", r),
+        }
+    }
+}
+
+/// Copy-then-complete variants on `d`'s stream, `d`'s context current.
+fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
+    let (dst, src) = (dst as CUdeviceptr, src as CUdeviceptr);
+    unsafe {
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d.ctx));
+        measure(&format!("{tag}_memcpy_streamsync"), || {
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream));
+        });
+        measure(&format!("{tag}_memcpy_streamquery"), || {
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            spin_stream(d.stream);
+        });
+        measure(&format!("{tag}_memcpy_eventquery"), || {
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            ck("cuEventRecord", sys::cuEventRecord(d.event, d.stream));
+            spin_event(d.event);
+        });
+        measure(&format!("{tag}_memcpy_eventsync"), || {
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            ck("cuEventRecord", sys::cuEventRecord(d.event, d.stream));
+            ck("cuEventSynchronize", sys::cuEventSynchronize(d.event));
+        });
+        let mut seq = 0u32;
+        measure(&format!("{tag}_memcpy_word"), || {
+            seq += 1;
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            ck("cuStreamWriteValue32", sys::cuStreamWriteValue32_v2(d.stream, d.word.1, seq, 0));
+            while d.word.0.read_volatile() != seq {
+                std::hint::spin_loop();
+            }
+        });
+        measure(&format!("{tag}_memcpydtod_streamsync"), || {
+            ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(dst, src, len, d.stream));
+            ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream));
+        });
+        // Host-side cost of each call alone (the copy is waited for outside the timing).
+        let mut issue = Vec::with_capacity(REPS);
+        let mut record = Vec::with_capacity(REPS);
+        let mut query_done = Vec::with_capacity(REPS);
+        for _ in 0..REPS {
+            let x = Instant::now();
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            issue.push(x.elapsed().as_secs_f64() * 1e6);
+            let x = Instant::now();
+            ck("cuEventRecord", sys::cuEventRecord(d.event, d.stream));
+            record.push(x.elapsed().as_secs_f64() * 1e6);
+            ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream));
+            let x = Instant::now();
+            ck("cuEventQuery", sys::cuEventQuery(d.event));
+            query_done.push(x.elapsed().as_secs_f64() * 1e6);
+        }
+        for (name, mut v) in [("call_memcpyasync", issue), ("call_eventrecord", record), ("call_eventquery_done", query_done)] {
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            v.sort_by(f64::total_cmp);
+            println!("copy_probe,{tag}_{name},{:.3},{mean:.3},{:.3}", v[v.len() / 2], v[v.len() * 9 / 10]);
+        }
+    }
+}
+
+/// gpulmt's own copy and poll, with each way of learning that a copy finished.
+fn backend_variant(tag: &str, engine: u32, dst: usize, src: usize, len: usize) {
+    for (name, mode) in [("word", CudaCompletion::Word), ("event", CudaCompletion::Event)] {
+        let b = CudaBackend::with_completion(mode).expect("CUDA backend");
+        measure(&format!("{tag}_gpulmt_copy_async_poll_{name}"), || {
+            let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
+            while !b.copy_poll(t).expect("copy_poll") {
+                std::hint::spin_loop();
+            }
+        });
+    }
+}
+
+fn main() {
+    let len: usize = std::env::args().nth(1).map(|s| s.parse().expect("bytes")).unwrap_or(8);
+    let b = match CudaBackend::try_new() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("copy_probe: needs the CUDA backend: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Ok(hex) = std::env::var(CHILD_ENV) {
+        return child(&b, &hex, len);
+    }
+    if b.device_count() < 2 || !b.can_access_peer(0, 1) {
+        eprintln!("copy_probe: needs two devices with peer access");
+        std::process::exit(1);
+    }
+    let bytes = len.max(64);
+    let (a0, a0b, a1) = (b.alloc(0, bytes).unwrap(), b.alloc(0, bytes).unwrap(), b.alloc(1, bytes).unwrap());
+    let (d0, d1) = (dev(0), dev(1));
+    println!("probe,variant,median_us,mean_us,p90_us");
+    unsafe {
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx));
+        measure("push_memcpypeer_streamsync", || {
+            ck("cuMemcpyPeerAsync", sys::cuMemcpyPeerAsync(a1 as CUdeviceptr, d1.ctx, a0 as CUdeviceptr, d0.ctx, len, d0.stream));
+            ck("cuStreamSynchronize", sys::cuStreamSynchronize(d0.stream));
+        });
+    }
+    variants("push", &d0, a1, a0, len);
+    variants("pull", &d1, a1, a0, len);
+    variants("local", &d0, a0b, a0, len);
+    backend_variant("push", 0, a1, a0, len);
+    backend_variant("pull", 1, a1, a0, len);
+    backend_variant("local", 0, a0b, a0, len);
+
+    // A GET: the receiving process pulls from the sender's allocation through an IPC mapping.
+    let handle = b.export_handle(a0).expect("export");
+    let hex: String = handle.0.iter().map(|x| format!("{x:02x}")).collect();
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .arg(len.to_string())
+        .env(CHILD_ENV, hex)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the IPC half");
+    let out = child.stdout.take().unwrap();
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.unwrap();
+        println!("{line}");
+        std::io::stdout().flush().ok();
+    }
+    let status = child.wait().expect("wait for the IPC half");
+    if !status.success() {
+        eprintln!("copy_probe: the IPC half failed: {status}");
+        std::process::exit(1);
+    }
+}
+
+/// The receiving half of the IPC variants: maps the parent's allocation on device 1 and pulls.
+fn child(b: &CudaBackend, hex: &str, len: usize) {
+    let mut raw = [0u8; IPC_HANDLE_BYTES];
+    for (i, x) in raw.iter_mut().enumerate() {
+        *x = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("handle hex");
+    }
+    let local = b.alloc(1, len.max(64)).unwrap();
+    let m = b.open_handle(&IpcHandle(raw), 1).expect("open_handle");
+    let d1 = dev(1);
+    variants("ipc_pull", &d1, local, m.ptr, len);
+    backend_variant("ipc_pull", 1, local, m.ptr, len);
+    b.close_handle(m).expect("close_handle");
+    b.free(local).unwrap();
+}
