@@ -6,7 +6,7 @@
 # Usage: bash bench/gpu/prepare.sh   then run with carry [".gpu"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
+mkdir -p .git/info && { grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude; }
 cargo build --release --workspace --bins --quiet
 cargo build --release -p gpulmt-shim -p gpulmt-ffi --quiet
 unit=$(cargo test --release -p gpulmt --lib --no-run --message-format=json 2>/dev/null \
