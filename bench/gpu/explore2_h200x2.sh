@@ -2,7 +2,8 @@
 # Exploration on the 2-GPU host, beside the anchors of the same call (session 4):
 #  - copy_probe: one 8 B / 16 KiB device copy, call by call (what the 8 B latency is made of),
 #    and gpulmt's own copy+poll with each completion mode
-#  - GPULMT_CUDA_COMPLETION (word, event) x GPULMT_PROGRESS_ON_POST (1, 0): osu_latency,
+#  - GPULMT_CUDA_COMPLETION (word, event; the word mode existed from 409cd5e and was removed
+#    after this call measured it slower) x GPULMT_PROGRESS_ON_POST (1, 0): osu_latency,
 #    osu_bw, osu_bibw per protocol
 #  - Stencil2D overlap at 4096^2, three repetitions of every point (their spread)
 #  - the PMPI shim (bench/gpu/shim_h200x2.sh), the CUDA unit tests, the quick checks

@@ -5,7 +5,6 @@
 //! so documentation and code cannot drift apart.
 
 use gpulmt_protocols::ProtocolOverride;
-pub use crate::device::cuda::CudaCompletion;
 
 /// Which device backend to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +36,6 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_HANDLE_CACHE_ENTRIES", "1024", "most cached peer mappings kept open while unused"),
     ("GPULMT_HANDLE_CACHE_BYTES", "64G", "most bytes of cached peer mappings kept open while unused"),
     ("GPULMT_MEMTYPE_CACHE", "1", "remember recently used host buffers to skip the driver's pointer query on the eager path (`0` to disable)"),
-    ("GPULMT_CUDA_COMPLETION", "word", "how the CUDA backend learns that a copy finished: `word` (the stream writes a sequence number into pinned host memory, polled without a driver call) or `event` (an event per copy, queried through the driver)"),
     ("GPULMT_PROGRESS_ON_POST", "1", "a rendezvous isend also makes one progress pass, so the peer's answers start copies while an application is still posting a window of sends (`0`: progress only in test/wait)"),
     ("GPULMT_INIT_TIMEOUT_MS", "30000", "how long a rank waits for the others to join the job"),
     ("GPULMT_LIVENESS_MS", "20", "how often a waiting rank checks that its peers are alive"),
@@ -81,7 +79,6 @@ pub struct Config {
     pub liveness_ms: u64,
     pub memtype_cache: bool,
     pub progress_on_post: bool,
-    pub cuda_completion: CudaCompletion,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -112,7 +109,6 @@ impl Default for Config {
             liveness_ms: 20,
             memtype_cache: true,
             progress_on_post: true,
-            cuda_completion: CudaCompletion::Word,
         }
     }
 }
@@ -170,13 +166,6 @@ impl Config {
                 "cuda" => DeviceChoice::Cuda,
                 "sim" => DeviceChoice::Sim,
                 _ => return Err(err("GPULMT_DEVICE", &v, "expected cuda, sim or auto")),
-            };
-        }
-        if let Some(v) = get("GPULMT_CUDA_COMPLETION") {
-            c.cuda_completion = match v.trim().to_ascii_lowercase().as_str() {
-                "word" => CudaCompletion::Word,
-                "event" => CudaCompletion::Event,
-                _ => return Err(err("GPULMT_CUDA_COMPLETION", &v, "expected word or event")),
             };
         }
         if let Some(v) = get("GPULMT_GPU") {
@@ -283,8 +272,6 @@ mod tests {
         assert_eq!(c.chunk_size, 256 << 10);
         assert_eq!(c.coop_min, 4 << 20);
         assert!(!cfg(&[("GPULMT_PROGRESS_ON_POST", "0")]).unwrap().progress_on_post);
-        assert_eq!(cfg(&[("GPULMT_CUDA_COMPLETION", "event")]).unwrap().cuda_completion, CudaCompletion::Event);
-        assert_eq!(cfg(&[]).unwrap().cuda_completion, CudaCompletion::Word);
     }
 
     #[test]
@@ -306,7 +293,6 @@ mod tests {
             ("GPULMT_HANDLE_CACHE", "maybe"),
             ("GPULMT_CHUNK_SIZE", "0"),
             ("GPULMT_PROGRESS_ON_POST", "2"),
-            ("GPULMT_CUDA_COMPLETION", "spin"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err();
             assert_eq!(e.var, k, "{e}");

@@ -160,7 +160,7 @@ impl Context {
 
     pub(crate) fn init_inner(cfg: Config, info: JobInfo, channel: Option<crate::plugin::HostChannel>) -> Result<Context> {
         init_logging();
-        let backend = device::select(cfg.device, cfg.cuda_completion)?;
+        let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {
             return Err(Error::Bootstrap("the device backend reports no devices".into()));

@@ -193,8 +193,8 @@ pub type Backend = Arc<dyn DeviceBackend>;
 
 /// Picks the backend `choice` asks for: `Auto` takes CUDA when a driver and a GPU
 /// are present and falls back to sim; `Cuda` fails when CUDA is unavailable.
-/// The choice and its reason are logged. `completion` says how CUDA copies complete.
-pub fn select(choice: crate::config::DeviceChoice, completion: cuda::CudaCompletion) -> Result<Backend, DeviceError> {
+/// The choice and its reason are logged.
+pub fn select(choice: crate::config::DeviceChoice) -> Result<Backend, DeviceError> {
     use crate::config::DeviceChoice;
     match choice {
         DeviceChoice::Sim => {
@@ -202,11 +202,11 @@ pub fn select(choice: crate::config::DeviceChoice, completion: cuda::CudaComplet
             Ok(Arc::new(sim::SimBackend::from_env()?))
         }
         DeviceChoice::Cuda => {
-            let b = cuda::CudaBackend::with_completion(completion)?;
+            let b = cuda::CudaBackend::try_new()?;
             tracing::info!(backend = "cuda", reason = "GPULMT_DEVICE=cuda", "device backend selected");
             Ok(Arc::new(b))
         }
-        DeviceChoice::Auto => match cuda::CudaBackend::with_completion(completion) {
+        DeviceChoice::Auto => match cuda::CudaBackend::try_new() {
             Ok(b) => {
                 tracing::info!(backend = "cuda", reason = "driver and GPU found", "device backend selected");
                 Ok(Arc::new(b))
