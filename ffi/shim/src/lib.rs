@@ -46,7 +46,7 @@ mod scratch;
 mod state;
 
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use mpi_sys::{
     MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status, PMPI_Barrier, PMPI_Comm_call_errhandler, PMPI_Finalize,
@@ -64,6 +64,10 @@ use envelope::ENVELOPE_BYTES;
 /// Set while the shim is active (between MPI_Init and MPI_Finalize): the fast test
 /// that lets every call pass straight through when it is not.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// Host receives the MPI library took straight into the user's buffer (`recv_direct`),
+/// counted outside the shim's lock; `gpulmt_mpi_get_counters` adds them in.
+static DIRECT_HOST_RECVS: AtomicU64 = AtomicU64::new(0);
 
 fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
@@ -220,20 +224,14 @@ enum SendPath {
 }
 
 fn send_path(s: &mut Shim, buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Result<SendPath, c_int> {
-    let mut size: c_int = 0;
-    // SAFETY: the user's datatype; an invalid one fails here and the MPI library
-    // reports it on the pass-through path.
-    if count <= 0 || unsafe { mpi_sys::PMPI_Type_size(dt, &mut size) } != SUCCESS || size <= 0 {
+    // An invalid datatype or count goes to the MPI library, which reports it.
+    let Ok((bytes, contiguous)) = s.types.geometry(dt, count) else {
+        return Ok(SendPath::Mpi);
+    };
+    if bytes == 0 || !s.is_device(buf as usize, bytes) {
         return Ok(SendPath::Mpi);
     }
-    let bytes = size as usize * count as usize;
-    if !s.is_device(buf as usize, bytes) {
-        return Ok(SendPath::Mpi);
-    }
-    match type_geometry(dt, count)? {
-        (bytes, true) => Ok(SendPath::Device(bytes)),
-        (_, false) => Ok(SendPath::Mpi),
-    }
+    Ok(if contiguous { SendPath::Device(bytes) } else { SendPath::Mpi })
 }
 
 type PmpiSend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm) -> c_int;
@@ -501,7 +499,8 @@ unsafe fn recv_direct(
         };
     }
     if !for_shim || rc != SUCCESS {
-        with(|s| s.counters.host_recvs += 1);
+        // Relaxed: a statistic, read after the receives it counts have returned.
+        DIRECT_HOST_RECVS.fetch_add(1, Ordering::Relaxed);
         if !status.is_null() && status != status_ignore() {
             // SAFETY: the caller's status, valid for writes.
             unsafe { *status = st };
@@ -856,7 +855,11 @@ pub unsafe extern "C" fn gpulmt_mpi_memcpy(dst: *mut c_void, src: *const c_void,
 /// Copies the shim's counters to `*out`: 0 on success, -1 when not active.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_mpi_get_counters(out: *mut gpulmt_mpi_counters) -> c_int {
-    match with(|s| s.counters) {
+    match with(|s| {
+        let mut c = s.counters;
+        c.host_recvs += DIRECT_HOST_RECVS.load(Ordering::Relaxed);
+        c
+    }) {
         Some(c) if !out.is_null() => {
             // SAFETY: the caller's out-pointer.
             unsafe { *out = c };

@@ -198,6 +198,8 @@ pub struct Shim {
     /// Device messages below this many bytes are staged (`GPULMT_MPI_LMT_MIN`).
     lmt_min: usize,
     pub counters: gpulmt_mpi_counters,
+    /// Geometry of the predefined datatypes seen so far.
+    pub types: NamedTypes,
 }
 
 // SAFETY: the MPI handles are plain values the MPI library accepts from any thread
@@ -314,6 +316,7 @@ impl Shim {
             last_device: None,
             lmt_min,
             counters: gpulmt_mpi_counters::default(),
+            types: NamedTypes::default(),
         })
     }
 
@@ -596,7 +599,7 @@ impl Shim {
         comm: MPI_Comm,
         greq: bool,
     ) -> Result<(u64, MPI_Request), c_int> {
-        let (cap, contiguous) = type_geometry(dtype, count)?;
+        let (cap, contiguous) = self.types.geometry(dtype, count)?;
         let device = cap > 0 && self.is_device(buf, cap);
         if device {
             self.settle_app_writes(buf);
@@ -615,7 +618,7 @@ impl Shim {
         if !self.is_idle() || !self.stash.is_empty() {
             return None;
         }
-        let (cap, contiguous) = type_geometry(dtype, count).ok()?;
+        let (cap, contiguous) = self.types.geometry(dtype, count).ok()?;
         (contiguous && !(cap > 0 && self.is_device(buf, cap))).then_some(cap)
     }
 
@@ -631,7 +634,7 @@ impl Shim {
         bytes: &[u8; ENVELOPE_BYTES],
     ) -> u64 {
         let (buf, count, dtype, want_source, want_tag, comm) = recv;
-        let cap = type_geometry(dtype, count).map_or(0, |g| g.0);
+        let cap = self.types.geometry(dtype, count).map_or(0, |g| g.0);
         let spec = RecvSpec { buf, count, dtype, source: want_source, tag: want_tag, comm, device: false, contiguous: true, cap };
         let (id, _) = self.new_op(Some(spec), comm, State::Posted, false);
         let env = Envelope::decode(&bytes[..], self.job_hash);
