@@ -22,7 +22,7 @@ pub mod mapping;
 #[cfg(feature = "mpi")] pub mod mpi;
 pub mod plugin;
 pub mod progress;
-mod memtype;
+pub mod memtype;
 mod requests;
 
 pub use context::{Context, JobInfo, Request};

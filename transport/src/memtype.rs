@@ -10,7 +10,7 @@ const WAYS: usize = 16;
 
 /// Recently seen host ranges, replaced round-robin.
 #[derive(Debug, Default)]
-pub(crate) struct HostRangeCache {
+pub struct HostRangeCache {
     ranges: [(usize, usize); WAYS],
     next: usize,
 }
@@ -21,6 +21,11 @@ impl HostRangeCache {
     pub fn contains(&self, ptr: usize, len: usize) -> bool {
         let end = ptr.saturating_add(len);
         self.ranges.iter().any(|&(b, e)| b <= ptr && end <= e && b < e)
+    }
+
+    /// Forgets every range.
+    pub fn clear(&mut self) {
+        *self = Self::default();
     }
 
     /// Remembers `[ptr, ptr+len)` as host memory.
@@ -50,5 +55,7 @@ mod tests {
             c.insert(1000 * (i + 1), 10);
         }
         assert!(!c.contains(100, 1), "oldest range replaced");
+        c.clear();
+        assert!(!c.contains(1000, 10));
     }
 }

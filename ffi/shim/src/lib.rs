@@ -42,6 +42,7 @@
 
 pub mod envelope;
 mod raw;
+mod hostmem;
 mod scratch;
 mod state;
 
@@ -225,7 +226,7 @@ enum SendPath {
 
 fn send_path(s: &mut Shim, buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Result<SendPath, c_int> {
     // An invalid datatype or count goes to the MPI library, which reports it.
-    let Ok((bytes, contiguous)) = s.types.geometry(dt, count) else {
+    let Ok((bytes, contiguous)) = hostmem::geometry(dt, count) else {
         return Ok(SendPath::Mpi);
     };
     if bytes == 0 || !s.is_device(buf as usize, bytes) {
@@ -234,12 +235,23 @@ fn send_path(s: &mut Shim, buf: *const c_void, count: c_int, dt: MPI_Datatype) -
     Ok(if contiguous { SendPath::Device(bytes) } else { SendPath::Mpi })
 }
 
+/// The bytes of a contiguous buffer this thread already knows to be host memory, while
+/// the shim is idle: a blocking send or receive of it goes to the MPI library without
+/// the shim's lock (on an 8-byte host ping-pong the lock and the checks under it were
+/// most of the shim's cost). Anything else (`None`) takes the locked path.
+fn host_ready(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Option<usize> {
+    if !state::host_fast_path() {
+        return None;
+    }
+    hostmem::ready(buf as usize, count, dt)
+}
+
 type PmpiSend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm) -> c_int;
 type PmpiIsend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm, *mut MPI_Request) -> c_int;
 
 unsafe fn send_blocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, sync: bool) -> c_int {
     let (pmpi, ipmpi): (PmpiSend, PmpiIsend) = if sync { (PMPI_Ssend, PMPI_Issend) } else { (PMPI_Send, PMPI_Isend) };
-    if !active() || dest == proc_null() {
+    if !active() || dest == proc_null() || host_ready(buf, count, dt).is_some() {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { pmpi(buf, count, dt, dest, tag, comm) };
     }
@@ -396,6 +408,10 @@ pub unsafe extern "C" fn MPI_Recv(
     if !active() || source == proc_null() {
         return pass();
     }
+    if let Some(cap) = host_ready(buf, count, dt) {
+        // SAFETY: the caller's arguments.
+        return unsafe { recv_direct(buf, count, dt, source, tag, comm, status, cap) };
+    }
     match with(|s| s.direct_recv_bytes(buf as usize, count, dt)) {
         None => return pass(),
         Some(Some(cap)) => {
@@ -459,19 +475,23 @@ unsafe fn recv_direct(
             // SAFETY: as above.
             unsafe { std::ptr::copy_nonoverlapping(saved.as_ptr(), buf as *mut u8, ENVELOPE_BYTES) };
         }
-    } else if let Some(landing) = scratch::landing() {
+    } else if let Some(landing) = hostmem::landing() {
         // SAFETY: ENVELOPE_BYTES bytes at the start of this thread's landing buffer,
         // which also absorbs Open MPI writing a longer message past that count; the
         // caller's source, tag and communicator.
         rc = unsafe { PMPI_Recv(landing.cast(), ENVELOPE_BYTES as c_int, byte(), source, tag, comm, &mut st) };
         let bytes = status_bytes(&st);
-        // SAFETY: the library wrote at least min(bytes, ENVELOPE_BYTES) bytes there.
-        unsafe { std::ptr::copy_nonoverlapping(landing, envelope.as_mut_ptr(), bytes.min(ENVELOPE_BYTES)) };
         scratch::release_overrun(landing, bytes);
-        for_shim = rc == SUCCESS && bytes == ENVELOPE_BYTES && with(|s| s.is_envelope(&envelope)).unwrap_or(false);
+        for_shim = rc == SUCCESS && bytes == ENVELOPE_BYTES && {
+            // SAFETY: the library wrote ENVELOPE_BYTES bytes there.
+            unsafe { std::ptr::copy_nonoverlapping(landing, envelope.as_mut_ptr(), ENVELOPE_BYTES) };
+            with(|s| s.is_envelope(&envelope)).unwrap_or(false)
+        };
         if !for_shim {
-            // SAFETY: the user's contiguous host buffer holds `cap` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(envelope.as_ptr(), buf as *mut u8, bytes.min(cap)) };
+            // SAFETY: the library wrote at least min(bytes, ENVELOPE_BYTES) >= min(bytes,
+            // cap) bytes there (cap < ENVELOPE_BYTES), and the user's contiguous host
+            // buffer holds `cap` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(landing, buf as *mut u8, bytes.min(cap)) };
             if rc == SUCCESS && bytes > cap {
                 // As the library reports a message longer than the receive (its count
                 // stays the message's): the buffer holds the first `cap` bytes.

@@ -10,7 +10,6 @@
 //! erroneous program's truncated message costs memory for a moment and corrupts
 //! nothing, where the plain library would overwrite the user's memory.
 
-use std::cell::Cell;
 use std::ptr;
 
 /// Address space reserved per thread. A message longer than this, truncated into a
@@ -21,38 +20,26 @@ const RESERVE: usize = 1 << 34;
 /// every receive.
 const HEAD: usize = 1 << 16;
 
-thread_local! {
-    /// This thread's reservation: null until first used, dangling (1) if it failed.
-    static BASE: Cell<*mut u8> = const { Cell::new(ptr::null_mut()) };
-}
-
-/// The start of this thread's landing buffer, `None` where the address space cannot be
-/// reserved (strict overcommit, a small address-space limit): callers then take the
-/// slower path that needs no landing buffer.
-pub fn landing() -> Option<*mut u8> {
-    BASE.with(|b| {
-        if b.get().is_null() {
-            // SAFETY: an anonymous private mapping at an address of the kernel's choice.
-            let p = unsafe {
-                libc::mmap(
-                    ptr::null_mut(),
-                    RESERVE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                tracing::debug!(error = %std::io::Error::last_os_error(), "no landing reservation; small receives take a matched probe");
-                b.set(1 as *mut u8);
-            } else {
-                b.set(p.cast());
-            }
-        }
-        let p = b.get();
-        (p as usize != 1).then_some(p)
-    })
+/// Reserves a landing buffer (one per thread: `hostmem` keeps it); `None` where the
+/// address space cannot be reserved (strict overcommit, a small address-space limit):
+/// callers then take the slower path that needs no landing buffer.
+pub fn reserve() -> Option<*mut u8> {
+    // SAFETY: an anonymous private mapping at an address of the kernel's choice.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            RESERVE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "no landing reservation; small receives take a matched probe");
+        return None;
+    }
+    Some(p.cast())
 }
 
 /// After a receive into the landing buffer reported a message of `bytes` bytes: gives
@@ -71,9 +58,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn landing_buffer_is_reused_and_survives_a_long_overrun() {
-        let p = landing().expect("reserving address space");
-        assert_eq!(landing(), Some(p), "one reservation per thread");
+    fn landing_buffer_survives_a_long_overrun() {
+        let p = reserve().expect("reserving address space");
         // What Open MPI does with a truncated long message: writes it whole.
         let long = 3 << 20;
         // SAFETY: inside the reservation.
@@ -84,7 +70,5 @@ mod tests {
             assert_eq!(*p, 0x5a);
             assert_eq!(*p.add(HEAD + 4096), 0);
         }
-        let other = std::thread::spawn(|| landing().map(|p| p as usize)).join().unwrap();
-        assert_ne!(other, Some(p as usize), "each thread has its own");
     }
 }

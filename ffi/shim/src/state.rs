@@ -24,10 +24,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use gpulmt::config::Config;
-use gpulmt::device::{BackendKind, MemoryKind};
+use gpulmt::device::MemoryKind;
 use gpulmt::{Context, JobInfo, ProtoError, Request};
 use mpi_sys::*;
 
@@ -40,13 +41,50 @@ type BlobQueue = Arc<Mutex<VecDeque<(u32, Vec<u8>)>>>;
 /// The tag of gpulmt's control blobs on the private communicator.
 const BLOB_TAG: c_int = 0x6c6d;
 /// Entries of the host-range cache (CUDA only, see [`Shim::is_device`]).
-const HOST_RANGES: usize = 16;
 
 /// The shim, while active (between MPI_Init and MPI_Finalize).
 pub static SHIM: Mutex<Option<Shim>> = Mutex::new(None);
 
-pub fn lock() -> MutexGuard<'static, Option<Shim>> {
-    SHIM.lock().unwrap_or_else(PoisonError::into_inner)
+pub fn lock() -> ShimGuard {
+    ShimGuard(SHIM.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// Set while the shim has work a host message passed straight to the MPI library could
+/// starve or overtake: operations running, control blobs queued or in flight, messages a
+/// probe took out of the library. Written each time the shim's lock is released, read
+/// without it by the host fast paths (`host_fast_path`).
+static BUSY: AtomicBool = AtomicBool::new(false);
+
+/// The shim's lock; releasing it records whether the shim is busy.
+pub struct ShimGuard(MutexGuard<'static, Option<Shim>>);
+
+impl std::ops::Deref for ShimGuard {
+    type Target = Option<Shim>;
+    fn deref(&self) -> &Option<Shim> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ShimGuard {
+    fn deref_mut(&mut self) -> &mut Option<Shim> {
+        &mut self.0
+    }
+}
+
+impl Drop for ShimGuard {
+    fn drop(&mut self) {
+        let busy = self.0.as_ref().is_some_and(|s| !s.is_idle() || !s.stash.is_empty());
+        // Release, still under the lock: a thread that reads "idle" without the lock
+        // sees the state the holder left. A thread posting concurrently may make the
+        // shim busy right after; MPI orders nothing between two threads' calls.
+        BUSY.store(busy, Ordering::Release);
+    }
+}
+
+/// Whether a blocking host send or receive may go to the MPI library without the shim's
+/// lock: the shim has nothing running that it could starve or overtake.
+pub fn host_fast_path() -> bool {
+    !BUSY.load(Ordering::Acquire)
 }
 
 /// What a finished operation reports.
@@ -190,16 +228,11 @@ pub struct Shim {
     finished: HashMap<u64, Done>,
     /// Device allocations made through gpulmt_mpi_alloc (released at finalize).
     pub allocations: Vec<usize>,
-    host_ranges: [(usize, usize); HOST_RANGES],
-    host_next: usize,
-    use_host_cache: bool,
     /// The last device buffer `is_device` found, and its device.
     last_device: Option<(usize, u32)>,
     /// Device messages below this many bytes are staged (`GPULMT_MPI_LMT_MIN`).
     lmt_min: usize,
     pub counters: gpulmt_mpi_counters,
-    /// Geometry of the predefined datatypes seen so far.
-    pub types: NamedTypes,
 }
 
 // SAFETY: the MPI handles are plain values the MPI library accepts from any thread
@@ -291,7 +324,9 @@ impl Shim {
             Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
         };
-        let use_host_cache = ctx.backend_kind() == BackendKind::Cuda && ctx.config().memtype_cache;
+        // Sim devices too: device memory a program can pass comes from gpulmt_mpi_alloc,
+        // which makes every thread forget its host ranges.
+        crate::hostmem::enable(ctx.config().memtype_cache);
         tracing::info!(job = %job, local_rank = lrank, local_size = lsize, world_rank = wrank, "gpulmt-mpi shim active");
         Ok(Shim {
             ctx,
@@ -310,13 +345,9 @@ impl Shim {
             stash: Vec::new(),
             finished: HashMap::new(),
             allocations: Vec::new(),
-            host_ranges: [(0, 0); HOST_RANGES],
-            host_next: 0,
-            use_host_cache,
             last_device: None,
             lmt_min,
             counters: gpulmt_mpi_counters::default(),
-            types: NamedTypes::default(),
         })
     }
 
@@ -378,12 +409,10 @@ impl Shim {
             || self.ops.values().any(|op| !matches!(op.state, State::Posted))
     }
 
-    /// Whether `ptr` (with `len` bytes) is device memory. On CUDA, host ranges are
-    /// cached (device memory comes from the driver's own address range); the sim
-    /// backend maps its device memory anywhere, so it is always asked.
+    /// Whether `ptr` (with `len` bytes) is device memory. Host ranges are remembered
+    /// (`hostmem`), device buffers always asked (their buffer id matters).
     pub fn is_device(&mut self, ptr: usize, len: usize) -> bool {
-        let end = ptr.saturating_add(len.max(1));
-        if self.use_host_cache && self.host_ranges.iter().any(|&(b, e)| b <= ptr && end <= e && b < e) {
+        if crate::hostmem::is_host(ptr, len.max(1)) {
             return false;
         }
         match self.ctx.backend().pointer_info(ptr) {
@@ -393,10 +422,7 @@ impl Shim {
                     true
                 }
                 MemoryKind::Host => {
-                    if self.use_host_cache && len > 0 {
-                        self.host_ranges[self.host_next] = (ptr, end);
-                        self.host_next = (self.host_next + 1) % HOST_RANGES;
-                    }
+                    crate::hostmem::remember(ptr, len);
                     false
                 }
             },
@@ -429,7 +455,7 @@ impl Shim {
 
     /// Forgets cached host ranges (new device memory may have been mapped).
     pub fn forget_host_ranges(&mut self) {
-        self.host_ranges = [(0, 0); HOST_RANGES];
+        crate::hostmem::forget_all();
     }
 
     /// The node-local rank of rank `rank` of `comm`, if it is on this node.
@@ -599,7 +625,7 @@ impl Shim {
         comm: MPI_Comm,
         greq: bool,
     ) -> Result<(u64, MPI_Request), c_int> {
-        let (cap, contiguous) = self.types.geometry(dtype, count)?;
+        let (cap, contiguous) = crate::hostmem::geometry(dtype, count)?;
         let device = cap > 0 && self.is_device(buf, cap);
         if device {
             self.settle_app_writes(buf);
@@ -618,7 +644,7 @@ impl Shim {
         if !self.is_idle() || !self.stash.is_empty() {
             return None;
         }
-        let (cap, contiguous) = self.types.geometry(dtype, count).ok()?;
+        let (cap, contiguous) = crate::hostmem::geometry(dtype, count).ok()?;
         (contiguous && !(cap > 0 && self.is_device(buf, cap))).then_some(cap)
     }
 
@@ -634,7 +660,7 @@ impl Shim {
         bytes: &[u8; ENVELOPE_BYTES],
     ) -> u64 {
         let (buf, count, dtype, want_source, want_tag, comm) = recv;
-        let cap = self.types.geometry(dtype, count).map_or(0, |g| g.0);
+        let cap = crate::hostmem::geometry(dtype, count).map_or(0, |g| g.0);
         let spec = RecvSpec { buf, count, dtype, source: want_source, tag: want_tag, comm, device: false, contiguous: true, cap };
         let (id, _) = self.new_op(Some(spec), comm, State::Posted, false);
         let env = Envelope::decode(&bytes[..], self.job_hash);
