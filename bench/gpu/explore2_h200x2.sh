@@ -39,12 +39,7 @@ st() { n=$1; shift; $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@"
 for p in single double; do
   st 2 --size 512 --iters 20 --halo 4 --mode inter-k-overlap --precision "$p" --check --csv "$out/stencil_check.csv"
 done
-for rep in 1 2 3; do for p in single double; do for h in 1 4; do
-  st 1 --size 4096 --halo "$h" --precision "$p" --mode inter-k --iters 400 --csv "$out/stencil.csv"
-  for m in inter-k inter-k-overlap; do
-    st 2 --size 4096 --halo "$h" --precision "$p" --mode "$m" --iters 400 --csv "$out/stencil.csv"
-  done
-done; done; done
+bash bench/gpu/stencil_overlap.sh "$out" 3 400
 
 log shim
 bash bench/gpu/shim_h200x2.sh "$out/shim" > /dev/null 2>&1

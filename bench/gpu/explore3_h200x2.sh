@@ -20,13 +20,7 @@ for i in 1 2 3 4; do
 done
 
 log stencil overlap at 4096, three repetitions
-st() { n=$1; shift; $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" > /tmp/stencil.txt 2>&1 || { echo "FAILED: -n $n $*" >&2; tail -3 /tmp/stencil.txt >&2; }; }
-for rep in 1 2 3; do for p in single double; do for h in 1 4; do
-  st 1 --size 4096 --halo "$h" --precision "$p" --mode inter-k --iters 400 --csv "$out/stencil.csv"
-  for m in inter-k inter-k-overlap; do
-    st 2 --size 4096 --halo "$h" --precision "$p" --mode "$m" --iters 400 --csv "$out/stencil.csv"
-  done
-done; done; done
+bash bench/gpu/stencil_overlap.sh "$out" 3 400
 
 nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 if [ -n "$nsys" ]; then
