@@ -385,7 +385,8 @@ impl Context {
         let ends = self
             .resolve(c.src, c.len, &mut lease)
             .and_then(|s| self.resolve(c.dst, c.len, &mut lease).map(|d| (s, d)));
-        if let Some(key) = &lease {
+        // Only where debug spans are on: otherwise the copy's issue path does no lookup.
+        if let (Some(key), true) = (&lease, tracing::enabled!(tracing::Level::DEBUG)) {
             self.record_cache_outcome(&c, key, opens_before);
         }
         let (src, dst) = match ends {

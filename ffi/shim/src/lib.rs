@@ -822,7 +822,8 @@ pub extern "C" fn gpulmt_mpi_alloc(bytes: usize) -> *mut c_void {
         match s.ctx.backend().alloc(dev, bytes.max(1)) {
             Ok(p) => {
                 s.allocations.push(p);
-                s.forget_host_ranges();
+                // New device memory may sit where host memory was remembered.
+                hostmem::forget_all();
                 p as *mut c_void
             }
             Err(e) => {

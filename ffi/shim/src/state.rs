@@ -73,7 +73,7 @@ impl std::ops::DerefMut for ShimGuard {
 
 impl Drop for ShimGuard {
     fn drop(&mut self) {
-        let busy = self.0.as_ref().is_some_and(|s| !s.is_idle() || !s.stash.is_empty());
+        let busy = self.0.as_ref().is_some_and(|s| !s.quiet());
         // Release, still under the lock: a thread that reads "idle" without the lock
         // sees the state the holder left. A thread posting concurrently may make the
         // shim busy right after; MPI orders nothing between two threads' calls.
@@ -402,6 +402,12 @@ impl Shim {
             && self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
     }
 
+    /// Idle, and no message a probe took out of the MPI library is waiting: the next
+    /// message on any communicator may go straight to the MPI library.
+    fn quiet(&self) -> bool {
+        self.is_idle() && self.stash.is_empty()
+    }
+
     /// Some matched transfer or control blob is in flight (unmatched receives aside).
     fn busy(&self) -> bool {
         !self.blob_sends.is_empty()
@@ -451,11 +457,6 @@ impl Shim {
                 tracing::warn!(error = %e, "waiting for the application's default stream");
             }
         }
-    }
-
-    /// Forgets cached host ranges (new device memory may have been mapped).
-    pub fn forget_host_ranges(&mut self) {
-        crate::hostmem::forget_all();
     }
 
     /// The node-local rank of rank `rank` of `comm`, if it is on this node.
@@ -641,7 +642,7 @@ impl Shim {
     /// `recv_direct` in lib.rs): a contiguous host buffer while no shim operation or
     /// stashed message could claim the next message first. Returns its bytes then.
     pub fn direct_recv_bytes(&mut self, buf: usize, count: c_int, dtype: MPI_Datatype) -> Option<usize> {
-        if !self.is_idle() || !self.stash.is_empty() {
+        if !self.quiet() {
             return None;
         }
         let (cap, contiguous) = crate::hostmem::geometry(dtype, count).ok()?;
