@@ -8,7 +8,10 @@
 //! stream query, event query, event synchronize and a completion word the stream writes into
 //! pinned host memory (`cuStreamWriteValue32`; on 2x H200 it cost 0.4-7 us more than an event
 //! query, so gpulmt polls events); gpulmt's own `copy_async` + `copy_poll`;
-//! and a pull from an IPC mapping opened in a second process, which is what a GET does.
+//! and a pull from an IPC mapping opened in a second process, which is what a GET does;
+//! and the same GET driven by the *source's* engine from the receiving process (the mapping
+//! opened in the source device's context, the copy on a stream of that device: a push
+//! issued by the receiver), which is what a small GET would do to get the push's latency.
 //! Needs two CUDA devices with peer access. Prints CSV `probe,variant,median_us,mean_us,p90_us`.
 //! Run: `copy_probe [bytes]` (default 8).
 
@@ -25,6 +28,7 @@ use gpulmt::device::{DeviceBackend, IpcHandle, IPC_HANDLE_BYTES};
 const WARM: usize = 200;
 const REPS: usize = 2000;
 const CHILD_ENV: &str = "GPULMT_COPY_PROBE_HANDLE";
+const PATTERN: u8 = 0x5a;
 
 fn ck(what: &str, r: CUresult) {
     if r != CUresult::CUDA_SUCCESS {
@@ -186,6 +190,8 @@ fn main() {
     let bytes = len.max(64);
     let (a0, a0b, a1) = (b.alloc(0, bytes).unwrap(), b.alloc(0, bytes).unwrap(), b.alloc(1, bytes).unwrap());
     let (d0, d1) = (dev(0), dev(1));
+    // The IPC half checks that what it moved is this pattern.
+    unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(a0 as CUdeviceptr, PATTERN, bytes)) };
     println!("probe,variant,median_us,mean_us,p90_us");
     unsafe {
         ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx));
@@ -224,7 +230,8 @@ fn main() {
     }
 }
 
-/// The receiving half of the IPC variants: maps the parent's allocation on device 1 and pulls.
+/// The receiving half of the IPC variants: maps the parent's allocation on device 1 and pulls;
+/// then maps it on device 0 (the source's) and pushes from there into its own device-1 buffer.
 fn child(b: &CudaBackend, hex: &str, len: usize) {
     let mut raw = [0u8; IPC_HANDLE_BYTES];
     for (i, x) in raw.iter_mut().enumerate() {
@@ -232,9 +239,38 @@ fn child(b: &CudaBackend, hex: &str, len: usize) {
     }
     let local = b.alloc(1, len.max(64)).unwrap();
     let m = b.open_handle(&IpcHandle(raw), 1).expect("open_handle");
-    let d1 = dev(1);
+    let (d0, d1) = (dev(0), dev(1));
     variants("ipc_pull", &d1, local, m.ptr, len);
     backend_variant("ipc_pull", b, 1, local, m.ptr, len);
+    check_landed("ipc_pull", &d1, local, len);
+    // Can device 0's engine use the mapping device 1's context opened? (One try, not fatal.)
+    unsafe {
+        ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len));
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx));
+        let r = sys::cuMemcpyAsync(local as CUdeviceptr, m.ptr as CUdeviceptr, len, d0.stream);
+        let s = if r == CUresult::CUDA_SUCCESS { sys::cuStreamSynchronize(d0.stream) } else { r };
+        println!("copy_probe,ipc_cross_map_on_src_engine,{s:?},,");
+        if s == CUresult::CUDA_SUCCESS {
+            check_landed("ipc_cross_map", &d1, local, len);
+        }
+    }
     b.close_handle(m).expect("close_handle");
+    let m0 = b.open_handle(&IpcHandle(raw), 0).expect("open_handle on the source device");
+    unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len)) };
+    variants("ipc_push", &d0, local, m0.ptr, len);
+    backend_variant("ipc_push", b, 0, local, m0.ptr, len);
+    check_landed("ipc_push", &d1, local, len);
+    b.close_handle(m0).expect("close_handle");
     b.free(local).unwrap();
+}
+
+/// Prints whether `len` bytes at `dst` hold the parent's pattern.
+fn check_landed(tag: &str, d: &Dev, dst: usize, len: usize) {
+    let mut host = vec![0u8; len];
+    unsafe {
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d.ctx));
+        ck("cuMemcpyDtoH", sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), dst as CUdeviceptr, len));
+    }
+    let ok = host.iter().all(|&x| x == PATTERN);
+    println!("copy_probe,{tag}_data,{},,", if ok { "ok" } else { "WRONG" });
 }

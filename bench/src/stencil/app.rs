@@ -20,7 +20,7 @@ use clap::{Parser, ValueEnum};
 use gpulmt::device::BackendKind;
 use gpulmt::{Context, Tag};
 
-use super::compute;
+use super::compute::{self, BatchTimes, Mark};
 use super::exchange::{Carrier, HaloExchange, PairwiseExchange, ProtocolTally};
 use super::grid::{Decomp, ProcGrid, Side};
 use super::kernel::{self, Real, Weights};
@@ -120,6 +120,11 @@ pub struct StencilOptions {
     /// Force a rendezvous protocol (sets GPULMT_PROTOCOL): auto, get, put, coop, shm.
     #[arg(long)]
     pub protocol: Option<String>,
+    /// CUDA diagnostics: time each batch on the device (when the first step's kernel,
+    /// the exchange's comm-queue work and the batch end, and the idle gap between
+    /// batches) and report the means. The events cost a little time of their own.
+    #[arg(long)]
+    pub timeline: bool,
     /// Testing the check: add 1 to one interior value of this rank before the check.
     #[arg(long, hide = true)]
     pub corrupt_rank: Option<u32>,
@@ -238,21 +243,26 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     let mut t0 = Instant::now();
     let mut in_exchange = Duration::ZERO;
     let mut exchanges = 0u64;
+    let timeline = o.timeline && dev.enable_timeline()?;
+    let mut times = TimelineSums::default();
     while step < steps {
         if step == warmup {
             ctx.barrier()?;
             t0 = Instant::now();
             in_exchange = Duration::ZERO;
             exchanges = 0;
+            times = TimelineSums::default();
         }
         let batch = h.min(steps - step);
         let (src, dst) = (fields[cur], fields[1 - cur]);
+        dev.mark(Mark::Start)?;
         if o.mode.overlaps() {
             // The interior is queued first, so the device computes while the host posts
             // the exchange (posting first left it idle for the posting, several us a step).
             // The interior reads none of the ghost layers the receives write, and the
             // sends read edges the previous step finished.
             dev.stencil(src, dst, pitch, inner)?;
+            dev.mark(Mark::Kernel)?;
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
             ex.finish(ctx, dev, src)?;
@@ -260,22 +270,29 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             // Behind the unpacking on the comm queue, beside the interior: the step
             // then ends with the interior when the exchange was shorter.
             dev.stencil_on_comm(src, dst, pitch, &strips)?;
+            dev.mark(Mark::Comm)?;
             dev.compute_after_comm()?;
         } else {
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
             ex.finish(ctx, dev, src)?;
             in_exchange += t.elapsed();
+            dev.mark(Mark::Comm)?;
             dev.stencil(src, dst, pitch, d.step_region(0))?;
+            dev.mark(Mark::Kernel)?;
         }
         cur = 1 - cur;
         for k in 1..batch {
             dev.stencil(fields[cur], fields[1 - cur], pitch, d.step_region(k))?;
             cur = 1 - cur;
         }
+        dev.mark(Mark::End)?;
         // The next exchange sends what this batch wrote, through copy engines that do
         // not wait for the compute queue.
         dev.sync_compute()?;
+        if let Some(b) = dev.read_marks()? {
+            times.add(&b);
+        }
         exchanges += 1;
         step += batch;
     }
@@ -288,6 +305,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         exchanges,
         tally: ex.tally().clone(),
     };
+    if timeline {
+        println!("{}", times.line(ctx.rank(), o.mode));
+    }
     let reports = gather_reports(ctx, &mine)?;
     let setup = Setup { o, d: &d, ranks: ctx.size(), backend: ctx.backend_kind(), compute: dev.describe(), warmup, precision: T::NAME, elem_bytes: size_of::<T>() };
     if let Some(reports) = &reports {
@@ -323,6 +343,44 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     ex.release(ctx)?;
     ctx.mem_free_commit()?;
     Ok(passed)
+}
+
+/// Means of the `--timeline` marks over the timed batches.
+#[derive(Default)]
+struct TimelineSums {
+    batches: u64,
+    kernel: f64,
+    comm: f64,
+    end: f64,
+    gaps: u64,
+    gap: f64,
+}
+
+impl TimelineSums {
+    fn add(&mut self, b: &BatchTimes) {
+        self.batches += 1;
+        self.kernel += b.kernel;
+        self.comm += b.comm;
+        self.end += b.end;
+        if let Some(g) = b.gap {
+            self.gaps += 1;
+            self.gap += g;
+        }
+    }
+
+    fn line(&self, rank: u32, mode: Mode) -> String {
+        let n = self.batches.max(1) as f64;
+        format!(
+            "timeline: rank {rank} {} over {} batches, us after the batch's start on the GPU: first kernel ends {:.2}, \
+             comm queue done {:.2}, batch ends {:.2}; idle between batches {:.2}",
+            mode.name(),
+            self.batches,
+            self.kernel / n,
+            self.comm / n,
+            self.end / n,
+            self.gap / self.gaps.max(1) as f64
+        )
+    }
 }
 
 /// Rank 0 gets every rank's report (in rank order); the others get None.

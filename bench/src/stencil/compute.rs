@@ -53,6 +53,49 @@ pub trait Compute<T: Real> {
     /// Orders later compute-queue work after the comm-queue work queued so far,
     /// without blocking the host.
     fn compute_after_comm(&mut self) -> Result<()>;
+
+    /// `--timeline`: starts recording GPU timestamps at [`Mark`]s; false where the
+    /// backend has no device clock (sim).
+    fn enable_timeline(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Records `mark` of the current batch on its queue (nothing unless enabled).
+    fn mark(&mut self, _mark: Mark) -> Result<()> {
+        Ok(())
+    }
+
+    /// After `sync_compute` at a batch's end: the batch's marks, in microseconds after
+    /// its [`Mark::Start`], and the idle gap since the previous batch's end.
+    fn read_marks(&mut self) -> Result<Option<BatchTimes>> {
+        Ok(None)
+    }
+}
+
+/// Points of a batch the timeline records (`--timeline`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// Compute queue, before the batch's first kernel (or, in the modes that exchange
+    /// first, before the exchange is posted).
+    Start = 0,
+    /// Compute queue, after the first step's main kernel: the interior in the overlap
+    /// mode, the whole step otherwise.
+    Kernel = 1,
+    /// Comm queue, after the exchange's last work there (the overlap mode's boundary).
+    Comm = 2,
+    /// Compute queue, after the batch's last kernel.
+    End = 3,
+}
+
+/// GPU times of one batch, microseconds after its start.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchTimes {
+    pub kernel: f64,
+    pub comm: f64,
+    pub end: f64,
+    /// From the previous batch's end to this one's start: the device idles while the
+    /// host synchronizes and queues (None for the first batch).
+    pub gap: Option<f64>,
 }
 
 /// The implementation for the context's backend, on the device the rank is bound to.
@@ -148,6 +191,8 @@ pub struct CudaCompute<T> {
     comm_done: CudaEvent,
     stencil: CudaFunction,
     copy: CudaFunction,
+    /// `--timeline`: two sets of timing events, this batch's and the previous one's.
+    marks: Option<Timeline>,
     /// Holds the primary context retained for as long as the streams live.
     _ctx: Arc<CudaContext>,
     _real: PhantomData<T>,
@@ -186,8 +231,16 @@ impl<T: Real> CudaCompute<T> {
         let comm_done = ctx
             .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(cuda_err("creating an event"))?;
-        Ok(CudaCompute { device, name, fmad, weights, compute, comm, comm_done, stencil, copy, _ctx: ctx, _real: PhantomData })
+        Ok(CudaCompute { device, name, fmad, weights, compute, comm, comm_done, stencil, copy, marks: None, _ctx: ctx, _real: PhantomData })
     }
+}
+
+/// Timing events of two batches; `cur` is the batch being recorded.
+struct Timeline {
+    sets: [[CudaEvent; 4]; 2],
+    cur: usize,
+    /// Whether the other set holds a finished batch (its End gives the gap).
+    have_prev: bool,
 }
 
 impl<T: Real> Compute<T> for CudaCompute<T> {
@@ -235,6 +288,35 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
     fn compute_after_comm(&mut self) -> Result<()> {
         self.comm_done.record(&self.comm).map_err(cuda_err("recording the comm event"))?;
         self.compute.wait(&self.comm_done).map_err(cuda_err("ordering compute after comm"))
+    }
+
+    fn enable_timeline(&mut self) -> Result<bool> {
+        let ctx = self.compute.context().clone();
+        let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda_err("creating a timing event"));
+        let set = || -> Result<[CudaEvent; 4]> { Ok([ev()?, ev()?, ev()?, ev()?]) };
+        self.marks = Some(Timeline { sets: [set()?, set()?], cur: 0, have_prev: false });
+        Ok(true)
+    }
+
+    fn mark(&mut self, mark: Mark) -> Result<()> {
+        let Some(t) = &self.marks else { return Ok(()) };
+        let stream = if mark == Mark::Comm { &self.comm } else { &self.compute };
+        t.sets[t.cur][mark as usize].record(stream).map_err(cuda_err("recording a timeline mark"))
+    }
+
+    fn read_marks(&mut self) -> Result<Option<BatchTimes>> {
+        let Some(t) = &mut self.marks else { return Ok(None) };
+        let us = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(|ms| ms as f64 * 1e3).map_err(cuda_err("reading a timeline mark"));
+        let set = &t.sets[t.cur];
+        let times = BatchTimes {
+            kernel: us(&set[0], &set[1])?,
+            comm: us(&set[0], &set[2])?,
+            end: us(&set[0], &set[3])?,
+            gap: if t.have_prev { Some(us(&t.sets[1 - t.cur][3], &set[0])?) } else { None },
+        };
+        t.cur = 1 - t.cur;
+        t.have_prev = true;
+        Ok(Some(times))
     }
 }
 
