@@ -265,13 +265,16 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             dev.mark(Mark::Kernel)?;
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
-            ex.finish(ctx, dev, src)?;
+            ex.finish_on_comm(ctx, dev, src)?;
             in_exchange += t.elapsed();
             // Behind the unpacking on the comm queue, beside the interior: the step
             // then ends with the interior when the exchange was shorter.
             dev.stencil_on_comm(src, dst, pitch, &strips)?;
             dev.mark(Mark::Comm)?;
-            dev.compute_after_comm()?;
+            // What follows (this batch's later steps, the next batch) reads the boundary:
+            // the host waits for the comm queue while the interior still runs, rather than
+            // making the compute queue wait for it, which costs device time at the step's end.
+            dev.sync_comm()?;
         } else {
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
