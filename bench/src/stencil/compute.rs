@@ -54,9 +54,9 @@ pub trait Compute<T: Real> {
     /// without blocking the host.
     fn compute_after_comm(&mut self) -> Result<()>;
 
-    /// `--timeline`: starts recording GPU timestamps at [`Mark`]s; false where the
-    /// backend has no device clock (sim).
-    fn enable_timeline(&mut self) -> Result<bool> {
+    /// `--timeline`: starts recording GPU timestamps at [`Mark`]s for up to `batches`
+    /// batches; false where the backend has no device clock (sim).
+    fn enable_timeline(&mut self, _batches: usize) -> Result<bool> {
         Ok(false)
     }
 
@@ -65,10 +65,15 @@ pub trait Compute<T: Real> {
         Ok(())
     }
 
-    /// After `sync_compute` at a batch's end: the batch's marks, in microseconds after
-    /// its [`Mark::Start`], and the idle gap since the previous batch's end.
-    fn read_marks(&mut self) -> Result<Option<BatchTimes>> {
-        Ok(None)
+    /// Ends the current batch's marks (the next mark starts another batch). Nothing is
+    /// read back until [`Self::timeline`], so the timeline adds no host wait between
+    /// batches.
+    fn end_batch(&mut self) {}
+
+    /// After the last batch completed: every recorded batch's times, the first
+    /// `skip` batches (warm-up) left out.
+    fn timeline(&mut self, _skip: usize) -> Result<Vec<BatchTimes>> {
+        Ok(Vec::new())
     }
 }
 
@@ -235,12 +240,10 @@ impl<T: Real> CudaCompute<T> {
     }
 }
 
-/// Timing events of two batches; `cur` is the batch being recorded.
+/// Timing events of every batch; `cur` is the batch being recorded.
 struct Timeline {
-    sets: [[CudaEvent; 4]; 2],
+    sets: Vec<[CudaEvent; 4]>,
     cur: usize,
-    /// Whether the other set holds a finished batch (its End gives the gap).
-    have_prev: bool,
 }
 
 impl<T: Real> Compute<T> for CudaCompute<T> {
@@ -290,33 +293,42 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
         self.compute.wait(&self.comm_done).map_err(cuda_err("ordering compute after comm"))
     }
 
-    fn enable_timeline(&mut self) -> Result<bool> {
+    fn enable_timeline(&mut self, batches: usize) -> Result<bool> {
         let ctx = self.compute.context().clone();
         let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda_err("creating a timing event"));
-        let set = || -> Result<[CudaEvent; 4]> { Ok([ev()?, ev()?, ev()?, ev()?]) };
-        self.marks = Some(Timeline { sets: [set()?, set()?], cur: 0, have_prev: false });
+        let sets = (0..batches).map(|_| Ok([ev()?, ev()?, ev()?, ev()?])).collect::<Result<Vec<_>>>()?;
+        self.marks = Some(Timeline { sets, cur: 0 });
         Ok(true)
     }
 
     fn mark(&mut self, mark: Mark) -> Result<()> {
         let Some(t) = &self.marks else { return Ok(()) };
+        let Some(set) = t.sets.get(t.cur) else { return Ok(()) };
         let stream = if mark == Mark::Comm { &self.comm } else { &self.compute };
-        t.sets[t.cur][mark as usize].record(stream).map_err(cuda_err("recording a timeline mark"))
+        set[mark as usize].record(stream).map_err(cuda_err("recording a timeline mark"))
     }
 
-    fn read_marks(&mut self) -> Result<Option<BatchTimes>> {
-        let Some(t) = &mut self.marks else { return Ok(None) };
+    fn end_batch(&mut self) {
+        if let Some(t) = &mut self.marks {
+            t.cur += 1;
+        }
+    }
+
+    fn timeline(&mut self, skip: usize) -> Result<Vec<BatchTimes>> {
+        let Some(t) = &self.marks else { return Ok(Vec::new()) };
         let us = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(|ms| ms as f64 * 1e3).map_err(cuda_err("reading a timeline mark"));
-        let set = &t.sets[t.cur];
-        let times = BatchTimes {
-            kernel: us(&set[0], &set[1])?,
-            comm: us(&set[0], &set[2])?,
-            end: us(&set[0], &set[3])?,
-            gap: if t.have_prev { Some(us(&t.sets[1 - t.cur][3], &set[0])?) } else { None },
-        };
-        t.cur = 1 - t.cur;
-        t.have_prev = true;
-        Ok(Some(times))
+        let n = t.cur.min(t.sets.len());
+        (skip.min(n)..n)
+            .map(|i| {
+                let set = &t.sets[i];
+                Ok(BatchTimes {
+                    kernel: us(&set[0], &set[1])?,
+                    comm: us(&set[0], &set[2])?,
+                    end: us(&set[0], &set[3])?,
+                    gap: if i > 0 { Some(us(&t.sets[i - 1][3], &set[0])?) } else { None },
+                })
+            })
+            .collect()
     }
 }
 

@@ -264,6 +264,31 @@ impl<T: Real> HaloExchange<T> for PairwiseExchange<T> {
     }
 }
 
+/// No exchange at all (`--no-exchange`, diagnostics): the ghost cells keep what they
+/// hold, so the time loop's compute can be timed without communication.
+#[derive(Default)]
+pub struct NoExchange {
+    tally: ProtocolTally,
+}
+
+impl<T: Real> HaloExchange<T> for NoExchange {
+    fn start(&mut self, _: &mut Context, _: &mut dyn Compute<T>, _: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn finish_on_comm(&mut self, _: &mut Context, _: &mut dyn Compute<T>, _: usize) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn tally(&self) -> &ProtocolTally {
+        &self.tally
+    }
+
+    fn release(self: Box<Self>, _: &mut Context) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// The protocols of gpulmt's counters, in a fixed order.
 pub const PROTOCOLS: [Protocol; 5] = [Protocol::Get, Protocol::Put, Protocol::Coop, Protocol::Shm, Protocol::SelfCopy];
 
