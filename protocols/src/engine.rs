@@ -52,10 +52,6 @@ pub struct EngineConfig {
     pub lanes: u32,
     /// COOPERATE: the sender's share of the message, in thousandths.
     pub coop_sender_permille: u32,
-    /// A GET of at most this many bytes between two devices runs on the *sender's*
-    /// device engine (issued by the receiver, through the same mapping): a pushing copy
-    /// engine finishes a small copy sooner than a pulling one (see [`Self::get_engine`]).
-    pub get_push_max: u64,
     /// Number of devices on the node and whether device a's engine reaches device b
     /// (row-major `devices x devices`).
     pub devices: u32,
@@ -77,22 +73,8 @@ impl EngineConfig {
             copy_split: 0,
             lanes: 1,
             coop_sender_permille: 500,
-            get_push_max: 0,
             devices,
             peer_access: vec![true; (devices * devices) as usize],
-        }
-    }
-
-    /// The engine of a GET of `len` bytes from device `src` into device `dst`: the
-    /// receiver's, or for small messages between peer devices the sender's, which then
-    /// writes across the link where the receiver's would read (on 2x H200 an 8 B copy
-    /// through an IPC mapping took 6.86 us pushed against 7.06 pulled, 4 KiB 7.66 against
-    /// 7.95; the receiver's process issues it either way, so the protocol is unchanged).
-    pub fn get_engine(&self, src: u32, dst: u32, len: u64) -> CopyEngine {
-        if src != dst && len <= self.get_push_max && self.can_access(src, dst) {
-            CopyEngine::Device(src)
-        } else {
-            CopyEngine::Device(dst)
         }
     }
 
@@ -570,10 +552,9 @@ impl Engine {
             }
             Protocol::Get => {
                 let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else { unreachable!("policy") };
-                let engine = self.cfg.get_engine(region.device, dev, len);
                 x.pending = self.issue_range(
                     owner(None),
-                    engine,
+                    CopyEngine::Device(dev),
                     |o| Loc::Peer { peer: from, region, offset: o },
                     |o| Loc::User { req, offset: o },
                     0,

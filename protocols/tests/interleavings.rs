@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use gpulmt_protocols::engine::{Action, BufDesc, CopyCmd, CopyEngine, Engine, EngineConfig, Loc};
+use gpulmt_protocols::engine::{Action, BufDesc, CopyCmd, Engine, EngineConfig, Loc};
 use gpulmt_protocols::policy::{Protocol, ProtocolOverride};
 use gpulmt_protocols::wire::{Packet, Region};
 use gpulmt_protocols::{CopyId, ProtoError, Rank, ReqId, Status, Tag};
@@ -55,11 +55,6 @@ fn region(owner: Rank, req: ReqId, alloc_len: u64, offset: u64, device: u32) -> 
 
 impl World {
     fn new(n: u32, seed: u64, mode: ProtocolOverride, coop_min: u64, devices: u32, peer: bool) -> Self {
-        Self::new_with(n, seed, mode, coop_min, devices, peer, |_| {})
-    }
-
-    /// As `new`, with `tweak` applied to every rank's configuration last.
-    fn new_with(n: u32, seed: u64, mode: ProtocolOverride, coop_min: u64, devices: u32, peer: bool, tweak: impl Fn(&mut EngineConfig)) -> Self {
         let chunk = 4096;
         let engines = (0..n)
             .map(|r| {
@@ -75,7 +70,6 @@ impl World {
                 if !peer {
                     c.peer_access = (0..devices * devices).map(|i| i / devices == i % devices).collect();
                 }
-                tweak(&mut c);
                 Engine::new(c)
             })
             .collect();
@@ -637,27 +631,5 @@ fn shm_copy_failure_leaves_the_ring_usable() {
         assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })), "seed {seed}");
         assert!(w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok(), "seed {seed}");
         assert_eq!(&w.user(1, ReqId(2))[..b.len()], &b[..], "seed {seed}");
-    }
-}
-
-#[test]
-fn small_gets_between_devices_run_on_the_senders_engine() {
-    for (len, push_max, devices, expect_sender) in
-        [(4096usize, 65536u64, 2u32, true), (100_000, 65536, 2, false), (4096, 0, 2, false), (4096, 65536, 1, false)]
-    {
-        let mut w = World::new_with(2, 11, ProtocolOverride::Get, u64::MAX, devices, true, |c| c.get_push_max = push_max);
-        let data = pattern(7, len);
-        let (sdev, rdev) = (0, devices - 1);
-        w.send(0, ReqId(1), 1, 0, data.clone(), Some(sdev));
-        w.recv(1, ReqId(1), None, None, len, Some(rdev));
-        w.deliver(0, 1);
-        let engines: Vec<CopyEngine> = w.copies[1].iter().map(|c| c.engine).collect();
-        assert!(!engines.is_empty(), "the RTS starts the GET's copies");
-        let want = CopyEngine::Device(if expect_sender { sdev } else { rdev });
-        assert!(engines.iter().all(|e| *e == want), "len {len}, push max {push_max}: {engines:?}, want {want:?}");
-        w.run();
-        assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Get);
-        assert_eq!(&w.user(1, ReqId(1))[..len], &data[..]);
-        w.assert_quiet();
     }
 }

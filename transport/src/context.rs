@@ -224,7 +224,6 @@ impl Context {
         ecfg.copy_split = cfg.copy_split;
         ecfg.lanes = cfg.lanes;
         ecfg.coop_sender_permille = cfg.coop_sender_permille;
-        ecfg.get_push_max = cfg.get_push_max;
         ecfg.peer_access = (0..ndev * ndev).map(|i| backend.can_access_peer(i / ndev, i % ndev)).collect();
 
         let limits = if cfg.handle_cache {
