@@ -54,6 +54,14 @@ pub trait Compute<T: Real> {
     /// without blocking the host.
     fn compute_after_comm(&mut self) -> Result<()>;
 
+    /// Remembers the compute queue's current end (everything queued on it so far), for
+    /// [`comm_after_checkpoint`](Self::comm_after_checkpoint).
+    fn compute_checkpoint(&mut self) -> Result<()>;
+
+    /// Orders later comm-queue work after the last checkpoint of the compute queue,
+    /// without blocking the host (the compute queue is not held up).
+    fn comm_after_checkpoint(&mut self) -> Result<()>;
+
     /// `--timeline`: starts recording GPU timestamps at [`Mark`]s for up to `batches`
     /// batches; false where the backend has no device clock (sim).
     fn enable_timeline(&mut self, _batches: usize) -> Result<bool> {
@@ -172,6 +180,14 @@ impl<T: Real> Compute<T> for SimCompute<T> {
     fn compute_after_comm(&mut self) -> Result<()> {
         Ok(())
     }
+
+    fn compute_checkpoint(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn comm_after_checkpoint(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Threads per block of the stencil: a warp along a row, 8 rows.
@@ -194,6 +210,8 @@ pub struct CudaCompute<T> {
     /// Recorded on the comm stream and waited for by the compute stream; one event
     /// reused, rather than one created per exchange.
     comm_done: CudaEvent,
+    /// The compute stream's checkpoint, waited for by the comm stream.
+    checkpoint: CudaEvent,
     stencil: CudaFunction,
     copy: CudaFunction,
     /// `--timeline`: two sets of timing events, this batch's and the previous one's.
@@ -236,7 +254,10 @@ impl<T: Real> CudaCompute<T> {
         let comm_done = ctx
             .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(cuda_err("creating an event"))?;
-        Ok(CudaCompute { device, name, fmad, weights, compute, comm, comm_done, stencil, copy, marks: None, _ctx: ctx, _real: PhantomData })
+        let checkpoint = ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(cuda_err("creating an event"))?;
+        Ok(CudaCompute { device, name, fmad, weights, compute, comm, comm_done, checkpoint, stencil, copy, marks: None, _ctx: ctx, _real: PhantomData })
     }
 }
 
@@ -291,6 +312,14 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
     fn compute_after_comm(&mut self) -> Result<()> {
         self.comm_done.record(&self.comm).map_err(cuda_err("recording the comm event"))?;
         self.compute.wait(&self.comm_done).map_err(cuda_err("ordering compute after comm"))
+    }
+
+    fn compute_checkpoint(&mut self) -> Result<()> {
+        self.checkpoint.record(&self.compute).map_err(cuda_err("recording the compute checkpoint"))
+    }
+
+    fn comm_after_checkpoint(&mut self) -> Result<()> {
+        self.comm.wait(&self.checkpoint).map_err(cuda_err("ordering comm after the compute checkpoint"))
     }
 
     fn enable_timeline(&mut self, batches: usize) -> Result<bool> {
