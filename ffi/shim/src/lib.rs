@@ -451,30 +451,15 @@ pub unsafe extern "C" fn MPI_Recv(
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Recv(buf, count, dt, source, tag, comm, status) };
     }
-    // As in `send_passes`: the remembered buffer, with no call before the library's.
+    // As in `send_passes`: the remembered buffer, below MPI_THREAD_MULTIPLE.
     if state::host_fast_path() {
         if let Some((cap, landing)) = hostmem::memo_recv_ready(buf as usize, count, dt) {
             // SAFETY: the caller's arguments; the landing buffer of this thread.
             return unsafe { recv_landing(buf, count, dt, source, tag, comm, status, cap, landing) };
         }
     }
-    // SAFETY: the caller's arguments.
-    unsafe { recv_checked(buf, count, dt, source, tag, comm, status) }
-}
-
-/// A blocking receive of an active shim past `MPI_Recv`'s fast path: a small host
-/// receive (`host_recv_ready`) still goes through the landing buffer here.
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-unsafe fn recv_checked(
-    buf: *mut c_void,
-    count: c_int,
-    dt: MPI_Datatype,
-    source: c_int,
-    tag: c_int,
-    comm: MPI_Comm,
-    status: *mut MPI_Status,
-) -> c_int {
+    // The whole check, here too: unlike a send, the receive needs a stack frame anyway
+    // (its status is looked at), and a second function would set up another.
     let ready = host_recv_ready(buf, count, dt);
     if let Some((cap, Some(landing))) = ready {
         // SAFETY: the caller's arguments; the landing buffer of this thread.
