@@ -2,6 +2,7 @@
 //! Open MPI defines most of them as addresses), status access, datatype geometry.
 
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mpi_sys::*;
 
@@ -66,16 +67,83 @@ pub fn empty_status() -> MPI_Status {
     unsafe { std::mem::zeroed() }
 }
 
-/// Bytes of a received or probed message.
+/// Where in an `MPI_Status` the MPI library keeps a message's byte count as one word, if
+/// it does (Open MPI's `_ucount`): a byte offset, or `NO_COUNT_WORD` until
+/// `find_count_word` found it.
+static COUNT_WORD: AtomicUsize = AtomicUsize::new(NO_COUNT_WORD);
+const NO_COUNT_WORD: usize = usize::MAX;
+
+/// Bytes of a received or probed message (`usize::MAX` for more than `INT_MAX`, as
+/// `MPI_Get_count` answers MPI_UNDEFINED then; the shim handles up to 2 GiB). Read from
+/// the status itself where `find_count_word` found how: `PMPI_Get_count` was an eighth
+/// of the shim's instructions on an 8-byte host ping-pong.
+#[inline]
 pub fn status_bytes(st: &MPI_Status) -> usize {
-    let mut n: c_int = 0;
-    // SAFETY: a status the library filled; `n` is a valid out-pointer.
-    unsafe { PMPI_Get_count(st, byte(), &mut n) };
-    if n < 0 {
-        // MPI_UNDEFINED: more than INT_MAX bytes; the shim handles up to 2 GiB.
+    // Relaxed: written once before the shim becomes active, whose Release/Acquire flag
+    // orders it for every MPI function.
+    let at = COUNT_WORD.load(Ordering::Relaxed);
+    let n = if at != NO_COUNT_WORD {
+        // SAFETY: find_count_word checked that a usize at `at` lies inside a status.
+        unsafe { (st as *const MPI_Status).cast::<u8>().add(at).cast::<usize>().read_unaligned() }
+    } else {
+        let mut n: c_int = 0;
+        // SAFETY: a status the library filled; `n` is a valid out-pointer.
+        unsafe { PMPI_Get_count(st, byte(), &mut n) };
+        if n < 0 {
+            return usize::MAX;
+        }
+        n as usize
+    };
+    if n > c_int::MAX as usize {
         return usize::MAX;
     }
-    n as usize
+    n
+}
+
+/// Looks for the status word that holds the byte count (`status_bytes`): a word that
+/// equals every count `PMPI_Status_set_elements_x` writes, small or beyond 32 bits,
+/// that marking the status cancelled leaves alone, and that equals `PMPI_Get_count`
+/// after a real receive. A library that keeps the count otherwise (MPICH splits it
+/// over two ints, sharing one with the cancelled bit) fails a check, and
+/// `status_bytes` keeps asking `PMPI_Get_count`. Call after MPI_Init, before the shim
+/// is active.
+pub fn find_count_word() {
+    let word = std::mem::size_of::<usize>();
+    let words = std::mem::size_of::<MPI_Status>() / word;
+    let read = |st: &MPI_Status, w: usize| {
+        // SAFETY: w < words: inside the status.
+        unsafe { (st as *const MPI_Status).cast::<usize>().add(w).read_unaligned() }
+    };
+    let counts: [MPI_Count; 5] = [0, 1, 176, c_int::MAX as MPI_Count, 0x1_2345_6789];
+    let fits = |w: usize| {
+        counts.iter().all(|&n| {
+            let mut st = empty_status();
+            // SAFETY: a local status; MPI_BYTE; counts a status may hold.
+            let set = unsafe { PMPI_Status_set_elements_x(&mut st, byte(), n) };
+            let counted = set == SUCCESS && read(&st, w) == n as usize;
+            // SAFETY: as above.
+            let kept = unsafe { PMPI_Status_set_cancelled(&mut st, 1) } == SUCCESS && read(&st, w) == n as usize;
+            counted && kept
+        })
+    };
+    let Some(w) = (0..words).find(|&w| fits(w)) else {
+        tracing::debug!("no byte-count word in MPI_Status: receives ask PMPI_Get_count");
+        return;
+    };
+    // A real message: 3 bytes to this process, into room for 8.
+    let (out, mut back) = ([1u8, 2, 3], [0u8; 8]);
+    let mut st = empty_status();
+    // SAFETY: local buffers of the given sizes; MPI_COMM_SELF's only rank is this one.
+    let rc = unsafe {
+        PMPI_Sendrecv(out.as_ptr().cast(), 3, byte(), 0, 0, back.as_mut_ptr().cast(), 8, byte(), 0, 0, RSMPI_COMM_SELF, &mut st)
+    };
+    let mut n: c_int = -1;
+    // SAFETY: the status just filled; a local out-pointer.
+    unsafe { PMPI_Get_count(&st, byte(), &mut n) };
+    if rc == SUCCESS && n == 3 && read(&st, w) == 3 {
+        // Relaxed: see `status_bytes`.
+        COUNT_WORD.store(w * word, Ordering::Relaxed);
+    }
 }
 
 /// Whether a (source, tag) pair satisfies a receive's (source, tag), wildcards included.
@@ -104,36 +172,58 @@ pub fn type_geometry(dt: MPI_Datatype, count: c_int) -> Result<(usize, bool), c_
     Ok((bytes, contiguous))
 }
 
+/// A datatype handle of all zero bits, for slots that hold none yet (never compared:
+/// they lie past what is filled in, or beside a generation no memo reaches).
+// SAFETY: a handle is a pointer (Open MPI) or an integer (MPICH): zero bits are valid.
+pub const NO_TYPE: MPI_Datatype = unsafe { std::mem::zeroed() };
+
 /// Datatype geometry without MPI calls for the predefined types a program uses. A
 /// predefined (named) type is never freed, so its handle means the same type for the
 /// whole run and its geometry is learned once; the three MPI calls of `type_geometry`
 /// then leave the per-message path (they were a third of the shim's cost on an 8-byte
 /// host ping-pong). User types are asked every time: a freed one's handle may come back
-/// as another type.
-#[derive(Default)]
+/// as another type. A fixed array, so that it can be built in a constant (`hostmem`).
 pub struct NamedTypes {
     /// Handle, size, contiguous as one element, contiguous as several.
-    known: Vec<(MPI_Datatype, usize, bool, bool)>,
+    known: [(MPI_Datatype, usize, bool, bool); NAMED_TYPES],
+    len: usize,
 }
 
 /// Predefined types a program is likely to use at once; more are asked every time.
 const NAMED_TYPES: usize = 16;
 
 impl NamedTypes {
+    pub const fn new() -> NamedTypes {
+        NamedTypes { known: [(NO_TYPE, 0, false, false); NAMED_TYPES], len: 0 }
+    }
+
     /// As `type_geometry(dt, count)`.
     pub fn geometry(&mut self, dt: MPI_Datatype, count: c_int) -> Result<(usize, bool), c_int> {
+        match self.known(dt, count) {
+            Some(g) => Ok(g),
+            None => self.learn(dt, count),
+        }
+    }
+
+    /// `geometry` of a predefined type already learned (and a count that is valid).
+    pub fn known(&self, dt: MPI_Datatype, count: c_int) -> Option<(usize, bool)> {
         if count < 0 {
-            return Err(ERR_COUNT);
+            return None;
         }
-        if let Some(&(_, size, one, many)) = self.known.iter().find(|k| k.0 == dt) {
-            let contiguous = count == 0 || size == 0 || (one && (count == 1 || many));
-            return Ok((size * count as usize, contiguous));
-        }
+        let &(_, size, one, many) = self.known[..self.len].iter().find(|k| k.0 == dt)?;
+        let contiguous = count == 0 || size == 0 || (one && (count == 1 || many));
+        Some((size * count as usize, contiguous))
+    }
+
+    /// `geometry` of a type not (yet) known, or of a negative count.
+    #[cold]
+    fn learn(&mut self, dt: MPI_Datatype, count: c_int) -> Result<(usize, bool), c_int> {
         let geometry = type_geometry(dt, count)?;
-        if self.known.len() < NAMED_TYPES && is_named(dt) {
+        if self.len < NAMED_TYPES && is_named(dt) {
             let (size, one) = type_geometry(dt, 1)?;
             let many = type_geometry(dt, 2)?.1;
-            self.known.push((dt, size, one, many));
+            self.known[self.len] = (dt, size, one, many);
+            self.len += 1;
         }
         Ok(geometry)
     }

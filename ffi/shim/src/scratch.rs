@@ -44,13 +44,19 @@ pub fn reserve() -> Option<*mut u8> {
 
 /// After a receive into the landing buffer reported a message of `bytes` bytes: gives
 /// back the pages a longer message may have written beyond the head.
+#[inline]
 pub fn release_overrun(base: *mut u8, bytes: usize) {
     if bytes > HEAD {
-        let end = bytes.min(RESERVE);
-        // SAFETY: [base + HEAD, base + end) lies inside this thread's reservation;
-        // MADV_DONTNEED on a private anonymous mapping only drops its pages.
-        unsafe { libc::madvise(base.add(HEAD).cast(), end - HEAD, libc::MADV_DONTNEED) };
+        release(base, bytes);
     }
+}
+
+#[cold]
+fn release(base: *mut u8, bytes: usize) {
+    let end = bytes.min(RESERVE);
+    // SAFETY: [base + HEAD, base + end) lies inside this thread's reservation;
+    // MADV_DONTNEED on a private anonymous mapping only drops its pages.
+    unsafe { libc::madvise(base.add(HEAD).cast(), end - HEAD, libc::MADV_DONTNEED) };
 }
 
 #[cfg(test)]

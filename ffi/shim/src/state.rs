@@ -40,8 +40,6 @@ type BlobQueue = Arc<Mutex<VecDeque<(u32, Vec<u8>)>>>;
 
 /// The tag of gpulmt's control blobs on the private communicator.
 const BLOB_TAG: c_int = 0x6c6d;
-/// Entries of the host-range cache (CUDA only, see [`Shim::is_device`]).
-
 /// The shim, while active (between MPI_Init and MPI_Finalize).
 pub static SHIM: Mutex<Option<Shim>> = Mutex::new(None);
 

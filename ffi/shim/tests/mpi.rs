@@ -4,9 +4,10 @@
 //! checks every byte and status itself (placements D->D, D->H, H->D, H->H at 1, 176,
 //! 4097 bytes, 1 MiB and 16 MiB, blocking and not; MPI_ANY_SOURCE; receives posted in
 //! another tag order than sent; non-overtaking between device and host messages;
-//! truncation; MPI_Sendrecv; MPI_Probe/MPI_Iprobe then MPI_Recv; MPI_Cancel;
-//! MPI_Request_free; MPI_Waitany/Waitsome/Testall/Testany/Testsome; self sends; a
-//! communicator with reordered ranks). These tests assert that every rank finished
+//! truncation; small receives into one buffer again and again; MPI_Sendrecv;
+//! MPI_Probe/MPI_Iprobe then MPI_Recv; MPI_Cancel; MPI_Request_free;
+//! MPI_Waitany/Waitsome/Testall/Testany/Testsome; self sends; a communicator with
+//! reordered ranks). These tests assert that every rank finished
 //! clean, which path the shim took (its counters), and that /dev/shm is clean after.
 //!
 //! Needs `mpicc` and `mpirun` (Open MPI; `.ci/run` installs them); without them the
@@ -178,8 +179,10 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
         return;
     }
     let _lock = job_lock();
-    // 3 ranks: one rank without a partner in the pairwise parts.
-    for (np, args) in [(2, &[][..]), (3, &[][..]), (4, &["thread"][..])] {
+    // 3 ranks: one rank without a partner in the pairwise parts. Below
+    // MPI_THREAD_MULTIPLE the shim shares its host-message state between threads, with
+    // it each thread has its own (hostmem.rs): both are run.
+    for (np, args) in [(2, &[][..]), (3, &[][..]), (4, &["thread"][..]), (2, &["multiple"][..])] {
         let run = clean_run(np, &[], args);
         run.assert_all_ok(np);
         assert!(run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0, "no device message went through gpulmt\n{}", run.dump());

@@ -5,7 +5,8 @@
  *
  * mpirun -np N -x LD_PRELOAD=libgpulmt_mpi.so -x GPULMT_DEVICE=sim ./p2p [thread]
  *
- * N >= 2; with "thread" the program starts MPI with MPI_Init_thread(FUNNELED).
+ * N >= 2; with "thread" the program starts MPI with MPI_Init_thread(FUNNELED), with
+ * "multiple" with MPI_Init_thread(MULTIPLE) (the shim then keeps per-thread state).
  *
  * Built with -DP2P_CUDA_MALLOC (and the CUDA runtime: -lcudart), device buffers come
  * from cudaMalloc instead, as in an application that knows nothing of gpulmt; each
@@ -420,6 +421,50 @@ static void small_recv(void) {
   MPI_Comm_free(&c);
 }
 
+/* One host buffer, count and datatype received into (and sent from) again and again, as
+ * in a ping-pong: the shim's fast path remembers such a buffer. Whatever arrives must
+ * still be told apart: host messages, an envelope of a device send into the small
+ * receive, a message too long for it. */
+static void repeat_small(void) {
+  int peer = pair_peer();
+  if (peer < 0) return;
+  enum { MSGS = 7 };
+  const int sp[MSGS] = {HOST, HOST, HOST, DEV, HOST, DEV, HOST};
+  const size_t sn[MSGS] = {8, 8, 8, 8, 40, 16, 16};
+  const int cnt = 16;
+  if (rank % 2 == 0) {
+    buf_t h = balloc(HOST, 40), d = balloc(DEV, 16);
+    for (int i = 0; i < MSGS; i++) {
+      buf_t *b = sp[i] == DEV ? &d : &h;
+      fill(b, sn[i], 900 + (unsigned)i);
+      MPI_OK(MPI_Send(b->p, (int)sn[i], MPI_BYTE, peer, 900 + i, MPI_COMM_WORLD));
+    }
+    bfree(&h);
+    bfree(&d);
+  } else {
+    buf_t b = balloc(HOST, (size_t)cnt + GUARD);
+    for (int i = 0; i < MSGS; i++) {
+      clear(&b);
+      MPI_Status st;
+      int rc = MPI_Recv(b.p, cnt, MPI_BYTE, peer, 900 + i, MPI_COMM_WORLD, &st);
+      char what[64];
+      snprintf(what, sizeof what, "repeated recv %d: %s(%zu)->H(%d)", i, pname(sp[i]), sn[i], cnt);
+      if (sn[i] <= (size_t)cnt) {
+        MPI_OK(rc);
+        CHECK(st.MPI_SOURCE == peer && st.MPI_TAG == 900 + i && count_of(&st) == (int)sn[i], "%s: status %d %d %d", what,
+              st.MPI_SOURCE, st.MPI_TAG, count_of(&st));
+        verify(&b, sn[i], 900 + (unsigned)i, what);
+      } else {
+        CHECK(error_class(rc) == MPI_ERR_TRUNCATE, "%s: error class %d", what, error_class(rc));
+        size_t past = 0;
+        for (size_t k = (size_t)cnt; k < b.n; k++) past += b.p[k] != 0xEE;
+        CHECK(past == 0, "%s: %zu bytes written past the count", what, past);
+      }
+    }
+    bfree(&b);
+  }
+}
+
 /* MPI_Sendrecv around a ring, device to device and host to device. */
 static void sendrecv_ring(void) {
   int to = (rank + 1) % size, from = (rank + size - 1) % size;
@@ -626,6 +671,10 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "thread") == 0) {
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  } else if (argc > 1 && strcmp(argv[1], "multiple") == 0) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided != MPI_THREAD_MULTIPLE) fprintf(stderr, "MPI_THREAD_MULTIPLE not provided (%d)\n", provided);
   } else {
     MPI_Init(&argc, &argv);
   }
@@ -648,7 +697,7 @@ int main(int argc, char **argv) {
       {"placements", placements},   {"any_source", any_source},       {"tag_order", tag_order},
       {"truncation", truncation},   {"sendrecv_ring", sendrecv_ring}, {"probe_then_recv", probe_then_recv},
       {"cancel_and_free", cancel_and_free}, {"completion_calls", completion_calls}, {"self_send", self_send},
-      {"other_comm", other_comm},   {"small_recv", small_recv},
+      {"other_comm", other_comm},   {"small_recv", small_recv},       {"repeat_small", repeat_small},
   };
   /* P2P_PARTS=name,name,...: run only those parts (for debugging one of them). */
   const char *only = getenv("P2P_PARTS");
