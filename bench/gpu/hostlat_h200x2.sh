@@ -14,7 +14,7 @@ ompi_info | grep -E "MCA (pml|btl|coll)" > "$out/ompi_info.txt" 2>&1
 mpicc -O2 bench/anchors/mpi_pingpong.c -o /tmp/mpi_pingpong
 csv="$out/hostlat.csv"
 echo "variant,rep,bytes,half_rtt_us" > "$csv"
-for rep in 1 2 3 4 5; do
+for rep in $(seq "${HOSTLAT_REPS:-5}"); do
   $mpirun /tmp/mpi_pingpong 8 200000 | awk -F, -v r=$rep '$3==8{print "plain," r ",8," $4}' >> "$csv"
   $mpirun -x MPI_PINGPONG_COMMS=2 /tmp/mpi_pingpong 8 200000 | awk -F, -v r=$rep '$3==8{print "plain_2comms," r ",8," $4}' >> "$csv"
   $mpirun $shim /tmp/mpi_pingpong 8 200000 | awk -F, -v r=$rep '$3==8{print "shim," r ",8," $4}' >> "$csv"

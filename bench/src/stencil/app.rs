@@ -250,7 +250,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     let mut exchanges = 0u64;
     let timeline = o.timeline && dev.enable_timeline(steps.div_ceil(h))?;
     let mut warm_batches = 0;
-    let neighbours = Side::ALL.iter().any(|s| d.neighbour(*s).is_some());
+    // Whether this rank sends halos (not without neighbours, nor with --no-exchange).
+    let sends = !o.no_exchange && Side::ALL.iter().any(|s| d.neighbour(*s).is_some());
+    let mut compute_wrote_edges = false;
     while step < steps {
         if step == warmup {
             dev.sync_compute()?;
@@ -264,16 +266,21 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         let (src, dst) = (fields[cur], fields[1 - cur]);
         dev.mark(Mark::Start)?;
         if o.mode.overlaps() {
-            // Everything queued on the compute queue so far (the previous step's interior
-            // included): the boundary below reads what it wrote and overwrites what it read.
+            // Everything queued on the compute queue so far (the previous batch included):
+            // the boundary below reads what it wrote and overwrites what it read.
             dev.compute_checkpoint()?;
             // The interior is queued first, so the device computes while the host posts
             // the exchange (posting first left it idle for the posting, several us a step).
-            // The interior reads none of the ghost layers the receives write, and the
-            // sends read edges the previous step's boundary finished.
+            // The interior reads none of the ghost layers the receives write.
             dev.stencil(src, dst, pitch, inner)?;
             dev.mark(Mark::Kernel)?;
             let t = Instant::now();
+            if compute_wrote_edges {
+                // The sends read edges the previous batch's later steps wrote on the compute
+                // queue: wait for them on the host, with this interior already queued behind
+                // them, so the device goes on computing.
+                dev.wait_checkpoint()?;
+            }
             ex.start(ctx, dev, src)?;
             ex.finish_on_comm(ctx, dev, src)?;
             in_exchange += t.elapsed();
@@ -303,12 +310,13 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         }
         dev.mark(Mark::End)?;
         // The next exchange sends what this batch wrote, through copy engines that do not
-        // wait for the compute queue, so the host waits for it. Except where the compute
-        // queue wrote nothing that is sent: a rank without neighbours, and the overlap
-        // mode's one-step batches, whose sent edges are the boundary the comm queue
-        // computed and the host already waited for; there the next step's kernel queues
-        // behind this one and the device does not idle between steps.
-        if neighbours && !(o.mode.overlaps() && batch == 1) {
+        // wait for the compute queue, so the host must know it is done. Not here, where the
+        // device would then idle until the host queues more: a rank that sends nothing
+        // does not wait at all, and the overlap mode waits at the next batch, behind its
+        // interior (one-step batches not even there: their sent edges are the boundary,
+        // which the comm queue computed and the host already waited for).
+        compute_wrote_edges = batch > 1;
+        if sends && !o.mode.overlaps() {
             dev.sync_compute()?;
         }
         dev.end_batch();

@@ -62,6 +62,10 @@ pub trait Compute<T: Real> {
     /// without blocking the host (the compute queue is not held up).
     fn comm_after_checkpoint(&mut self) -> Result<()>;
 
+    /// Waits on the host until the compute queue has passed its last checkpoint (work
+    /// queued after it may still run).
+    fn wait_checkpoint(&mut self) -> Result<()>;
+
     /// `--timeline`: starts recording GPU timestamps at [`Mark`]s for up to `batches`
     /// batches; false where the backend has no device clock (sim).
     fn enable_timeline(&mut self, _batches: usize) -> Result<bool> {
@@ -186,6 +190,10 @@ impl<T: Real> Compute<T> for SimCompute<T> {
     }
 
     fn comm_after_checkpoint(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn wait_checkpoint(&mut self) -> Result<()> {
         Ok(())
     }
 }
@@ -320,6 +328,10 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
 
     fn comm_after_checkpoint(&mut self) -> Result<()> {
         self.comm.wait(&self.checkpoint).map_err(cuda_err("ordering comm after the compute checkpoint"))
+    }
+
+    fn wait_checkpoint(&mut self) -> Result<()> {
+        self.checkpoint.synchronize().map_err(cuda_err("waiting for the compute checkpoint"))
     }
 
     fn enable_timeline(&mut self, batches: usize) -> Result<bool> {
