@@ -1,8 +1,9 @@
 /* Host-memory ping-pong over the system MPI (Open MPI's shared-memory path inside a
  * node): the anchor for gpulmt's H-H eager latency. Prints CSV rows
  * `mpi_sm,half_rtt_us,<bytes>,<value>`. Build: mpicc -O2 mpi_pingpong.c -o mpi_pingpong
- * MPI_PINGPONG_COMMS=2 first creates the communicators the PMPI shim holds (a shared-
- * memory split of MPI_COMM_WORLD and a duplicate of it): in Open MPI 4.1 every live
+ * MPI_PINGPONG_COMMS=1 first creates a communicator, as many as the PMPI shim holds (it
+ * keeps a duplicate of its shared-memory split of MPI_COMM_WORLD); =2 creates two, as the
+ * shim did before session 5 (the split and the duplicate): in Open MPI 4.1 every live
  * communicator beyond the built-in ones keeps libnbc's progress function in the
  * polling loop, a cost of having communicators, not of the shim's own code.
  * With one rank it sends to itself and receives: no peer to wait for, so the instructions

@@ -209,7 +209,6 @@ pub struct Shim {
     job_hash: u64,
     world_rank: c_int,
     world_group: MPI_Group,
-    node_comm: MPI_Comm,
     blob_comm: MPI_Comm,
     /// World rank -> local rank of this node (-1: another node).
     world_to_local: Vec<i32>,
@@ -322,6 +321,11 @@ impl Shim {
             Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
         };
+        // The node communicator's work is done (the finalize barriers use the blob
+        // communicator, a duplicate of it): in Open MPI 4.1 each communicator a program
+        // holds adds to the cost of every host message (libnbc's progress polling).
+        // SAFETY: made above; nothing uses it any more.
+        unsafe { PMPI_Comm_free(&mut node) };
         // Sim devices too: device memory a program can pass comes from gpulmt_mpi_alloc,
         // which makes every thread forget its host ranges.
         crate::hostmem::enable(ctx.config().memtype_cache);
@@ -332,7 +336,6 @@ impl Shim {
             job,
             world_rank: wrank,
             world_group,
-            node_comm: node,
             blob_comm,
             world_to_local,
             outgoing,
@@ -364,8 +367,9 @@ impl Shim {
         }
         // Peers may still need our blobs to finish theirs: progress until all arrive.
         let mut req = request_null();
-        // SAFETY: collective over the node communicator, request out-pointer.
-        unsafe { PMPI_Ibarrier(self.node_comm, &mut req) };
+        // SAFETY: collective over the node's ranks (the blob communicator, whose
+        // point-to-point blobs a collective does not match), request out-pointer.
+        unsafe { PMPI_Ibarrier(self.blob_comm, &mut req) };
         loop {
             self.progress();
             let mut flag = 0;
@@ -376,18 +380,17 @@ impl Shim {
             }
         }
         // Nobody drives gpulmt after this barrier: releasing cannot alarm a peer.
-        // SAFETY: collective over the node communicator.
-        unsafe { PMPI_Barrier(self.node_comm) };
+        // SAFETY: collective over the node's ranks.
+        unsafe { PMPI_Barrier(self.blob_comm) };
         for ptr in std::mem::take(&mut self.allocations) {
             let _ = self.ctx.backend().free(ptr);
         }
-        let Shim { ctx, job, mut node_comm, mut blob_comm, mut world_group, .. } = self;
+        let Shim { ctx, job, mut blob_comm, mut world_group, .. } = self;
         let rank0 = ctx.rank() == 0;
         release(ctx, &job, rank0);
         // SAFETY: the shim's own communicators and group, unused from now on.
         unsafe {
             PMPI_Comm_free(&mut blob_comm);
-            PMPI_Comm_free(&mut node_comm);
             PMPI_Group_free(&mut world_group);
         }
     }
