@@ -379,7 +379,10 @@ impl<T: Real> CudaCompute<T> {
         if rect.is_empty() {
             return Ok(());
         }
-        let (bx, by) = STENCIL_BLOCK;
+        // Thin strips (the overlap mode's boundary, a few rows) in blocks one row high: an
+        // 8-row block over a 1-row strip leaves 7 of 8 threads idle while holding an SM
+        // slot the interior kernel beside it could use.
+        let (bx, by) = if rect.rows() < STENCIL_BLOCK.1 as usize { (STENCIL_BLOCK.0 * STENCIL_BLOCK.1, 1) } else { STENCIL_BLOCK };
         let cfg = LaunchConfig {
             grid_dim: ((rect.cols() as u32).div_ceil(bx), (rect.rows() as u32).div_ceil(by), 1),
             block_dim: (bx, by, 1),
