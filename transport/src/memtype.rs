@@ -16,6 +16,11 @@ pub struct HostRangeCache {
 }
 
 impl HostRangeCache {
+    /// An empty cache (`const`: usable in a static, as the PMPI shim's is).
+    pub const fn new() -> HostRangeCache {
+        HostRangeCache { ranges: [(0, 0); WAYS], next: 0 }
+    }
+
     /// Whether `[ptr, ptr+len)` lies inside a range known to be host memory.
     #[inline]
     pub fn contains(&self, ptr: usize, len: usize) -> bool {
@@ -25,7 +30,7 @@ impl HostRangeCache {
 
     /// Forgets every range.
     pub fn clear(&mut self) {
-        *self = Self::default();
+        *self = Self::new();
     }
 
     /// Remembers `[ptr, ptr+len)` as host memory.
@@ -44,7 +49,8 @@ mod tests {
 
     #[test]
     fn hits_inside_ranges_only() {
-        let mut c = HostRangeCache::default();
+        let mut c = HostRangeCache::new();
+        assert!(!c.contains(0, 0), "the empty slots match nothing");
         assert!(!c.contains(100, 1));
         c.insert(100, 50);
         assert!(c.contains(100, 50));

@@ -34,34 +34,9 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Whether the shared copy (`SHARED`) is used instead of the thread-local one.
 static SERIALIZED: AtomicBool = AtomicBool::new(false);
 
-/// Ranges remembered per thread, replaced round-robin.
-const WAYS: usize = 16;
-
-/// Host ranges as `[begin, end)`; empty ones never match. gpulmt's `HostRangeCache`,
-/// built in a constant (the shared copy is a static).
-struct HostRanges {
-    ranges: [(usize, usize); WAYS],
-    next: usize,
-}
-
-impl HostRanges {
-    const fn new() -> HostRanges {
-        HostRanges { ranges: [(0, 0); WAYS], next: 0 }
-    }
-
-    fn contains(&self, ptr: usize, len: usize) -> bool {
-        let end = ptr.saturating_add(len);
-        self.ranges.iter().any(|&(b, e)| b <= ptr && end <= e && b < e)
-    }
-
-    fn insert(&mut self, ptr: usize, len: usize) {
-        if len == 0 || self.contains(ptr, len) {
-            return;
-        }
-        self.ranges[self.next] = (ptr, ptr.saturating_add(len));
-        self.next = (self.next + 1) % WAYS;
-    }
-}
+/// Host ranges, per thread (or one for all below MPI_THREAD_MULTIPLE): gpulmt's own
+/// cache, with its premise.
+use gpulmt::memtype::HostRangeCache as HostRanges;
 
 /// The last buffer `ready` found contiguous host memory, with a predefined datatype
 /// (whose geometry never changes): the same buffer, count and type in the same
@@ -332,25 +307,6 @@ mod tests {
         remember(p, 4096);
         enable(false);
         assert!(!is_host(p, 16), "disabled");
-    }
-
-    #[test]
-    fn ranges_hit_inside_only_and_replace_the_oldest() {
-        let mut c = HostRanges::new();
-        assert!(!c.contains(0, 0), "the empty slots match nothing");
-        assert!(!c.contains(100, 1));
-        c.insert(100, 50);
-        assert!(c.contains(100, 50));
-        assert!(c.contains(120, 10));
-        assert!(!c.contains(120, 31));
-        assert!(!c.contains(99, 2));
-        c.insert(1000, 10);
-        assert!(c.contains(100, 1) && c.contains(1005, 5));
-        for i in 0..WAYS {
-            c.insert(10_000 * (i + 1), 10);
-        }
-        assert!(!c.contains(100, 1), "oldest range replaced");
-        assert!(c.contains(10_000, 10));
     }
 
     #[test]
