@@ -2,7 +2,7 @@
 # The PMPI shim's cost on blocking host messages: instructions per MPI_Send + MPI_Recv
 # pair of bench/anchors/mpi_pingpong.c with one rank sending to itself, under callgrind
 # (exact counts: no peer to poll for, and this machine may lack hardware counters), for
-# plain Open MPI, plain with the shim's two extra communicators (MPI_PINGPONG_COMMS=2)
+# plain Open MPI, plain holding a communicator as the shim does (MPI_PINGPONG_COMMS=1)
 # and under the shim on sim devices. Two iteration counts are subtracted, which cancels
 # start-up and tear-down. Then the time of the same loop without callgrind (noisy on a
 # small machine; the median of REPEATS runs), and of the 2-rank ping-pong.
@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 mpicc -O2 "$root/bench/anchors/mpi_pingpong.c" -o "$tmp/pp"
 extra() {
     case $1 in
-    comms2) echo "-x MPI_PINGPONG_COMMS=2" ;;
+    comms1) echo "-x MPI_PINGPONG_COMMS=1" ;;
     shim) echo "-x LD_PRELOAD=$lib -x GPULMT_DEVICE=sim" ;;
     esac
 }
@@ -38,7 +38,7 @@ latency() { # config ranks
 # Pairs per run: two sizes (1 and 8 bytes), each ITERS plus a tenth of warm-up.
 pairs=$(( (hi - lo) * 2 * 11 / 10 ))
 echo "config,instructions_per_send_recv,self_us_median,pingpong_us_median"
-for c in plain comms2 shim; do
+for c in plain comms1 shim; do
     a=$(instructions $c $lo)
     b=$(instructions $c $hi)
     printf "%s,%.1f,%s,%s\n" $c "$(echo "($b - $a) / $pairs" | bc -l)" "$(latency $c 1)" "$(latency $c 2)"

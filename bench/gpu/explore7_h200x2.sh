@@ -12,13 +12,7 @@ bin=.gpu/bin
 export GPULMT_DEVICE=cuda
 cat .gpu/commit > "$out/commit.txt"
 bash bench/gpu/stencil_overlap.sh "$out" 3 400
-: > "$out/check.txt"
-for p in single double; do for h in 1 4; do
-  $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size 2048 --halo $h --precision $p --mode inter-k-overlap --iters 100 --check 2>&1 | grep "^check" | sed "s|^|2 ranks $p h$h: |" >> "$out/check.txt"
-done; done
-for h in 1 2; do
-  $bin/gpulmt-run -n 4 --timeout 120 -- $bin/stencil2d --size 1024 --halo $h --mode inter-k-overlap --iters 100 --check 2>&1 | grep "^check" | sed "s|^|4 ranks single h$h: |" >> "$out/check.txt"
-done
+bash bench/gpu/stencil_overlap_check.sh "$out"
 bash bench/gpu/hostlat_h200x2.sh "$out/hostlat" > /dev/null 2>&1
 for rep in 1 2 3; do
   $bin/gpulmt-run -n 2 --timeout 60 -- $bin/osu_latency -m 8:8 -i 20000 --csv "$out/lat.csv" D D > /dev/null

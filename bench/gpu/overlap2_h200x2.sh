@@ -9,12 +9,6 @@ bin=.gpu/bin
 export GPULMT_DEVICE=cuda
 cat .gpu/commit > "$out/commit.txt"
 bash bench/gpu/stencil_overlap.sh "$out" 3 400
-: > "$out/check.txt"
-for p in single double; do for h in 1 4; do
-  $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size 2048 --halo $h --precision $p --mode inter-k-overlap --iters 100 --check 2>&1 | grep "^check" | sed "s|^|2 ranks $p h$h: |" >> "$out/check.txt"
-done; done
-for h in 1 2; do
-  $bin/gpulmt-run -n 4 --timeout 120 -- $bin/stencil2d --size 1024 --halo $h --mode inter-k-overlap --iters 100 --check 2>&1 | grep "^check" | sed "s|^|4 ranks single h$h: |" >> "$out/check.txt"
-done
+bash bench/gpu/stencil_overlap_check.sh "$out"
 echo "== stencil overlap"; $bin/bench-report "$out" 2>&1 | grep -A9 "overlap against compute alone" | tail -5
 echo "== checks"; cut -c1-60 "$out/check.txt"

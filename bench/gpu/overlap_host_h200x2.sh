@@ -17,13 +17,7 @@ for rep in 1 2 3; do for p in single double; do for h in 1 4; do for m in inter-
   $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size 4096 --halo $h --precision $p --mode $m --iters 400 --no-exchange 2>&1 \
     | grep "^summary" | sed -E "s/^summary: ([0-9.]+) us.*/$p,$h,$m,\1/" >> "$out/no_exchange.csv"
 done; done; done; done
-: > "$out/check.txt"
-for p in single double; do for h in 1 4; do
-  $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size 2048 --halo $h --precision $p --mode inter-k-overlap --iters 100 --check 2>&1 | grep "^check" | sed "s|^|2 ranks $p h$h: |" >> "$out/check.txt"
-done; done
-for h in 1 2; do
-  $bin/gpulmt-run -n 4 --timeout 120 -- $bin/stencil2d --size 1024 --halo $h --mode inter-k-overlap --iters 100 --check 2>&1 | grep "^check" | sed "s|^|4 ranks single h$h: |" >> "$out/check.txt"
-done
+bash bench/gpu/stencil_overlap_check.sh "$out"
 HOSTLAT_REPS=9 bash bench/gpu/hostlat_h200x2.sh "$out/hostlat" > /dev/null 2>&1
 echo "== stencil overlap"; $bin/bench-report "$out" 2>&1 | grep -A9 "overlap against compute alone" | tail -5
 echo "== 2 ranks without communication (us/step, 3 runs)"; sort "$out/no_exchange.csv" | awk -F, '{k=$1" h"$2" "$3; a[k]=a[k]" "$4} END{for(k in a) print k":"a[k]}' | sort

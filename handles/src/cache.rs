@@ -560,13 +560,13 @@ impl<O: MappingOpener> HandleCache<O> {
         self.len() == 0
     }
 
-    /// Counters and sizes.
     /// Acquires that had to open, and the time spent opening (ns), so far: the two
     /// counters a caller compares around one acquire, in constant time.
     pub fn open_counters(&self) -> (u64, u64) {
         (self.misses, self.open_nanos)
     }
 
+    /// Counters and sizes.
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits,

@@ -98,11 +98,6 @@ fn now_nanos() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
-/// Installs the log subscriber once per process (`GPULMT_LOG`, default `warn`).
-fn init_logging() {
-    crate::logging::init("warn");
-}
-
 /// One rank's endpoint of a gpulmt job.
 pub struct Context {
     pub(crate) cfg: Config,
@@ -149,7 +144,7 @@ impl Context {
     /// Joins the job described by the environment (see [`JobInfo::from_env`]) with
     /// the configuration of the `GPULMT_*` variables.
     pub fn init() -> Result<Context> {
-        init_logging();
+        crate::logging::init("warn");
         Self::init_with(Config::from_env()?, JobInfo::from_env()?)
     }
 
@@ -159,7 +154,7 @@ impl Context {
     }
 
     pub(crate) fn init_inner(cfg: Config, info: JobInfo, channel: Option<crate::plugin::HostChannel>) -> Result<Context> {
-        init_logging();
+        crate::logging::init("warn");
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {

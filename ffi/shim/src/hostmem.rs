@@ -19,6 +19,8 @@ use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+// Host ranges, per thread (or one for all below MPI_THREAD_MULTIPLE): gpulmt's own cache.
+use gpulmt::memtype::HostRangeCache as HostRanges;
 use mpi_sys::MPI_Datatype;
 
 use crate::envelope::ENVELOPE_BYTES;
@@ -33,10 +35,6 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// Whether the shared copy (`SHARED`) is used instead of the thread-local one.
 static SERIALIZED: AtomicBool = AtomicBool::new(false);
-
-/// Host ranges, per thread (or one for all below MPI_THREAD_MULTIPLE): gpulmt's own
-/// cache, with its premise.
-use gpulmt::memtype::HostRangeCache as HostRanges;
 
 /// The last buffer `ready` found contiguous host memory, with a predefined datatype
 /// (whose geometry never changes): the same buffer, count and type in the same
@@ -77,7 +75,7 @@ impl HostThread {
         // Acquire: pairs with `forget_all`, so the new mapping that made it forget is seen.
         let now = GENERATION.load(Ordering::Acquire);
         if self.generation != now {
-            self.ranges = HostRanges::new();
+            self.ranges.clear();
             self.generation = now;
         }
     }
