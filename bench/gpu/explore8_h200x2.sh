@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 6, first exploration: small device copies as kernels (GPULMT_SM_COPY_MAX).
+# Session 6, first exploration: small device copies as kernels (GPULMT_SM_COPY_MAX, commit
+# dc974af; reverted after this run: kernels were slower than the copy engines).
 # (1) the kernel copies' GPU unit test (both engines, local and peer, odd sizes and offsets);
 # (2) copy_probe at 8 B, 4 KiB and 64 KiB (gpulmt_kernel_copy_poll beside the copy engine's);
 # (3) osu_latency D D 8 B .. 256 KiB alternating GPULMT_SM_COPY_MAX=0 and 256K, three runs

@@ -6,9 +6,9 @@ use std::fs::OpenOptions;
 use std::io::Write;
 
 pub mod pair;
-pub mod report;
 pub mod stencil;
 pub mod window;
+pub mod report;
 
 use clap::Parser;
 use gpulmt::{Context, Error};
@@ -39,18 +39,12 @@ fn parse_placement(s: &str) -> Result<Placement, String> {
     match s {
         "H" | "h" => Ok(Placement::Host),
         "D" | "d" => Ok(Placement::Device),
-        _ => Err(format!(
-            "buffer placement '{s}': use D (device) or H (host)"
-        )),
+        _ => Err(format!("buffer placement '{s}': use D (device) or H (host)")),
     }
 }
 
 fn parse_range(s: &str) -> Result<(usize, usize), String> {
-    let size = |t: &str| {
-        gpulmt::config::parse_size(t)
-            .map(|v| v as usize)
-            .ok_or(format!("bad size '{t}'"))
-    };
+    let size = |t: &str| gpulmt::config::parse_size(t).map(|v| v as usize).ok_or(format!("bad size '{t}'"));
     match s.split_once(':') {
         Some((a, b)) => {
             let lo = if a.is_empty() { 0 } else { size(a)? };
@@ -158,19 +152,9 @@ impl Buffer {
         Ok(match placement {
             Placement::Host => {
                 let mut v = vec![0u8; len];
-                Buffer {
-                    ptr: v.as_mut_ptr() as usize,
-                    len,
-                    placement,
-                    _host: Some(v),
-                }
+                Buffer { ptr: v.as_mut_ptr() as usize, len, placement, _host: Some(v) }
             }
-            Placement::Device => Buffer {
-                ptr: ctx.mem_alloc(len)?,
-                len,
-                placement,
-                _host: None,
-            },
+            Placement::Device => Buffer { ptr: ctx.mem_alloc(len)?, len, placement, _host: None },
         })
     }
 
@@ -183,15 +167,11 @@ impl Buffer {
     /// Checks the first `n` bytes hold the pattern of `seed`.
     pub fn check(&self, ctx: &Context, n: usize, seed: u64) -> Result<(), String> {
         let mut got = vec![0u8; n];
-        ctx.copy_sync(got.as_mut_ptr() as usize, self.ptr, n)
-            .map_err(|e| e.to_string())?;
+        ctx.copy_sync(got.as_mut_ptr() as usize, self.ptr, n).map_err(|e| e.to_string())?;
         let want = pattern(seed, n);
         match got.iter().zip(&want).position(|(a, b)| a != b) {
             None => Ok(()),
-            Some(i) => Err(format!(
-                "validation failed at byte {i} of {n}: got {:#04x}, expected {:#04x}",
-                got[i], want[i]
-            )),
+            Some(i) => Err(format!("validation failed at byte {i} of {n}: got {:#04x}, expected {:#04x}", got[i], want[i])),
         }
     }
 
@@ -219,10 +199,7 @@ pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
 
 /// Prints the OSU header for a benchmark.
 pub fn header(ctx: &Context, title: &str, o: &Options, column: &str) {
-    println!(
-        "# gpulmt {title} (OSU format) v{}",
-        env!("CARGO_PKG_VERSION")
-    );
+    println!("# gpulmt {title} (OSU format) v{}", env!("CARGO_PKG_VERSION"));
     println!(
         "# Backend {} | protocol {} | ranks {} | devices: rank 0 bound to {}",
         ctx.backend_kind(),
@@ -230,20 +207,14 @@ pub fn header(ctx: &Context, title: &str, o: &Options, column: &str) {
         ctx.size(),
         ctx.device()
     );
-    println!(
-        "# Send Buffer on {} and Receive Buffer on {}",
-        o.send.word(),
-        o.recv.word()
-    );
+    println!("# Send Buffer on {} and Receive Buffer on {}", o.send.word(), o.recv.word());
     println!("{:<10}{:>20}", "# Size", column);
 }
 
 /// Appends one CSV row (header written when the file is new).
 pub fn csv_row(o: &Options, bench: &str, bytes: usize, metric: &str, value: f64) {
     let Some(path) = &o.csv else { return };
-    let new = std::fs::metadata(path)
-        .map(|m| m.len() == 0)
-        .unwrap_or(true);
+    let new = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
     let mut f = match OpenOptions::new().create(true).append(true).open(path) {
         Ok(f) => f,
         Err(e) => {

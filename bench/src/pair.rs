@@ -22,40 +22,20 @@ impl Pair {
     pub fn setup(o: &Options, name: &str) -> Pair {
         let mut ctx = or_die(join(), "init");
         if ctx.size() < 2 {
-            eprintln!(
-                "{name} needs 2 ranks: gpulmt-run -n 2 {}",
-                std::env::args().next().unwrap_or_default()
-            );
+            eprintln!("{name} needs 2 ranks: gpulmt-run -n 2 {}", std::env::args().next().unwrap_or_default());
             std::process::exit(2);
         }
         let me = ctx.rank();
         let place = if me == 0 { o.send } else { o.recv };
-        let sbuf = or_die(
-            Buffer::new(&mut ctx, place, o.range.1),
-            "allocating the send buffer",
-        );
-        let rbuf = or_die(
-            Buffer::new(&mut ctx, place, o.range.1),
-            "allocating the receive buffer",
-        );
-        Pair {
-            ctx,
-            me,
-            peer: 1 - me.min(1),
-            sbuf,
-            rbuf,
-        }
+        let sbuf = or_die(Buffer::new(&mut ctx, place, o.range.1), "allocating the send buffer");
+        let rbuf = or_die(Buffer::new(&mut ctx, place, o.range.1), "allocating the receive buffer");
+        Pair { ctx, me, peer: 1 - me.min(1), sbuf, rbuf }
     }
 
     /// Prints counters if asked, frees the buffers (two-phase), finalizes; returns
     /// the exit code.
     pub fn finish(self, o: &Options, failed: bool) -> i32 {
-        let Pair {
-            mut ctx,
-            sbuf,
-            rbuf,
-            ..
-        } = self;
+        let Pair { mut ctx, sbuf, rbuf, .. } = self;
         print_stats(&ctx, o);
         or_die(sbuf.free(&mut ctx), "free");
         or_die(rbuf.free(&mut ctx), "free");

@@ -15,18 +15,8 @@ pub fn run(bidirectional: bool) -> i32 {
     let o = Options::from_args();
     let name = if bidirectional { "osu_bibw" } else { "osu_bw" };
     let mut pair = Pair::setup(&o, name);
-    let Pair {
-        ref mut ctx,
-        me,
-        peer,
-        ref sbuf,
-        ref rbuf,
-    } = pair;
-    let title = if bidirectional {
-        "Bi-Directional Bandwidth Test"
-    } else {
-        "Bandwidth Test"
-    };
+    let Pair { ref mut ctx, me, peer, ref sbuf, ref rbuf } = pair;
+    let title = if bidirectional { "Bi-Directional Bandwidth Test" } else { "Bandwidth Test" };
     if me == 0 {
         header(ctx, title, &o, "Bandwidth (MB/s)");
     }
@@ -55,27 +45,18 @@ pub fn run(bidirectional: bool) -> i32 {
                     let receiving = me == 1 || bidirectional;
                     if receiving {
                         for _ in 0..o.window {
-                            reqs.push(or_die(
-                                ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(DATA_TAG)),
-                                "irecv",
-                            ));
+                            reqs.push(or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(DATA_TAG)), "irecv"));
                         }
                     }
                     if sending {
                         for _ in 0..o.window {
-                            reqs.push(or_die(
-                                ctx.isend(sbuf.ptr as *const u8, size, peer, DATA_TAG),
-                                "isend",
-                            ));
+                            reqs.push(or_die(ctx.isend(sbuf.ptr as *const u8, size, peer, DATA_TAG), "isend"));
                         }
                     }
                     or_die(ctx.wait_all(reqs), "wait_all");
                     if !bidirectional {
                         if me == 0 {
-                            let r = or_die(
-                                ctx.irecv(ack.as_mut_ptr(), 4, Some(1), Some(ACK_TAG)),
-                                "irecv ack",
-                            );
+                            let r = or_die(ctx.irecv(ack.as_mut_ptr(), 4, Some(1), Some(ACK_TAG)), "irecv ack");
                             or_die(ctx.wait(r), "ack");
                         } else {
                             let s = or_die(ctx.isend(ack.as_ptr(), 4, 0, ACK_TAG), "isend ack");

@@ -30,11 +30,7 @@ fn profile_dir() -> PathBuf {
 
 fn launcher() -> PathBuf {
     let p = profile_dir().join("gpulmt-run");
-    assert!(
-        p.is_file(),
-        "the launcher {} is missing: run `cargo build --workspace --bins` first",
-        p.display()
-    );
+    assert!(p.is_file(), "the launcher {} is missing: run `cargo build --workspace --bins` first", p.display());
     p
 }
 
@@ -43,20 +39,11 @@ struct JobLock(#[allow(dead_code)] File);
 
 fn job_lock() -> JobLock {
     let path = profile_dir().join("gpulmt-tests.lock");
-    let f = File::options()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let f = File::options().create(true).append(true).open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     // SAFETY: a valid open descriptor; flock has no memory-safety preconditions.
     while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
         let e = std::io::Error::last_os_error();
-        assert_eq!(
-            e.raw_os_error(),
-            Some(libc::EINTR),
-            "flock {}: {e}",
-            path.display()
-        );
+        assert_eq!(e.raw_os_error(), Some(libc::EINTR), "flock {}: {e}", path.display());
     }
     JobLock(f)
 }
@@ -70,19 +57,13 @@ struct Output {
 
 impl Output {
     fn dump(&self) -> String {
-        format!(
-            "job `{}` exited {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-            self.what, self.code, self.stdout, self.stderr
-        )
+        format!("job `{}` exited {:?}\n--- stdout ---\n{}--- stderr ---\n{}", self.what, self.code, self.stdout, self.stderr)
     }
 
     fn assert_passed(&self) -> &Self {
         assert_eq!(self.code, Some(0), "{}", self.dump());
         assert!(
-            self.stdout
-                .lines()
-                .any(|l| l.starts_with("check: PASS max relative error 0e0")
-                    && l.contains(", 0 not bit-identical")),
+            self.stdout.lines().any(|l| l.starts_with("check: PASS max relative error 0e0") && l.contains(", 0 not bit-identical")),
             "no bit-identical check in the output\n{}",
             self.dump()
         );
@@ -91,23 +72,14 @@ impl Output {
 
     /// The protocol table's rows: (from, to, side, protocol text).
     fn pairs(&self) -> Vec<(u32, u32, String, String)> {
-        let header = self
-            .stdout
-            .lines()
-            .position(|l| l.starts_with("# from"))
-            .unwrap_or_else(|| panic!("no pair table\n{}", self.dump()));
+        let header = self.stdout.lines().position(|l| l.starts_with("# from")).unwrap_or_else(|| panic!("no pair table\n{}", self.dump()));
         self.stdout
             .lines()
             .skip(header + 1)
             .take_while(|l| !l.starts_with("summary:"))
             .map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
-                (
-                    f[0].parse().unwrap(),
-                    f[1].parse().unwrap(),
-                    f[2].to_string(),
-                    f[5..].join(" "),
-                )
+                (f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].to_string(), f[5..].join(" "))
             })
             .collect()
     }
@@ -117,20 +89,15 @@ impl Output {
 fn job(n: usize, args: &[&str]) -> Output {
     let _lock = job_lock();
     let mut cmd = Command::new(launcher());
-    cmd.args(["-n", &n.to_string(), "--timeout", "60", "--", STENCIL])
-        .args(args);
+    cmd.args(["-n", &n.to_string(), "--timeout", "60", "--", STENCIL]).args(args);
     // Only this test's settings, none inherited from the caller's shell.
     for (k, _) in std::env::vars_os() {
         if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
             cmd.env_remove(k);
         }
     }
-    cmd.env("GPULMT_DEVICE", "sim")
-        .env("GPULMT_SIM_DEVICES", "2")
-        .stdin(Stdio::null());
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", launcher().display()));
+    cmd.env("GPULMT_DEVICE", "sim").env("GPULMT_SIM_DEVICES", "2").stdin(Stdio::null());
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot start {}: {e}", launcher().display()));
     Output {
         what: format!("gpulmt-run -n {n} stencil2d {}", args.join(" ")),
         code: out.status.code(),
@@ -144,23 +111,8 @@ fn job(n: usize, args: &[&str]) -> Output {
 fn matrix(n: usize, precision: &str) {
     for mode in MODES {
         for halo in ["1", "4"] {
-            job(
-                n,
-                &[
-                    "--size",
-                    "64",
-                    "--iters",
-                    "7",
-                    "--halo",
-                    halo,
-                    "--mode",
-                    mode,
-                    "--precision",
-                    precision,
-                    "--check",
-                ],
-            )
-            .assert_passed();
+            job(n, &["--size", "64", "--iters", "7", "--halo", halo, "--mode", mode, "--precision", precision, "--check"])
+                .assert_passed();
         }
     }
 }
@@ -200,28 +152,9 @@ fn six_ranks_double() {
 #[test]
 fn strong_scaling_with_uneven_blocks() {
     for mode in MODES {
-        let out = job(
-            6,
-            &[
-                "--global",
-                "50",
-                "--iters",
-                "9",
-                "--halo",
-                "4",
-                "--mode",
-                mode,
-                "--precision",
-                "double",
-                "--check",
-            ],
-        );
+        let out = job(6, &["--global", "50", "--iters", "9", "--halo", "4", "--mode", mode, "--precision", "double", "--check"]);
         out.assert_passed();
-        assert!(
-            out.stdout.contains("16x25 (34,25)"),
-            "rank 5 should own the 16x25 block at (34,25)\n{}",
-            out.dump()
-        );
+        assert!(out.stdout.contains("16x25 (34,25)"), "rank 5 should own the 16x25 block at (34,25)\n{}", out.dump());
     }
 }
 
@@ -230,87 +163,23 @@ fn strong_scaling_with_uneven_blocks() {
 #[test]
 fn forced_grids_and_one_rank() {
     for grid in ["1x4", "4x1"] {
-        job(
-            4,
-            &[
-                "--size",
-                "32",
-                "--iters",
-                "5",
-                "--halo",
-                "2",
-                "--grid",
-                grid,
-                "--mode",
-                "inter-k-overlap",
-                "--check",
-            ],
-        )
-        .assert_passed();
+        job(4, &["--size", "32", "--iters", "5", "--halo", "2", "--grid", grid, "--mode", "inter-k-overlap", "--check"]).assert_passed();
     }
-    job(
-        1,
-        &[
-            "--size",
-            "48",
-            "--iters",
-            "5",
-            "--halo",
-            "3",
-            "--mode",
-            "inter-k-overlap",
-            "--check",
-        ],
-    )
-    .assert_passed();
+    job(1, &["--size", "48", "--iters", "5", "--halo", "3", "--mode", "inter-k-overlap", "--check"]).assert_passed();
     let wrong = job(4, &["--size", "32", "--iters", "5", "--grid", "3x1"]);
-    assert_eq!(
-        wrong.code,
-        Some(2),
-        "a grid that does not match the rank count is a usage error\n{}",
-        wrong.dump()
-    );
+    assert_eq!(wrong.code, Some(2), "a grid that does not match the rank count is a usage error\n{}", wrong.dump());
     let thin = job(2, &["--size", "3", "--iters", "5", "--halo", "4"]);
-    assert_eq!(
-        thin.code,
-        Some(2),
-        "a halo wider than the blocks is a usage error\n{}",
-        thin.dump()
-    );
-    assert!(
-        thin.stderr
-            .contains("halo 4 is wider than the smallest block"),
-        "{}",
-        thin.dump()
-    );
+    assert_eq!(thin.code, Some(2), "a halo wider than the blocks is a usage error\n{}", thin.dump());
+    assert!(thin.stderr.contains("halo 4 is wider than the smallest block"), "{}", thin.dump());
 }
 
 /// The check is not vacuous: one wrong value on one rank fails the job.
 #[test]
 fn check_catches_a_wrong_value() {
-    let out = job(
-        4,
-        &[
-            "--size",
-            "32",
-            "--iters",
-            "3",
-            "--mode",
-            "inter-k",
-            "--corrupt-rank",
-            "3",
-        ],
-    );
+    let out = job(4, &["--size", "32", "--iters", "3", "--mode", "inter-k", "--corrupt-rank", "3"]);
     assert_eq!(out.code, Some(1), "{}", out.dump());
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("check:"))
-        .unwrap_or_else(|| panic!("no check line\n{}", out.dump()));
-    assert!(
-        line.starts_with("check: FAIL") && line.contains(", 1 not bit-identical, worst at (32,32)"),
-        "{line}"
-    );
+    let line = out.stdout.lines().find(|l| l.starts_with("check:")).unwrap_or_else(|| panic!("no check line\n{}", out.dump()));
+    assert!(line.starts_with("check: FAIL") && line.contains(", 1 not bit-identical, worst at (32,32)"), "{line}");
 }
 
 /// The pair table names every directed neighbour pair once, with the protocol the
@@ -324,31 +193,12 @@ fn protocol_table_and_csv() {
     let csv_arg = csv.to_str().expect("utf-8 temp dir").to_string();
     // 8 timed steps at halo 2 after one warm-up batch: 5 exchanges.
     for mode in ["inter-k", "staged"] {
-        let out = job(
-            4,
-            &[
-                "--size", "32", "--iters", "8", "--halo", "2", "--mode", mode, "--csv", &csv_arg,
-            ],
-        );
+        let out = job(4, &["--size", "32", "--iters", "8", "--halo", "2", "--mode", mode, "--csv", &csv_arg]);
         assert_eq!(out.code, Some(0), "{}", out.dump());
         let pairs = out.pairs();
         let mut directed: Vec<(u32, u32)> = pairs.iter().map(|p| (p.0, p.1)).collect();
         directed.sort();
-        assert_eq!(
-            directed,
-            vec![
-                (0, 1),
-                (0, 2),
-                (1, 0),
-                (1, 3),
-                (2, 0),
-                (2, 3),
-                (3, 1),
-                (3, 2)
-            ],
-            "{}",
-            out.dump()
-        );
+        assert_eq!(directed, vec![(0, 1), (0, 2), (1, 0), (1, 3), (2, 0), (2, 3), (3, 1), (3, 2)], "{}", out.dump());
         for (from, to, side, protocol) in &pairs {
             // Which device protocol `auto` picks for small halos is the policy's
             // business; that all five went one rendezvous way is this table's.
@@ -362,45 +212,22 @@ fn protocol_table_and_csv() {
     let text = std::fs::read_to_string(&csv).expect("the CSV was written");
     let _ = std::fs::remove_file(&csv);
     let mut lines = text.lines();
-    assert_eq!(
-        lines.next(),
-        Some("bench,mode,precision,ranks,size,halo,metric,value")
-    );
+    assert_eq!(lines.next(), Some("bench,mode,precision,ranks,size,halo,metric,value"));
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    assert!(
-        rows.iter()
-            .all(|r| r.len() == 8 && r[..6] == ["stencil2d", r[1], "single", "4", "32", "2"]),
-        "{text}"
-    );
+    assert!(rows.iter().all(|r| r.len() == 8 && r[..6] == ["stencil2d", r[1], "single", "4", "32", "2"]), "{text}");
     for mode in ["inter-k", "staged"] {
-        for metric in [
-            "time_per_iter_us",
-            "comm_share_pct",
-            "exchange_us",
-            "gflops",
-        ] {
-            let row = rows
-                .iter()
-                .find(|r| r[1] == mode && r[6] == metric)
-                .unwrap_or_else(|| panic!("no {mode} {metric}\n{text}"));
+        for metric in ["time_per_iter_us", "comm_share_pct", "exchange_us", "gflops"] {
+            let row = rows.iter().find(|r| r[1] == mode && r[6] == metric).unwrap_or_else(|| panic!("no {mode} {metric}\n{text}"));
             let v: f64 = row[7].parse().unwrap();
             assert!(v.is_finite() && v >= 0.0, "{mode} {metric} = {v}");
         }
     }
-    let halo_rows = |mode: &str, metric: &str| {
-        rows.iter()
-            .find(|r| r[1] == mode && r[6] == metric)
-            .map(|r| r[7].to_string())
-    };
+    let halo_rows = |mode: &str, metric: &str| rows.iter().find(|r| r[1] == mode && r[6] == metric).map(|r| r[7].to_string());
     let device: f64 = ["get", "put", "coop"]
         .iter()
         .filter_map(|p| halo_rows("inter-k", &format!("halo_msgs_{p}")))
         .map(|v| v.parse::<f64>().unwrap())
         .sum();
     assert_eq!(device, 40.0, "{text}");
-    assert_eq!(
-        halo_rows("staged", "halo_msgs_eager").as_deref(),
-        Some("40"),
-        "{text}"
-    );
+    assert_eq!(halo_rows("staged", "halo_msgs_eager").as_deref(), Some("40"), "{text}");
 }

@@ -10,8 +10,8 @@ use gpulmt::{Context, Error, JobInfo, Protocol, Request};
 
 use crate::error::{guard, record, FfiError};
 use crate::handle::{
-    check_buf, finish, gpulmt_ctx, gpulmt_request, gpulmt_status, out, rank_arg, set_opt,
-    test_request, with_ctx, GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, GPULMT_REQUEST_NULL,
+    check_buf, finish, gpulmt_ctx, gpulmt_request, gpulmt_status, out, rank_arg, set_opt, test_request, with_ctx,
+    GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, GPULMT_REQUEST_NULL,
 };
 
 /// Index of GET in `gpulmt_stats.protocols` (the receiver's GPU pulls).
@@ -226,16 +226,8 @@ pub unsafe extern "C" fn gpulmt_irecv(
             let req = out(req, "req")?;
             *req = GPULMT_REQUEST_NULL;
             check_buf(buf, len, "buf")?;
-            let src = if src == GPULMT_ANY_SOURCE {
-                None
-            } else {
-                Some(rank_arg(src, "src")?)
-            };
-            let tag = if tag == GPULMT_ANY_TAG {
-                None
-            } else {
-                Some(tag)
-            };
+            let src = if src == GPULMT_ANY_SOURCE { None } else { Some(rank_arg(src, "src")?) };
+            let tag = if tag == GPULMT_ANY_TAG { None } else { Some(tag) };
             let r = h.ctx.irecv(buf.cast(), len, src, tag)?;
             *req = r.id();
             Ok(())
@@ -277,11 +269,7 @@ pub unsafe extern "C" fn gpulmt_test(
 /// `ctx` is a live context that no other thread uses during the call; `req` is valid
 /// for reads and writes; `status` is NULL (ignored) or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_wait(
-    ctx: *mut gpulmt_ctx,
-    req: *mut gpulmt_request,
-    status: *mut gpulmt_status,
-) -> c_int {
+pub unsafe extern "C" fn gpulmt_wait(ctx: *mut gpulmt_ctx, req: *mut gpulmt_request, status: *mut gpulmt_status) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
@@ -340,11 +328,7 @@ pub unsafe extern "C" fn gpulmt_barrier(ctx: *mut gpulmt_ctx) -> c_int {
 /// `ctx` is a live context that no other thread uses during the call; `ptr` is valid
 /// for writes.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_mem_alloc(
-    ctx: *mut gpulmt_ctx,
-    bytes: usize,
-    ptr: *mut *mut c_void,
-) -> c_int {
+pub unsafe extern "C" fn gpulmt_mem_alloc(ctx: *mut gpulmt_ctx, bytes: usize, ptr: *mut *mut c_void) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
@@ -395,12 +379,7 @@ pub unsafe extern "C" fn gpulmt_mem_free_commit(ctx: *mut gpulmt_ctx) -> c_int {
 /// is 0, `src` is valid for reads and `dst` for writes of `len` bytes, and they do
 /// not overlap.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_copy(
-    ctx: *mut gpulmt_ctx,
-    dst: *mut c_void,
-    src: *const c_void,
-    len: usize,
-) -> c_int {
+pub unsafe extern "C" fn gpulmt_copy(ctx: *mut gpulmt_ctx, dst: *mut c_void, src: *const c_void, len: usize) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
@@ -436,30 +415,12 @@ mod tests {
 
     #[test]
     fn stats_follow_the_protocol_indices() {
-        let s = Stats {
-            protocols: [1, 2, 3, 4, 5],
-            ..Default::default()
-        };
+        let s = Stats { protocols: [1, 2, 3, 4, 5], ..Default::default() };
         let c = gpulmt_stats::from(&s);
-        assert_eq!(
-            c.protocols[GPULMT_PROTOCOL_GET],
-            s.protocol_count(Protocol::Get)
-        );
-        assert_eq!(
-            c.protocols[GPULMT_PROTOCOL_PUT],
-            s.protocol_count(Protocol::Put)
-        );
-        assert_eq!(
-            c.protocols[GPULMT_PROTOCOL_COOP],
-            s.protocol_count(Protocol::Coop)
-        );
-        assert_eq!(
-            c.protocols[GPULMT_PROTOCOL_SHM],
-            s.protocol_count(Protocol::Shm)
-        );
-        assert_eq!(
-            c.protocols[GPULMT_PROTOCOL_SELF],
-            s.protocol_count(Protocol::SelfCopy)
-        );
+        assert_eq!(c.protocols[GPULMT_PROTOCOL_GET], s.protocol_count(Protocol::Get));
+        assert_eq!(c.protocols[GPULMT_PROTOCOL_PUT], s.protocol_count(Protocol::Put));
+        assert_eq!(c.protocols[GPULMT_PROTOCOL_COOP], s.protocol_count(Protocol::Coop));
+        assert_eq!(c.protocols[GPULMT_PROTOCOL_SHM], s.protocol_count(Protocol::Shm));
+        assert_eq!(c.protocols[GPULMT_PROTOCOL_SELF], s.protocol_count(Protocol::SelfCopy));
     }
 }

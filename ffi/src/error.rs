@@ -48,18 +48,12 @@ pub const GPULMT_ERR_INTERNAL: c_int = 15;
 const DESCRIPTIONS: &[(c_int, &CStr)] = &[
     (GPULMT_SUCCESS, c"success"),
     (GPULMT_ERR_INVALID_ARGUMENT, c"invalid argument"),
-    (
-        GPULMT_ERR_CONFIG,
-        c"invalid configuration (GPULMT_* environment variable)",
-    ),
+    (GPULMT_ERR_CONFIG, c"invalid configuration (GPULMT_* environment variable)"),
     (GPULMT_ERR_BOOTSTRAP, c"job setup failed"),
     (GPULMT_ERR_DEVICE, c"device error"),
     (GPULMT_ERR_SHM, c"shared memory error"),
     (GPULMT_ERR_FREE, c"device memory free failed or was misused"),
-    (
-        GPULMT_ERR_TRUNCATED,
-        c"message truncated: the receive buffer is too small",
-    ),
+    (GPULMT_ERR_TRUNCATED, c"message truncated: the receive buffer is too small"),
     (GPULMT_ERR_PEER_FAILED, c"peer rank failed or exited"),
     (GPULMT_ERR_BAD_RANK, c"rank outside the job"),
     (GPULMT_ERR_PROTOCOL, c"protocol violation by a peer"),
@@ -67,10 +61,7 @@ const DESCRIPTIONS: &[(c_int, &CStr)] = &[
     (GPULMT_ERR_ABORTED, c"transfer aborted by the peer"),
     (GPULMT_ERR_CANCELLED, c"request cancelled"),
     (GPULMT_ERR_UNSUPPORTED, c"operation not supported"),
-    (
-        GPULMT_ERR_INTERNAL,
-        c"internal error in gpulmt (a bug); the context is unusable",
-    ),
+    (GPULMT_ERR_INTERNAL, c"internal error in gpulmt (a bug); the context is unusable"),
 ];
 
 /// A failure at the ABI boundary: the code returned to C and the message kept for
@@ -83,10 +74,7 @@ pub(crate) struct FfiError {
 
 impl FfiError {
     pub fn new(code: c_int, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
+        Self { code, message: message.into() }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -211,11 +199,7 @@ mod tests {
     #[test]
     fn every_code_has_one_description() {
         for code in GPULMT_SUCCESS..=GPULMT_ERR_INTERNAL {
-            assert_eq!(
-                DESCRIPTIONS.iter().filter(|(c, _)| *c == code).count(),
-                1,
-                "code {code}"
-            );
+            assert_eq!(DESCRIPTIONS.iter().filter(|(c, _)| *c == code).count(), 1, "code {code}");
         }
         assert_eq!(DESCRIPTIONS.len() as c_int, GPULMT_ERR_INTERNAL + 1);
         // SAFETY: gpulmt_strerror returns static NUL-terminated strings.
@@ -226,45 +210,26 @@ mod tests {
     #[test]
     fn guard_records_errors_and_panics() {
         assert_eq!(guard(|| Ok(())), GPULMT_SUCCESS);
-        assert_eq!(
-            guard(|| Err(FfiError::invalid("bad\0thing"))),
-            GPULMT_ERR_INVALID_ARGUMENT
-        );
+        assert_eq!(guard(|| Err(FfiError::invalid("bad\0thing"))), GPULMT_ERR_INVALID_ARGUMENT);
         // SAFETY: the last error is a valid C string until the next failing call.
-        let msg = unsafe { CStr::from_ptr(gpulmt_last_error()) }
-            .to_str()
-            .unwrap()
-            .to_owned();
+        let msg = unsafe { CStr::from_ptr(gpulmt_last_error()) }.to_str().unwrap().to_owned();
         assert_eq!(msg, "bad thing");
         assert_eq!(guard(|| panic!("boom")), GPULMT_ERR_INTERNAL);
         // SAFETY: as above.
-        let msg = unsafe { CStr::from_ptr(gpulmt_last_error()) }
-            .to_str()
-            .unwrap()
-            .to_owned();
+        let msg = unsafe { CStr::from_ptr(gpulmt_last_error()) }.to_str().unwrap().to_owned();
         assert!(msg.contains("boom"), "{msg}");
         // Success leaves the last error alone.
         assert_eq!(guard(|| Ok(())), GPULMT_SUCCESS);
         // SAFETY: as above.
-        assert!(unsafe { CStr::from_ptr(gpulmt_last_error()) }
-            .to_str()
-            .unwrap()
-            .contains("boom"));
+        assert!(unsafe { CStr::from_ptr(gpulmt_last_error()) }.to_str().unwrap().contains("boom"));
     }
 
     #[test]
     fn transfer_errors_map_to_their_codes() {
-        let e: FfiError = Error::from(ProtoError::Truncated {
-            msg_len: 10,
-            buf_len: 5,
-        })
-        .into();
+        let e: FfiError = Error::from(ProtoError::Truncated { msg_len: 10, buf_len: 5 }).into();
         assert_eq!(e.code, GPULMT_ERR_TRUNCATED);
         assert!(e.message.contains("truncated"));
-        assert_eq!(
-            proto_code(&ProtoError::PeerFailed { rank: 1 }),
-            GPULMT_ERR_PEER_FAILED
-        );
+        assert_eq!(proto_code(&ProtoError::PeerFailed { rank: 1 }), GPULMT_ERR_PEER_FAILED);
         assert_eq!(error_code(&Error::Free("x".into())), GPULMT_ERR_FREE);
     }
 }

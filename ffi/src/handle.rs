@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use gpulmt::shm::job::JobSegment;
 use gpulmt::{Context, Error, Rank, Request, Status};
 
-use crate::error::{
-    guard, record, FfiError, GPULMT_ERR_BAD_RANK, GPULMT_ERR_INTERNAL, GPULMT_SUCCESS,
-};
+use crate::error::{guard, record, FfiError, GPULMT_ERR_BAD_RANK, GPULMT_ERR_INTERNAL, GPULMT_SUCCESS};
 
 /// A pending operation: a request id, or `GPULMT_REQUEST_NULL`.
 #[allow(non_camel_case_types)]
@@ -46,21 +44,11 @@ pub struct gpulmt_status {
 impl gpulmt_status {
     /// The status of a null request or of a failed one (`error`).
     pub(crate) const fn empty(error: c_int) -> Self {
-        Self {
-            source: GPULMT_ANY_SOURCE,
-            tag: GPULMT_ANY_TAG,
-            count: 0,
-            error,
-        }
+        Self { source: GPULMT_ANY_SOURCE, tag: GPULMT_ANY_TAG, count: 0, error }
     }
 
     fn from_status(s: &Status) -> Self {
-        Self {
-            source: s.source as c_int,
-            tag: s.tag,
-            count: s.len as usize,
-            error: GPULMT_SUCCESS,
-        }
+        Self { source: s.source as c_int, tag: s.tag, count: s.len as usize, error: GPULMT_SUCCESS }
     }
 }
 
@@ -89,23 +77,13 @@ pub struct gpulmt_ctx {
 
 impl gpulmt_ctx {
     pub(crate) fn new(ctx: Context, job: String, plugin: Option<PluginState>) -> Self {
-        Self {
-            ctx,
-            job,
-            plugin,
-            poisoned: false,
-        }
+        Self { ctx, job, plugin, poisoned: false }
     }
 
     /// Leaves the job: collectively for a context of `gpulmt_init`, locally for a
     /// plugin context, and only releasing a poisoned one (`GPULMT_ERR_INTERNAL`).
     pub(crate) fn finalize(self) -> Result<(), FfiError> {
-        let gpulmt_ctx {
-            ctx,
-            job,
-            plugin,
-            poisoned,
-        } = self;
+        let gpulmt_ctx { ctx, job, plugin, poisoned } = self;
         if poisoned {
             release_locally(ctx, &job)?;
             return Err(FfiError::new(
@@ -123,18 +101,9 @@ impl gpulmt_ctx {
     /// `GPULMT_ERR_PEER_FAILED`).
     fn settle_send_failures(&mut self) {
         let Some(p) = &self.plugin else { return };
-        let failed = std::mem::take(
-            &mut *p
-                .send_failures
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
+        let failed = std::mem::take(&mut *p.send_failures.lock().unwrap_or_else(PoisonError::into_inner));
         for (rank, code) in failed {
-            tracing::warn!(
-                peer = rank,
-                code,
-                "send_blob failed: treating the peer as terminated"
-            );
+            tracing::warn!(peer = rank, code, "send_blob failed: treating the peer as terminated");
             if let Err(e) = self.ctx.peer_terminated(rank) {
                 tracing::warn!(peer = rank, error = %e, "declaring the peer of a failed send_blob terminated");
             }
@@ -145,9 +114,7 @@ impl gpulmt_ctx {
     pub(crate) fn require_plugin(&self, call: &str) -> Result<(), FfiError> {
         match self.plugin {
             Some(_) => Ok(()),
-            None => Err(FfiError::unsupported(format!(
-                "{call} needs a context made by gpulmt_plugin_init"
-            ))),
+            None => Err(FfiError::unsupported(format!("{call} needs a context made by gpulmt_plugin_init"))),
         }
     }
 
@@ -184,10 +151,7 @@ fn release_locally(ctx: Context, job: &str) -> Result<(), FfiError> {
 /// # Safety
 /// `ctx` is NULL or a live pointer from `gpulmt_init` / `gpulmt_plugin_init` that no
 /// other thread uses during the call.
-pub(crate) unsafe fn with_ctx(
-    ctx: *mut gpulmt_ctx,
-    f: impl FnOnce(&mut gpulmt_ctx) -> Result<(), FfiError>,
-) -> c_int {
+pub(crate) unsafe fn with_ctx(ctx: *mut gpulmt_ctx, f: impl FnOnce(&mut gpulmt_ctx) -> Result<(), FfiError>) -> c_int {
     // SAFETY: the caller passes NULL or a live, unaliased context.
     let Some(h) = (unsafe { ctx.as_mut() }) else {
         return record(FfiError::invalid("the context is NULL"));
@@ -232,9 +196,7 @@ pub(crate) unsafe fn set_opt<T>(p: *mut T, v: T) {
 /// Checks a buffer argument: NULL is allowed only with length 0.
 pub(crate) fn check_buf(p: *const c_void, len: usize, name: &str) -> Result<(), FfiError> {
     if p.is_null() && len > 0 {
-        return Err(FfiError::invalid(format!(
-            "{name} is NULL but its length is {len}"
-        )));
+        return Err(FfiError::invalid(format!("{name} is NULL but its length is {len}")));
     }
     Ok(())
 }
@@ -243,11 +205,7 @@ pub(crate) fn check_buf(p: *const c_void, len: usize, name: &str) -> Result<(), 
 ///
 /// # Safety
 /// Unless `len` is 0, `p` is valid for reads of `len` bytes for `'a`.
-pub(crate) unsafe fn bytes<'a>(
-    p: *const c_void,
-    len: usize,
-    name: &str,
-) -> Result<&'a [u8], FfiError> {
+pub(crate) unsafe fn bytes<'a>(p: *const c_void, len: usize, name: &str) -> Result<&'a [u8], FfiError> {
     check_buf(p, len, name)?;
     if len == 0 {
         return Ok(&[]);
@@ -258,8 +216,7 @@ pub(crate) unsafe fn bytes<'a>(
 
 /// A rank argument: a non-negative `int`.
 pub(crate) fn rank_arg(r: c_int, name: &str) -> Result<Rank, FfiError> {
-    Rank::try_from(r)
-        .map_err(|_| FfiError::new(GPULMT_ERR_BAD_RANK, format!("{name} {r} is negative")))
+    Rank::try_from(r).map_err(|_| FfiError::new(GPULMT_ERR_BAD_RANK, format!("{name} {r} is negative")))
 }
 
 /// Finishes `gpulmt_test` / `gpulmt_wait` / `gpulmt_lmt_done` from what the context
@@ -331,61 +288,29 @@ mod tests {
         finish(Ok(None), &mut req, Some(&mut flag), Some(&mut st)).unwrap();
         assert_eq!((req, flag, st.error), (7, 0, 99));
 
-        let s = Status {
-            source: 1,
-            tag: 5,
-            len: 42,
-        };
+        let s = Status { source: 1, tag: 5, len: 42 };
         finish(Ok(Some(s)), &mut req, Some(&mut flag), Some(&mut st)).unwrap();
         assert_eq!((req, flag), (GPULMT_REQUEST_NULL, 1));
-        assert_eq!(
-            st,
-            gpulmt_status {
-                source: 1,
-                tag: 5,
-                count: 42,
-                error: 0
-            }
-        );
+        assert_eq!(st, gpulmt_status { source: 1, tag: 5, count: 42, error: 0 });
 
         let mut req = 8;
-        let e = finish(
-            Err(ProtoError::PeerFailed { rank: 1 }.into()),
-            &mut req,
-            Some(&mut flag),
-            Some(&mut st),
-        )
-        .unwrap_err();
-        assert_eq!(
-            (e.code, req, flag, st.error),
-            (GPULMT_ERR_PEER_FAILED, GPULMT_REQUEST_NULL, 1, e.code)
-        );
+        let e = finish(Err(ProtoError::PeerFailed { rank: 1 }.into()), &mut req, Some(&mut flag), Some(&mut st))
+            .unwrap_err();
+        assert_eq!((e.code, req, flag, st.error), (GPULMT_ERR_PEER_FAILED, GPULMT_REQUEST_NULL, 1, e.code));
         assert_eq!(st.source, GPULMT_ANY_SOURCE);
 
         let mut req = 9;
-        let e = finish(
-            Err(Error::InvalidArgument("unknown".into())),
-            &mut req,
-            Some(&mut flag),
-            None,
-        )
-        .unwrap_err();
+        let e = finish(Err(Error::InvalidArgument("unknown".into())), &mut req, Some(&mut flag), None).unwrap_err();
         assert_eq!((e.code, req, flag), (GPULMT_ERR_INVALID_ARGUMENT, 9, 0));
     }
 
     #[test]
     fn argument_checks() {
         assert!(check_buf(std::ptr::null(), 0, "buf").is_ok());
-        assert_eq!(
-            check_buf(std::ptr::null(), 1, "buf").unwrap_err().code,
-            GPULMT_ERR_INVALID_ARGUMENT
-        );
+        assert_eq!(check_buf(std::ptr::null(), 1, "buf").unwrap_err().code, GPULMT_ERR_INVALID_ARGUMENT);
         assert_eq!(rank_arg(-2, "dst").unwrap_err().code, GPULMT_ERR_BAD_RANK);
         assert_eq!(rank_arg(3, "dst").unwrap(), 3);
         // SAFETY: NULL with length 0 is the empty slice.
-        assert_eq!(
-            unsafe { bytes(std::ptr::null(), 0, "blob") }.unwrap(),
-            &[] as &[u8]
-        );
+        assert_eq!(unsafe { bytes(std::ptr::null(), 0, "blob") }.unwrap(), &[] as &[u8]);
     }
 }

@@ -28,10 +28,7 @@ use std::ffi::c_int;
 
 pub use endpoint::*;
 pub use error::*;
-pub use handle::{
-    gpulmt_ctx, gpulmt_request, gpulmt_status, GPULMT_ANY_SOURCE, GPULMT_ANY_TAG,
-    GPULMT_REQUEST_NULL,
-};
+pub use handle::{gpulmt_ctx, gpulmt_request, gpulmt_status, GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, GPULMT_REQUEST_NULL};
 pub use plugin::*;
 
 /// Major version of the header (compare with `gpulmt_version` at run time).
@@ -71,11 +68,7 @@ const _: () = assert!(GPULMT_TAG_UB == gpulmt::context::TAG_UB);
 /// # Safety
 /// Each pointer is NULL or valid for writes of an `int`.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_version(
-    major: *mut c_int,
-    minor: *mut c_int,
-    patch: *mut c_int,
-) -> c_int {
+pub unsafe extern "C" fn gpulmt_version(major: *mut c_int, minor: *mut c_int, patch: *mut c_int) -> c_int {
     guard(|| {
         // SAFETY: the caller's contract.
         unsafe {
@@ -98,9 +91,7 @@ mod tests {
 
     fn last_error() -> String {
         // SAFETY: gpulmt_last_error always returns a valid C string.
-        unsafe { CStr::from_ptr(gpulmt_last_error()) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(gpulmt_last_error()) }.to_string_lossy().into_owned()
     }
 
     #[test]
@@ -109,10 +100,7 @@ mod tests {
         // SAFETY: valid out-pointers; NULLs are allowed.
         unsafe {
             assert_eq!(gpulmt_version(&mut a, &mut b, &mut c), GPULMT_SUCCESS);
-            assert_eq!(
-                gpulmt_version(null_mut(), null_mut(), null_mut()),
-                GPULMT_SUCCESS
-            );
+            assert_eq!(gpulmt_version(null_mut(), null_mut(), null_mut()), GPULMT_SUCCESS);
         }
         assert_eq!(format!("{a}.{b}.{c}"), env!("CARGO_PKG_VERSION"));
     }
@@ -123,20 +111,11 @@ mod tests {
         unsafe {
             assert_eq!(gpulmt_init(null_mut()), GPULMT_ERR_INVALID_ARGUMENT);
             assert_eq!(gpulmt_finalize(null_mut()), GPULMT_ERR_INVALID_ARGUMENT);
-            assert_eq!(
-                gpulmt_rank(null_mut(), null_mut()),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
+            assert_eq!(gpulmt_rank(null_mut(), null_mut()), GPULMT_ERR_INVALID_ARGUMENT);
             assert!(last_error().contains("context is NULL"), "{}", last_error());
-            assert_eq!(
-                gpulmt_progress(null_mut(), null_mut()),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
+            assert_eq!(gpulmt_progress(null_mut(), null_mut()), GPULMT_ERR_INVALID_ARGUMENT);
             let mut out = null_mut();
-            assert_eq!(
-                gpulmt_plugin_init(null(), c"job".as_ptr(), 0, 1, &mut out),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
+            assert_eq!(gpulmt_plugin_init(null(), c"job".as_ptr(), 0, 1, &mut out), GPULMT_ERR_INVALID_ARGUMENT);
             assert!(out.is_null());
             assert!(last_error().contains("ops is NULL"));
         }
@@ -148,20 +127,13 @@ mod tests {
         // SAFETY: a live context from gpulmt_init, released by gpulmt_finalize last.
         unsafe {
             assert_eq!(gpulmt_init(&mut ctx), GPULMT_SUCCESS, "{}", last_error());
-            assert_eq!(
-                handle::with_ctx(ctx, |_| panic!("injected")),
-                GPULMT_ERR_INTERNAL
-            );
+            assert_eq!(handle::with_ctx(ctx, |_| panic!("injected")), GPULMT_ERR_INTERNAL);
             assert!(last_error().contains("injected"));
             let mut rank = -1;
             assert_eq!(gpulmt_rank(ctx, &mut rank), GPULMT_ERR_INTERNAL);
             assert!(last_error().contains("unusable"), "{}", last_error());
             assert_eq!(gpulmt_finalize(ctx), GPULMT_ERR_INTERNAL);
-            assert!(
-                last_error().contains("released without finalizing"),
-                "{}",
-                last_error()
-            );
+            assert!(last_error().contains("released without finalizing"), "{}", last_error());
         }
     }
 
@@ -182,143 +154,60 @@ mod tests {
             let mut got = vec![0u8; data.len()];
             let (mut rreq, mut sreq) = (GPULMT_REQUEST_NULL, GPULMT_REQUEST_NULL);
             let rbuf = got.as_mut_ptr().cast::<c_void>();
-            assert_eq!(
-                gpulmt_irecv(
-                    ctx,
-                    rbuf,
-                    got.len(),
-                    GPULMT_ANY_SOURCE,
-                    GPULMT_ANY_TAG,
-                    &mut rreq
-                ),
-                0
-            );
-            assert_eq!(
-                gpulmt_isend(ctx, data.as_ptr().cast(), data.len(), 0, 42, &mut sreq),
-                0
-            );
+            assert_eq!(gpulmt_irecv(ctx, rbuf, got.len(), GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, &mut rreq), 0);
+            assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), data.len(), 0, 42, &mut sreq), 0);
             assert_ne!(rreq, GPULMT_REQUEST_NULL);
             let mut st = gpulmt_status::empty(-1);
-            assert_eq!(
-                gpulmt_wait(ctx, &mut rreq, &mut st),
-                GPULMT_SUCCESS,
-                "{}",
-                last_error()
-            );
+            assert_eq!(gpulmt_wait(ctx, &mut rreq, &mut st), GPULMT_SUCCESS, "{}", last_error());
             assert_eq!(rreq, GPULMT_REQUEST_NULL);
-            assert_eq!(
-                st,
-                gpulmt_status {
-                    source: 0,
-                    tag: 42,
-                    count: data.len(),
-                    error: 0
-                }
-            );
+            assert_eq!(st, gpulmt_status { source: 0, tag: 42, count: data.len(), error: 0 });
             let mut flag = 0;
             while flag == 0 {
-                assert_eq!(
-                    gpulmt_test(ctx, &mut sreq, &mut flag, null_mut()),
-                    GPULMT_SUCCESS
-                );
+                assert_eq!(gpulmt_test(ctx, &mut sreq, &mut flag, null_mut()), GPULMT_SUCCESS);
             }
             assert!(got == data);
             // A completed (null) request completes again at once.
-            assert_eq!(
-                gpulmt_test(ctx, &mut sreq, &mut flag, &mut st),
-                GPULMT_SUCCESS
-            );
+            assert_eq!(gpulmt_test(ctx, &mut sreq, &mut flag, &mut st), GPULMT_SUCCESS);
             assert_eq!((flag, st.source, st.error), (1, GPULMT_ANY_SOURCE, 0));
             // An unknown request is an error about the call and stays as it was.
             let mut bogus: gpulmt_request = 0xdead_0000_0001;
-            assert_eq!(
-                gpulmt_test(ctx, &mut bogus, &mut flag, null_mut()),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
+            assert_eq!(gpulmt_test(ctx, &mut bogus, &mut flag, null_mut()), GPULMT_ERR_INVALID_ARGUMENT);
             assert_eq!((bogus, flag), (0xdead_0000_0001, 0));
 
             // Truncation: the request completes with its error, in the status too.
             let small = [0u8; 10];
             let mut small_buf = small;
-            assert_eq!(
-                gpulmt_irecv(ctx, small_buf.as_mut_ptr().cast(), 10, 0, 7, &mut rreq),
-                0
-            );
-            assert_eq!(
-                gpulmt_isend(ctx, data.as_ptr().cast(), 100, 0, 7, &mut sreq),
-                0
-            );
+            assert_eq!(gpulmt_irecv(ctx, small_buf.as_mut_ptr().cast(), 10, 0, 7, &mut rreq), 0);
+            assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), 100, 0, 7, &mut sreq), 0);
             assert_eq!(gpulmt_wait(ctx, &mut rreq, &mut st), GPULMT_ERR_TRUNCATED);
-            assert_eq!(
-                (rreq, st.error),
-                (GPULMT_REQUEST_NULL, GPULMT_ERR_TRUNCATED)
-            );
+            assert_eq!((rreq, st.error), (GPULMT_REQUEST_NULL, GPULMT_ERR_TRUNCATED));
             assert!(last_error().contains("truncated"), "{}", last_error());
             assert_eq!(gpulmt_wait(ctx, &mut sreq, null_mut()), GPULMT_SUCCESS);
 
             // Bad arguments name themselves.
-            assert_eq!(
-                gpulmt_isend(ctx, data.as_ptr().cast(), 1, 5, 0, &mut sreq),
-                GPULMT_ERR_BAD_RANK
-            );
+            assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), 1, 5, 0, &mut sreq), GPULMT_ERR_BAD_RANK);
             assert_eq!(sreq, GPULMT_REQUEST_NULL);
-            assert_eq!(
-                gpulmt_isend(ctx, data.as_ptr().cast(), 1, -3, 0, &mut sreq),
-                GPULMT_ERR_BAD_RANK
-            );
-            assert_eq!(
-                gpulmt_isend(ctx, data.as_ptr().cast(), 1, 0, GPULMT_TAG_UB, &mut sreq),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
-            assert_eq!(
-                gpulmt_isend(ctx, null(), 1, 0, 0, &mut sreq),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
+            assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), 1, -3, 0, &mut sreq), GPULMT_ERR_BAD_RANK);
+            assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), 1, 0, GPULMT_TAG_UB, &mut sreq), GPULMT_ERR_INVALID_ARGUMENT);
+            assert_eq!(gpulmt_isend(ctx, null(), 1, 0, 0, &mut sreq), GPULMT_ERR_INVALID_ARGUMENT);
             assert!(last_error().contains("buf is NULL"), "{}", last_error());
 
             // Device memory: fill, read back, two-phase free.
             let mut dev = null_mut();
-            assert_eq!(
-                gpulmt_mem_alloc(ctx, 4096, &mut dev),
-                GPULMT_SUCCESS,
-                "{}",
-                last_error()
-            );
+            assert_eq!(gpulmt_mem_alloc(ctx, 4096, &mut dev), GPULMT_SUCCESS, "{}", last_error());
             assert!(!dev.is_null());
-            assert_eq!(
-                gpulmt_copy(ctx, dev, data.as_ptr().cast(), 4096),
-                GPULMT_SUCCESS
-            );
+            assert_eq!(gpulmt_copy(ctx, dev, data.as_ptr().cast(), 4096), GPULMT_SUCCESS);
             let mut back = vec![0u8; 4096];
-            assert_eq!(
-                gpulmt_copy(ctx, back.as_mut_ptr().cast(), dev, 4096),
-                GPULMT_SUCCESS
-            );
+            assert_eq!(gpulmt_copy(ctx, back.as_mut_ptr().cast(), dev, 4096), GPULMT_SUCCESS);
             assert!(back[..] == data[..4096]);
             assert_eq!(gpulmt_mem_free(ctx, dev), GPULMT_SUCCESS);
             assert_eq!(gpulmt_mem_free(ctx, dev), GPULMT_ERR_FREE);
-            assert_eq!(
-                gpulmt_mem_free(ctx, back.as_mut_ptr().cast()),
-                GPULMT_ERR_FREE
-            );
-            assert_eq!(
-                gpulmt_mem_free_commit(ctx),
-                GPULMT_SUCCESS,
-                "{}",
-                last_error()
-            );
+            assert_eq!(gpulmt_mem_free(ctx, back.as_mut_ptr().cast()), GPULMT_ERR_FREE);
+            assert_eq!(gpulmt_mem_free_commit(ctx), GPULMT_SUCCESS, "{}", last_error());
 
             // The plugin calls need a plugin context.
             let (mut cookie, mut n) = ([0u8; GPULMT_COOKIE_MAX], GPULMT_COOKIE_MAX);
-            let rc = gpulmt_lmt_initiate(
-                ctx,
-                data.as_ptr().cast(),
-                1,
-                0,
-                &mut sreq,
-                cookie.as_mut_ptr().cast(),
-                &mut n,
-            );
+            let rc = gpulmt_lmt_initiate(ctx, data.as_ptr().cast(), 1, 0, &mut sreq, cookie.as_mut_ptr().cast(), &mut n);
             assert_eq!(rc, GPULMT_ERR_UNSUPPORTED);
             assert!(last_error().contains("gpulmt_plugin_init"));
             assert_eq!(gpulmt_peer_terminated(ctx, 0), GPULMT_ERR_INVALID_ARGUMENT);

@@ -22,8 +22,8 @@ use gpulmt_protocols::wire::{eager_overhead, REGION_BYTES};
 use crate::endpoint::hand_out;
 use crate::error::{guard, FfiError, GPULMT_ERR_INTERNAL};
 use crate::handle::{
-    bytes, check_buf, gpulmt_ctx, gpulmt_request, gpulmt_status, out, rank_arg, test_request,
-    with_ctx, PluginState, GPULMT_REQUEST_NULL,
+    bytes, check_buf, gpulmt_ctx, gpulmt_request, gpulmt_status, out, rank_arg, test_request, with_ctx, PluginState,
+    GPULMT_REQUEST_NULL,
 };
 
 /// Bytes of the largest RTS or CTS cookie: an RTS that carries a device region. A
@@ -36,14 +36,8 @@ const RTS_WITH_REGION: usize = eager_overhead() + 8 + 1 + REGION_BYTES;
 /// The wire size of a CTS with a region: packet header, message id, mode, split,
 /// region flag, region (the header is the eager header less the id and tag).
 const CTS_WITH_REGION: usize = eager_overhead() - 8 - 4 + 8 + 1 + 8 + 1 + REGION_BYTES;
-const _: () = assert!(
-    GPULMT_COOKIE_MAX == RTS_WITH_REGION,
-    "GPULMT_COOKIE_MAX must follow the wire format"
-);
-const _: () = assert!(
-    CTS_WITH_REGION <= GPULMT_COOKIE_MAX,
-    "a CTS cookie must fit GPULMT_COOKIE_MAX"
-);
+const _: () = assert!(GPULMT_COOKIE_MAX == RTS_WITH_REGION, "GPULMT_COOKIE_MAX must follow the wire format");
+const _: () = assert!(CTS_WITH_REGION <= GPULMT_COOKIE_MAX, "a CTS cookie must fit GPULMT_COOKIE_MAX");
 
 /// The host's side of a plugin context.
 #[allow(non_camel_case_types)]
@@ -61,12 +55,7 @@ pub struct gpulmt_plugin_ops {
     /// then treats the rank as terminated (its transfers fail with
     /// `GPULMT_ERR_PEER_FAILED`).
     pub send_blob: Option<
-        unsafe extern "C" fn(
-            user: *mut c_void,
-            to_local_rank: c_int,
-            bytes: *const c_void,
-            len: usize,
-        ) -> c_int,
+        unsafe extern "C" fn(user: *mut c_void, to_local_rank: c_int, bytes: *const c_void, len: usize) -> c_int,
     >,
 }
 
@@ -86,13 +75,9 @@ impl HostChannel {
     fn send(&mut self, to: Rank, blob: &[u8]) {
         // SAFETY: the host's callback with its own user pointer and a blob valid for
         // the duration of the call (gpulmt_plugin_init's contract).
-        let rc =
-            unsafe { (self.send_blob)(self.user, to as c_int, blob.as_ptr().cast(), blob.len()) };
+        let rc = unsafe { (self.send_blob)(self.user, to as c_int, blob.as_ptr().cast(), blob.len()) };
         if rc != 0 {
-            self.failures
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push((to, rc));
+            self.failures.lock().unwrap_or_else(PoisonError::into_inner).push((to, rc));
         }
     }
 }
@@ -127,10 +112,7 @@ fn check_cookie_len(c: &[u8]) -> Result<(), FfiError> {
     if c.len() > GPULMT_COOKIE_MAX {
         return Err(FfiError::new(
             GPULMT_ERR_INTERNAL,
-            format!(
-                "a cookie of {} bytes exceeds GPULMT_COOKIE_MAX ({GPULMT_COOKIE_MAX})",
-                c.len()
-            ),
+            format!("a cookie of {} bytes exceeds GPULMT_COOKIE_MAX ({GPULMT_COOKIE_MAX})", c.len()),
         ));
     }
     Ok(())
@@ -173,9 +155,7 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
         *slot = std::ptr::null_mut();
         // SAFETY: the caller's contract.
         let ops = *unsafe { ops.as_ref() }.ok_or_else(|| FfiError::invalid("ops is NULL"))?;
-        let send_blob = ops
-            .send_blob
-            .ok_or_else(|| FfiError::invalid("ops->send_blob is NULL"))?;
+        let send_blob = ops.send_blob.ok_or_else(|| FfiError::invalid("ops->send_blob is NULL"))?;
         if job_id.is_null() {
             return Err(FfiError::invalid("job_id is NULL"));
         }
@@ -187,27 +167,15 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
         let size = u32::try_from(local_size)
             .ok()
             .filter(|&s| s > 0)
-            .ok_or_else(|| {
-                FfiError::invalid(format!("local_size {local_size} must be positive"))
-            })?;
+            .ok_or_else(|| FfiError::invalid(format!("local_size {local_size} must be positive")))?;
         let rank = rank_arg(local_rank, "local_rank")?;
         if rank >= size {
-            return Err(FfiError::invalid(format!(
-                "local_rank {rank} is not below local_size {size}"
-            )));
+            return Err(FfiError::invalid(format!("local_rank {rank} is not below local_size {size}")));
         }
 
         let send_failures = Arc::new(Mutex::new(Vec::new()));
-        let mut host = HostChannel {
-            user: ops.user,
-            send_blob,
-            failures: Arc::clone(&send_failures),
-        };
-        let info = JobInfo {
-            job: job.clone(),
-            rank,
-            size,
-        };
+        let mut host = HostChannel { user: ops.user, send_blob, failures: Arc::clone(&send_failures) };
+        let info = JobInfo { job: job.clone(), rank, size };
         let cfg = Config::from_env().map_err(gpulmt::Error::from)?;
         let ctx = Context::init_plugin(cfg, info, Box::new(move |to, blob| host.send(to, blob)))?;
         let h = gpulmt_ctx::new(ctx, job, Some(PluginState { send_failures }));
@@ -224,12 +192,7 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
 /// `ctx` is a live plugin context that no other thread uses during the call; unless
 /// `len` is 0, `blob` is valid for reads of `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_plugin_deliver(
-    ctx: *mut gpulmt_ctx,
-    from: c_int,
-    blob: *const c_void,
-    len: usize,
-) -> c_int {
+pub unsafe extern "C" fn gpulmt_plugin_deliver(ctx: *mut gpulmt_ctx, from: c_int, blob: *const c_void, len: usize) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
@@ -318,9 +281,7 @@ pub unsafe extern "C" fn gpulmt_lmt_start_recv(
             check_cookie_buf(cts_out, *cts_len, "cts_out")?;
             check_buf(buf, len, "buf")?;
             let rts = bytes(rts_cookie, rts_len, "rts_cookie")?;
-            let (r, cts) = h
-                .ctx
-                .lmt_start_recv(rank_arg(from, "from")?, rts, buf.cast(), len)?;
+            let (r, cts) = h.ctx.lmt_start_recv(rank_arg(from, "from")?, rts, buf.cast(), len)?;
             if let Some(c) = &cts {
                 check_cookie_len(c)?;
             }
@@ -338,12 +299,7 @@ pub unsafe extern "C" fn gpulmt_lmt_start_recv(
 /// `ctx` is a live plugin context that no other thread uses during the call; `cts`
 /// is valid for reads of `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_lmt_handle_cts(
-    ctx: *mut gpulmt_ctx,
-    from: c_int,
-    cts: *const c_void,
-    len: usize,
-) -> c_int {
+pub unsafe extern "C" fn gpulmt_lmt_handle_cts(ctx: *mut gpulmt_ctx, from: c_int, cts: *const c_void, len: usize) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
@@ -379,11 +335,7 @@ pub unsafe extern "C" fn gpulmt_lmt_done(
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_peer_terminated(ctx: *mut gpulmt_ctx, rank: c_int) -> c_int {
     // SAFETY: the caller's contract.
-    unsafe {
-        with_ctx(ctx, |h| {
-            Ok(h.ctx.peer_terminated(rank_arg(rank, "rank")?)?)
-        })
-    }
+    unsafe { with_ctx(ctx, |h| Ok(h.ctx.peer_terminated(rank_arg(rank, "rank")?)?)) }
 }
 
 #[cfg(test)]
@@ -400,20 +352,13 @@ mod tests {
     }
 
     fn ops() -> gpulmt_plugin_ops {
-        gpulmt_plugin_ops {
-            user: null_mut(),
-            send_blob: Some(broken),
-        }
+        gpulmt_plugin_ops { user: null_mut(), send_blob: Some(broken) }
     }
 
     #[test]
     fn failed_sends_are_noted_for_the_call_to_settle() {
         let failures = Arc::new(Mutex::new(Vec::new()));
-        let mut ch = HostChannel {
-            user: null_mut(),
-            send_blob: broken,
-            failures: Arc::clone(&failures),
-        };
+        let mut ch = HostChannel { user: null_mut(), send_blob: broken, failures: Arc::clone(&failures) };
         ch.send(1, &[1, 2, 3]);
         assert_eq!(*failures.lock().unwrap(), vec![(1, -1)]);
     }
@@ -421,10 +366,7 @@ mod tests {
     #[test]
     fn plugin_init_checks_its_arguments() {
         let job = c"ffibadargs";
-        let no_send = gpulmt_plugin_ops {
-            user: null_mut(),
-            send_blob: None,
-        };
+        let no_send = gpulmt_plugin_ops { user: null_mut(), send_blob: None };
         let cases: [(gpulmt_plugin_ops, *const c_char, c_int, c_int, c_int); 5] = [
             (no_send, job.as_ptr(), 0, 1, GPULMT_ERR_INVALID_ARGUMENT),
             (ops(), null(), 0, 1, GPULMT_ERR_INVALID_ARGUMENT),
@@ -435,11 +377,7 @@ mod tests {
         for (i, (ops, job, rank, size, code)) in cases.into_iter().enumerate() {
             let mut out = std::ptr::NonNull::<gpulmt_ctx>::dangling().as_ptr();
             // SAFETY: valid pointers or NULLs, which the function checks.
-            assert_eq!(
-                unsafe { gpulmt_plugin_init(&ops, job, rank, size, &mut out) },
-                code,
-                "case {i}"
-            );
+            assert_eq!(unsafe { gpulmt_plugin_init(&ops, job, rank, size, &mut out) }, code, "case {i}");
             assert!(out.is_null(), "case {i}");
         }
         // A job id the job's shared memory cannot be named after.
@@ -458,70 +396,28 @@ mod tests {
         let data = [7u8; 64];
         // SAFETY: valid pointers for every call; the context is finalized last.
         unsafe {
-            assert_eq!(
-                gpulmt_plugin_init(&ops(), cjob.as_ptr(), 0, 1, &mut ctx),
-                GPULMT_SUCCESS
-            );
+            assert_eq!(gpulmt_plugin_init(&ops(), cjob.as_ptr(), 0, 1, &mut ctx), GPULMT_SUCCESS);
             let mut req: gpulmt_request = 5;
             let mut st = gpulmt_status::empty(0);
-            assert_eq!(
-                crate::gpulmt_wait(ctx, &mut req, &mut st),
-                GPULMT_ERR_UNSUPPORTED
-            );
+            assert_eq!(crate::gpulmt_wait(ctx, &mut req, &mut st), GPULMT_ERR_UNSUPPORTED);
             assert_eq!(crate::gpulmt_barrier(ctx), GPULMT_ERR_UNSUPPORTED);
             assert_eq!(crate::gpulmt_mem_free_commit(ctx), GPULMT_ERR_UNSUPPORTED);
 
             let mut cookie = [0u8; GPULMT_COOKIE_MAX];
             let mut n = GPULMT_COOKIE_MAX - 1;
             let buf = data.as_ptr().cast();
-            let rc = gpulmt_lmt_initiate(
-                ctx,
-                buf,
-                64,
-                0,
-                &mut req,
-                cookie.as_mut_ptr().cast(),
-                &mut n,
-            );
-            assert_eq!(
-                (rc, req),
-                (GPULMT_ERR_INVALID_ARGUMENT, GPULMT_REQUEST_NULL)
-            );
+            let rc = gpulmt_lmt_initiate(ctx, buf, 64, 0, &mut req, cookie.as_mut_ptr().cast(), &mut n);
+            assert_eq!((rc, req), (GPULMT_ERR_INVALID_ARGUMENT, GPULMT_REQUEST_NULL));
             n = GPULMT_COOKIE_MAX;
-            let rc =
-                gpulmt_lmt_initiate(ctx, buf, 0, 0, &mut req, cookie.as_mut_ptr().cast(), &mut n);
+            let rc = gpulmt_lmt_initiate(ctx, buf, 0, 0, &mut req, cookie.as_mut_ptr().cast(), &mut n);
             assert_eq!(rc, GPULMT_ERR_INVALID_ARGUMENT);
-            let rc = gpulmt_lmt_initiate(
-                ctx,
-                buf,
-                64,
-                1,
-                &mut req,
-                cookie.as_mut_ptr().cast(),
-                &mut n,
-            );
+            let rc = gpulmt_lmt_initiate(ctx, buf, 64, 1, &mut req, cookie.as_mut_ptr().cast(), &mut n);
             assert_eq!(rc, GPULMT_ERR_BAD_RANK);
             let mut got = [0u8; 64];
-            let rc = gpulmt_lmt_start_recv(
-                ctx,
-                0,
-                b"junk".as_ptr().cast(),
-                4,
-                got.as_mut_ptr().cast(),
-                64,
-                &mut req,
-                cookie.as_mut_ptr().cast(),
-                &mut n,
-            );
+            let rc = gpulmt_lmt_start_recv(ctx, 0, b"junk".as_ptr().cast(), 4, got.as_mut_ptr().cast(), 64, &mut req, cookie.as_mut_ptr().cast(), &mut n);
             assert_eq!(rc, GPULMT_ERR_INVALID_ARGUMENT);
-            assert_eq!(
-                gpulmt_plugin_deliver(ctx, 0, b"junk".as_ptr().cast(), 4),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
-            assert_eq!(
-                gpulmt_plugin_deliver(ctx, 0, null(), 0),
-                GPULMT_ERR_INVALID_ARGUMENT
-            );
+            assert_eq!(gpulmt_plugin_deliver(ctx, 0, b"junk".as_ptr().cast(), 4), GPULMT_ERR_INVALID_ARGUMENT);
+            assert_eq!(gpulmt_plugin_deliver(ctx, 0, null(), 0), GPULMT_ERR_INVALID_ARGUMENT);
             assert_eq!(gpulmt_peer_terminated(ctx, 0), GPULMT_ERR_INVALID_ARGUMENT);
             assert_eq!(gpulmt_peer_terminated(ctx, -1), GPULMT_ERR_BAD_RANK);
 
@@ -537,39 +433,17 @@ mod tests {
     }
 
     fn region() -> Region {
-        Region {
-            handle: [7; HANDLE_BYTES],
-            alloc_size: 1 << 20,
-            offset: 0,
-            device: 1,
-            node: 2,
-            buffer_id: 3,
-        }
+        Region { handle: [7; HANDLE_BYTES], alloc_size: 1 << 20, offset: 0, device: 1, node: 2, buffer_id: 3 }
     }
 
     #[test]
     fn cookie_max_is_the_largest_rts_or_cts() {
-        let rts = Packet::Rts {
-            msg: 1,
-            tag: 0,
-            len: 1 << 30,
-            src: MemDesc::Device(region()),
-        };
-        let cts = Packet::Cts {
-            msg: 1,
-            mode: CtsMode::Coop,
-            dst: Some(region()),
-            split: 4096,
-        };
+        let rts = Packet::Rts { msg: 1, tag: 0, len: 1 << 30, src: MemDesc::Device(region()) };
+        let cts = Packet::Cts { msg: 1, mode: CtsMode::Coop, dst: Some(region()), split: 4096 };
         assert_eq!(rts.encoded_len(), RTS_WITH_REGION);
         assert_eq!(cts.encoded_len(), CTS_WITH_REGION);
         assert_eq!(rts.encoded_len().max(cts.encoded_len()), GPULMT_COOKIE_MAX);
-        let host_rts = Packet::Rts {
-            msg: 1,
-            tag: 0,
-            len: 1,
-            src: MemDesc::Host,
-        };
+        let host_rts = Packet::Rts { msg: 1, tag: 0, len: 1, src: MemDesc::Host };
         assert!(host_rts.encoded_len() < GPULMT_COOKIE_MAX);
     }
 

@@ -13,16 +13,10 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use gpulmt_tests::{
-    expected_pingpong, expected_protocol, job_lock, sizes, target_profile_dir, Job, JobOutput, Mem,
-    Setup,
-};
+use gpulmt_tests::{expected_pingpong, expected_protocol, job_lock, sizes, target_profile_dir, Job, JobOutput, Mem, Setup};
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("ffi/ is inside the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("ffi/ is inside the workspace").to_path_buf()
 }
 
 /// The directory of the cdylib this `cargo test` built. `cargo build` copies it up to
@@ -59,14 +53,9 @@ fn compile(source: &str, out_name: &str, extra: &[&str], link: bool) -> PathBuf 
         .arg(&out);
     if link {
         let lib = lib_dir();
-        cmd.arg("-L")
-            .arg(&lib)
-            .arg(format!("-Wl,-rpath,{}", lib.display()))
-            .arg("-lgpulmt");
+        cmd.arg("-L").arg(&lib).arg(format!("-Wl,-rpath,{}", lib.display())).arg("-lgpulmt");
     }
-    let o = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the C compiler `{}`: {e} (set CC)", cc()));
+    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{}`: {e} (set CC)", cc()));
     assert!(
         o.status.success(),
         "compiling {source} failed:\n{}{}",
@@ -77,25 +66,15 @@ fn compile(source: &str, out_name: &str, extra: &[&str], link: bool) -> PathBuf 
 }
 
 /// Runs `cmd` with only the given `GPULMT_*` settings, killing it after `limit`.
-fn run_with_limit(
-    mut cmd: Command,
-    env: &[(&str, &str)],
-    limit: Duration,
-    what: String,
-) -> JobOutput {
+fn run_with_limit(mut cmd: Command, env: &[(&str, &str)], limit: Duration, what: String) -> JobOutput {
     for (k, _) in std::env::vars_os() {
         if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
             cmd.env_remove(k);
         }
     }
-    cmd.envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let t0 = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
     while child.try_wait().expect("wait for the example").is_none() {
         if t0.elapsed() > limit {
             let _ = child.kill();
@@ -103,9 +82,7 @@ fn run_with_limit(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let out = child
-        .wait_with_output()
-        .expect("collect the example's output");
+    let out = child.wait_with_output().expect("collect the example's output");
     JobOutput {
         what,
         code: out.status.code(),
@@ -126,41 +103,19 @@ fn header_compiles_alone_as_c99_and_cxx() {
     let dir = target_profile_dir().join("ffi-examples");
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("header_only.c");
-    std::fs::write(
-        &src,
-        "#include <gpulmt.h>\nint main(void) { return GPULMT_SUCCESS; }\n",
-    )
-    .unwrap();
+    std::fs::write(&src, "#include <gpulmt.h>\nint main(void) { return GPULMT_SUCCESS; }\n").unwrap();
     let src = src.to_str().unwrap();
     compile(src, "header_only_c99", &["-std=c99"], false);
     // C++ too, where a C++ compiler is installed.
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    if Command::new(&cxx)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
+    if Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success()) {
         let o = Command::new(&cxx)
-            .args([
-                "-x",
-                "c++",
-                "-std=c++11",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-pedantic",
-                "-fsyntax-only",
-                "-I",
-            ])
+            .args(["-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"])
             .arg(repo_root().join("include"))
             .arg(src)
             .output()
             .unwrap();
-        assert!(
-            o.status.success(),
-            "gpulmt.h does not compile as C++:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "gpulmt.h does not compile as C++:\n{}", String::from_utf8_lossy(&o.stderr));
     }
 }
 
@@ -171,44 +126,21 @@ fn host_example_moves_device_buffers_through_every_protocol() {
         let _lock = job_lock();
         // Both ranks send at once, so `auto`'s one-way PUT and COOPERATE rules may or may not apply
         // depending on timing: keep `auto` to its deterministic part here.
-        let env = [
-            ("GPULMT_DEVICE", "sim"),
-            ("GPULMT_PROTOCOL", protocol),
-            ("GPULMT_PUT_MIN", "never"),
-            ("GPULMT_COOP_MIN", "never"),
-        ];
+        let env = [("GPULMT_DEVICE", "sim"), ("GPULMT_PROTOCOL", protocol), ("GPULMT_PUT_MIN", "never"), ("GPULMT_COOP_MIN", "never")];
         let what = format!("GPULMT_DEVICE=sim GPULMT_PROTOCOL={protocol} GPULMT_PUT_MIN=never GPULMT_COOP_MIN=never {}", host.display());
         let out = run_with_limit(Command::new(host), &env, Duration::from_secs(90), what);
-        out.assert_ok(2, &format!("host {protocol}"))
-            .assert_no_litter();
+        out.assert_ok(2, &format!("host {protocol}")).assert_no_litter();
         // Each rank received one message of each size, device to device, between the
         // two peer-accessible sim devices.
-        let list = out
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("sizes="))
-            .expect("sizes= line");
-        let setup = Setup {
-            protocol,
-            put_min: u64::MAX,
-            coop_min: u64::MAX,
-            ..Setup::default()
-        };
+        let list = out.stdout.lines().find_map(|l| l.strip_prefix("sizes=")).expect("sizes= line");
+        let setup = Setup { protocol, put_min: u64::MAX, coop_min: u64::MAX, ..Setup::default() };
         for rank in 0..2 {
-            let mut want: gpulmt_tests::Counters = ["get", "put", "coop", "shm", "self"]
-                .map(|k| (k.to_string(), 0))
-                .into();
+            let mut want: gpulmt_tests::Counters = ["get", "put", "coop", "shm", "self"].map(|k| (k.to_string(), 0)).into();
             for len in sizes(list) {
-                let p = expected_protocol(&setup, Mem::D, Mem::D, len)
-                    .expect("every size is a rendezvous");
+                let p = expected_protocol(&setup, Mem::D, Mem::D, len).expect("every size is a rendezvous");
                 *want.get_mut(p).unwrap() += 1;
             }
-            assert_eq!(
-                out.protocols(rank),
-                want,
-                "rank {rank}: protocols\n{}",
-                out.dump()
-            );
+            assert_eq!(out.protocols(rank), want, "rank {rank}: protocols\n{}", out.dump());
         }
     }
 }
@@ -220,12 +152,7 @@ fn host_example_fails_transfers_with_a_departed_peer() {
     let what = format!("GPULMT_DEVICE=sim {} --peer-dies", host.display());
     let mut cmd = Command::new(host);
     cmd.arg("--peer-dies");
-    let out = run_with_limit(
-        cmd,
-        &[("GPULMT_DEVICE", "sim")],
-        Duration::from_secs(90),
-        what,
-    );
+    let out = run_with_limit(cmd, &[("GPULMT_DEVICE", "sim")], Duration::from_secs(90), what);
     out.assert_ok(2, "host peer-dies").assert_no_litter();
 }
 
@@ -241,14 +168,8 @@ fn pingpong_example_runs_under_the_launcher() {
         // Two round trips per size.
         let once = expected_pingpong(&Setup::default(), mem, mem, &sizes(list));
         for (rank, want) in once.iter().enumerate() {
-            let want: gpulmt_tests::Counters =
-                want.iter().map(|(k, v)| (k.clone(), 2 * v)).collect();
-            assert_eq!(
-                out.protocols(rank),
-                want,
-                "rank {rank}: protocols ({placement})\n{}",
-                out.dump()
-            );
+            let want: gpulmt_tests::Counters = want.iter().map(|(k, v)| (k.clone(), 2 * v)).collect();
+            assert_eq!(out.protocols(rank), want, "rank {rank}: protocols ({placement})\n{}", out.dump());
         }
     }
 }

@@ -13,8 +13,7 @@ fn crate_dir() -> PathBuf {
 /// The header as cbindgen generates it from the crate's sources now.
 fn generate() -> String {
     let dir = crate_dir();
-    let config =
-        cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("read ffi/cbindgen.toml");
+    let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("read ffi/cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(dir.join("src/lib.rs"))
@@ -32,11 +31,7 @@ fn first_difference(a: &str, b: &str) -> String {
         match (la.next(), lb.next()) {
             (None, None) => return "only line endings differ".into(),
             (x, y) if x != y => {
-                return format!(
-                    "line {n}:\n  committed: {}\n  generated: {}",
-                    x.unwrap_or("<end>"),
-                    y.unwrap_or("<end>")
-                )
+                return format!("line {n}:\n  committed: {}\n  generated: {}", x.unwrap_or("<end>"), y.unwrap_or("<end>"))
             }
             _ => {}
         }
@@ -49,8 +44,7 @@ fn committed_header_matches_the_crate() {
     let header: &Path = &crate_dir().join("../include/gpulmt.h");
     let generated = generate();
     if std::env::var_os(BLESS).is_some() {
-        std::fs::write(header, &generated)
-            .unwrap_or_else(|e| panic!("write {}: {e}", header.display()));
+        std::fs::write(header, &generated).unwrap_or_else(|e| panic!("write {}: {e}", header.display()));
         return;
     }
     let committed = std::fs::read_to_string(header).unwrap_or_default();

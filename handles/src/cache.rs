@@ -539,8 +539,7 @@ impl<O: MappingOpener> HandleCache<O> {
     /// How many open mappings (in use or idle) have a key `pred` accepts; lets a
     /// caller wait until every mapping it invalidated has really closed.
     pub fn count_open_where(&self, mut pred: impl FnMut(&O::Key) -> bool) -> usize {
-        self.in_use.keys().filter(|k| pred(k)).count()
-            + self.idle.iter().filter(|(k, _)| pred(k)).count()
+        self.in_use.keys().filter(|k| pred(k)).count() + self.idle.iter().filter(|(k, _)| pred(k)).count()
     }
 
     /// Leases on `key`: `None` if not open, `Some(0)` if idle.

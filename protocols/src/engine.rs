@@ -99,11 +99,7 @@ pub struct BufDesc {
 
 impl BufDesc {
     pub fn host(len: u64) -> Self {
-        Self {
-            len,
-            device: None,
-            region: None,
-        }
+        Self { len, device: None, region: None }
     }
 }
 
@@ -124,11 +120,7 @@ pub enum Loc {
     User { req: ReqId, offset: u64 },
     /// A peer's exported buffer, at `offset` from the start of the user's buffer
     /// (`region.offset + offset` from the allocation's start).
-    Peer {
-        peer: Rank,
-        region: Region,
-        offset: u64,
-    },
+    Peer { peer: Rank, region: Region, offset: u64 },
     /// Staging slot `slot` of the directed pair `from -> to`, at its start.
     Staging { from: Rank, to: Rank, slot: u32 },
 }
@@ -163,17 +155,9 @@ pub enum Action {
     /// Write an eager payload into the request's buffer at offset 0.
     Deliver { req: ReqId, payload: Vec<u8> },
     /// The request is complete.
-    Complete {
-        req: ReqId,
-        result: Result<Status, ProtoError>,
-    },
+    Complete { req: ReqId, result: Result<Status, ProtoError> },
     /// A rendezvous protocol was chosen for the request (for logs and counters).
-    Chose {
-        req: ReqId,
-        peer: Rank,
-        len: u64,
-        choice: ProtocolChoice,
-    },
+    Chose { req: ReqId, peer: Rank, len: u64, choice: ProtocolChoice },
     /// A peer broke the protocol; the packet was dropped.
     Violation { peer: Rank, what: String },
 }
@@ -203,12 +187,7 @@ struct ShmState {
 impl ShmState {
     fn new(len: u64, chunk: u64) -> Self {
         let nchunks = len.div_ceil(chunk) as u32;
-        Self {
-            nchunks,
-            next: 0,
-            done: 0,
-            acked: 0,
-        }
+        Self { nchunks, next: 0, done: 0, acked: 0 }
     }
 }
 
@@ -272,15 +251,8 @@ struct RecvXfer {
 /// Who owns a copy in flight.
 #[derive(Clone, Copy, Debug)]
 enum CopyOwner {
-    Send {
-        msg: MsgId,
-        chunk: Option<StagedChunk>,
-    },
-    Recv {
-        from: Rank,
-        msg: MsgId,
-        chunk: Option<u32>,
-    },
+    Send { msg: MsgId, chunk: Option<StagedChunk> },
+    Recv { from: Rank, msg: MsgId, chunk: Option<u32> },
 }
 
 /// Completion of an eager message of `msg_len` bytes into a `buf_len`-byte buffer.
@@ -288,11 +260,7 @@ fn eager_result(from: Rank, tag: Tag, msg_len: u64, buf_len: u64) -> Result<Stat
     if msg_len > buf_len {
         Err(ProtoError::Truncated { msg_len, buf_len })
     } else {
-        Ok(Status {
-            source: from,
-            tag,
-            len: msg_len,
-        })
+        Ok(Status { source: from, tag, len: msg_len })
     }
 }
 
@@ -322,16 +290,8 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
-        assert!(
-            cfg.chunk_size > 0 && cfg.depth > 0,
-            "SHM chunk size and depth must be positive"
-        );
-        assert!(
-            cfg.rank < cfg.size,
-            "rank {} outside job of {}",
-            cfg.rank,
-            cfg.size
-        );
+        assert!(cfg.chunk_size > 0 && cfg.depth > 0, "SHM chunk size and depth must be positive");
+        assert!(cfg.rank < cfg.size, "rank {} outside job of {}", cfg.rank, cfg.size);
         let dead = vec![false; cfg.size as usize];
         let sends_to = vec![0; cfg.size as usize];
         Self {
@@ -359,13 +319,7 @@ impl Engine {
     /// memory travels eagerly: the caller then passes its payload to
     /// [`post_send`](Self::post_send). Empty messages always do.
     pub fn is_eager(&self, len: u64, device: bool) -> bool {
-        len == 0
-            || len
-                <= if device {
-                    self.cfg.device_eager_limit
-                } else {
-                    self.cfg.eager_limit
-                }
+        len == 0 || len <= if device { self.cfg.device_eager_limit } else { self.cfg.eager_limit }
     }
 
     /// Eager send fast path: checks the destination and assigns the message id; the
@@ -373,10 +327,7 @@ impl Engine {
     /// order with this engine's other packets to `to`) and the send is complete.
     pub fn send_eager(&mut self, to: Rank) -> Result<MsgId, ProtoError> {
         if to >= self.cfg.size {
-            return Err(ProtoError::BadRank {
-                rank: to,
-                size: self.cfg.size,
-            });
+            return Err(ProtoError::BadRank { rank: to, size: self.cfg.size });
         }
         if self.dead[to as usize] {
             return Err(ProtoError::PeerFailed { rank: to });
@@ -397,10 +348,7 @@ impl Engine {
         len: u64,
     ) -> Option<(ReqId, BufDesc, Result<Status, ProtoError>)> {
         let req = self.matcher.take_posted(from, tag)?;
-        let buf = self
-            .posted
-            .remove(&req)
-            .expect("posted receive has a buffer");
+        let buf = self.posted.remove(&req).expect("posted receive has a buffer");
         Some((req, buf, eager_result(from, tag, len, buf.len)))
     }
 
@@ -440,22 +388,9 @@ impl Engine {
     /// Posts a send of `buf` to `to` with `tag`: eager with `payload` (the buffer's
     /// bytes; the caller decides with [`is_eager`](Self::is_eager)), else a
     /// rendezvous (which a host that does its own matching may use at any size).
-    pub fn post_send(
-        &mut self,
-        req: ReqId,
-        to: Rank,
-        tag: Tag,
-        buf: BufDesc,
-        payload: Option<Vec<u8>>,
-    ) {
+    pub fn post_send(&mut self, req: ReqId, to: Rank, tag: Tag, buf: BufDesc, payload: Option<Vec<u8>>) {
         if to >= self.cfg.size {
-            return self.complete(
-                req,
-                Err(ProtoError::BadRank {
-                    rank: to,
-                    size: self.cfg.size,
-                }),
-            );
+            return self.complete(req, Err(ProtoError::BadRank { rank: to, size: self.cfg.size }));
         }
         if self.dead[to as usize] {
             return self.complete(req, Err(ProtoError::PeerFailed { rank: to }));
@@ -464,22 +399,11 @@ impl Engine {
         self.next_msg += 1;
         if let Some(payload) = payload {
             if payload.len() as u64 != buf.len {
-                let what = format!(
-                    "eager payload of {} bytes for a {}-byte buffer",
-                    payload.len(),
-                    buf.len
-                );
+                let what = format!("eager payload of {} bytes for a {}-byte buffer", payload.len(), buf.len);
                 return self.complete(req, Err(ProtoError::Unsupported { what }));
             }
             self.send(to, Packet::Eager { msg, tag, payload });
-            return self.complete(
-                req,
-                Ok(Status {
-                    source: to,
-                    tag,
-                    len: buf.len,
-                }),
-            );
+            return self.complete(req, Ok(Status { source: to, tag, len: buf.len }));
         }
         if buf.len == 0 {
             let what = "a rendezvous needs a non-empty buffer: send empty messages eagerly".into();
@@ -491,21 +415,11 @@ impl Engine {
             (Some(d), None) => {
                 return self.complete(
                     req,
-                    Err(ProtoError::Unsupported {
-                        what: format!("device {d} buffer was not exported for rendezvous"),
-                    }),
+                    Err(ProtoError::Unsupported { what: format!("device {d} buffer was not exported for rendezvous") }),
                 )
             }
         };
-        self.send(
-            to,
-            Packet::Rts {
-                msg,
-                tag,
-                len: buf.len,
-                src,
-            },
-        );
+        self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
         self.sends_to[to as usize] += 1;
         self.sends.insert(
             msg,
@@ -528,13 +442,7 @@ impl Engine {
     pub fn post_recv(&mut self, req: ReqId, source: Option<Rank>, tag: Option<Tag>, buf: BufDesc) {
         if let Some(s) = source {
             if s >= self.cfg.size {
-                return self.complete(
-                    req,
-                    Err(ProtoError::BadRank {
-                        rank: s,
-                        size: self.cfg.size,
-                    }),
-                );
+                return self.complete(req, Err(ProtoError::BadRank { rank: s, size: self.cfg.size }));
             }
         }
         match self.matcher.post(req, Selector { source, tag }) {
@@ -553,16 +461,14 @@ impl Engine {
 
     /// MPI_Iprobe: the envelope of the earliest unexpected message `source`/`tag` matches.
     pub fn probe(&self, source: Option<Rank>, tag: Option<Tag>) -> Option<Status> {
-        self.matcher
-            .probe(Selector { source, tag })
-            .map(|(s, t, u)| Status {
-                source: *s,
-                tag: *t,
-                len: match u {
-                    Unexpected::Eager { payload } => payload.len() as u64,
-                    Unexpected::Rts { len, .. } => *len,
-                },
-            })
+        self.matcher.probe(Selector { source, tag }).map(|(s, t, u)| Status {
+            source: *s,
+            tag: *t,
+            len: match u {
+                Unexpected::Eager { payload } => payload.len() as u64,
+                Unexpected::Rts { len, .. } => *len,
+            },
+        })
     }
 
     /// Cancels a receive that has not matched; false if it already matched.
@@ -587,72 +493,29 @@ impl Engine {
                 }
                 self.complete(req, result);
             }
-            Unexpected::Rts { msg, len, src } => {
-                self.start_rendezvous(req, from, msg, tag, len, src, buf)
-            }
+            Unexpected::Rts { msg, len, src } => self.start_rendezvous(req, from, msg, tag, len, src, buf),
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn start_rendezvous(
-        &mut self,
-        req: ReqId,
-        from: Rank,
-        msg: MsgId,
-        tag: Tag,
-        len: u64,
-        src: MemDesc,
-        buf: BufDesc,
-    ) {
+    fn start_rendezvous(&mut self, req: ReqId, from: Rank, msg: MsgId, tag: Tag, len: u64, src: MemDesc, buf: BufDesc) {
         if len > buf.len {
-            self.send(
-                from,
-                Packet::Abort {
-                    msg,
-                    reason: AbortReason::Truncated,
-                    dir: Dir::ToSender,
-                },
-            );
-            return self.complete(
-                req,
-                Err(ProtoError::Truncated {
-                    msg_len: len,
-                    buf_len: buf.len,
-                }),
-            );
+            self.send(from, Packet::Abort { msg, reason: AbortReason::Truncated, dir: Dir::ToSender });
+            return self.complete(req, Err(ProtoError::Truncated { msg_len: len, buf_len: buf.len }));
         }
         let choice = if from == self.cfg.rank {
-            ProtocolChoice {
-                protocol: Protocol::SelfCopy,
-                reason: "sender and receiver are the same rank",
-            }
+            ProtocolChoice { protocol: Protocol::SelfCopy, reason: "sender and receiver are the same rank" }
         } else {
             let cfg = &self.cfg;
             let busy = self.sends_to[from as usize] > 0;
-            policy::choose(
-                &cfg.policy,
-                &src,
-                buf.device,
-                buf.region.is_some(),
-                len,
-                busy,
-                |a, b| cfg.can_access(a, b),
-            )
+            policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, busy, |a, b| cfg.can_access(a, b))
         };
         let mut choice = choice;
         let split = self.coop_split(len);
         if choice.protocol == Protocol::Coop && (split == 0 || split >= len) {
-            choice = ProtocolChoice {
-                protocol: Protocol::Get,
-                reason: "message too small to split: receiver pulls",
-            };
+            choice = ProtocolChoice { protocol: Protocol::Get, reason: "message too small to split: receiver pulls" };
         }
-        self.emit(Action::Chose {
-            req,
-            peer: from,
-            len,
-            choice,
-        });
+        self.emit(Action::Chose { req, peer: from, len, choice });
         let mut x = RecvXfer {
             req,
             tag,
@@ -670,13 +533,7 @@ impl Engine {
                 // The sender is this engine: copy straight between the two user buffers.
                 let Some(s) = self.sends.get_mut(&msg) else {
                     self.violation(from, format!("self RTS {msg} without a send"));
-                    return self.complete(
-                        req,
-                        Err(ProtoError::Protocol {
-                            rank: from,
-                            what: "lost self send".into(),
-                        }),
-                    );
+                    return self.complete(req, Err(ProtoError::Protocol { rank: from, what: "lost self send".into() }));
                 };
                 s.proto = Some(Protocol::SelfCopy);
                 let sreq = s.req;
@@ -687,79 +544,40 @@ impl Engine {
                 x.pending = self.issue_range(
                     owner(None),
                     engine,
-                    |o| Loc::User {
-                        req: sreq,
-                        offset: o,
-                    },
+                    |o| Loc::User { req: sreq, offset: o },
                     |o| Loc::User { req, offset: o },
                     0,
                     len,
                 );
             }
             Protocol::Get => {
-                let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else {
-                    unreachable!("policy")
-                };
+                let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else { unreachable!("policy") };
                 x.pending = self.issue_range(
                     owner(None),
                     CopyEngine::Device(dev),
-                    |o| Loc::Peer {
-                        peer: from,
-                        region,
-                        offset: o,
-                    },
+                    |o| Loc::Peer { peer: from, region, offset: o },
                     |o| Loc::User { req, offset: o },
                     0,
                     len,
                 );
             }
             Protocol::Put => {
-                self.send(
-                    from,
-                    Packet::Cts {
-                        msg,
-                        mode: CtsMode::Put,
-                        dst: buf.region,
-                        split: len,
-                    },
-                );
+                self.send(from, Packet::Cts { msg, mode: CtsMode::Put, dst: buf.region, split: len });
             }
             Protocol::Coop => {
-                let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else {
-                    unreachable!("policy")
-                };
-                self.send(
-                    from,
-                    Packet::Cts {
-                        msg,
-                        mode: CtsMode::Coop,
-                        dst: buf.region,
-                        split,
-                    },
-                );
+                let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else { unreachable!("policy") };
+                self.send(from, Packet::Cts { msg, mode: CtsMode::Coop, dst: buf.region, split });
                 x.pending = self.issue_range(
                     owner(None),
                     CopyEngine::Device(dev),
-                    |o| Loc::Peer {
-                        peer: from,
-                        region,
-                        offset: o,
-                    },
+                    |o| Loc::Peer { peer: from, region, offset: o },
                     |o| Loc::User { req, offset: o },
                     split,
                     len,
                 );
             }
             Protocol::Shm => {
-                self.send(
-                    from,
-                    Packet::Cts {
-                        msg,
-                        mode: CtsMode::Shm,
-                        dst: None,
-                        split: 0,
-                    },
-                );
+                self.send(from, Packet::Cts { msg, mode: CtsMode::Shm, dst: None, split: 0 });
                 x.shm = Some(ShmState::new(len, self.cfg.chunk_size));
             }
         }
@@ -784,25 +602,14 @@ impl Engine {
         start: u64,
         end: u64,
     ) -> u32 {
-        let piece = if self.cfg.copy_split == 0 {
-            end - start
-        } else {
-            self.cfg.copy_split
-        };
+        let piece = if self.cfg.copy_split == 0 { end - start } else { self.cfg.copy_split };
         let mut n = 0;
         let mut off = start;
         while off < end {
             let len = piece.min(end - off);
             let id = self.new_copy(owner);
             let lane = n % self.cfg.lanes.max(1);
-            self.emit(Action::Copy(CopyCmd {
-                id,
-                engine,
-                lane,
-                src: src(off),
-                dst: dst(off),
-                len,
-            }));
+            self.emit(Action::Copy(CopyCmd { id, engine, lane, src: src(off), dst: dst(off), len }));
             n += 1;
             off += len;
         }
@@ -831,26 +638,15 @@ impl Engine {
                     self.arrive(from, tag, Unexpected::Rts { msg, len, src });
                 }
             }
-            Packet::Cts {
-                msg,
-                mode,
-                dst,
-                split,
-            } => self.on_cts(from, msg, mode, dst, split),
+            Packet::Cts { msg, mode, dst, split } => self.on_cts(from, msg, mode, dst, split),
             Packet::Cookie { msg } => match self.sends.get_mut(&msg) {
                 Some(s) if s.to == from && s.proto == Some(Protocol::Coop) && !s.cookie => {
                     s.cookie = true;
                     self.try_finish_send(msg);
                 }
-                _ => self.violation(
-                    from,
-                    format!("COOKIE for unknown or non-cooperative message {msg}"),
-                ),
+                _ => self.violation(from, format!("COOKIE for unknown or non-cooperative message {msg}")),
             },
-            Packet::Done {
-                msg,
-                dir: Dir::ToSender,
-            } => match self.sends.get_mut(&msg) {
+            Packet::Done { msg, dir: Dir::ToSender } => match self.sends.get_mut(&msg) {
                 Some(s) if s.to == from && s.proto.is_none() => {
                     // GET: the receiver pulled everything; our buffer is free.
                     s.proto = Some(Protocol::Get);
@@ -858,69 +654,37 @@ impl Engine {
                 }
                 _ => self.violation(from, format!("DONE for message {msg} that awaits none")),
             },
-            Packet::Done {
-                msg,
-                dir: Dir::ToReceiver,
-            } => match self.recvs.get(&(from, msg)) {
-                Some(r)
-                    if matches!(r.proto, Protocol::Put | Protocol::Coop) && r.error.is_none() =>
-                {
+            Packet::Done { msg, dir: Dir::ToReceiver } => match self.recvs.get(&(from, msg)) {
+                Some(r) if matches!(r.proto, Protocol::Put | Protocol::Coop) && r.error.is_none() => {
                     if r.proto == Protocol::Coop && !r.part_done {
-                        self.violation(
-                            from,
-                            format!("DONE for cooperative message {msg} before its COOKIE"),
-                        );
+                        self.violation(from, format!("DONE for cooperative message {msg} before its COOKIE"));
                     } else {
                         self.finish_recv((from, msg));
                     }
                 }
-                _ => self.violation(
-                    from,
-                    format!("DONE for unknown message {msg} from rank {from}"),
-                ),
+                _ => self.violation(from, format!("DONE for unknown message {msg} from rank {from}")),
             },
-            Packet::Chunk {
-                msg,
-                index,
-                len,
-                slot,
-            } => self.on_chunk(from, msg, index, len, slot),
+            Packet::Chunk { msg, index, len, slot } => self.on_chunk(from, msg, index, len, slot),
             Packet::ChunkAck { msg, index } => self.on_chunk_ack(from, msg, index),
-            Packet::Abort {
-                msg,
-                reason,
-                dir: Dir::ToSender,
-            } => match self.sends.get(&msg) {
+            Packet::Abort { msg, reason, dir: Dir::ToSender } => match self.sends.get(&msg) {
                 Some(s) if s.to == from => {
                     if reason == AbortReason::Truncated && s.proto.is_none() {
                         // MPI: the send succeeds; the receiver reports the truncation.
                         self.finish_send(msg);
                     } else {
-                        let err = ProtoError::Aborted {
-                            rank: from,
-                            reason: format!("{reason:?}"),
-                        };
+                        let err = ProtoError::Aborted { rank: from, reason: format!("{reason:?}") };
                         self.fail_send(msg, err, false);
                     }
                 }
                 _ => self.violation(from, format!("ABORT for unknown message {msg}")),
             },
-            Packet::Abort {
-                msg,
-                reason,
-                dir: Dir::ToReceiver,
-            } => {
+            Packet::Abort { msg, reason, dir: Dir::ToReceiver } => {
                 if self.recvs.contains_key(&(from, msg)) {
-                    let err = ProtoError::Aborted {
-                        rank: from,
-                        reason: format!("{reason:?}"),
-                    };
+                    let err = ProtoError::Aborted { rank: from, reason: format!("{reason:?}") };
                     self.fail_recv((from, msg), err, false);
                 } else {
                     // An unmatched RTS whose sender gave up: drop it.
-                    self.matcher.retain_unexpected(|s, u| {
-                        !(s == from && matches!(u, Unexpected::Rts { msg: m, .. } if *m == msg))
-                    });
+                    self.matcher.retain_unexpected(|s, u| !(s == from && matches!(u, Unexpected::Rts { msg: m, .. } if *m == msg)));
                 }
             }
             Packet::FreeMarks { .. } | Packet::FreeAck { .. } => {
@@ -934,45 +698,23 @@ impl Engine {
     fn check_rts(&mut self, from: Rank, msg: MsgId, len: u64, src: &MemDesc) -> bool {
         let refuse = |e: &mut Self, reason, what: String| {
             e.violation(from, what);
-            e.send(
-                from,
-                Packet::Abort {
-                    msg,
-                    reason,
-                    dir: Dir::ToSender,
-                },
-            );
+            e.send(from, Packet::Abort { msg, reason, dir: Dir::ToSender });
             false
         };
         if let MemDesc::Device(r) = src {
             if !r.covers(len) {
-                let what = format!(
-                    "RTS {msg}: {len} bytes at offset {} exceed the {}-byte allocation",
-                    r.offset, r.alloc_size
-                );
+                let what = format!("RTS {msg}: {len} bytes at offset {} exceed the {}-byte allocation", r.offset, r.alloc_size);
                 return refuse(self, AbortReason::BadRequest, what);
             }
             if r.node != self.cfg.node {
-                return refuse(
-                    self,
-                    AbortReason::Unsupported,
-                    format!("RTS {msg}: buffer on node {:#x}, not this node", r.node),
-                );
+                return refuse(self, AbortReason::Unsupported, format!("RTS {msg}: buffer on node {:#x}, not this node", r.node));
             }
             if r.device >= self.cfg.devices {
-                return refuse(
-                    self,
-                    AbortReason::BadRequest,
-                    format!("RTS {msg}: device {} does not exist here", r.device),
-                );
+                return refuse(self, AbortReason::BadRequest, format!("RTS {msg}: device {} does not exist here", r.device));
             }
         }
         if len == 0 {
-            return refuse(
-                self,
-                AbortReason::BadRequest,
-                format!("RTS {msg} for an empty message"),
-            );
+            return refuse(self, AbortReason::BadRequest, format!("RTS {msg} for an empty message"));
         }
         true
     }
@@ -998,10 +740,7 @@ impl Engine {
 
     fn arrive(&mut self, from: Rank, tag: Tag, u: Unexpected) {
         if let Some((req, u)) = self.matcher.arrive(from, tag, u) {
-            let buf = self
-                .posted
-                .remove(&req)
-                .expect("posted receive has a buffer");
+            let buf = self.posted.remove(&req).expect("posted receive has a buffer");
             self.start_recv(req, from, tag, buf, u);
         }
     }
@@ -1011,14 +750,7 @@ impl Engine {
             // Tell the receiver, whose request would otherwise wait for a DONE that
             // never comes (the RTS it answers was not ours: forged or stale).
             self.violation(from, format!("CTS for unknown message {msg}"));
-            return self.send(
-                from,
-                Packet::Abort {
-                    msg,
-                    reason: AbortReason::BadRequest,
-                    dir: Dir::ToReceiver,
-                },
-            );
+            return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToReceiver });
         };
         if s.to != from || s.proto.is_some() {
             return self.violation(from, format!("CTS for message {msg} not awaiting one"));
@@ -1049,20 +781,12 @@ impl Engine {
                     self.violation(from, what.clone());
                     return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
                 }
-                let proto = if mode == CtsMode::Put {
-                    Protocol::Put
-                } else {
-                    Protocol::Coop
-                };
+                let proto = if mode == CtsMode::Put { Protocol::Put } else { Protocol::Coop };
                 let n = self.issue_range(
                     CopyOwner::Send { msg, chunk: None },
                     CopyEngine::Device(dev),
                     |o| Loc::User { req, offset: o },
-                    |o| Loc::Peer {
-                        peer: from,
-                        region,
-                        offset: o,
-                    },
+                    |o| Loc::Peer { peer: from, region, offset: o },
                     0,
                     end,
                 );
@@ -1083,12 +807,8 @@ impl Engine {
     /// SHM sends queued on it, in order.
     fn pump_shm(&mut self, to: Rank) {
         let (depth, chunk, me) = (self.cfg.depth as usize, self.cfg.chunk_size, self.cfg.rank);
-        let Engine {
-            shm_rings, sends, ..
-        } = self;
-        let Some(ring) = shm_rings.get_mut(&to) else {
-            return;
-        };
+        let Engine { shm_rings, sends, .. } = self;
+        let Some(ring) = shm_rings.get_mut(&to) else { return };
         if ring.slots.is_empty() {
             ring.slots = vec![None; depth];
         }
@@ -1096,12 +816,7 @@ impl Engine {
         let mut cmds = Vec::new();
         let mut queued = ring.queue.iter();
         let mut current = queued.next().copied();
-        for (slot, owner) in ring
-            .slots
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, o)| o.is_none())
-        {
+        for (slot, owner) in ring.slots.iter_mut().enumerate().filter(|(_, o)| o.is_none()) {
             // The first queued send with chunks left to fill (failed ones fill no more).
             let next = loop {
                 let Some(msg) = current else { break None };
@@ -1121,33 +836,16 @@ impl Engine {
             let off = k as u64 * chunk;
             let engine = s.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
             *owner = Some(SlotUse::Filling(msg, k));
-            cmds.push((
-                msg,
-                StagedChunk {
-                    index: k,
-                    slot: slot as u32,
-                },
-                s.req,
-                off,
-                chunk.min(s.buf.len - off),
-                engine,
-            ));
+            cmds.push((msg, StagedChunk { index: k, slot: slot as u32 }, s.req, off, chunk.min(s.buf.len - off), engine));
         }
         for (msg, c, req, off, n, engine) in cmds {
-            let id = self.new_copy(CopyOwner::Send {
-                msg,
-                chunk: Some(c),
-            });
+            let id = self.new_copy(CopyOwner::Send { msg, chunk: Some(c) });
             self.emit(Action::Copy(CopyCmd {
                 id,
                 engine,
                 lane: 0,
                 src: Loc::User { req, offset: off },
-                dst: Loc::Staging {
-                    from: me,
-                    to,
-                    slot: c.slot,
-                },
+                dst: Loc::Staging { from: me, to, slot: c.slot },
                 len: n,
             }));
         }
@@ -1165,13 +863,7 @@ impl Engine {
         let chunk = self.cfg.chunk_size;
         let me = self.cfg.rank;
         if slot >= self.cfg.depth {
-            return self.violation(
-                from,
-                format!(
-                    "CHUNK {index} of message {msg} in slot {slot} of a {}-slot ring",
-                    self.cfg.depth
-                ),
-            );
+            return self.violation(from, format!("CHUNK {index} of message {msg} in slot {slot} of a {}-slot ring", self.cfg.depth));
         }
         let Some(r) = self.recvs.get_mut(&(from, msg)) else {
             // Nothing is read from the slot; the acknowledgement keeps the sender's
@@ -1182,22 +874,12 @@ impl Engine {
             return self.send(from, Packet::ChunkAck { msg, index });
         };
         let Some(st) = r.shm.as_ref() else {
-            return self.violation(
-                from,
-                format!("CHUNK for message {msg} not moving through SHM"),
-            );
+            return self.violation(from, format!("CHUNK for message {msg} not moving through SHM"));
         };
         let off = index as u64 * chunk;
-        let expect = if index < st.nchunks {
-            chunk.min(r.len - off)
-        } else {
-            0
-        };
+        let expect = if index < st.nchunks { chunk.min(r.len - off) } else { 0 };
         if index >= st.nchunks || len as u64 != expect {
-            let what = format!(
-                "CHUNK {index} of {len} bytes for message {msg} outside its {} chunks",
-                st.nchunks
-            );
+            let what = format!("CHUNK {index} of {len} bytes for message {msg} outside its {} chunks", st.nchunks);
             self.violation(from, what.clone());
             return self.fail_recv((from, msg), ProtoError::Protocol { rank: from, what }, true);
         }
@@ -1208,11 +890,7 @@ impl Engine {
         let req = r.req;
         let engine = r.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
         r.pending += 1;
-        let id = self.new_copy(CopyOwner::Recv {
-            from,
-            msg,
-            chunk: Some(index),
-        });
+        let id = self.new_copy(CopyOwner::Recv { from, msg, chunk: Some(index) });
         self.emit(Action::Copy(CopyCmd {
             id,
             engine,
@@ -1225,23 +903,13 @@ impl Engine {
 
     fn on_chunk_ack(&mut self, from: Rank, msg: MsgId, index: u32) {
         let filled = Some(SlotUse::Filled(msg, index));
-        let Some(slot) = self
-            .shm_rings
-            .get(&from)
-            .and_then(|ring| ring.slots.iter().position(|o| *o == filled))
-        else {
-            return self.violation(
-                from,
-                format!("CHUNK_ACK {index} for message {msg}: no such chunk waits in the ring"),
-            );
+        let Some(slot) = self.shm_rings.get(&from).and_then(|ring| ring.slots.iter().position(|o| *o == filled)) else {
+            return self.violation(from, format!("CHUNK_ACK {index} for message {msg}: no such chunk waits in the ring"));
         };
         // The send may have failed and gone; the slot is free either way.
         let finished = match self.sends.get_mut(&msg) {
             Some(s) => {
-                let st = s
-                    .shm
-                    .as_mut()
-                    .expect("a ring slot's send moves through SHM");
+                let st = s.shm.as_mut().expect("a ring slot's send moves through SHM");
                 st.acked += 1;
                 st.acked == st.nchunks
             }
@@ -1260,9 +928,7 @@ impl Engine {
         };
         match owner {
             CopyOwner::Send { msg, chunk } => {
-                let Some(s) = self.sends.get_mut(&msg) else {
-                    return;
-                };
+                let Some(s) = self.sends.get_mut(&msg) else { return };
                 s.pending -= 1;
                 if result.is_err() || s.error.is_some() {
                     // A fill that will not be announced: the receiver never reads its slot.
@@ -1274,33 +940,19 @@ impl Engine {
                 if let Err(what) = result {
                     return self.fail_send(msg, ProtoError::CopyFailed { what }, true);
                 }
-                let Some(s) = self.sends.get_mut(&msg) else {
-                    return;
-                };
+                let Some(s) = self.sends.get_mut(&msg) else { return };
                 if s.error.is_some() {
                     return self.try_finish_send(msg);
                 }
                 if let Some(c) = chunk {
                     let st = s.shm.as_mut().expect("chunk copy of an SHM send");
                     st.done += 1;
-                    let len = self
-                        .cfg
-                        .chunk_size
-                        .min(s.buf.len - c.index as u64 * self.cfg.chunk_size)
-                        as u32;
+                    let len = self.cfg.chunk_size.min(s.buf.len - c.index as u64 * self.cfg.chunk_size) as u32;
                     let (to, all_filled) = (s.to, st.done == st.nchunks);
                     if let Some(ring) = self.shm_rings.get_mut(&to) {
                         ring.slots[c.slot as usize] = Some(SlotUse::Filled(msg, c.index));
                     }
-                    self.send(
-                        to,
-                        Packet::Chunk {
-                            msg,
-                            index: c.index,
-                            len,
-                            slot: c.slot,
-                        },
-                    );
+                    self.send(to, Packet::Chunk { msg, index: c.index, len, slot: c.slot });
                     if all_filled {
                         // The user's buffer is no longer read; the ring drains on.
                         self.complete_send_request(msg);
@@ -1311,17 +963,13 @@ impl Engine {
             }
             CopyOwner::Recv { from, msg, chunk } => {
                 let key = (from, msg);
-                let Some(r) = self.recvs.get_mut(&key) else {
-                    return;
-                };
+                let Some(r) = self.recvs.get_mut(&key) else { return };
                 r.pending -= 1;
                 if let Some(index) = chunk {
                     // The slot is no longer read, whatever became of the copy.
                     self.send(from, Packet::ChunkAck { msg, index });
                 }
-                let Some(r) = self.recvs.get_mut(&key) else {
-                    return;
-                };
+                let Some(r) = self.recvs.get_mut(&key) else { return };
                 if let Err(what) = result {
                     return self.fail_recv(key, ProtoError::CopyFailed { what }, true);
                 }
@@ -1338,13 +986,7 @@ impl Engine {
                         }
                     }
                     (Protocol::Get, _) if r.pending == 0 => {
-                        self.send(
-                            from,
-                            Packet::Done {
-                                msg,
-                                dir: Dir::ToSender,
-                            },
-                        );
+                        self.send(from, Packet::Done { msg, dir: Dir::ToSender });
                         self.finish_recv(key);
                     }
                     (Protocol::Coop, _) if r.pending == 0 => {
@@ -1364,9 +1006,7 @@ impl Engine {
     /// PUT and COOPERATE senders finish when their copies are done (and, for
     /// COOPERATE, the receiver's COOKIE arrived); failed sends when no copy runs.
     fn try_finish_send(&mut self, msg: MsgId) {
-        let Some(s) = self.sends.get(&msg) else {
-            return;
-        };
+        let Some(s) = self.sends.get(&msg) else { return };
         if s.pending > 0 {
             return;
         }
@@ -1380,13 +1020,7 @@ impl Engine {
         };
         if ready {
             let to = s.to;
-            self.send(
-                to,
-                Packet::Done {
-                    msg,
-                    dir: Dir::ToReceiver,
-                },
-            );
+            self.send(to, Packet::Done { msg, dir: Dir::ToReceiver });
             self.finish_send(msg);
         }
     }
@@ -1399,14 +1033,7 @@ impl Engine {
         s.completed = true;
         let (req, result) = match &s.error {
             Some(e) => (s.req, Err(e.clone())),
-            None => (
-                s.req,
-                Ok(Status {
-                    source: s.to,
-                    tag: s.tag,
-                    len: s.buf.len,
-                }),
-            ),
+            None => (s.req, Ok(Status { source: s.to, tag: s.tag, len: s.buf.len })),
         };
         self.complete(req, result);
     }
@@ -1414,9 +1041,7 @@ impl Engine {
     /// Ends a send: completes its request (with its error, if any) and releases its
     /// SHM ring, unless copies still run (it then ends at the last one).
     fn finish_send(&mut self, msg: MsgId) {
-        let Some(s) = self.sends.get(&msg) else {
-            return;
-        };
+        let Some(s) = self.sends.get(&msg) else { return };
         if s.pending > 0 {
             return;
         }
@@ -1431,9 +1056,7 @@ impl Engine {
     }
 
     fn finish_recv(&mut self, key: (Rank, MsgId)) {
-        let Some(r) = self.recvs.get(&key) else {
-            return;
-        };
+        let Some(r) = self.recvs.get(&key) else { return };
         if r.pending > 0 {
             return;
         }
@@ -1447,51 +1070,29 @@ impl Engine {
         }
         let result = match r.error {
             Some(e) => Err(e),
-            None => Ok(Status {
-                source: key.0,
-                tag: r.tag,
-                len: r.len,
-            }),
+            None => Ok(Status { source: key.0, tag: r.tag, len: r.len }),
         };
         self.complete(r.req, result);
     }
 
     fn fail_send(&mut self, msg: MsgId, err: ProtoError, notify: bool) {
-        let Some(s) = self.sends.get_mut(&msg) else {
-            return;
-        };
+        let Some(s) = self.sends.get_mut(&msg) else { return };
         if s.error.is_none() {
             s.error = Some(err);
             if notify {
                 let to = s.to;
-                self.send(
-                    to,
-                    Packet::Abort {
-                        msg,
-                        reason: AbortReason::CopyFailed,
-                        dir: Dir::ToReceiver,
-                    },
-                );
+                self.send(to, Packet::Abort { msg, reason: AbortReason::CopyFailed, dir: Dir::ToReceiver });
             }
         }
         self.finish_send(msg);
     }
 
     fn fail_recv(&mut self, key: (Rank, MsgId), err: ProtoError, notify: bool) {
-        let Some(r) = self.recvs.get_mut(&key) else {
-            return;
-        };
+        let Some(r) = self.recvs.get_mut(&key) else { return };
         if r.error.is_none() {
             r.error = Some(err);
             if notify {
-                self.send(
-                    key.0,
-                    Packet::Abort {
-                        msg: key.1,
-                        reason: AbortReason::CopyFailed,
-                        dir: Dir::ToSender,
-                    },
-                );
+                self.send(key.0, Packet::Abort { msg: key.1, reason: AbortReason::CopyFailed, dir: Dir::ToSender });
             }
         }
         self.finish_recv(key);
@@ -1505,22 +1106,12 @@ impl Engine {
         }
         self.dead[peer as usize] = true;
         let err = ProtoError::PeerFailed { rank: peer };
-        let sends: Vec<MsgId> = self
-            .sends
-            .iter()
-            .filter(|(_, s)| s.to == peer)
-            .map(|(m, _)| *m)
-            .collect();
+        let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();
         self.shm_rings.remove(&peer);
         for msg in sends {
             self.fail_send(msg, err.clone(), false);
         }
-        let recvs: Vec<(Rank, MsgId)> = self
-            .recvs
-            .keys()
-            .filter(|(f, _)| *f == peer)
-            .copied()
-            .collect();
+        let recvs: Vec<(Rank, MsgId)> = self.recvs.keys().filter(|(f, _)| *f == peer).copied().collect();
         for key in recvs {
             self.fail_recv(key, err.clone(), false);
         }
@@ -1540,8 +1131,7 @@ impl Engine {
         }
         // Its eager messages already arrived whole and stay receivable; its RTSs
         // can never be fetched.
-        self.matcher
-            .retain_unexpected(|s, u| !(s == peer && matches!(u, Unexpected::Rts { .. })));
+        self.matcher.retain_unexpected(|s, u| !(s == peer && matches!(u, Unexpected::Rts { .. })));
     }
 
     /// Whether a peer was declared failed.

@@ -43,21 +43,14 @@ pub struct Matcher<U> {
 
 impl<U> Default for Matcher<U> {
     fn default() -> Self {
-        Self {
-            posted: VecDeque::new(),
-            unexpected: VecDeque::new(),
-        }
+        Self { posted: VecDeque::new(), unexpected: VecDeque::new() }
     }
 }
 
 impl<U> Matcher<U> {
     /// A new receive: returns the earliest unexpected message it matches, or queues it.
     pub fn post(&mut self, req: ReqId, sel: Selector) -> Option<(Rank, Tag, U)> {
-        if let Some(i) = self
-            .unexpected
-            .iter()
-            .position(|(s, t, _)| sel.accepts(*s, *t))
-        {
+        if let Some(i) = self.unexpected.iter().position(|(s, t, _)| sel.accepts(*s, *t)) {
             return self.unexpected.remove(i);
         }
         self.posted.push_back((req, sel));
@@ -67,10 +60,7 @@ impl<U> Matcher<U> {
     /// A new message, if a posted receive accepts it: removes and returns the
     /// earliest such receive (the message is then the caller's to deliver).
     pub fn take_posted(&mut self, source: Rank, tag: Tag) -> Option<ReqId> {
-        let i = self
-            .posted
-            .iter()
-            .position(|(_, sel)| sel.accepts(source, tag))?;
+        let i = self.posted.iter().position(|(_, sel)| sel.accepts(source, tag))?;
         self.posted.remove(i).map(|(req, _)| req)
     }
 
@@ -169,10 +159,7 @@ mod tests {
         let mut m: Matcher<u32> = Matcher::default();
         assert_eq!(m.arrive(1, RESERVED_TAG_BASE, 1), None);
         assert_eq!(m.post(ReqId(1), sel(None, None)), None);
-        assert_eq!(
-            m.post(ReqId(2), sel(Some(1), Some(RESERVED_TAG_BASE))),
-            Some((1, RESERVED_TAG_BASE, 1))
-        );
+        assert_eq!(m.post(ReqId(2), sel(Some(1), Some(RESERVED_TAG_BASE))), Some((1, RESERVED_TAG_BASE, 1)));
     }
 
     #[test]

@@ -56,11 +56,7 @@ impl std::str::FromStr for ProtocolOverride {
             "put" => Self::Put,
             "coop" | "cooperate" => Self::Coop,
             "shm" => Self::Shm,
-            _ => {
-                return Err(format!(
-                    "unknown protocol '{s}': use auto, get, put, coop or shm"
-                ))
-            }
+            _ => return Err(format!("unknown protocol '{s}': use auto, get, put, coop or shm")),
         })
     }
 }
@@ -93,12 +89,7 @@ pub struct PolicyConfig {
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self {
-            mode: ProtocolOverride::Auto,
-            coop_min: u64::MAX,
-            put_min: u64::MAX,
-            bidir_put_min: u64::MAX,
-        }
+        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX, put_min: u64::MAX, bidir_put_min: u64::MAX }
     }
 }
 
@@ -134,35 +125,22 @@ pub fn choose(
         ProtocolOverride::Get if get_ok => pick(Protocol::Get, "forced by GPULMT_PROTOCOL=get"),
         ProtocolOverride::Put if put_ok => pick(Protocol::Put, "forced by GPULMT_PROTOCOL=put"),
         ProtocolOverride::Coop if coop_ok => pick(Protocol::Coop, "forced by GPULMT_PROTOCOL=coop"),
-        ProtocolOverride::Get | ProtocolOverride::Put | ProtocolOverride::Coop => pick(
-            Protocol::Shm,
-            "forced protocol impossible: devices not peer-accessible",
-        ),
+        ProtocolOverride::Get | ProtocolOverride::Put | ProtocolOverride::Coop => {
+            pick(Protocol::Shm, "forced protocol impossible: devices not peer-accessible")
+        }
         ProtocolOverride::Auto => {
             if s == d {
                 pick(Protocol::Get, "same device: one engine copies within it")
             } else if coop_ok && len >= cfg.coop_min && !sender_busy {
-                pick(
-                    Protocol::Coop,
-                    "peer-accessible and large: both engines move a part",
-                )
+                pick(Protocol::Coop, "peer-accessible and large: both engines move a part")
             } else if put_ok && len >= cfg.put_min && !sender_busy {
-                pick(
-                    Protocol::Put,
-                    "peer-accessible and mid-sized: sender's engine pushes",
-                )
+                pick(Protocol::Put, "peer-accessible and mid-sized: sender's engine pushes")
             } else if put_ok && len >= cfg.bidir_put_min && sender_busy {
-                pick(
-                    Protocol::Put,
-                    "traffic both ways and large: each engine pushes its own data",
-                )
+                pick(Protocol::Put, "traffic both ways and large: each engine pushes its own data")
             } else if get_ok {
                 pick(Protocol::Get, "peer-accessible: receiver's engine pulls")
             } else if put_ok {
-                pick(
-                    Protocol::Put,
-                    "only the sender's device reaches the receiver's",
-                )
+                pick(Protocol::Put, "only the sender's device reaches the receiver's")
             } else {
                 pick(Protocol::Shm, "devices not peer-accessible")
             }
@@ -176,108 +154,46 @@ mod tests {
     use crate::wire::Region;
 
     fn dev(d: u32) -> MemDesc {
-        MemDesc::Device(Region {
-            handle: [0; 64],
-            alloc_size: 100,
-            offset: 0,
-            device: d,
-            node: 0,
-            buffer_id: 1,
-        })
+        MemDesc::Device(Region { handle: [0; 64], alloc_size: 100, offset: 0, device: d, node: 0, buffer_id: 1 })
     }
 
     #[test]
     fn host_memory_goes_through_shm() {
         let c = PolicyConfig::default();
-        assert_eq!(
-            choose(&c, &MemDesc::Host, Some(0), true, 1 << 20, false, |_, _| {
-                true
-            })
-            .protocol,
-            Protocol::Shm
-        );
-        assert_eq!(
-            choose(&c, &dev(0), None, false, 1 << 20, false, |_, _| true).protocol,
-            Protocol::Shm
-        );
+        assert_eq!(choose(&c, &MemDesc::Host, Some(0), true, 1 << 20, false, |_, _| true).protocol, Protocol::Shm);
+        assert_eq!(choose(&c, &dev(0), None, false, 1 << 20, false, |_, _| true).protocol, Protocol::Shm);
     }
 
     #[test]
     fn auto_by_accessibility_and_size() {
         let mut c = PolicyConfig::default();
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol,
-            Protocol::Get
-        );
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| false).protocol,
-            Protocol::Shm
-        );
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol, Protocol::Get);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| false).protocol, Protocol::Shm);
         // Only the sender (0) reaches the receiver (1).
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 1 << 20, false, |a, b| a == 0
-                && b == 1)
-            .protocol,
-            Protocol::Put
-        );
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), false, 1 << 20, false, |a, b| a == 0
-                && b == 1)
-            .protocol,
-            Protocol::Shm
-        );
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |a, b| a == 0 && b == 1).protocol, Protocol::Put);
+        assert_eq!(choose(&c, &dev(0), Some(1), false, 1 << 20, false, |a, b| a == 0 && b == 1).protocol, Protocol::Shm);
         c.put_min = 1 << 19;
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol,
-            Protocol::Put
-        );
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 1 << 18, false, |_, _| true).protocol,
-            Protocol::Get
-        );
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol, Protocol::Put);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 18, false, |_, _| true).protocol, Protocol::Get);
         c.coop_min = 1 << 20;
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol,
-            Protocol::Coop
-        );
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, false, |_, _| true).protocol, Protocol::Coop);
         // Traffic both ways: the sender's engine is taken, the receiver pulls...
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 1 << 20, true, |_, _| true).protocol,
-            Protocol::Get
-        );
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, true, |_, _| true).protocol, Protocol::Get);
         // ...unless the message is large enough that pushing its own data wins.
         c.bidir_put_min = 32 << 20;
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 32 << 20, true, |_, _| true).protocol,
-            Protocol::Put
-        );
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 32 << 20, false, |_, _| true).protocol,
-            Protocol::Coop
-        );
-        assert_eq!(
-            choose(&c, &dev(0), Some(0), true, 1 << 20, false, |_, _| true).protocol,
-            Protocol::Get
-        );
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, true, |_, _| true).protocol, Protocol::Put);
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, false, |_, _| true).protocol, Protocol::Coop);
+        assert_eq!(choose(&c, &dev(0), Some(0), true, 1 << 20, false, |_, _| true).protocol, Protocol::Get);
     }
 
     #[test]
     fn overrides_fall_back_when_impossible() {
-        let c = PolicyConfig {
-            mode: ProtocolOverride::Put,
-            ..Default::default()
-        };
-        assert_eq!(
-            choose(&c, &dev(0), Some(1), true, 10, false, |_, _| true).protocol,
-            Protocol::Put
-        );
+        let c = PolicyConfig { mode: ProtocolOverride::Put, ..Default::default() };
+        assert_eq!(choose(&c, &dev(0), Some(1), true, 10, false, |_, _| true).protocol, Protocol::Put);
         let r = choose(&c, &dev(0), Some(1), true, 10, false, |_, _| false);
         assert_eq!(r.protocol, Protocol::Shm);
         assert!(r.reason.contains("impossible"));
-        assert_eq!(
-            "COOP".parse::<ProtocolOverride>(),
-            Ok(ProtocolOverride::Coop)
-        );
+        assert_eq!("COOP".parse::<ProtocolOverride>(), Ok(ProtocolOverride::Coop));
         assert!("fast".parse::<ProtocolOverride>().is_err());
     }
 }

@@ -103,47 +103,24 @@ pub enum CtsMode {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Packet {
     /// A small message with its payload inline.
-    Eager {
-        msg: MsgId,
-        tag: Tag,
-        payload: Vec<u8>,
-    },
+    Eager { msg: MsgId, tag: Tag, payload: Vec<u8> },
     /// Request to send: announces a large message and its buffer.
-    Rts {
-        msg: MsgId,
-        tag: Tag,
-        len: u64,
-        src: MemDesc,
-    },
+    Rts { msg: MsgId, tag: Tag, len: u64, src: MemDesc },
     /// Clear to send: the receiver's choice of PUT, COOPERATE or SHM. PUT and
     /// COOPERATE carry the receiver's region; COOPERATE carries where the sender's
     /// part ends (`split`): the sender moves `[0, split)`, the receiver the rest.
-    Cts {
-        msg: MsgId,
-        mode: CtsMode,
-        dst: Option<Region>,
-        split: u64,
-    },
+    Cts { msg: MsgId, mode: CtsMode, dst: Option<Region>, split: u64 },
     /// COOPERATE: the receiver finished its part.
     Cookie { msg: MsgId },
     /// The side that drove the last copy finished: the transfer is complete.
     Done { msg: MsgId, dir: Dir },
     /// SHM: chunk `index` (`len` bytes) of the message is in staging slot `slot` of
     /// the directed pair's ring.
-    Chunk {
-        msg: MsgId,
-        index: u32,
-        len: u32,
-        slot: u32,
-    },
+    Chunk { msg: MsgId, index: u32, len: u32, slot: u32 },
     /// SHM: the receiver copied chunk `index` out; its slot is free again.
     ChunkAck { msg: MsgId, index: u32 },
     /// The transfer is refused or abandoned.
-    Abort {
-        msg: MsgId,
-        reason: AbortReason,
-        dir: Dir,
-    },
+    Abort { msg: MsgId, reason: AbortReason, dir: Dir },
     /// Two-phase free: the sender's buffers marked for release in this epoch.
     FreeMarks { epoch: u64, buffer_ids: Vec<u64> },
     /// Two-phase free: the sender closed its mappings of every marked buffer.
@@ -203,18 +180,9 @@ impl Packet {
             + match self {
                 Packet::Eager { payload, .. } => 8 + 4 + payload.len(),
                 Packet::Rts { src, .. } => {
-                    8 + 4
-                        + 8
-                        + 1
-                        + if matches!(src, MemDesc::Device(_)) {
-                            REGION_BYTES
-                        } else {
-                            0
-                        }
+                    8 + 4 + 8 + 1 + if matches!(src, MemDesc::Device(_)) { REGION_BYTES } else { 0 }
                 }
-                Packet::Cts { dst, .. } => {
-                    8 + 1 + 8 + 1 + if dst.is_some() { REGION_BYTES } else { 0 }
-                }
+                Packet::Cts { dst, .. } => 8 + 1 + 8 + 1 + if dst.is_some() { REGION_BYTES } else { 0 },
                 Packet::Cookie { .. } => 8,
                 Packet::Done { .. } => 8 + 1,
                 Packet::Chunk { .. } => 8 + 4 + 4 + 4,
@@ -250,12 +218,7 @@ impl Packet {
                     }
                 }
             }
-            Packet::Cts {
-                msg,
-                mode,
-                dst,
-                split,
-            } => {
+            Packet::Cts { msg, mode, dst, split } => {
                 w.u8(K_CTS);
                 w.u64(*msg);
                 w.u8(*mode as u8);
@@ -277,12 +240,7 @@ impl Packet {
                 w.u64(*msg);
                 w.u8(*dir as u8);
             }
-            Packet::Chunk {
-                msg,
-                index,
-                len,
-                slot,
-            } => {
+            Packet::Chunk { msg, index, len, slot } => {
                 w.u8(K_CHUNK);
                 w.u64(*msg);
                 w.u32(*index);
@@ -326,11 +284,7 @@ impl Packet {
 
     /// Decodes untrusted bytes.
     pub fn decode(bytes: &[u8]) -> Result<Packet, DecodeError> {
-        let mut r = Reader {
-            buf: bytes,
-            pos: 0,
-            kind: "header",
-        };
+        let mut r = Reader { buf: bytes, pos: 0, kind: "header" };
         let version = r.u8()?;
         if version != WIRE_VERSION {
             return Err(DecodeError::Version(version));
@@ -352,12 +306,7 @@ impl Packet {
                 let src = match r.u8()? {
                     0 => MemDesc::Host,
                     1 => MemDesc::Device(r.region()?),
-                    v => {
-                        return Err(DecodeError::Field {
-                            field: "rts.mem",
-                            value: v as u64,
-                        })
-                    }
+                    v => return Err(DecodeError::Field { field: "rts.mem", value: v as u64 }),
                 };
                 Packet::Rts { msg, tag, len, src }
             }
@@ -368,30 +317,15 @@ impl Packet {
                     1 => CtsMode::Put,
                     2 => CtsMode::Coop,
                     3 => CtsMode::Shm,
-                    v => {
-                        return Err(DecodeError::Field {
-                            field: "cts.mode",
-                            value: v as u64,
-                        })
-                    }
+                    v => return Err(DecodeError::Field { field: "cts.mode", value: v as u64 }),
                 };
                 let split = r.u64()?;
                 let dst = match r.u8()? {
                     0 => None,
                     1 => Some(r.region()?),
-                    v => {
-                        return Err(DecodeError::Field {
-                            field: "cts.dst",
-                            value: v as u64,
-                        })
-                    }
+                    v => return Err(DecodeError::Field { field: "cts.dst", value: v as u64 }),
                 };
-                Packet::Cts {
-                    msg,
-                    mode,
-                    dst,
-                    split,
-                }
+                Packet::Cts { msg, mode, dst, split }
             }
             K_COOKIE => {
                 r.kind = "cookie";
@@ -399,40 +333,23 @@ impl Packet {
             }
             K_DONE => {
                 r.kind = "done";
-                Packet::Done {
-                    msg: r.u64()?,
-                    dir: r.dir()?,
-                }
+                Packet::Done { msg: r.u64()?, dir: r.dir()? }
             }
             K_CHUNK => {
                 r.kind = "chunk";
-                Packet::Chunk {
-                    msg: r.u64()?,
-                    index: r.u32()?,
-                    len: r.u32()?,
-                    slot: r.u32()?,
-                }
+                Packet::Chunk { msg: r.u64()?, index: r.u32()?, len: r.u32()?, slot: r.u32()? }
             }
             K_CHUNK_ACK => {
                 r.kind = "chunk_ack";
-                Packet::ChunkAck {
-                    msg: r.u64()?,
-                    index: r.u32()?,
-                }
+                Packet::ChunkAck { msg: r.u64()?, index: r.u32()? }
             }
             K_ABORT => {
                 r.kind = "abort";
                 let msg = r.u64()?;
                 let v = r.u8()?;
-                let reason = AbortReason::from_u8(v).ok_or(DecodeError::Field {
-                    field: "abort.reason",
-                    value: v as u64,
-                })?;
-                Packet::Abort {
-                    msg,
-                    reason,
-                    dir: r.dir()?,
-                }
+                let reason =
+                    AbortReason::from_u8(v).ok_or(DecodeError::Field { field: "abort.reason", value: v as u64 })?;
+                Packet::Abort { msg, reason, dir: r.dir()? }
             }
             K_FREE_MARKS => {
                 r.kind = "free_marks";
@@ -440,10 +357,7 @@ impl Packet {
                 let n = r.u32()? as usize;
                 // The count is untrusted: bound it by the bytes actually present.
                 if n > r.remaining() / 8 {
-                    return Err(DecodeError::Field {
-                        field: "free_marks.count",
-                        value: n as u64,
-                    });
+                    return Err(DecodeError::Field { field: "free_marks.count", value: n as u64 });
                 }
                 let mut buffer_ids = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -533,10 +447,7 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.buf.len() - self.pos < n {
-            return Err(DecodeError::Short {
-                kind: self.kind,
-                got: self.buf.len(),
-            });
+            return Err(DecodeError::Short { kind: self.kind, got: self.buf.len() });
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -566,10 +477,7 @@ impl<'a> Reader<'a> {
         match self.u8()? {
             1 => Ok(Dir::ToSender),
             2 => Ok(Dir::ToReceiver),
-            v => Err(DecodeError::Field {
-                field: "dir",
-                value: v as u64,
-            }),
+            v => Err(DecodeError::Field { field: "dir", value: v as u64 }),
         }
     }
     fn region(&mut self) -> Result<Region, DecodeError> {
@@ -584,10 +492,7 @@ impl<'a> Reader<'a> {
             buffer_id: self.u64()?,
         };
         if r.offset > r.alloc_size {
-            return Err(DecodeError::Field {
-                field: "region.offset",
-                value: r.offset,
-            });
+            return Err(DecodeError::Field { field: "region.offset", value: r.offset });
         }
         Ok(r)
     }
@@ -611,65 +516,19 @@ mod tests {
 
     fn samples() -> Vec<Packet> {
         vec![
-            Packet::Eager {
-                msg: 1,
-                tag: -3,
-                payload: vec![1, 2, 3],
-            },
-            Packet::Eager {
-                msg: 2,
-                tag: 0,
-                payload: vec![],
-            },
-            Packet::Rts {
-                msg: 3,
-                tag: 7,
-                len: 1 << 30,
-                src: MemDesc::Host,
-            },
-            Packet::Rts {
-                msg: 4,
-                tag: 7,
-                len: 10,
-                src: MemDesc::Device(region(5)),
-            },
-            Packet::Cts {
-                msg: 4,
-                mode: CtsMode::Put,
-                dst: Some(region(6)),
-                split: 0,
-            },
-            Packet::Cts {
-                msg: 4,
-                mode: CtsMode::Shm,
-                dst: None,
-                split: 0,
-            },
+            Packet::Eager { msg: 1, tag: -3, payload: vec![1, 2, 3] },
+            Packet::Eager { msg: 2, tag: 0, payload: vec![] },
+            Packet::Rts { msg: 3, tag: 7, len: 1 << 30, src: MemDesc::Host },
+            Packet::Rts { msg: 4, tag: 7, len: 10, src: MemDesc::Device(region(5)) },
+            Packet::Cts { msg: 4, mode: CtsMode::Put, dst: Some(region(6)), split: 0 },
+            Packet::Cts { msg: 4, mode: CtsMode::Shm, dst: None, split: 0 },
             Packet::Cookie { msg: 4 },
-            Packet::Done {
-                msg: 4,
-                dir: Dir::ToSender,
-            },
-            Packet::Done {
-                msg: 4,
-                dir: Dir::ToReceiver,
-            },
-            Packet::Chunk {
-                msg: 4,
-                index: 3,
-                len: 4096,
-                slot: 2,
-            },
+            Packet::Done { msg: 4, dir: Dir::ToSender },
+            Packet::Done { msg: 4, dir: Dir::ToReceiver },
+            Packet::Chunk { msg: 4, index: 3, len: 4096, slot: 2 },
             Packet::ChunkAck { msg: 4, index: 3 },
-            Packet::Abort {
-                msg: 4,
-                reason: AbortReason::Truncated,
-                dir: Dir::ToSender,
-            },
-            Packet::FreeMarks {
-                epoch: 2,
-                buffer_ids: vec![1, 2, 3],
-            },
+            Packet::Abort { msg: 4, reason: AbortReason::Truncated, dir: Dir::ToSender },
+            Packet::FreeMarks { epoch: 2, buffer_ids: vec![1, 2, 3] },
             Packet::FreeAck { epoch: 2 },
         ]
     }
@@ -685,34 +544,15 @@ mod tests {
 
     #[test]
     fn rejects_version_kind_truncation_trailing() {
-        let mut v = Packet::Done {
-            msg: 1,
-            dir: Dir::ToSender,
-        }
-        .to_vec();
+        let mut v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
         v[0] = 9;
         assert_eq!(Packet::decode(&v), Err(DecodeError::Version(9)));
-        let mut v = Packet::Done {
-            msg: 1,
-            dir: Dir::ToSender,
-        }
-        .to_vec();
+        let mut v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
         v[1] = 200;
         assert_eq!(Packet::decode(&v), Err(DecodeError::Kind(200)));
-        let v = Packet::Done {
-            msg: 1,
-            dir: Dir::ToSender,
-        }
-        .to_vec();
-        assert!(matches!(
-            Packet::decode(&v[..5]),
-            Err(DecodeError::Short { .. })
-        ));
-        let mut v = Packet::Done {
-            msg: 1,
-            dir: Dir::ToSender,
-        }
-        .to_vec();
+        let v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
+        assert!(matches!(Packet::decode(&v[..5]), Err(DecodeError::Short { .. })));
+        let mut v = Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec();
         v.push(0);
         assert_eq!(Packet::decode(&v), Err(DecodeError::Trailing(1)));
     }
@@ -721,56 +561,27 @@ mod tests {
     fn rejects_region_offset_past_allocation() {
         let mut r = region(1);
         r.offset = r.alloc_size + 1;
-        let v = Packet::Rts {
-            msg: 1,
-            tag: 0,
-            len: 1,
-            src: MemDesc::Device(r),
-        }
-        .to_vec();
-        assert!(matches!(
-            Packet::decode(&v),
-            Err(DecodeError::Field {
-                field: "region.offset",
-                ..
-            })
-        ));
+        let v = Packet::Rts { msg: 1, tag: 0, len: 1, src: MemDesc::Device(r) }.to_vec();
+        assert!(matches!(Packet::decode(&v), Err(DecodeError::Field { field: "region.offset", .. })));
     }
 
     #[test]
     fn free_marks_count_is_bounded_by_bytes() {
-        let mut v = Packet::FreeMarks {
-            epoch: 1,
-            buffer_ids: vec![5],
-        }
-        .to_vec();
+        let mut v = Packet::FreeMarks { epoch: 1, buffer_ids: vec![5] }.to_vec();
         v[10..14].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(Packet::decode(&v), Err(DecodeError::Field { .. })));
     }
 
     #[test]
     fn eager_header_and_peek_agree_with_the_codec() {
-        let p = Packet::Eager {
-            msg: 42,
-            tag: 9,
-            payload: vec![1, 2, 3],
-        };
+        let p = Packet::Eager { msg: 42, tag: 9, payload: vec![1, 2, 3] };
         let v = p.to_vec();
         assert_eq!(peek_eager(&v), Some((42, 9, &[1u8, 2, 3][..])));
         let mut w = vec![0u8; eager_overhead() + 3];
         encode_eager_header(&mut w, 42, 9);
         w[eager_overhead()..].copy_from_slice(&[1, 2, 3]);
         assert_eq!(w, v);
-        assert_eq!(
-            peek_eager(
-                &Packet::Done {
-                    msg: 1,
-                    dir: Dir::ToSender
-                }
-                .to_vec()
-            ),
-            None
-        );
+        assert_eq!(peek_eager(&Packet::Done { msg: 1, dir: Dir::ToSender }.to_vec()), None);
     }
 
     #[test]

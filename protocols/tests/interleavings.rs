@@ -50,25 +50,11 @@ fn region(owner: Rank, req: ReqId, alloc_len: u64, offset: u64, device: u32) -> 
     let mut handle = [0u8; 64];
     handle[..4].copy_from_slice(&owner.to_le_bytes());
     handle[4..12].copy_from_slice(&req.0.to_le_bytes());
-    Region {
-        handle,
-        alloc_size: alloc_len,
-        offset,
-        device,
-        node: 0,
-        buffer_id: req.0,
-    }
+    Region { handle, alloc_size: alloc_len, offset, device, node: 0, buffer_id: req.0 }
 }
 
 impl World {
-    fn new(
-        n: u32,
-        seed: u64,
-        mode: ProtocolOverride,
-        coop_min: u64,
-        devices: u32,
-        peer: bool,
-    ) -> Self {
+    fn new(n: u32, seed: u64, mode: ProtocolOverride, coop_min: u64, devices: u32, peer: bool) -> Self {
         let chunk = 4096;
         let engines = (0..n)
             .map(|r| {
@@ -82,9 +68,7 @@ impl World {
                 c.policy.mode = mode;
                 c.policy.coop_min = coop_min;
                 if !peer {
-                    c.peer_access = (0..devices * devices)
-                        .map(|i| i / devices == i % devices)
-                        .collect();
+                    c.peer_access = (0..devices * devices).map(|i| i / devices == i % devices).collect();
                 }
                 Engine::new(c)
             })
@@ -103,24 +87,13 @@ impl World {
         }
     }
 
-    fn buf(
-        &mut self,
-        rank: Rank,
-        req: ReqId,
-        data: Vec<u8>,
-        offset: u64,
-        device: Option<u32>,
-    ) -> BufDesc {
+    fn buf(&mut self, rank: Rank, req: ReqId, data: Vec<u8>, offset: u64, device: Option<u32>) -> BufDesc {
         let len = data.len() as u64;
         let mut alloc = vec![0xEE; (offset + len + 3) as usize];
         alloc[offset as usize..(offset + len) as usize].copy_from_slice(&data);
         let alloc_len = alloc.len() as u64;
         self.mem[rank as usize].allocs.insert(req, (alloc, offset));
-        BufDesc {
-            len,
-            device,
-            region: device.map(|d| region(rank, req, alloc_len, offset, d)),
-        }
+        BufDesc { len, device, region: device.map(|d| region(rank, req, alloc_len, offset, d)) }
     }
 
     fn user(&self, rank: Rank, req: ReqId) -> &[u8] {
@@ -128,15 +101,7 @@ impl World {
         &a[*off as usize..]
     }
 
-    fn send(
-        &mut self,
-        rank: Rank,
-        req: ReqId,
-        to: Rank,
-        tag: Tag,
-        data: Vec<u8>,
-        dev: Option<u32>,
-    ) {
+    fn send(&mut self, rank: Rank, req: ReqId, to: Rank, tag: Tag, data: Vec<u8>, dev: Option<u32>) {
         let payload = data.clone();
         let b = self.buf(rank, req, data, 5, dev);
         let e = &mut self.engines[rank as usize];
@@ -145,15 +110,7 @@ impl World {
         self.drain(rank);
     }
 
-    fn recv(
-        &mut self,
-        rank: Rank,
-        req: ReqId,
-        from: Option<Rank>,
-        tag: Option<Tag>,
-        len: usize,
-        dev: Option<u32>,
-    ) {
+    fn recv(&mut self, rank: Rank, req: ReqId, from: Option<Rank>, tag: Option<Tag>, len: usize, dev: Option<u32>) {
         let b = self.buf(rank, req, vec![0; len], 3, dev);
         self.engines[rank as usize].post_recv(req, from, tag, b);
         self.drain(rank);
@@ -178,17 +135,12 @@ impl World {
                     a[*off as usize..*off as usize + payload.len()].copy_from_slice(&payload);
                 }
                 Action::Complete { req, result } => {
-                    assert!(
-                        self.done.insert((rank, req), result).is_none(),
-                        "rank {rank} {req:?} completed twice"
-                    );
+                    assert!(self.done.insert((rank, req), result).is_none(), "rank {rank} {req:?} completed twice");
                 }
                 Action::Chose { req, choice, .. } => {
                     self.chosen.insert((rank, req), choice.protocol);
                 }
-                Action::Violation { peer, what } => {
-                    panic!("rank {rank}: violation by {peer}: {what}")
-                }
+                Action::Violation { peer, what } => panic!("rank {rank}: violation by {peer}: {what}"),
             }
         }
     }
@@ -196,25 +148,15 @@ impl World {
     fn read(&self, rank: Rank, loc: Loc, len: u64) -> Vec<u8> {
         let (owner, req, off) = match loc {
             Loc::User { req, offset } => (rank, req, offset),
-            Loc::Peer {
-                peer,
-                region,
-                offset,
-            } => {
+            Loc::Peer { peer, region, offset } => {
                 let req = ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()));
-                assert_eq!(
-                    peer,
-                    u32::from_le_bytes(region.handle[..4].try_into().unwrap())
-                );
+                assert_eq!(peer, u32::from_le_bytes(region.handle[..4].try_into().unwrap()));
                 return self.mem[peer as usize].allocs[&req].0
                     [(region.offset + offset) as usize..(region.offset + offset + len) as usize]
                     .to_vec();
             }
             Loc::Staging { from, to, slot } => {
-                let s = self
-                    .staging
-                    .get(&(from, to, slot))
-                    .expect("staging slot filled before drained");
+                let s = self.staging.get(&(from, to, slot)).expect("staging slot filled before drained");
                 assert!(s.len() as u64 >= len);
                 return s[..len as usize].to_vec();
             }
@@ -228,11 +170,7 @@ impl World {
                 let off = self.mem[rank as usize].allocs[&req].1;
                 (rank, req, off + offset)
             }
-            Loc::Peer {
-                peer,
-                region,
-                offset,
-            } => {
+            Loc::Peer { peer, region, offset } => {
                 let req = ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()));
                 (peer, req, region.offset + offset)
             }
@@ -248,15 +186,8 @@ impl World {
 
     /// One random step; false when nothing is left to do.
     fn step(&mut self) -> bool {
-        let wires: Vec<(Rank, Rank)> = self
-            .wires
-            .iter()
-            .filter(|(_, q)| !q.is_empty())
-            .map(|(k, _)| *k)
-            .collect();
-        let copiers: Vec<Rank> = (0..self.copies.len() as Rank)
-            .filter(|r| !self.copies[*r as usize].is_empty())
-            .collect();
+        let wires: Vec<(Rank, Rank)> = self.wires.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
+        let copiers: Vec<Rank> = (0..self.copies.len() as Rank).filter(|r| !self.copies[*r as usize].is_empty()).collect();
         let n = wires.len() + copiers.len();
         if n == 0 {
             return false;
@@ -264,12 +195,7 @@ impl World {
         let pick = self.rng.below(n);
         if pick < wires.len() {
             let (from, to) = wires[pick];
-            let p = self
-                .wires
-                .get_mut(&(from, to))
-                .unwrap()
-                .pop_front()
-                .unwrap();
+            let p = self.wires.get_mut(&(from, to)).unwrap().pop_front().unwrap();
             if !self.dead[to as usize] {
                 self.engines[to as usize].on_packet(from, p);
                 self.drain(to);
@@ -292,9 +218,7 @@ impl World {
             Loc::Staging { from, to, slot } => Some((from, to, slot)),
             _ => None,
         };
-        let Some(mine) = slot_of(&c.src).or(slot_of(&c.dst)) else {
-            return;
-        };
+        let Some(mine) = slot_of(&c.src).or(slot_of(&c.dst)) else { return };
         for other in self.copies.iter().flatten() {
             assert!(
                 slot_of(&other.src) != Some(mine) && slot_of(&other.dst) != Some(mine),
@@ -312,11 +236,7 @@ impl World {
 
     /// Delivers every packet in flight from `from` to `to`.
     fn deliver(&mut self, from: Rank, to: Rank) {
-        while let Some(p) = self
-            .wires
-            .get_mut(&(from, to))
-            .and_then(VecDeque::pop_front)
-        {
+        while let Some(p) = self.wires.get_mut(&(from, to)).and_then(VecDeque::pop_front) {
             self.engines[to as usize].on_packet(from, p);
             self.drain(to);
         }
@@ -359,13 +279,7 @@ fn placement(i: u8) -> (Option<u32>, Option<u32>) {
 }
 
 /// Expected protocol for a rendezvous of this placement and mode.
-fn expected(
-    mode: ProtocolOverride,
-    s: Option<u32>,
-    d: Option<u32>,
-    peer: bool,
-    len: usize,
-) -> Protocol {
+fn expected(mode: ProtocolOverride, s: Option<u32>, d: Option<u32>, peer: bool, len: usize) -> Protocol {
     match (s, d) {
         (Some(a), Some(b)) if peer || a == b => match mode {
             ProtocolOverride::Auto | ProtocolOverride::Get => Protocol::Get,
@@ -379,14 +293,7 @@ fn expected(
     }
 }
 
-fn one_transfer(
-    seed: u64,
-    len: usize,
-    mode: ProtocolOverride,
-    place: u8,
-    peer: bool,
-    recv_first: bool,
-) {
+fn one_transfer(seed: u64, len: usize, mode: ProtocolOverride, place: u8, peer: bool, recv_first: bool) {
     let mut w = World::new(2, seed, mode, u64::MAX, 2, peer);
     let (s, d) = placement(place);
     let data = pattern(seed, len);
@@ -400,11 +307,7 @@ fn one_transfer(
     }
     w.run();
     w.assert_quiet();
-    let st = Status {
-        source: 0,
-        tag: 7,
-        len: len as u64,
-    };
+    let st = Status { source: 0, tag: 7, len: len as u64 };
     assert_eq!(w.done[&(1, ReqId(1))], Ok(st));
     assert_eq!(w.done[&(0, ReqId(1))], Ok(Status { source: 1, ..st }));
     assert!(w.user(1, ReqId(1))[..len] == data[..], "data mismatch");
@@ -430,14 +333,7 @@ fn every_protocol_placement_and_size() {
             for len in [0usize, 1, 7, 64, 65, 4095, 4096, 12289, 65537, 200_000] {
                 for peer in [true, false] {
                     for recv_first in [true, false] {
-                        one_transfer(
-                            len as u64 + mi as u64 * 7 + place as u64,
-                            len,
-                            *mode,
-                            place,
-                            peer,
-                            recv_first,
-                        );
+                        one_transfer(len as u64 + mi as u64 * 7 + place as u64, len, *mode, place, peer, recv_first);
                     }
                 }
             }
@@ -476,15 +372,9 @@ fn truncation_is_reported_and_nothing_overflows() {
             w.assert_quiet();
             assert_eq!(
                 w.done[&(1, ReqId(1))],
-                Err(ProtoError::Truncated {
-                    msg_len: len as u64,
-                    buf_len: len as u64 / 2
-                })
+                Err(ProtoError::Truncated { msg_len: len as u64, buf_len: len as u64 / 2 })
             );
-            assert!(
-                w.done[&(0, ReqId(1))].is_ok(),
-                "MPI: the sender of a truncated message succeeds"
-            );
+            assert!(w.done[&(0, ReqId(1))].is_ok(), "MPI: the sender of a truncated message succeeds");
             assert_eq!(&w.user(1, ReqId(1))[len / 2..], &[0xEE; 3]);
         }
     }
@@ -514,24 +404,13 @@ fn forged_rts_outside_allocation_is_rejected() {
     w.recv(1, ReqId(1), Some(0), None, 1 << 20, Some(1));
     let mut r = region(0, ReqId(9), 1000, 0, 0);
     r.offset = 10;
-    w.engines[1].on_packet(
-        0,
-        Packet::Rts {
-            msg: 1,
-            tag: 0,
-            len: 995,
-            src: gpulmt_protocols::MemDesc::Device(r),
-        },
-    );
+    w.engines[1].on_packet(0, Packet::Rts { msg: 1, tag: 0, len: 995, src: gpulmt_protocols::MemDesc::Device(r) });
     let mut violations = 0;
     let mut aborts = 0;
     while let Some(a) = w.engines[1].poll_action() {
         match a {
             Action::Violation { .. } => violations += 1,
-            Action::Send {
-                packet: Packet::Abort { .. },
-                ..
-            } => aborts += 1,
+            Action::Send { packet: Packet::Abort { .. }, .. } => aborts += 1,
             Action::Copy(_) => panic!("a forged RTS must never start a copy"),
             _ => {}
         }
@@ -559,20 +438,14 @@ fn peer_death_fails_requests_after_copies_stop() {
             w.drain(1);
             w.run();
             w.assert_quiet();
-            assert!(matches!(
-                w.done[&(1, ReqId(2))],
-                Err(ProtoError::PeerFailed { rank: 0 })
-            ));
+            assert!(matches!(w.done[&(1, ReqId(2))], Err(ProtoError::PeerFailed { rank: 0 })));
             match &w.done.get(&(1, ReqId(1))) {
                 Some(Ok(_)) | Some(Err(ProtoError::PeerFailed { .. })) => {}
                 other => panic!("{mode:?} place {place}: {other:?}"),
             }
             // New work with the dead peer fails at once.
             w.send(1, ReqId(3), 0, 0, vec![1], None);
-            assert!(matches!(
-                w.done[&(1, ReqId(3))],
-                Err(ProtoError::PeerFailed { rank: 0 })
-            ));
+            assert!(matches!(w.done[&(1, ReqId(3))], Err(ProtoError::PeerFailed { rank: 0 })));
         }
     }
 }
@@ -594,14 +467,8 @@ fn copy_failure_aborts_both_sides() {
     }
     w.run();
     w.assert_quiet();
-    assert!(matches!(
-        w.done[&(1, ReqId(1))],
-        Err(ProtoError::CopyFailed { .. })
-    ));
-    assert!(matches!(
-        w.done[&(0, ReqId(1))],
-        Err(ProtoError::Aborted { rank: 1, .. })
-    ));
+    assert!(matches!(w.done[&(1, ReqId(1))], Err(ProtoError::CopyFailed { .. })));
+    assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })));
 }
 
 proptest! {
@@ -695,34 +562,14 @@ proptest! {
 #[test]
 fn cts_for_an_unknown_message_aborts_the_receiver() {
     let mut w = World::new(2, 5, ProtocolOverride::Put, u64::MAX, 2, true);
-    w.engines[1].on_packet(
-        0,
-        Packet::Cts {
-            msg: 77,
-            mode: gpulmt_protocols::wire::CtsMode::Shm,
-            dst: None,
-            split: 0,
-        },
-    );
+    w.engines[1].on_packet(0, Packet::Cts { msg: 77, mode: gpulmt_protocols::wire::CtsMode::Shm, dst: None, split: 0 });
     let mut aborted = false;
     while let Some(a) = w.engines[1].poll_action() {
-        if let Action::Send {
-            to: 0,
-            packet:
-                Packet::Abort {
-                    msg: 77,
-                    dir: gpulmt_protocols::wire::Dir::ToReceiver,
-                    ..
-                },
-        } = a
-        {
+        if let Action::Send { to: 0, packet: Packet::Abort { msg: 77, dir: gpulmt_protocols::wire::Dir::ToReceiver, .. } } = a {
             aborted = true;
         }
     }
-    assert!(
-        aborted,
-        "the receiver of a stray CTS must be told to give up"
-    );
+    assert!(aborted, "the receiver of a stray CTS must be told to give up");
 }
 
 /// Two SHM messages to one peer: the second starts filling the ring as soon as the
@@ -739,9 +586,7 @@ fn shm_sends_to_one_peer_stream_through_the_ring() {
     w.deliver(1, 0); // both CTS: A fills the three slots, B waits
     let fills: Vec<CopyCmd> = std::mem::take(&mut w.copies[0]);
     assert_eq!(fills.len(), 3);
-    assert!(fills
-        .iter()
-        .all(|c| matches!(c.src, Loc::User { req: ReqId(1), .. })));
+    assert!(fills.iter().all(|c| matches!(c.src, Loc::User { req: ReqId(1), .. })));
     for c in fills {
         w.execute(0, c);
     }
@@ -752,16 +597,7 @@ fn shm_sends_to_one_peer_stream_through_the_ring() {
     w.deliver(1, 0); // one CHUNK_ACK
     assert_eq!(w.copies[0].len(), 1, "the freed slot is refilled at once");
     let c = w.copies[0][0];
-    assert!(
-        matches!(
-            c.src,
-            Loc::User {
-                req: ReqId(2),
-                offset: 0
-            }
-        ),
-        "{c:?}"
-    );
+    assert!(matches!(c.src, Loc::User { req: ReqId(2), offset: 0 }), "{c:?}");
     assert!(matches!(c.dst, Loc::Staging { from: 0, to: 1, .. }));
     assert!(!w.done.contains_key(&(1, ReqId(1))), "A is still draining");
     w.run();
@@ -791,21 +627,9 @@ fn shm_copy_failure_leaves_the_ring_usable() {
         w.drain(1);
         w.run();
         w.assert_quiet();
-        assert!(
-            matches!(w.done[&(1, ReqId(1))], Err(ProtoError::CopyFailed { .. })),
-            "seed {seed}"
-        );
-        assert!(
-            matches!(
-                w.done[&(0, ReqId(1))],
-                Err(ProtoError::Aborted { rank: 1, .. })
-            ),
-            "seed {seed}"
-        );
-        assert!(
-            w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok(),
-            "seed {seed}"
-        );
+        assert!(matches!(w.done[&(1, ReqId(1))], Err(ProtoError::CopyFailed { .. })), "seed {seed}");
+        assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })), "seed {seed}");
+        assert!(w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok(), "seed {seed}");
         assert_eq!(&w.user(1, ReqId(2))[..b.len()], &b[..], "seed {seed}");
     }
 }

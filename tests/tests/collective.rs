@@ -50,35 +50,16 @@ fn alltoall_on_8_and_4_sim_devices_with_mixed_topologies() {
     for (n, peers) in [(8u64, "0-1,2-3,4-5,6-7"), (4, "0-1,1-2")] {
         let devices = n.to_string();
         let out = Job::new(CHECK, n as usize, &["alltoall", "--iters", "4"])
-            .envs(&[
-                ("GPULMT_SIM_DEVICES", devices.as_str()),
-                ("GPULMT_SIM_PEER", peers),
-            ])
+            .envs(&[("GPULMT_SIM_DEVICES", devices.as_str()), ("GPULMT_SIM_PEER", peers)])
             .timeout_s(90)
             .run();
         out.assert_ok(n as usize, "alltoall");
         for r in 0..n as usize {
-            assert_eq!(
-                alltoall_received(&out, r),
-                4 * (n - 1),
-                "rank {r}\n{}",
-                out.dump()
-            );
+            assert_eq!(alltoall_received(&out, r), 4 * (n - 1), "rank {r}\n{}", out.dump());
         }
-        let peer: u64 = ["get", "put", "coop"]
-            .iter()
-            .map(|k| sum(&out, n as usize, "protocols", k))
-            .sum();
-        check(
-            peer > 0,
-            &out,
-            "no GET/PUT/COOPERATE between peer-accessible devices",
-        );
-        check(
-            sum(&out, n as usize, "protocols", "shm") > 0,
-            &out,
-            "no SHM between devices without peer access",
-        );
+        let peer: u64 = ["get", "put", "coop"].iter().map(|k| sum(&out, n as usize, "protocols", k)).sum();
+        check(peer > 0, &out, "no GET/PUT/COOPERATE between peer-accessible devices");
+        check(sum(&out, n as usize, "protocols", "shm") > 0, &out, "no SHM between devices without peer access");
     }
 }
 
@@ -234,45 +215,21 @@ fn handle_cache_opens_each_remote_allocation_once() {
 /// other 127 were served by the cache.
 #[test]
 fn handle_cache_outcome_is_recorded_in_request_spans() {
-    let out = Job::new(
-        CHECK,
-        2,
-        &[
-            "cache",
-            "--iters",
-            "64",
-            "--expect-recv-opens",
-            "1",
-            "--expect-send-opens",
-            "0",
-        ],
-    )
-    .envs(&[("GPULMT_PROTOCOL", "get"), ("GPULMT_LOG", "gpulmt=debug")])
-    .timeout_s(60)
-    .run();
+    let out = Job::new(CHECK, 2, &["cache", "--iters", "64", "--expect-recv-opens", "1", "--expect-send-opens", "0"])
+        .envs(&[("GPULMT_PROTOCOL", "get"), ("GPULMT_LOG", "gpulmt=debug")])
+        .timeout_s(60)
+        .run();
     out.assert_ok(2, "cache");
     let completed = |outcome: &str| {
         out.stderr
             .lines()
-            .filter(|l| {
-                l.contains("recv{")
-                    && l.contains(&format!("ipc_cache=\"{outcome}\""))
-                    && l.ends_with(" ok=true")
-            })
+            .filter(|l| l.contains("recv{") && l.contains(&format!("ipc_cache=\"{outcome}\"")) && l.ends_with(" ok=true"))
             .collect::<Vec<_>>()
     };
     let (misses, hits) = (completed("miss"), completed("hit"));
     assert_eq!((misses.len(), hits.len()), (1, 127), "{}", out.dump());
-    assert!(
-        misses[0].contains("ipc_open_us="),
-        "the miss records its open time: {}",
-        misses[0]
-    );
-    assert!(
-        hits.iter().all(|l| !l.contains("ipc_open_us=")),
-        "{}",
-        out.dump()
-    );
+    assert!(misses[0].contains("ipc_open_us="), "the miss records its open time: {}", misses[0]);
+    assert!(hits.iter().all(|l| !l.contains("ipc_open_us=")), "{}", out.dump());
 }
 
 #[test]
@@ -323,11 +280,7 @@ fn window_non_overtaking_and_shm_queueing() {
         let out = window("H H", same_tag, &[]);
         // Host sender: 7 of the 12 sizes are above the eager limit.
         assert_eq!(out.protocols(1)["shm"], 7, "{}", out.dump());
-        let out = window(
-            "D D",
-            same_tag,
-            &[("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never")],
-        );
+        let out = window("D D", same_tag, &[("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never")]);
         // Device sender: every non-empty message is a rendezvous.
         assert_eq!(out.protocols(1)["get"], 10, "{}", out.dump());
         let out = window(

@@ -27,7 +27,6 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_BIDIR_PUT_MIN", "512K", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; on 2x H200 with GPULMT_PROGRESS_ON_POST=1, osu_bibw PUT beat GET from 256 KiB: 603 vs 484 GB/s at 4 MiB)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
     ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
-    ("GPULMT_SM_COPY_MAX", "0", "device-to-device copies up to this size run as a kernel on the engine GPU's cores instead of its copy engine (sooner started; takes cores from the application's kernels; 0: never)"),
     ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
     ("GPULMT_CHUNK_SIZE", "2M", "SHM staging chunk size (2 MiB: 51-52 GB/s from 4 MiB on 2x H200, 1 MiB: 47-49)"),
     ("GPULMT_PIPELINE_DEPTH", "8", "SHM staging chunks per directed pair of ranks"),
@@ -68,7 +67,6 @@ pub struct Config {
     pub bidir_put_min: u64,
     pub coop_sender_permille: u32,
     pub copy_split: u64,
-    pub sm_copy_max: u64,
     pub lanes: u32,
     pub chunk_size: u64,
     pub depth: u32,
@@ -84,8 +82,7 @@ pub struct Config {
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
-pub const SLOT_OVERHEAD: u32 =
-    crate::shm::ring::SLOT_HEADER as u32 + gpulmt_protocols::wire::eager_overhead() as u32;
+pub const SLOT_OVERHEAD: u32 = crate::shm::ring::SLOT_HEADER as u32 + gpulmt_protocols::wire::eager_overhead() as u32;
 
 impl Default for Config {
     fn default() -> Self {
@@ -100,7 +97,6 @@ impl Default for Config {
             bidir_put_min: 512 << 10,
             coop_sender_permille: 500,
             copy_split: 0,
-            sm_copy_max: 0,
             lanes: 1,
             chunk_size: 2 << 20,
             depth: 8,
@@ -149,29 +145,21 @@ impl Config {
         };
         let size = |var: &'static str, dst: &mut u64| -> Result<(), ConfigError> {
             if let Some(v) = get(var) {
-                *dst = parse_size(&v)
-                    .ok_or_else(|| err(var, &v, "expected a size such as 8192, 64K, 1M or 2G"))?;
+                *dst = parse_size(&v).ok_or_else(|| err(var, &v, "expected a size such as 8192, 64K, 1M or 2G"))?;
             }
             Ok(())
         };
-        let num =
-            |var: &'static str, dst: &mut u32, min: u32, max: u32| -> Result<(), ConfigError> {
-                if let Some(v) = get(var) {
-                    *dst = v
-                        .trim()
-                        .parse()
-                        .ok()
-                        .filter(|n| (min..=max).contains(n))
-                        .ok_or_else(|| {
-                            err(
-                                var,
-                                &v,
-                                &format!("expected a whole number from {min} to {max}"),
-                            )
-                        })?;
-                }
-                Ok(())
-            };
+        let num = |var: &'static str, dst: &mut u32, min: u32, max: u32| -> Result<(), ConfigError> {
+            if let Some(v) = get(var) {
+                *dst = v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|n| (min..=max).contains(n))
+                    .ok_or_else(|| err(var, &v, &format!("expected a whole number from {min} to {max}")))?;
+            }
+            Ok(())
+        };
         if let Some(v) = get("GPULMT_DEVICE") {
             c.device = match v.trim().to_ascii_lowercase().as_str() {
                 "auto" | "" => DeviceChoice::Auto,
@@ -181,16 +169,10 @@ impl Config {
             };
         }
         if let Some(v) = get("GPULMT_GPU") {
-            c.gpu = Some(
-                v.trim()
-                    .parse()
-                    .map_err(|_| err("GPULMT_GPU", &v, "expected a device ordinal"))?,
-            );
+            c.gpu = Some(v.trim().parse().map_err(|_| err("GPULMT_GPU", &v, "expected a device ordinal"))?);
         }
         if let Some(v) = get("GPULMT_PROTOCOL") {
-            c.protocol = v
-                .parse()
-                .map_err(|why: String| err("GPULMT_PROTOCOL", &v, &why))?;
+            c.protocol = v.parse().map_err(|why: String| err("GPULMT_PROTOCOL", &v, &why))?;
         }
         size("GPULMT_EAGER_LIMIT", &mut c.eager_limit)?;
         size("GPULMT_DEVICE_EAGER_LIMIT", &mut c.device_eager_limit)?;
@@ -211,63 +193,36 @@ impl Config {
                 _ => size(var, dst)?,
             }
         }
-        num(
-            "GPULMT_COOP_SENDER_SHARE",
-            &mut c.coop_sender_permille,
-            1,
-            999,
-        )?;
+        num("GPULMT_COOP_SENDER_SHARE", &mut c.coop_sender_permille, 1, 999)?;
         size("GPULMT_COPY_SPLIT", &mut c.copy_split)?;
-        size("GPULMT_SM_COPY_MAX", &mut c.sm_copy_max)?;
         num("GPULMT_LANES", &mut c.lanes, 1, 16)?;
         size("GPULMT_CHUNK_SIZE", &mut c.chunk_size)?;
         if c.chunk_size == 0 || c.chunk_size > u32::MAX as u64 {
-            return Err(err(
-                "GPULMT_CHUNK_SIZE",
-                &c.chunk_size.to_string(),
-                "must be between 1 byte and 4 GiB",
-            ));
+            return Err(err("GPULMT_CHUNK_SIZE", &c.chunk_size.to_string(), "must be between 1 byte and 4 GiB"));
         }
         num("GPULMT_PIPELINE_DEPTH", &mut c.depth, 1, 1024)?;
         num("GPULMT_RING_SLOTS", &mut c.ring_slots, 2, 1 << 16)?;
         if !c.ring_slots.is_power_of_two() {
-            return Err(err(
-                "GPULMT_RING_SLOTS",
-                &c.ring_slots.to_string(),
-                "must be a power of two",
-            ));
+            return Err(err("GPULMT_RING_SLOTS", &c.ring_slots.to_string(), "must be a power of two"));
         }
         let explicit_slot = get("GPULMT_SLOT_SIZE").is_some();
         num("GPULMT_SLOT_SIZE", &mut c.slot_size, 256, 1 << 24)?;
         if c.slot_size % 8 != 0 {
-            return Err(err(
-                "GPULMT_SLOT_SIZE",
-                &c.slot_size.to_string(),
-                "must be a multiple of 8",
-            ));
+            return Err(err("GPULMT_SLOT_SIZE", &c.slot_size.to_string(), "must be a multiple of 8"));
         }
         if !explicit_slot {
             // Size the slots for the eager limit unless told otherwise.
-            let need = (c.eager_limit as u32)
-                .saturating_add(SLOT_OVERHEAD + 64)
-                .next_multiple_of(64);
+            let need = (c.eager_limit as u32).saturating_add(SLOT_OVERHEAD + 64).next_multiple_of(64);
             c.slot_size = c.slot_size.max(need);
         }
         if c.eager_limit + SLOT_OVERHEAD as u64 > c.slot_size as u64 {
             return Err(err(
                 "GPULMT_EAGER_LIMIT",
                 &c.eager_limit.to_string(),
-                &format!(
-                    "an eager message must fit a ring slot: raise GPULMT_SLOT_SIZE to at least {}",
-                    c.eager_limit + SLOT_OVERHEAD as u64
-                ),
+                &format!("an eager message must fit a ring slot: raise GPULMT_SLOT_SIZE to at least {}", c.eager_limit + SLOT_OVERHEAD as u64),
             ));
         }
-        for (var, dst) in [
-            ("GPULMT_HANDLE_CACHE", &mut c.handle_cache),
-            ("GPULMT_MEMTYPE_CACHE", &mut c.memtype_cache),
-            ("GPULMT_PROGRESS_ON_POST", &mut c.progress_on_post),
-        ] {
+        for (var, dst) in [("GPULMT_HANDLE_CACHE", &mut c.handle_cache), ("GPULMT_MEMTYPE_CACHE", &mut c.memtype_cache), ("GPULMT_PROGRESS_ON_POST", &mut c.progress_on_post)] {
             if let Some(v) = get(var) {
                 *dst = match v.trim() {
                     "1" | "on" | "true" | "yes" => true,
@@ -301,10 +256,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(|k| m.get(k).cloned())
     }
 
@@ -315,20 +267,11 @@ mod tests {
         assert_eq!(parse_size("1MiB"), Some(1 << 20));
         assert_eq!(parse_size("2g"), Some(2 << 30));
         assert_eq!(parse_size("12x"), None);
-        let c = cfg(&[
-            ("GPULMT_PROTOCOL", "coop"),
-            ("GPULMT_CHUNK_SIZE", "256K"),
-            ("GPULMT_COOP_MIN", "4M"),
-        ])
-        .unwrap();
+        let c = cfg(&[("GPULMT_PROTOCOL", "coop"), ("GPULMT_CHUNK_SIZE", "256K"), ("GPULMT_COOP_MIN", "4M")]).unwrap();
         assert_eq!(c.protocol, ProtocolOverride::Coop);
         assert_eq!(c.chunk_size, 256 << 10);
         assert_eq!(c.coop_min, 4 << 20);
-        assert!(
-            !cfg(&[("GPULMT_PROGRESS_ON_POST", "0")])
-                .unwrap()
-                .progress_on_post
-        );
+        assert!(!cfg(&[("GPULMT_PROGRESS_ON_POST", "0")]).unwrap().progress_on_post);
     }
 
     #[test]

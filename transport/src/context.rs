@@ -23,8 +23,8 @@ use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, Po
 use crate::error::{Error, Result};
 use crate::mapping::DeviceOpener;
 use crate::memtype::HostRangeCache;
-use crate::progress::{CopyQueue, Stats};
 use crate::requests::RequestTable;
+use crate::progress::{CopyQueue, Stats};
 use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
 use crate::shm::ring::PacketRing;
 
@@ -95,10 +95,7 @@ impl JobInfo {
 }
 
 fn now_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 /// One rank's endpoint of a gpulmt job.
@@ -156,32 +153,20 @@ impl Context {
         Self::init_inner(cfg, info, None)
     }
 
-    pub(crate) fn init_inner(
-        cfg: Config,
-        info: JobInfo,
-        channel: Option<crate::plugin::HostChannel>,
-    ) -> Result<Context> {
+    pub(crate) fn init_inner(cfg: Config, info: JobInfo, channel: Option<crate::plugin::HostChannel>) -> Result<Context> {
         crate::logging::init("warn");
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {
-            return Err(Error::Bootstrap(
-                "the device backend reports no devices".into(),
-            ));
+            return Err(Error::Bootstrap("the device backend reports no devices".into()));
         }
         let device = match cfg.gpu {
             Some(g) if g >= ndev => {
-                return Err(device::DeviceError::NoSuchDevice {
-                    dev: g,
-                    count: ndev,
-                }
-                .into());
+                return Err(device::DeviceError::NoSuchDevice { dev: g, count: ndev }.into());
             }
             Some(g) => g,
             None => {
-                let local = std::env::var("GPULMT_LOCAL_RANK")
-                    .ok()
-                    .and_then(|v| v.parse::<u32>().ok());
+                let local = std::env::var("GPULMT_LOCAL_RANK").ok().and_then(|v| v.parse::<u32>().ok());
                 local.unwrap_or(info.rank) % ndev
             }
         };
@@ -215,9 +200,7 @@ impl Context {
         }
         for r in 0..info.size as usize {
             if seg.rank_node(r) != node {
-                return Err(Error::Bootstrap(format!(
-                    "rank {r} runs on another node: gpulmt-run starts local ranks only"
-                )));
+                return Err(Error::Bootstrap(format!("rank {r} runs on another node: gpulmt-run starts local ranks only")));
             }
         }
 
@@ -236,26 +219,14 @@ impl Context {
         ecfg.copy_split = cfg.copy_split;
         ecfg.lanes = cfg.lanes;
         ecfg.coop_sender_permille = cfg.coop_sender_permille;
-        ecfg.peer_access = (0..ndev * ndev)
-            .map(|i| backend.can_access_peer(i / ndev, i % ndev))
-            .collect();
+        ecfg.peer_access = (0..ndev * ndev).map(|i| backend.can_access_peer(i / ndev, i % ndev)).collect();
 
         let limits = if cfg.handle_cache {
-            CacheLimits {
-                max_entries: cfg.cache_entries,
-                max_bytes: cfg.cache_bytes,
-                enabled: true,
-            }
+            CacheLimits { max_entries: cfg.cache_entries, max_bytes: cfg.cache_bytes, enabled: true }
         } else {
             CacheLimits::disabled()
         };
-        let cache = HandleCache::new(
-            DeviceOpener {
-                backend: backend.clone(),
-                device,
-            },
-            limits,
-        );
+        let cache = HandleCache::new(DeviceOpener { backend: backend.clone(), device }, limits);
         let free_commit = FreeCommit::new(info.size as usize, me)
             .map_err(|e| Error::Bootstrap(format!("two-phase free: {e}")))?;
         tracing::info!(
@@ -336,22 +307,14 @@ impl Context {
 
     fn check_tag(tag: Tag) -> Result<()> {
         if !(0..TAG_UB).contains(&tag) {
-            return Err(Error::InvalidArgument(format!(
-                "tag {tag} outside 0..{TAG_UB}"
-            )));
+            return Err(Error::InvalidArgument(format!("tag {tag} outside 0..{TAG_UB}")));
         }
         Ok(())
     }
 
     /// Describes a user buffer for the engine, exporting device buffers that may
     /// take part in a rendezvous.
-    pub(crate) fn describe(
-        &mut self,
-        info: PointerInfo,
-        ptr: usize,
-        len: usize,
-        export: bool,
-    ) -> Result<BufDesc> {
+    pub(crate) fn describe(&mut self, info: PointerInfo, ptr: usize, len: usize, export: bool) -> Result<BufDesc> {
         let mut desc = BufDesc::host(len as u64);
         if let MemoryKind::Device(dev) = info.kind {
             desc.device = Some(dev);
@@ -363,9 +326,8 @@ impl Context {
             }
             if export {
                 let backend = &self.backend;
-                let handle = *self
-                    .exports
-                    .get_or_export(info.buffer_id, || backend.export_handle(info.base))?;
+                let handle =
+                    *self.exports.get_or_export(info.buffer_id, || backend.export_handle(info.base))?;
                 desc.region = Some(Region {
                     handle: handle.0,
                     alloc_size: info.size as u64,
@@ -382,12 +344,7 @@ impl Context {
     /// Classifies a user buffer, from the host-range cache when possible.
     pub(crate) fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
         if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
-            return Ok(PointerInfo {
-                kind: MemoryKind::Host,
-                base: ptr,
-                size: 0,
-                buffer_id: 0,
-            });
+            return Ok(PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 });
         }
         let info = self.backend.pointer_info(ptr)?;
         if info.kind == MemoryKind::Host && self.cfg.memtype_cache {
@@ -396,77 +353,38 @@ impl Context {
         Ok(info)
     }
 
-    pub(crate) fn new_request(
-        &mut self,
-        ptr: usize,
-        len: usize,
-        kind: MemoryKind,
-        span: tracing::Span,
-    ) -> ReqId {
-        ReqId(self.reqs.insert(ReqState {
-            ptr,
-            len,
-            kind,
-            result: None,
-            protocol: None,
-            span,
-        }))
+    pub(crate) fn new_request(&mut self, ptr: usize, len: usize, kind: MemoryKind, span: tracing::Span) -> ReqId {
+        ReqId(self.reqs.insert(ReqState { ptr, len, kind, result: None, protocol: None, span }))
     }
 
     /// Starts sending `len` bytes at `buf` (host or device memory) to `dst` with `tag`.
     ///
     /// # Safety
     /// `buf..buf+len` must stay valid and unmodified until the request completes.
-    pub unsafe fn isend(
-        &mut self,
-        buf: *const u8,
-        len: usize,
-        dst: Rank,
-        tag: Tag,
-    ) -> Result<Request> {
+    pub unsafe fn isend(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
         Self::check_tag(tag)?;
         self.isend_tagged(buf, len, dst, tag)
     }
 
-    unsafe fn isend_tagged(
-        &mut self,
-        buf: *const u8,
-        len: usize,
-        dst: Rank,
-        tag: Tag,
-    ) -> Result<Request> {
+    unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
         if dst >= self.size() {
-            return Err(ProtoError::BadRank {
-                rank: dst,
-                size: self.size(),
-            }
-            .into());
+            return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
         }
         let ptr = buf as usize;
         let info = self.classify(ptr, len)?;
         let kind = info.kind;
-        let eager = self
-            .engine
-            .is_eager(len as u64, matches!(kind, MemoryKind::Device(_)));
+        let eager = self.engine.is_eager(len as u64, matches!(kind, MemoryKind::Device(_)));
         if eager && kind == MemoryKind::Host && dst != self.rank() {
             // Fast path: the payload goes from the user's buffer straight into the
             // ring slot, and the send is complete (the bytes are in the ring).
             let msg = self.engine.send_eager(dst)?;
             // A zero-length buffer may be null, which from_raw_parts forbids.
-            let payload = if len == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(buf, len)
-            };
+            let payload = if len == 0 { &[][..] } else { std::slice::from_raw_parts(buf, len) };
             self.send_eager_in_place(dst, msg, tag, payload);
             let span = tracing::Span::none();
             let req = self.new_request(ptr, len, kind, span);
             let st = self.reqs.get_mut(req.0).expect("just inserted");
-            st.result = Some(Ok(Status {
-                source: dst,
-                tag,
-                len: len as u64,
-            }));
+            st.result = Some(Ok(Status { source: dst, tag, len: len as u64 }));
             return Ok(Request(req.0));
         }
         let desc = self.describe(info, ptr, len, !eager)?;
@@ -475,24 +393,14 @@ impl Context {
             if len > 0 {
                 match kind {
                     MemoryKind::Host => v.copy_from_slice(std::slice::from_raw_parts(buf, len)),
-                    MemoryKind::Device(_) => {
-                        self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)?
-                    }
+                    MemoryKind::Device(_) => self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)?,
                 }
             }
             Some(v)
         } else {
             None
         };
-        let span = tracing::debug_span!(
-            "send",
-            to = dst,
-            tag,
-            len,
-            protocol = tracing::field::Empty,
-            ipc_cache = tracing::field::Empty,
-            ipc_open_us = tracing::field::Empty
-        );
+        let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
         let req = self.new_request(ptr, len, kind, span);
         self.engine.post_send(req, dst, tag, desc, payload);
         self.run_actions();
@@ -505,43 +413,22 @@ impl Context {
     ///
     /// # Safety
     /// `buf..buf+len` must stay valid and unused until the request completes.
-    pub unsafe fn irecv(
-        &mut self,
-        buf: *mut u8,
-        len: usize,
-        src: Option<Rank>,
-        tag: Option<Tag>,
-    ) -> Result<Request> {
+    pub unsafe fn irecv(&mut self, buf: *mut u8, len: usize, src: Option<Rank>, tag: Option<Tag>) -> Result<Request> {
         if let Some(t) = tag {
             Self::check_tag(t)?;
         }
         self.irecv_tagged(buf, len, src, tag)
     }
 
-    unsafe fn irecv_tagged(
-        &mut self,
-        buf: *mut u8,
-        len: usize,
-        src: Option<Rank>,
-        tag: Option<Tag>,
-    ) -> Result<Request> {
+    unsafe fn irecv_tagged(&mut self, buf: *mut u8, len: usize, src: Option<Rank>, tag: Option<Tag>) -> Result<Request> {
         if let Some(s) = src {
             if s >= self.size() {
-                return Err(ProtoError::BadRank {
-                    rank: s,
-                    size: self.size(),
-                }
-                .into());
+                return Err(ProtoError::BadRank { rank: s, size: self.size() }.into());
             }
         }
         let ptr = buf as usize;
         // Export only buffers that PUT/COOPERATE could write: rendezvous sized.
-        let export = len as u64
-            > self
-                .engine
-                .config()
-                .device_eager_limit
-                .min(self.cfg.eager_limit);
+        let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit);
         let info = self.classify(ptr, len)?;
         let kind = info.kind;
         let desc = self.describe(info, ptr, len, export)?;
@@ -575,10 +462,7 @@ impl Context {
 
     fn take_result(&mut self, req: &Request) -> Result<Option<Status>> {
         let Some(st) = self.reqs.get(req.0) else {
-            return Err(Error::InvalidArgument(format!(
-                "request {} is unknown or already completed",
-                req.0
-            )));
+            return Err(Error::InvalidArgument(format!("request {} is unknown or already completed", req.0)));
         };
         if st.result.is_none() {
             return Ok(None);
@@ -701,25 +585,18 @@ impl Context {
 
     fn shutdown(&mut self) -> Result<()> {
         if !self.reqs.is_empty() {
-            tracing::warn!(
-                pending = self.reqs.len(),
-                "finalize with requests not waited for"
-            );
+            tracing::warn!(pending = self.reqs.len(), "finalize with requests not waited for");
         }
         self.barrier()?;
         // Outgoing packets must reach the rings before peers stop reading them.
         while self.outbox_len > 0 {
             self.progress()?;
         }
-        self.cache
-            .close_all()
-            .map_err(|e| Error::Free(format!("closing peer mappings at finalize: {e}")))?;
+        self.cache.close_all().map_err(|e| Error::Free(format!("closing peer mappings at finalize: {e}")))?;
         let me = self.rank() as usize;
         let seg = &self.seg;
-        let failed =
-            || (0..seg.nranks()).any(|r| r != me && seg.rank_state(r) == RankState::Failed);
-        self.seg
-            .barrier(me, Duration::from_millis(self.cfg.init_timeout_ms), failed)?;
+        let failed = || (0..seg.nranks()).any(|r| r != me && seg.rank_state(r) == RankState::Failed);
+        self.seg.barrier(me, Duration::from_millis(self.cfg.init_timeout_ms), failed)?;
         self.seg.mark_state(me, RankState::Finalized);
         for (_, ptr) in self.allocations.drain() {
             if let Err(e) = self.backend.free(ptr) {

@@ -26,15 +26,11 @@ impl Context {
             )));
         }
         if self.free_commit.is_releasing(&info.buffer_id) {
-            return Err(Error::Free(format!(
-                "{ptr:#x} is already being freed by the commit in progress"
-            )));
+            return Err(Error::Free(format!("{ptr:#x} is already being freed by the commit in progress")));
         }
-        self.free_marks.mark(info.buffer_id).map_err(|_| {
-            Error::Free(format!(
-                "double free of {ptr:#x}: it is already marked for the next commit"
-            ))
-        })
+        self.free_marks
+            .mark(info.buffer_id)
+            .map_err(|_| Error::Free(format!("double free of {ptr:#x}: it is already marked for the next commit")))
     }
 
     /// Collective over the job's ranks (every rank must call it): releases the
@@ -42,10 +38,7 @@ impl Context {
     /// closed its mappings of it. Safe to call with nothing marked.
     pub fn mem_free_commit(&mut self) -> Result<()> {
         let marks = self.free_marks.take();
-        let out = self
-            .free_commit
-            .start(marks)
-            .map_err(|e| Error::Free(e.to_string()))?;
+        let out = self.free_commit.start(marks).map_err(|e| Error::Free(e.to_string()))?;
         self.send_free(out);
         let mut errors = Vec::new();
         loop {
@@ -53,33 +46,21 @@ impl Context {
             match self.free_commit.phase() {
                 Phase::CollectingMarks | Phase::AwaitingAcks => {}
                 Phase::CloseMappings => {
-                    let doomed: Vec<(usize, Vec<u64>)> = self
-                        .free_commit
-                        .peer_marks()
-                        .map(|(r, m)| (r, m.to_vec()))
-                        .collect();
+                    let doomed: Vec<(usize, Vec<u64>)> =
+                        self.free_commit.peer_marks().map(|(r, m)| (r, m.to_vec())).collect();
                     let hit = |k: &crate::mapping::PeerBufferKey| {
-                        doomed
-                            .iter()
-                            .any(|(r, ids)| *r == k.peer as usize && ids.contains(&k.buffer_id))
+                        doomed.iter().any(|(r, ids)| *r == k.peer as usize && ids.contains(&k.buffer_id))
                     };
                     self.cache.invalidate_where(hit);
                     // Mappings still used by copies close at their last release.
                     while self.cache.count_open_where(hit) > 0 {
                         self.progress()?;
                     }
-                    let out = self
-                        .free_commit
-                        .mappings_closed()
-                        .map_err(|e| Error::Free(e.to_string()))?;
+                    let out = self.free_commit.mappings_closed().map_err(|e| Error::Free(e.to_string()))?;
                     self.send_free(out);
                 }
                 Phase::ReleaseOwn => {
-                    for id in self
-                        .free_commit
-                        .release_own()
-                        .map_err(|e| Error::Free(e.to_string()))?
-                    {
+                    for id in self.free_commit.release_own().map_err(|e| Error::Free(e.to_string()))? {
                         self.exports.forget(&id);
                         if let Some(ptr) = self.allocations.remove(&id) {
                             match self.backend.free(ptr) {
@@ -103,20 +84,14 @@ impl Context {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(Error::Free(format!(
-                "releasing marked memory: {}",
-                errors.join("; ")
-            )))
+            Err(Error::Free(format!("releasing marked memory: {}", errors.join("; "))))
         }
     }
 
     fn send_free(&mut self, out: Vec<Outgoing<u64>>) {
         for o in out {
             let p = match o.msg {
-                FreeMsg::Marks { epoch, marks } => Packet::FreeMarks {
-                    epoch,
-                    buffer_ids: marks,
-                },
+                FreeMsg::Marks { epoch, marks } => Packet::FreeMarks { epoch, buffer_ids: marks },
                 FreeMsg::Ack { epoch } => Packet::FreeAck { epoch },
             };
             self.send_packet(o.to as Rank, p);
@@ -125,10 +100,7 @@ impl Context {
 
     pub(crate) fn on_free_packet(&mut self, from: usize, p: Packet) {
         let msg = match p {
-            Packet::FreeMarks { epoch, buffer_ids } => FreeMsg::Marks {
-                epoch,
-                marks: buffer_ids,
-            },
+            Packet::FreeMarks { epoch, buffer_ids } => FreeMsg::Marks { epoch, marks: buffer_ids },
             Packet::FreeAck { epoch } => FreeMsg::Ack { epoch },
             _ => return,
         };

@@ -12,19 +12,18 @@
 //! - [`context`]: the progress engine and public API that ties them together.
 
 pub mod config;
-pub mod context;
 pub mod device;
+pub mod shm;
+pub mod context;
 pub mod error;
-mod free;
 pub mod logging;
+mod free;
 pub mod mapping;
-pub mod memtype;
-#[cfg(feature = "mpi")]
-pub mod mpi;
+#[cfg(feature = "mpi")] pub mod mpi;
 pub mod plugin;
 pub mod progress;
+pub mod memtype;
 mod requests;
-pub mod shm;
 
 pub use context::{Context, JobInfo, Request};
 pub use error::{Error, Result};

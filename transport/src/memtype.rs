@@ -18,19 +18,14 @@ pub struct HostRangeCache {
 impl HostRangeCache {
     /// An empty cache (`const`: usable in a static, as the PMPI shim's is).
     pub const fn new() -> HostRangeCache {
-        HostRangeCache {
-            ranges: [(0, 0); WAYS],
-            next: 0,
-        }
+        HostRangeCache { ranges: [(0, 0); WAYS], next: 0 }
     }
 
     /// Whether `[ptr, ptr+len)` lies inside a range known to be host memory.
     #[inline]
     pub fn contains(&self, ptr: usize, len: usize) -> bool {
         let end = ptr.saturating_add(len);
-        self.ranges
-            .iter()
-            .any(|&(b, e)| b <= ptr && end <= e && b < e)
+        self.ranges.iter().any(|&(b, e)| b <= ptr && end <= e && b < e)
     }
 
     /// Forgets every range.

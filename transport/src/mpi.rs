@@ -61,14 +61,8 @@ pub fn init_from_mpi(world: &impl Communicator) -> Result<Context> {
         .map_err(|_| Error::Bootstrap("the job id broadcast by local rank 0 is not UTF-8".into()))?
         .to_owned();
     if job.is_empty() {
-        return Err(Error::Bootstrap(
-            "local rank 0 broadcast an empty job id".into(),
-        ));
+        return Err(Error::Bootstrap("local rank 0 broadcast an empty job id".into()));
     }
-    let info = JobInfo {
-        job,
-        rank: rank as u32,
-        size: size as u32,
-    };
+    let info = JobInfo { job, rank: rank as u32, size: size as u32 };
     Context::init_with(Config::from_env()?, info)
 }

@@ -30,24 +30,16 @@ impl Context {
     /// Hands gpulmt a control blob the host received from local rank `from`.
     pub fn deliver(&mut self, from: Rank, blob: &[u8]) -> Result<()> {
         if from >= self.size() {
-            return Err(ProtoError::BadRank {
-                rank: from,
-                size: self.size(),
-            }
-            .into());
+            return Err(ProtoError::BadRank { rank: from, size: self.size() }.into());
         }
-        let p = Packet::decode(blob)
-            .map_err(|e| Error::InvalidArgument(format!("control blob from rank {from}: {e}")))?;
+        let p = Packet::decode(blob).map_err(|e| Error::InvalidArgument(format!("control blob from rank {from}: {e}")))?;
         self.on_control(from, p);
         self.progress()?;
         Ok(())
     }
 
     /// Runs `f` with the RTS/CTS it emits captured as a cookie.
-    fn capturing<T>(
-        &mut self,
-        f: impl FnOnce(&mut Self) -> Result<T>,
-    ) -> Result<(T, Option<Vec<u8>>)> {
+    fn capturing<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<(T, Option<Vec<u8>>)> {
         self.capture = Some(None);
         let r = f(self);
         let cookie = self.capture.take().flatten();
@@ -59,33 +51,17 @@ impl Context {
     ///
     /// # Safety
     /// `buf..buf+len` must stay valid and unmodified until the request completes.
-    pub unsafe fn lmt_initiate(
-        &mut self,
-        buf: *const u8,
-        len: usize,
-        dst: Rank,
-    ) -> Result<(Request, Vec<u8>)> {
+    pub unsafe fn lmt_initiate(&mut self, buf: *const u8, len: usize, dst: Rank) -> Result<(Request, Vec<u8>)> {
         if dst >= self.size() {
-            return Err(ProtoError::BadRank {
-                rank: dst,
-                size: self.size(),
-            }
-            .into());
+            return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
         }
         if len == 0 {
-            return Err(Error::InvalidArgument(
-                "an LMT transfer needs at least one byte".into(),
-            ));
+            return Err(Error::InvalidArgument("an LMT transfer needs at least one byte".into()));
         }
         let ptr = buf as usize;
         let (req, cookie) = self.capturing(|ctx| {
             let (kind, desc) = ctx.describe_for_lmt(ptr, len)?;
-            let req = ctx.new_request(
-                ptr,
-                len,
-                kind,
-                tracing::debug_span!("lmt_send", to = dst, len),
-            );
+            let req = ctx.new_request(ptr, len, kind, tracing::debug_span!("lmt_send", to = dst, len));
             ctx.engine.post_send(req, dst, PLUGIN_TAG, desc, None);
             ctx.run_actions();
             Ok(req)
@@ -110,14 +86,9 @@ impl Context {
         len: usize,
     ) -> Result<(Request, Option<Vec<u8>>)> {
         if from >= self.size() {
-            return Err(ProtoError::BadRank {
-                rank: from,
-                size: self.size(),
-            }
-            .into());
+            return Err(ProtoError::BadRank { rank: from, size: self.size() }.into());
         }
-        let rts = Packet::decode(rts_cookie)
-            .map_err(|e| Error::InvalidArgument(format!("RTS cookie: {e}")))?;
+        let rts = Packet::decode(rts_cookie).map_err(|e| Error::InvalidArgument(format!("RTS cookie: {e}")))?;
         let ptr = buf as usize;
         let (req, cts) = self.capturing(|ctx| {
             let (kind, desc) = ctx.describe_for_lmt(ptr, len)?;
@@ -133,9 +104,7 @@ impl Context {
     /// copies on its memory stop) and its mappings are released.
     pub fn peer_terminated(&mut self, rank: Rank) -> Result<()> {
         if rank >= self.size() || rank == self.rank() {
-            return Err(Error::InvalidArgument(format!(
-                "peer_terminated({rank}): not another rank of this job"
-            )));
+            return Err(Error::InvalidArgument(format!("peer_terminated({rank}): not another rank of this job")));
         }
         self.peer_failed(rank);
         Ok(())

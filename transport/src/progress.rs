@@ -29,8 +29,6 @@ pub struct Stats {
     /// Packets dropped as malformed or out of protocol.
     pub violations: u64,
     pub copies: u64,
-    /// Of `copies`, those moved by a kernel rather than a copy engine (`GPULMT_SM_COPY_MAX`).
-    pub kernel_copies: u64,
     pub cache: CacheStats,
 }
 
@@ -102,15 +100,8 @@ impl Context {
             // the user's buffer; everything else is decoded for the engine.
             let popped = ring.try_pop(|bytes| {
                 if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
-                    if let Some((req, buf, result)) =
-                        self.engine
-                            .take_eager_match(from as Rank, tag, payload.len() as u64)
-                    {
-                        self.deliver_eager(
-                            req.0,
-                            &payload[..payload.len().min(buf.len as usize)],
-                            result,
-                        );
+                    if let Some((req, buf, result)) = self.engine.take_eager_match(from as Rank, tag, payload.len() as u64) {
+                        self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
                         return None;
                     }
                 }
@@ -150,9 +141,7 @@ impl Context {
 
     fn on_packet(&mut self, from: Rank, p: Packet) {
         match p {
-            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => {
-                self.on_free_packet(from as usize, p)
-            }
+            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => self.on_free_packet(from as usize, p),
             p => self.engine.on_packet(from, p),
         }
         self.run_actions();
@@ -206,17 +195,11 @@ impl Context {
                         tracing::debug!(protocol = ?st.protocol, ok = st.result.as_ref().is_some_and(|r| r.is_ok()), "complete");
                     }
                 }
-                Action::Chose {
-                    req,
-                    peer,
-                    len,
-                    choice,
-                } => {
+                Action::Chose { req, peer, len, choice } => {
                     self.stats.protocols[protocol_index(choice.protocol)] += 1;
                     if let Some(st) = self.reqs.get_mut(req.0) {
                         st.protocol = Some(choice.protocol);
-                        st.span
-                            .record("protocol", tracing::field::display(choice.protocol));
+                        st.span.record("protocol", tracing::field::display(choice.protocol));
                         let _e = st.span.enter();
                         tracing::debug!(peer, len, protocol = %choice.protocol, reason = choice.reason, "protocol chosen");
                     }
@@ -242,14 +225,7 @@ impl Context {
             self.stats.packets_sent += 1;
             return;
         }
-        self.send_packet(
-            to,
-            Packet::Eager {
-                msg,
-                tag,
-                payload: payload.to_vec(),
-            },
-        );
+        self.send_packet(to, Packet::Eager { msg, tag, payload: payload.to_vec() });
     }
 
     /// Writes a packet of `len` bytes straight into the ring to rank `t` when the
@@ -278,28 +254,18 @@ impl Context {
                 std::ptr::copy_nonoverlapping(payload.as_ptr(), st.ptr as *mut u8, payload.len());
                 Ok(())
             },
-            MemoryKind::Device(_) => {
-                self.backend
-                    .copy_sync(st.ptr, payload.as_ptr() as usize, payload.len())
-            }
+            MemoryKind::Device(_) => self.backend.copy_sync(st.ptr, payload.as_ptr() as usize, payload.len()),
         };
         if let Err(e) = res {
             tracing::error!(error = %e, "writing an eager payload to device memory");
             if let Some(st) = self.reqs.get_mut(req) {
-                st.result = Some(Err(gpulmt_protocols::ProtoError::CopyFailed {
-                    what: e.to_string(),
-                }));
+                st.result = Some(Err(gpulmt_protocols::ProtoError::CopyFailed { what: e.to_string() }));
             }
         }
     }
 
     /// Eager fast path: writes the payload and completes the request.
-    fn deliver_eager(
-        &mut self,
-        req: u64,
-        payload: &[u8],
-        result: Result<gpulmt_protocols::Status, gpulmt_protocols::ProtoError>,
-    ) {
+    fn deliver_eager(&mut self, req: u64, payload: &[u8], result: Result<gpulmt_protocols::Status, gpulmt_protocols::ProtoError>) {
         if !payload.is_empty() {
             self.write_payload(req, payload);
         }
@@ -371,36 +337,17 @@ impl Context {
     }
 
     /// Resolves a copy end to an address; Peer ends take a lease on a cached mapping.
-    fn resolve(
-        &mut self,
-        loc: Loc,
-        len: u64,
-        lease: &mut Option<PeerBufferKey>,
-    ) -> Result<usize, String> {
+    fn resolve(&mut self, loc: Loc, len: u64, lease: &mut Option<PeerBufferKey>) -> Result<usize, String> {
         match loc {
             Loc::User { req, offset } => {
-                let st = self
-                    .reqs
-                    .get(req.0)
-                    .ok_or_else(|| format!("copy for unknown request {}", req.0))?;
+                let st = self.reqs.get(req.0).ok_or_else(|| format!("copy for unknown request {}", req.0))?;
                 if offset + len > st.len as u64 {
-                    return Err(format!(
-                        "copy of {len} bytes at {offset} overruns the {}-byte buffer",
-                        st.len
-                    ));
+                    return Err(format!("copy of {len} bytes at {offset} overruns the {}-byte buffer", st.len));
                 }
                 Ok(st.ptr + offset as usize)
             }
-            Loc::Peer {
-                peer,
-                region,
-                offset,
-            } => {
-                let key = PeerBufferKey {
-                    peer,
-                    device: region.device,
-                    buffer_id: region.buffer_id,
-                };
+            Loc::Peer { peer, region, offset } => {
+                let key = PeerBufferKey { peer, device: region.device, buffer_id: region.buffer_id };
                 let handle = crate::device::IpcHandle(region.handle);
                 let m = self
                     .cache
@@ -423,9 +370,7 @@ impl Context {
                 let pair = from * self.size() as usize + to;
                 if !self.staging_registered[pair] {
                     let (base, bytes) = self.seg.staging(from, to);
-                    self.backend
-                        .register_host(base, bytes)
-                        .map_err(|e| e.to_string())?;
+                    self.backend.register_host(base, bytes).map_err(|e| e.to_string())?;
                     self.staging_registered[pair] = true;
                 }
                 Ok(self.seg.staging_chunk(from, to, slot as usize))
@@ -457,30 +402,16 @@ impl Context {
                 // SAFETY: both ends were resolved to live buffers of at least `len`
                 // bytes; they belong to different requests or processes, so they do
                 // not overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, c.len as usize)
-                };
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, c.len as usize) };
                 self.release_lease(lease);
                 self.engine.on_copy_done(c.id, Ok(()));
             }
-            CopyEngine::Device(d) => match self.issue_device_copy(&c, d, dst, src) {
+            CopyEngine::Device(d) => match self.backend.copy_async(d, c.lane, dst, src, c.len as usize) {
                 Ok(ticket) => {
-                    let copy = InflightCopy {
-                        id: c.id,
-                        ticket,
-                        lease,
-                    };
-                    match self
-                        .inflight
-                        .iter_mut()
-                        .find(|q| q.engine == d && q.lane == c.lane)
-                    {
+                    let copy = InflightCopy { id: c.id, ticket, lease };
+                    match self.inflight.iter_mut().find(|q| q.engine == d && q.lane == c.lane) {
                         Some(q) => q.copies.push_back(copy),
-                        None => self.inflight.push(CopyQueue {
-                            engine: d,
-                            lane: c.lane,
-                            copies: VecDeque::from([copy]),
-                        }),
+                        None => self.inflight.push(CopyQueue { engine: d, lane: c.lane, copies: VecDeque::from([copy]) }),
                     }
                 }
                 Err(e) => {
@@ -491,44 +422,6 @@ impl Context {
         }
     }
 
-    /// Starts a copy on device `engine`: as a kernel when it is small enough and both ends
-    /// are device memory the engine's cores can address, else on its copy engine.
-    fn issue_device_copy(
-        &mut self,
-        c: &CopyCmd,
-        engine: DevId,
-        dst: usize,
-        src: usize,
-    ) -> std::result::Result<CopyTicket, crate::device::DeviceError> {
-        let len = c.len as usize;
-        if c.len > 0
-            && c.len <= self.cfg.sm_copy_max
-            && self.kernel_reaches(c.src, engine)
-            && self.kernel_reaches(c.dst, engine)
-        {
-            self.stats.kernel_copies += 1;
-            self.backend
-                .copy_async_by_kernel(engine, c.lane, dst, src, len)
-        } else {
-            self.backend.copy_async(engine, c.lane, dst, src, len)
-        }
-    }
-
-    /// Whether a kernel on device `engine` can address `loc`: device memory of `engine` or
-    /// of a device it has peer access to, reached through this process's own pointer or a
-    /// mapping opened on `engine` (peer mappings are opened on this rank's device).
-    fn kernel_reaches(&self, loc: Loc, engine: DevId) -> bool {
-        let reaches = |dev: DevId| dev == engine || self.backend.can_access_peer(engine, dev);
-        match loc {
-            Loc::User { req, .. } => match self.reqs.get(req.0).map(|st| st.kind) {
-                Some(MemoryKind::Device(dev)) => reaches(dev),
-                _ => false,
-            },
-            Loc::Peer { region, .. } => engine == self.device && reaches(region.device),
-            Loc::Staging { .. } => false,
-        }
-    }
-
     /// Records on the span of the request a copy serves whether its peer mapping came
     /// from the handle cache or was opened (and how long the open took).
     fn record_cache_outcome(&self, c: &CopyCmd, key: &PeerBufferKey, (misses, nanos): (u64, u64)) {
@@ -536,21 +429,14 @@ impl Context {
         let opened = misses_now > misses;
         let open_us = (nanos_now - nanos) as f64 / 1e3;
         if opened {
-            tracing::debug!(
-                peer = key.peer,
-                device = key.device,
-                buffer_id = key.buffer_id,
-                open_us,
-                "opened a peer IPC mapping"
-            );
+            tracing::debug!(peer = key.peer, device = key.device, buffer_id = key.buffer_id, open_us, "opened a peer IPC mapping");
         }
         let served = [c.src, c.dst].into_iter().find_map(|l| match l {
             Loc::User { req, .. } => self.reqs.get(req.0),
             _ => None,
         });
         if let Some(st) = served {
-            st.span
-                .record("ipc_cache", if opened { "miss" } else { "hit" });
+            st.span.record("ipc_cache", if opened { "miss" } else { "hit" });
             if opened {
                 st.span.record("ipc_open_us", open_us);
             }

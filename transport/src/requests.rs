@@ -13,11 +13,7 @@ pub(crate) struct RequestTable<T> {
 
 impl<T> Default for RequestTable<T> {
     fn default() -> Self {
-        Self {
-            slots: Vec::new(),
-            free: Vec::new(),
-            live: 0,
-        }
+        Self { slots: Vec::new(), free: Vec::new(), live: 0 }
     }
 }
 
@@ -45,18 +41,12 @@ impl<T> RequestTable<T> {
 
     pub fn get(&self, id: u64) -> Option<&T> {
         let (i, g) = split(id);
-        self.slots
-            .get(i)
-            .filter(|s| s.0 == g)
-            .and_then(|s| s.1.as_ref())
+        self.slots.get(i).filter(|s| s.0 == g).and_then(|s| s.1.as_ref())
     }
 
     pub fn get_mut(&mut self, id: u64) -> Option<&mut T> {
         let (i, g) = split(id);
-        self.slots
-            .get_mut(i)
-            .filter(|s| s.0 == g)
-            .and_then(|s| s.1.as_mut())
+        self.slots.get_mut(i).filter(|s| s.0 == g).and_then(|s| s.1.as_mut())
     }
 
     pub fn remove(&mut self, id: u64) -> Option<T> {

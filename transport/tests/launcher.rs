@@ -12,10 +12,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_gpulmt-run");
 
 fn run(args: &[&str]) -> (Output, Duration) {
     let t0 = Instant::now();
-    let out = Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("run gpulmt-run");
+    let out = Command::new(BIN).args(args).output().expect("run gpulmt-run");
     (out, t0.elapsed())
 }
 
@@ -55,26 +52,16 @@ fn ranks_get_distinct_ids_and_objects_are_removed() {
     "#;
     let (out, _) = run(&["-n", "3", "--", "sh", "-c", script]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
-    let mut lines: Vec<Vec<String>> = text(&out.stdout)
-        .lines()
-        .map(|l| l.split_whitespace().map(String::from).collect())
-        .collect();
+    let mut lines: Vec<Vec<String>> =
+        text(&out.stdout).lines().map(|l| l.split_whitespace().map(String::from).collect()).collect();
     lines.sort();
     assert_eq!(lines.len(), 3, "{lines:?}");
     let job = lines[0][4].clone();
     assert!(!job.is_empty());
     for (r, l) in lines.iter().enumerate() {
-        assert_eq!(
-            &l[..4],
-            &[r.to_string(), "3".into(), r.to_string(), "3".into()],
-            "{lines:?}"
-        );
+        assert_eq!(&l[..4], &[r.to_string(), "3".into(), r.to_string(), "3".into()], "{lines:?}");
         assert_eq!(l[4], job, "all ranks share one job id");
-        assert!(
-            !shm_exists(&format!("gpulmt-sim-{}-dev0", l[5])),
-            "sim object of pid {} left",
-            l[5]
-        );
+        assert!(!shm_exists(&format!("gpulmt-sim-{}-dev0", l[5])), "sim object of pid {} left", l[5]);
     }
     assert_eq!(job_objects(&job), Vec::<String>::new());
 
@@ -97,53 +84,23 @@ fn failing_rank_aborts_the_job_with_its_status() {
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
     assert!(took < Duration::from_secs(10), "took {took:?}");
-    assert!(
-        took >= Duration::from_millis(2500),
-        "the grace period was honored: {took:?}"
-    );
+    assert!(took >= Duration::from_millis(2500), "the grace period was honored: {took:?}");
     assert!(stderr.contains("rank 1 (pid"), "{stderr}");
     assert!(stderr.contains("exited with status 3"), "{stderr}");
     let job = text(&out.stdout).lines().next().unwrap().to_owned();
     assert_eq!(job_objects(&job), Vec::<String>::new());
 
     // A short grace period is honored too; killed ranks report a signal.
-    let (out, took) = run(&[
-        "-n",
-        "2",
-        "--abort-grace-ms",
-        "100",
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]);
+    let (out, took) = run(&["-n", "2", "--abort-grace-ms", "100", "--", "sh", "-c", script]);
     assert_eq!(out.status.code(), Some(3));
     assert!(took < Duration::from_secs(3), "took {took:?}");
-    assert!(
-        text(&out.stderr).contains("killed by signal SIGTERM"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("killed by signal SIGTERM"), "{}", text(&out.stderr));
 }
 
 #[test]
 fn killed_rank_gives_128_plus_signal() {
-    let (out, _) = run(&[
-        "-n",
-        "2",
-        "--abort-grace-ms",
-        "0",
-        "--",
-        "sh",
-        "-c",
-        "kill -9 $$",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(128 + 9),
-        "stderr: {}",
-        text(&out.stderr)
-    );
+    let (out, _) = run(&["-n", "2", "--abort-grace-ms", "0", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9), "stderr: {}", text(&out.stderr));
     assert!(text(&out.stderr).contains("killed by signal SIGKILL"));
 }
 
@@ -167,79 +124,38 @@ fn sigterm_to_launcher_kills_the_ranks() {
         .unwrap();
     let t0 = Instant::now();
     let pid_files = [dir.join("pid.0"), dir.join("pid.1")];
-    while !pid_files
-        .iter()
-        .all(|f| std::fs::read_to_string(f).is_ok_and(|s| s.ends_with('\n')))
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "ranks did not start"
-        );
+    while !pid_files.iter().all(|f| std::fs::read_to_string(f).is_ok_and(|s| s.ends_with('\n'))) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "ranks did not start");
         std::thread::sleep(Duration::from_millis(10));
     }
     let pids: Vec<i32> = pid_files
         .iter()
-        .flat_map(|f| {
-            std::fs::read_to_string(f)
-                .unwrap()
-                .split_whitespace()
-                .map(|p| p.parse().unwrap())
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|f| std::fs::read_to_string(f).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect::<Vec<_>>())
         .collect();
     // SAFETY: plain kill of the launcher we spawned.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let t1 = Instant::now();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        t1.elapsed() < Duration::from_secs(5),
-        "launcher took {:?} to exit",
-        t1.elapsed()
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(128 + libc::SIGTERM),
-        "stderr: {}",
-        text(&out.stderr)
-    );
+    assert!(t1.elapsed() < Duration::from_secs(5), "launcher took {:?} to exit", t1.elapsed());
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "stderr: {}", text(&out.stderr));
     // Ranks and their children (the sleeps) are gone; reaped orphans may take a moment.
     for pid in pids {
         let t = Instant::now();
         // SAFETY: signal 0 only probes.
         while unsafe { libc::kill(pid, 0) } == 0 {
-            assert!(
-                t.elapsed() < Duration::from_secs(3),
-                "process {pid} survived the launcher"
-            );
+            assert!(t.elapsed() < Duration::from_secs(3), "process {pid} survived the launcher");
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let job = std::fs::read_to_string(dir.join("job"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let job = std::fs::read_to_string(dir.join("job")).unwrap().trim().to_owned();
     assert_eq!(job_objects(&job), Vec::<String>::new());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn timeout_kills_and_exits_124() {
-    let (out, took) = run(&[
-        "-n",
-        "2",
-        "--timeout",
-        "0.5",
-        "--",
-        "sh",
-        "-c",
-        "echo $GPULMT_JOB; sleep 30",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(124),
-        "stderr: {}",
-        text(&out.stderr)
-    );
+    let (out, took) = run(&["-n", "2", "--timeout", "0.5", "--", "sh", "-c", "echo $GPULMT_JOB; sleep 30"]);
+    assert_eq!(out.status.code(), Some(124), "stderr: {}", text(&out.stderr));
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(text(&out.stderr).contains("timeout"));
     for job in text(&out.stdout).lines() {
@@ -249,28 +165,13 @@ fn timeout_kills_and_exits_124() {
 
 #[test]
 fn bad_usage_exits_2() {
-    for args in [
-        &[][..],
-        &["sh"],
-        &["-n", "0", "true"],
-        &["-n", "x", "true"],
-        &["--bogus", "-n", "1", "true"],
-    ] {
+    for args in [&[][..], &["sh"], &["-n", "0", "true"], &["-n", "x", "true"], &["--bogus", "-n", "1", "true"]] {
         let (out, _) = run(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(
-            text(&out.stderr).contains("usage: gpulmt-run"),
-            "{args:?}: {}",
-            text(&out.stderr)
-        );
+        assert!(text(&out.stderr).contains("usage: gpulmt-run"), "{args:?}: {}", text(&out.stderr));
     }
     let (out, _) = run(&["-n", "1", "/nonexistent/program"]);
-    assert_eq!(
-        out.status.code(),
-        Some(127),
-        "stderr: {}",
-        text(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(127), "stderr: {}", text(&out.stderr));
     let (out, _) = run(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
 }
@@ -294,11 +195,7 @@ fn cleanup_removes_objects_of_dead_processes() {
     std::fs::write(Path::new("/dev/shm").join(&live), b"").unwrap();
     let (out, _) = run(&["--cleanup"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("removed"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert!(text(&out.stdout).contains("removed"), "{}", text(&out.stdout));
     assert!(!shm_exists(&stale));
     assert!(shm_exists(&live));
     std::fs::remove_file(Path::new("/dev/shm").join(&live)).unwrap();
@@ -311,28 +208,17 @@ const HELPER_ENV: &str = "GPULMT_TEST_HELPER_DIR";
 /// which runs this test binary under gpulmt-run. Without the helper env it does nothing.
 #[test]
 fn helper_rank() {
-    let Ok(dir) = std::env::var(HELPER_ENV) else {
-        return;
-    };
+    let Ok(dir) = std::env::var(HELPER_ENV) else { return };
     let job = std::env::var("GPULMT_JOB").unwrap();
     let rank: usize = std::env::var("GPULMT_RANK").unwrap().parse().unwrap();
-    let layout = JobLayout {
-        nranks: 2,
-        ring_slots: 8,
-        slot_size: 64,
-        chunk_size: 4096,
-        depth: 2,
-    };
+    let layout = JobLayout { nranks: 2, ring_slots: 8, slot_size: 64, chunk_size: 4096, depth: 2 };
     if rank == 0 {
         let seg = JobSegment::create(&job, layout).unwrap();
         seg.set_rank(0, std::process::id(), node_id(), 0);
         // Only the launcher writes Failed for rank 1 (it exits without marking itself).
         let t0 = Instant::now();
         while seg.rank_state(1) != RankState::Failed {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "launcher never marked rank 1 failed"
-            );
+            assert!(t0.elapsed() < Duration::from_secs(10), "launcher never marked rank 1 failed");
             std::thread::sleep(Duration::from_millis(1));
         }
         std::fs::write(Path::new(&dir).join("saw-failed"), b"yes").unwrap();
@@ -358,15 +244,7 @@ fn launcher_marks_failed_rank_in_segment() {
         .unwrap();
     assert_eq!(out.status.code(), Some(5), "stderr: {}", text(&out.stderr));
     // Rank 0 saw the mark and exited by itself, long before the 10 s grace period.
-    assert!(
-        dir.join("saw-failed").exists(),
-        "stdout: {}",
-        text(&out.stdout)
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(8),
-        "took {:?}",
-        t0.elapsed()
-    );
+    assert!(dir.join("saw-failed").exists(), "stdout: {}", text(&out.stdout));
+    assert!(t0.elapsed() < Duration::from_secs(8), "took {:?}", t0.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
 }

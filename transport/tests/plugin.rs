@@ -19,14 +19,7 @@ enum HostMsg {
     Bye,
 }
 
-fn rank(
-    job: &str,
-    me: u32,
-    protocol: &str,
-    tx: mpsc::Sender<HostMsg>,
-    rx: mpsc::Receiver<HostMsg>,
-    len: usize,
-) {
+fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc::Receiver<HostMsg>, len: usize) {
     let mut cfg = Config::from_lookup(|k| match k {
         "GPULMT_PROTOCOL" => Some(protocol.to_string()),
         _ => None,
@@ -34,28 +27,15 @@ fn rank(
     .unwrap();
     cfg.device = DeviceChoice::Sim;
     cfg.gpu = Some(me);
-    let info = JobInfo {
-        job: job.to_string(),
-        rank: me,
-        size: 2,
-    };
+    let info = JobInfo { job: job.to_string(), rank: me, size: 2 };
     let blob_tx = tx.clone();
-    let mut ctx = Context::init_plugin(
-        cfg,
-        info,
-        Box::new(move |_to, b| blob_tx.send(HostMsg::Blob(b.to_vec())).unwrap()),
-    )
-    .unwrap();
+    let mut ctx = Context::init_plugin(cfg, info, Box::new(move |_to, b| blob_tx.send(HostMsg::Blob(b.to_vec())).unwrap())).unwrap();
     let buf = ctx.mem_alloc(len + 64).unwrap();
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
     let peer = 1 - me;
     let req = if me == 0 {
-        ctx.copy_sync(buf + 64, data.as_ptr() as usize, len)
-            .unwrap();
-        let (req, rts) = unsafe {
-            ctx.lmt_initiate((buf + 64) as *const u8, len, peer)
-                .unwrap()
-        };
+        ctx.copy_sync(buf + 64, data.as_ptr() as usize, len).unwrap();
+        let (req, rts) = unsafe { ctx.lmt_initiate((buf + 64) as *const u8, len, peer).unwrap() };
         tx.send(HostMsg::Rts(rts)).unwrap();
         req
     } else {
@@ -66,10 +46,7 @@ fn rank(
                 HostMsg::Cts(_) | HostMsg::Bye => panic!("CTS or goodbye before RTS"),
             }
         };
-        let (req, cts) = unsafe {
-            ctx.lmt_start_recv(peer, &rts, (buf + 64) as *mut u8, len)
-                .unwrap()
-        };
+        let (req, cts) = unsafe { ctx.lmt_start_recv(peer, &rts, (buf + 64) as *mut u8, len).unwrap() };
         tx.send(HostMsg::Cts(cts.unwrap_or_default())).unwrap();
         req
     };
@@ -91,8 +68,7 @@ fn rank(
     assert_eq!(status.len, len as u64);
     if me == 1 {
         let mut got = vec![0u8; len];
-        ctx.copy_sync(got.as_mut_ptr() as usize, buf + 64, len)
-            .unwrap();
+        ctx.copy_sync(got.as_mut_ptr() as usize, buf + 64, len).unwrap();
         assert!(got == data, "{protocol}: data mismatch");
         let s = ctx.stats();
         let want = match protocol {

@@ -14,10 +14,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(
-    name = "bench-report",
-    about = "Summary CSVs, SVG plots and a key-point table from a results directory"
-)]
+#[command(name = "bench-report", about = "Summary CSVs, SVG plots and a key-point table from a results directory")]
 struct Args {
     /// Results directory (gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv, split.csv, stencil.csv)
     dir: PathBuf,

@@ -7,8 +7,7 @@
 //! source's engine (push) and the destination's (pull), completed by stream synchronize,
 //! stream query, event query, event synchronize and a completion word the stream writes into
 //! pinned host memory (`cuStreamWriteValue32`; on 2x H200 it cost 0.4-7 us more than an event
-//! query, so gpulmt polls events); gpulmt's own `copy_async` + `copy_poll`, and
-//! `copy_async_by_kernel` (the copy as a kernel on the engine device's cores);
+//! query, so gpulmt polls events); gpulmt's own `copy_async` + `copy_poll`;
 //! and a pull from an IPC mapping opened in a second process, which is what a GET does;
 //! and the same GET driven by the *source's* engine from the receiving process (the mapping
 //! opened in the source device's context, the copy on a stream of that device: a push
@@ -50,11 +49,7 @@ fn measure(variant: &str, mut op: impl FnMut()) {
     }
     let mean = t.iter().sum::<f64>() / t.len() as f64;
     t.sort_by(f64::total_cmp);
-    println!(
-        "copy_probe,{variant},{:.3},{mean:.3},{:.3}",
-        t[t.len() / 2],
-        t[t.len() * 9 / 10]
-    );
+    println!("copy_probe,{variant},{:.3},{mean:.3},{:.3}", t[t.len() / 2], t[t.len() * 9 / 10]);
 }
 
 struct Dev {
@@ -72,48 +67,18 @@ fn dev(ordinal: i32) -> Dev {
         let mut cu = 0;
         ck("cuDeviceGet", sys::cuDeviceGet(&mut cu, ordinal));
         let mut ctx = ptr::null_mut();
-        ck(
-            "cuDevicePrimaryCtxRetain",
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, cu),
-        );
+        ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, cu));
         ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
         let mut stream = ptr::null_mut();
-        ck(
-            "cuStreamCreate",
-            sys::cuStreamCreate(
-                &mut stream,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint,
-            ),
-        );
+        ck("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint));
         let mut event = ptr::null_mut();
-        ck(
-            "cuEventCreate",
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint,
-            ),
-        );
+        ck("cuEventCreate", sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint));
         let mut host = ptr::null_mut();
-        ck(
-            "cuMemHostAlloc",
-            sys::cuMemHostAlloc(
-                &mut host,
-                64,
-                sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
-            ),
-        );
+        ck("cuMemHostAlloc", sys::cuMemHostAlloc(&mut host, 64, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP));
         host.cast::<u32>().write_volatile(0);
         let mut word_dev = 0;
-        ck(
-            "cuMemHostGetDevicePointer",
-            sys::cuMemHostGetDevicePointer_v2(&mut word_dev, host, 0),
-        );
-        Dev {
-            ctx,
-            stream,
-            event,
-            word: (host.cast(), word_dev),
-        }
+        ck("cuMemHostGetDevicePointer", sys::cuMemHostGetDevicePointer_v2(&mut word_dev, host, 0));
+        Dev { ctx, stream, event, word: (host.cast(), word_dev) }
     }
 }
 
@@ -164,19 +129,13 @@ fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
         measure(&format!("{tag}_memcpy_word"), || {
             seq += 1;
             ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
-            ck(
-                "cuStreamWriteValue32",
-                sys::cuStreamWriteValue32_v2(d.stream, d.word.1, seq, 0),
-            );
+            ck("cuStreamWriteValue32", sys::cuStreamWriteValue32_v2(d.stream, d.word.1, seq, 0));
             while d.word.0.read_volatile() != seq {
                 std::hint::spin_loop();
             }
         });
         measure(&format!("{tag}_memcpydtod_streamsync"), || {
-            ck(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(dst, src, len, d.stream),
-            );
+            ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(dst, src, len, d.stream));
             ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream));
         });
         // Host-side cost of each call alone (the copy is waited for outside the timing).
@@ -195,23 +154,14 @@ fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
             ck("cuEventQuery", sys::cuEventQuery(d.event));
             query_done.push(x.elapsed().as_secs_f64() * 1e6);
         }
-        for (name, mut v) in [
-            ("call_memcpyasync", issue),
-            ("call_eventrecord", record),
-            ("call_eventquery_done", query_done),
-        ] {
+        for (name, mut v) in [("call_memcpyasync", issue), ("call_eventrecord", record), ("call_eventquery_done", query_done)] {
             let mean = v.iter().sum::<f64>() / v.len() as f64;
             v.sort_by(f64::total_cmp);
-            println!(
-                "copy_probe,{tag}_{name},{:.3},{mean:.3},{:.3}",
-                v[v.len() / 2],
-                v[v.len() * 9 / 10]
-            );
+            println!("copy_probe,{tag}_{name},{:.3},{mean:.3},{:.3}", v[v.len() / 2], v[v.len() * 9 / 10]);
         }
     }
 }
 
-/// gpulmt's own copy and completion, on the copy engine and as a kernel.
 fn backend_variant(tag: &str, b: &CudaBackend, engine: u32, dst: usize, src: usize, len: usize) {
     measure(&format!("{tag}_gpulmt_copy_async_poll"), || {
         let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
@@ -219,21 +169,10 @@ fn backend_variant(tag: &str, b: &CudaBackend, engine: u32, dst: usize, src: usi
             std::hint::spin_loop();
         }
     });
-    measure(&format!("{tag}_gpulmt_kernel_copy_poll"), || {
-        let t = b
-            .copy_async_by_kernel(engine, 0, dst, src, len)
-            .expect("copy_async_by_kernel");
-        while !b.copy_poll(t).expect("copy_poll") {
-            std::hint::spin_loop();
-        }
-    });
 }
 
 fn main() {
-    let len: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse().expect("bytes"))
-        .unwrap_or(8);
+    let len: usize = std::env::args().nth(1).map(|s| s.parse().expect("bytes")).unwrap_or(8);
     let b = match CudaBackend::try_new() {
         Ok(b) => b,
         Err(e) => {
@@ -249,34 +188,15 @@ fn main() {
         std::process::exit(1);
     }
     let bytes = len.max(64);
-    let (a0, a0b, a1) = (
-        b.alloc(0, bytes).unwrap(),
-        b.alloc(0, bytes).unwrap(),
-        b.alloc(1, bytes).unwrap(),
-    );
+    let (a0, a0b, a1) = (b.alloc(0, bytes).unwrap(), b.alloc(0, bytes).unwrap(), b.alloc(1, bytes).unwrap());
     let (d0, d1) = (dev(0), dev(1));
     // The IPC half checks that what it moved is this pattern.
-    unsafe {
-        ck(
-            "cuMemsetD8",
-            sys::cuMemsetD8_v2(a0 as CUdeviceptr, PATTERN, bytes),
-        )
-    };
+    unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(a0 as CUdeviceptr, PATTERN, bytes)) };
     println!("probe,variant,median_us,mean_us,p90_us");
     unsafe {
         ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx));
         measure("push_memcpypeer_streamsync", || {
-            ck(
-                "cuMemcpyPeerAsync",
-                sys::cuMemcpyPeerAsync(
-                    a1 as CUdeviceptr,
-                    d1.ctx,
-                    a0 as CUdeviceptr,
-                    d0.ctx,
-                    len,
-                    d0.stream,
-                ),
-            );
+            ck("cuMemcpyPeerAsync", sys::cuMemcpyPeerAsync(a1 as CUdeviceptr, d1.ctx, a0 as CUdeviceptr, d0.ctx, len, d0.stream));
             ck("cuStreamSynchronize", sys::cuStreamSynchronize(d0.stream));
         });
     }
@@ -323,45 +243,20 @@ fn child(b: &CudaBackend, hex: &str, len: usize) {
     variants("ipc_pull", &d1, local, m.ptr, len);
     backend_variant("ipc_pull", b, 1, local, m.ptr, len);
     check_landed("ipc_pull", &d1, local, len);
-    unsafe {
-        ck(
-            "cuMemsetD8",
-            sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len),
-        )
-    };
-    let t = b
-        .copy_async_by_kernel(1, 0, local, m.ptr, len)
-        .expect("copy_async_by_kernel");
-    while !b.copy_poll(t).expect("copy_poll") {}
-    check_landed("ipc_pull_kernel", &d1, local, len);
     // Can device 0's engine use the mapping device 1's context opened? (One try, not fatal.)
     unsafe {
-        ck(
-            "cuMemsetD8",
-            sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len),
-        );
+        ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len));
         ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx));
         let r = sys::cuMemcpyAsync(local as CUdeviceptr, m.ptr as CUdeviceptr, len, d0.stream);
-        let s = if r == CUresult::CUDA_SUCCESS {
-            sys::cuStreamSynchronize(d0.stream)
-        } else {
-            r
-        };
+        let s = if r == CUresult::CUDA_SUCCESS { sys::cuStreamSynchronize(d0.stream) } else { r };
         println!("copy_probe,ipc_cross_map_on_src_engine,{s:?},,");
         if s == CUresult::CUDA_SUCCESS {
             check_landed("ipc_cross_map", &d1, local, len);
         }
     }
     b.close_handle(m).expect("close_handle");
-    let m0 = b
-        .open_handle(&IpcHandle(raw), 0)
-        .expect("open_handle on the source device");
-    unsafe {
-        ck(
-            "cuMemsetD8",
-            sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len),
-        )
-    };
+    let m0 = b.open_handle(&IpcHandle(raw), 0).expect("open_handle on the source device");
+    unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len)) };
     variants("ipc_push", &d0, local, m0.ptr, len);
     backend_variant("ipc_push", b, 0, local, m0.ptr, len);
     check_landed("ipc_push", &d1, local, len);
@@ -374,14 +269,8 @@ fn check_landed(tag: &str, d: &Dev, dst: usize, len: usize) {
     let mut host = vec![0u8; len];
     unsafe {
         ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d.ctx));
-        ck(
-            "cuMemcpyDtoH",
-            sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), dst as CUdeviceptr, len),
-        );
+        ck("cuMemcpyDtoH", sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), dst as CUdeviceptr, len));
     }
     let ok = host.iter().all(|&x| x == PATTERN);
-    println!(
-        "copy_probe,{tag}_data,{},,",
-        if ok { "ok" } else { "WRONG" }
-    );
+    println!("copy_probe,{tag}_data,{},,", if ok { "ok" } else { "WRONG" });
 }

@@ -20,15 +20,7 @@ use gpulmt_bench::*;
 /// # Safety
 /// The buffers must hold `size` bytes and outlive the call.
 /// Returns the round trip's stamps (see [`Anatomy`]).
-unsafe fn round_trip(
-    ctx: &mut Context,
-    me: u32,
-    sbuf: &Buffer,
-    rbuf: &Buffer,
-    back: &Buffer,
-    size: usize,
-    tag: i32,
-) -> Stamps {
+unsafe fn round_trip(ctx: &mut Context, me: u32, sbuf: &Buffer, rbuf: &Buffer, back: &Buffer, size: usize, tag: i32) -> Stamps {
     let peer = 1 - me;
     let mut t = [0u64; 5];
     t[0] = now_ns();
@@ -39,10 +31,7 @@ unsafe fn round_trip(
         *done = now_ns();
     };
     let recv = |ctx: &mut Context, posted: &mut u64, done: &mut u64| {
-        let r = or_die(
-            ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(tag)),
-            "irecv",
-        );
+        let r = or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(tag)), "irecv");
         *posted = now_ns();
         or_die(ctx.wait(r), "recv");
         *done = now_ns();
@@ -64,10 +53,7 @@ unsafe fn round_trip(
 type Stamps = [u64; 5];
 
 fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid timespec out-pointer; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -89,36 +75,15 @@ impl Anatomy {
         let rows: [(&str, f64); 11] = [
             ("half round trip", seg(&|a, _| d(a[4], a[0]) / 2)),
             ("0: isend call", seg(&|a, _| d(a[1], a[0]))),
-            (
-                "1: irecv posted, after 0's isend began",
-                seg(&|a, b| d(b[1], a[0])),
-            ),
-            (
-                "1: receive done, after the later post",
-                seg(&|a, b| d(b[2], a[1].max(b[1]))),
-            ),
-            (
-                "one way 0->1 (0's isend began to 1's receive done)",
-                seg(&|a, b| d(b[2], a[0])),
-            ),
-            (
-                "0: send done, after 1's receive done",
-                seg(&|a, b| d(a[2], b[2])),
-            ),
+            ("1: irecv posted, after 0's isend began", seg(&|a, b| d(b[1], a[0]))),
+            ("1: receive done, after the later post", seg(&|a, b| d(b[2], a[1].max(b[1])))),
+            ("one way 0->1 (0's isend began to 1's receive done)", seg(&|a, b| d(b[2], a[0]))),
+            ("0: send done, after 1's receive done", seg(&|a, b| d(a[2], b[2]))),
             ("1: isend call", seg(&|_, b| d(b[3], b[2]))),
             ("0: irecv call", seg(&|a, _| d(a[3], a[2]))),
-            (
-                "0: irecv posted, after 1's isend returned",
-                seg(&|a, b| d(a[3], b[3])),
-            ),
-            (
-                "0: receive done, after the later post",
-                seg(&|a, b| d(a[4], a[3].max(b[3]))),
-            ),
-            (
-                "1: send done, after 0's receive done",
-                seg(&|a, b| d(b[4], a[4])),
-            ),
+            ("0: irecv posted, after 1's isend returned", seg(&|a, b| d(a[3], b[3]))),
+            ("0: receive done, after the later post", seg(&|a, b| d(a[4], a[3].max(b[3])))),
+            ("1: send done, after 0's receive done", seg(&|a, b| d(b[4], a[4]))),
         ];
         for (name, v) in rows {
             println!("anatomy,{size},{name},{v:.3}");
@@ -129,13 +94,7 @@ impl Anatomy {
 fn main() {
     let o = Options::from_args();
     let mut pair = Pair::setup(&o, "osu_latency");
-    let Pair {
-        ref mut ctx,
-        me,
-        ref sbuf,
-        ref rbuf,
-        ..
-    } = pair;
+    let Pair { ref mut ctx, me, ref sbuf, ref rbuf, .. } = pair;
     if me == 0 {
         header(ctx, "Latency Test", &o, "Latency (us)");
     }
@@ -164,19 +123,13 @@ fn main() {
             let bytes = iters * size_of::<Stamps>();
             if me == 1 {
                 // SAFETY: plain integers viewed as bytes.
-                let raw =
-                    unsafe { std::slice::from_raw_parts(stamps.as_ptr().cast::<u8>(), bytes) };
+                let raw = unsafe { std::slice::from_raw_parts(stamps.as_ptr().cast::<u8>(), bytes) };
                 or_die(ctx.send(raw, 0, 3), "sending the anatomy stamps");
             } else {
                 let mut theirs: Vec<Stamps> = vec![[0; 5]; iters];
                 // SAFETY: as above; every bit pattern is a valid u64.
-                let raw = unsafe {
-                    std::slice::from_raw_parts_mut(theirs.as_mut_ptr().cast::<u8>(), bytes)
-                };
-                or_die(
-                    ctx.recv(raw, Some(1), Some(3)),
-                    "receiving the anatomy stamps",
-                );
+                let raw = unsafe { std::slice::from_raw_parts_mut(theirs.as_mut_ptr().cast::<u8>(), bytes) };
+                or_die(ctx.recv(raw, Some(1), Some(3)), "receiving the anatomy stamps");
                 Anatomy::report(size, &stamps, &theirs);
             }
         }

@@ -82,10 +82,7 @@ fn number(s: &str) -> Option<f64> {
 }
 
 fn parse_lines<T>(text: &str, header: &str, row: impl Fn(&[&str]) -> Option<T>) -> Parsed<T> {
-    let mut out = Parsed {
-        rows: Vec::new(),
-        skipped: 0,
-    };
+    let mut out = Parsed { rows: Vec::new(), skipped: 0 };
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line == header {
@@ -192,11 +189,7 @@ impl Anchors {
     /// (bytes, value) sorted by size, one value per size.
     pub fn series(&self, anchor: &str, metric: &str) -> Vec<(u64, f64)> {
         let mut v: Vec<(u64, f64)> = Vec::new();
-        for a in self
-            .rows
-            .iter()
-            .filter(|a| a.anchor == anchor && a.metric == metric)
-        {
+        for a in self.rows.iter().filter(|a| a.anchor == anchor && a.metric == metric) {
             if !v.iter().any(|(b, _)| *b == a.bytes) {
                 v.push((a.bytes, a.value));
             }
@@ -247,21 +240,14 @@ fn read_optional(path: &Path) -> Result<Option<String>, ReportError> {
 
 fn note_skipped(path: &Path, skipped: usize) {
     if skipped > 0 {
-        eprintln!(
-            "bench-report: {}: skipped {skipped} line(s) that are not rows",
-            path.display()
-        );
+        eprintln!("bench-report: {}: skipped {skipped} line(s) that are not rows", path.display());
     }
 }
 
 fn source_name(dir: &Path) -> String {
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let parts: Vec<String> = dir
-        .components()
-        .rev()
-        .take(2)
-        .map(|c| c.as_os_str().to_string_lossy().into_owned())
-        .collect();
+    let parts: Vec<String> =
+        dir.components().rev().take(2).map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
     parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
@@ -275,10 +261,7 @@ pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
             let p = parse_stencil(&t);
             note_skipped(&stencil_path, p.skipped);
             if p.rows.is_empty() {
-                return Err(ReportError(format!(
-                    "{}: no stencil rows",
-                    stencil_path.display()
-                )));
+                return Err(ReportError(format!("{}: no stencil rows", stencil_path.display())));
             }
             Some(p.rows)
         }
@@ -287,20 +270,10 @@ pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
     let gp = dir.join("gpulmt.csv");
     let Some(text) = read_optional(&gp)? else {
         if let Some(stencil) = stencil {
-            eprintln!(
-                "bench-report: {} not found: stencil outputs only",
-                gp.display()
-            );
-            return Ok(Inputs {
-                stencil: Some(stencil),
-                source: source_name(dir),
-                ..Default::default()
-            });
+            eprintln!("bench-report: {} not found: stencil outputs only", gp.display());
+            return Ok(Inputs { stencil: Some(stencil), source: source_name(dir), ..Default::default() });
         }
-        return Err(ReportError(format!(
-            "{}: not found (and no stencil.csv)",
-            gp.display()
-        )));
+        return Err(ReportError(format!("{}: not found (and no stencil.csv)", gp.display())));
     };
     let points = parse_points(&text);
     note_skipped(&gp, points.skipped);
@@ -316,10 +289,7 @@ pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
                 note_skipped(&path, p.skipped);
                 anchors.extend(p.rows);
             }
-            None => eprintln!(
-                "bench-report: {} not found: its anchors are left out",
-                path.display()
-            ),
+            None => eprintln!("bench-report: {} not found: its anchors are left out", path.display()),
         }
     }
     let split_path = dir.join("split.csv");
@@ -328,13 +298,7 @@ pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
         note_skipped(&split_path, p.skipped);
         p.rows
     });
-    Ok(Inputs {
-        points: points.rows,
-        split,
-        anchors,
-        stencil,
-        source: source_name(dir),
-    })
+    Ok(Inputs { points: points.rows, split, anchors, stencil, source: source_name(dir) })
 }
 
 /// What one run wrote.
@@ -376,23 +340,13 @@ pub fn run(dir: &Path, out: &Path) -> Result<Outputs, ReportError> {
             let gains = stencil::gain_table(rows);
             let overlap = stencil::overlap_table(rows);
             files.push(write("stencil_table.csv", stencil::table_csv(&gains))?);
-            files.push(write(
-                "stencil_overlap.csv",
-                stencil::overlap_csv(&overlap),
-            )?);
-            files.push(write(
-                "stencil.svg",
-                plot::render(&plot::stencil_plot(rows, &inputs.source))?,
-            )?);
+            files.push(write("stencil_overlap.csv", stencil::overlap_csv(&overlap))?);
+            files.push(write("stencil.svg", plot::render(&plot::stencil_plot(rows, &inputs.source))?)?);
             Some(stencil::markdown(&gains, &overlap))
         }
         None => None,
     };
-    Ok(Outputs {
-        files,
-        table,
-        stencil,
-    })
+    Ok(Outputs { files, table, stencil })
 }
 
 #[cfg(test)]
@@ -440,15 +394,7 @@ mod tests {
         );
         assert_eq!(p.skipped, 3);
         assert_eq!(p.rows.len(), 2);
-        assert_eq!(
-            p.rows[1],
-            Anchor {
-                anchor: "staged_mpi".into(),
-                metric: "GBps".into(),
-                bytes: 8,
-                value: 0.001
-            }
-        );
+        assert_eq!(p.rows[1], Anchor { anchor: "staged_mpi".into(), metric: "GBps".into(), bytes: 8, value: 0.001 });
         let a = Anchors::new(p.rows);
         assert_eq!(a.exact("staged_mpi", "half_rtt_us", 8), Some(16.056));
         assert_eq!(a.exact("staged_mpi", "half_rtt_us", 16), None);

@@ -118,20 +118,12 @@ fn protocol_label(p: &str) -> String {
 /// others as they appear; `skip` protocols are left out. MB/s become GB/s.
 fn ours(points: &[Point], bench: &str, skip: &[&str]) -> Vec<Series> {
     let mut protos: Vec<&str> = Vec::new();
-    for p in points
-        .iter()
-        .filter(|p| p.bench == bench && p.placement == "D D")
-    {
+    for p in points.iter().filter(|p| p.bench == bench && p.placement == "D D") {
         if !protos.contains(&p.protocol.as_str()) && !skip.contains(&p.protocol.as_str()) {
             protos.push(&p.protocol);
         }
     }
-    let rank = |p: &str| {
-        ["auto", "get", "put", "coop"]
-            .iter()
-            .position(|q| *q == p)
-            .unwrap_or(9)
-    };
+    let rank = |p: &str| ["auto", "get", "put", "coop"].iter().position(|q| *q == p).unwrap_or(9);
     protos.sort_by_key(|p| rank(p));
     protos
         .into_iter()
@@ -148,16 +140,7 @@ fn of(points: &[Point], bench: &str, proto: &str) -> Vec<(u64, f64)> {
     let mut v: Vec<(u64, f64)> = points
         .iter()
         .filter(|p| p.bench == bench && p.placement == "D D" && p.protocol == proto && p.bytes > 0)
-        .map(|p| {
-            (
-                p.bytes,
-                if p.metric.eq_ignore_ascii_case("MBps") {
-                    p.value / 1000.0
-                } else {
-                    p.value
-                },
-            )
-        })
+        .map(|p| (p.bytes, if p.metric.eq_ignore_ascii_case("MBps") { p.value / 1000.0 } else { p.value }))
         .collect();
     v.sort_by_key(|p| p.0);
     v.dedup_by_key(|p| p.0);
@@ -165,34 +148,14 @@ fn of(points: &[Point], bench: &str, proto: &str) -> Vec<(u64, f64)> {
 }
 
 fn anchor(inputs: &Inputs, name: &str, metric: &str, label: &str, color: RGBColor) -> Series {
-    let points: Vec<(u64, f64)> = inputs
-        .anchors
-        .series(name, metric)
-        .into_iter()
-        .filter(|p| p.0 > 0)
-        .collect();
-    let kind = if points.len() == 1 {
-        Kind::AnchorPoint
-    } else {
-        Kind::Anchor
-    };
-    Series {
-        label: label.into(),
-        kind,
-        color,
-        points,
-    }
+    let points: Vec<(u64, f64)> = inputs.anchors.series(name, metric).into_iter().filter(|p| p.0 > 0).collect();
+    let kind = if points.len() == 1 { Kind::AnchorPoint } else { Kind::Anchor };
+    Series { label: label.into(), kind, color, points }
 }
 
 pub fn latency_plot(inputs: &Inputs) -> Plot {
     let mut series = ours(&inputs.points, "osu_latency", &[]);
-    series.push(anchor(
-        inputs,
-        "nccl",
-        "half_rtt_us",
-        "NCCL send/recv (half RTT)",
-        RGBColor(23, 190, 207),
-    ));
+    series.push(anchor(inputs, "nccl", "half_rtt_us", "NCCL send/recv (half RTT)", RGBColor(23, 190, 207)));
     series.push(anchor(
         inputs,
         "staged_mpi",
@@ -200,13 +163,7 @@ pub fn latency_plot(inputs: &Inputs) -> Plot {
         "MPI staged through host (half RTT)",
         RGBColor(188, 189, 34),
     ));
-    series.push(anchor(
-        inputs,
-        "ce_latency",
-        "peer_us",
-        "cudaMemcpyPeer latency (copy engine)",
-        RED,
-    ));
+    series.push(anchor(inputs, "ce_latency", "peer_us", "cudaMemcpyPeer latency (copy engine)", RED));
     Plot {
         title: format!("osu_latency, D D: gpulmt vs anchors ({})", inputs.source),
         x: XAxis::Bytes,
@@ -219,17 +176,15 @@ pub fn latency_plot(inputs: &Inputs) -> Plot {
 pub fn bandwidth_plot(inputs: &Inputs) -> Plot {
     let mut series = ours(&inputs.points, "osu_bw", &["shm"]);
     if let Some(split) = &inputs.split {
-        for proto in split
-            .iter()
-            .filter(|p| p.bench == "osu_bw")
-            .map(|p| p.protocol.clone())
-            .fold(Vec::<String>::new(), |mut v, p| {
+        for proto in split.iter().filter(|p| p.bench == "osu_bw").map(|p| p.protocol.clone()).fold(
+            Vec::<String>::new(),
+            |mut v, p| {
                 if !v.contains(&p) {
                     v.push(p);
                 }
                 v
-            })
-        {
+            },
+        ) {
             series.push(Series {
                 label: format!("gpulmt split copies over lanes ({proto})"),
                 kind: Kind::Ours,
@@ -247,34 +202,10 @@ pub fn bandwidth_plot(inputs: &Inputs) -> Plot {
             points: shm,
         });
     }
-    series.push(anchor(
-        inputs,
-        "ce_peer",
-        "GBps",
-        "cudaMemcpyPeer (copy engine)",
-        RED,
-    ));
-    series.push(anchor(
-        inputs,
-        "staging",
-        "d2h_GBps",
-        "staging copy D→H",
-        RGBColor(127, 127, 127),
-    ));
-    series.push(anchor(
-        inputs,
-        "staging",
-        "h2d_GBps",
-        "staging copy H→D",
-        RGBColor(90, 90, 90),
-    ));
-    series.push(anchor(
-        inputs,
-        "staged_mpi",
-        "GBps",
-        "MPI staged through host",
-        RGBColor(188, 189, 34),
-    ));
+    series.push(anchor(inputs, "ce_peer", "GBps", "cudaMemcpyPeer (copy engine)", RED));
+    series.push(anchor(inputs, "staging", "d2h_GBps", "staging copy D→H", RGBColor(127, 127, 127)));
+    series.push(anchor(inputs, "staging", "h2d_GBps", "staging copy H→D", RGBColor(90, 90, 90)));
+    series.push(anchor(inputs, "staged_mpi", "GBps", "MPI staged through host", RGBColor(188, 189, 34)));
     Plot {
         title: format!("osu_bw, D D: gpulmt vs anchors ({})", inputs.source),
         x: XAxis::Bytes,
@@ -286,13 +217,7 @@ pub fn bandwidth_plot(inputs: &Inputs) -> Plot {
 
 pub fn bibw_plot(inputs: &Inputs) -> Plot {
     let mut series = ours(&inputs.points, "osu_bibw", &[]);
-    series.push(anchor(
-        inputs,
-        "ce_peer_bi",
-        "GBps",
-        "cudaMemcpyPeer both ways (copy engine)",
-        RED,
-    ));
+    series.push(anchor(inputs, "ce_peer_bi", "GBps", "cudaMemcpyPeer both ways (copy engine)", RED));
     Plot {
         title: format!("osu_bibw, D D: gpulmt vs anchors ({})", inputs.source),
         x: XAxis::Bytes,
@@ -321,61 +246,36 @@ pub const STENCIL_PLOT: (&str, u32) = ("single", 1);
 /// single marker.
 pub fn stencil_plot(rows: &[StencilRow], source: &str) -> Plot {
     let (precision, halo) = STENCIL_PLOT;
-    let rows: Vec<&StencilRow> = rows
-        .iter()
-        .filter(|r| r.metric == TIME && r.precision == precision && r.halo == halo && r.size > 0)
-        .collect();
+    let rows: Vec<&StencilRow> =
+        rows.iter().filter(|r| r.metric == TIME && r.precision == precision && r.halo == halo && r.size > 0).collect();
     let mut keys: Vec<(&str, u32)> = Vec::new();
     for r in &rows {
         if !keys.contains(&(r.mode.as_str(), r.ranks)) {
             keys.push((&r.mode, r.ranks));
         }
     }
-    let rank = |m: &str| {
-        [STAGED, INTER_K, OVERLAP]
-            .iter()
-            .position(|q| *q == m)
-            .unwrap_or(9)
-    };
+    let rank = |m: &str| [STAGED, INTER_K, OVERLAP].iter().position(|q| *q == m).unwrap_or(9);
     keys.sort_by_key(|&(m, n)| (n == 1, rank(m), n));
     let first_multi = keys.iter().map(|k| k.1).filter(|&n| n > 1).min();
     let series = keys
         .into_iter()
         .map(|(mode, ranks)| {
-            let mut points: Vec<(u64, f64)> = rows
-                .iter()
-                .filter(|r| r.mode == mode && r.ranks == ranks)
-                .map(|r| (r.size, r.value))
-                .collect();
+            let mut points: Vec<(u64, f64)> =
+                rows.iter().filter(|r| r.mode == mode && r.ranks == ranks).map(|r| (r.size, r.value)).collect();
             points.sort_by_key(|p| p.0);
             points.dedup_by_key(|p| p.0);
             let (label, kind) = if ranks == 1 {
-                let kind = if points.len() == 1 {
-                    Kind::AnchorPoint
-                } else {
-                    Kind::Ours
-                };
+                let kind = if points.len() == 1 { Kind::AnchorPoint } else { Kind::Ours };
                 (format!("{mode}, 1 rank: compute alone"), kind)
             } else {
-                let kind = if Some(ranks) == first_multi {
-                    Kind::Ours
-                } else {
-                    Kind::OursDashed
-                };
+                let kind = if Some(ranks) == first_multi { Kind::Ours } else { Kind::OursDashed };
                 (format!("{mode}, {ranks} ranks"), kind)
             };
-            Series {
-                label,
-                kind,
-                color: mode_color(mode),
-                points,
-            }
+            Series { label, kind, color: mode_color(mode), points }
         })
         .collect();
     Plot {
-        title: format!(
-            "Stencil2D, {precision} precision, halo {halo}: time per iteration ({source})"
-        ),
+        title: format!("Stencil2D, {precision} precision, halo {halo}: time per iteration ({source})"),
         x: XAxis::GridSide,
         y_desc: "time per iteration (us, log scale)".into(),
         log_y: true,
@@ -408,15 +308,8 @@ pub fn render(plot: &Plot) -> Result<String, ReportError> {
     let (lo, hi) = match (ours.iter().min(), ours.iter().max()) {
         (Some(&lo), Some(&hi)) => (lo, hi),
         _ => {
-            let all: Vec<u64> = plot
-                .series
-                .iter()
-                .flat_map(|s| s.points.iter().map(|p| p.0))
-                .collect();
-            (
-                all.iter().copied().min().unwrap_or(1),
-                all.iter().copied().max().unwrap_or(2),
-            )
+            let all: Vec<u64> = plot.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).collect();
+            (all.iter().copied().min().unwrap_or(1), all.iter().copied().max().unwrap_or(2))
         }
     };
     let series: Vec<Series> = plot
@@ -435,14 +328,8 @@ pub fn render(plot: &Plot) -> Result<String, ReportError> {
         .collect();
     let x = lg(lo).floor()..lg(hi).ceil().max(lg(lo).floor() + 1.0);
     let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
-    let (ymin, ymax) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| {
-        (a.min(y), b.max(y))
-    });
-    let (ymin, ymax) = if ymin.is_finite() {
-        (ymin, ymax)
-    } else {
-        (1.0, 10.0)
-    };
+    let (ymin, ymax) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
+    let (ymin, ymax) = if ymin.is_finite() { (ymin, ymax) } else { (1.0, 10.0) };
     if plot.log_y {
         let lo = 10f64.powf((ymin.log10() - 0.05).floor());
         let hi = 10f64.powf((ymax.log10() + 0.05).ceil());
@@ -468,12 +355,7 @@ fn err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> ReportError + '_ {
     move |e| ReportError(format!("plot '{what}': {e:?}"))
 }
 
-fn draw<Y>(
-    plot: &Plot,
-    series: &[Series],
-    x: std::ops::Range<f64>,
-    y: Y,
-) -> Result<String, ReportError>
+fn draw<Y>(plot: &Plot, series: &[Series], x: std::ops::Range<f64>, y: Y) -> Result<String, ReportError>
 where
     Y: AsRangedCoord<Value = f64>,
     Y::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
@@ -522,9 +404,7 @@ where
                         });
                 }
                 Kind::OursDashed => {
-                    chart
-                        .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                        .map_err(&e)?;
+                    chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(&e)?;
                     chart
                         .draw_series(DashedLineSeries::new(pts, 8, 5, color.stroke_width(2)))
                         .map_err(&e)?
@@ -548,16 +428,10 @@ where
                         });
                 }
                 Kind::AnchorPoint => {
-                    let label = format!(
-                        "{} ({} at {})",
-                        s.label,
-                        y_label(&s.points[0].1),
-                        plot.x.point(s.points[0].0)
-                    );
+                    let label = format!("{} ({} at {})", s.label, y_label(&s.points[0].1), plot.x.point(s.points[0].0));
                     chart
                         .draw_series(
-                            pts.into_iter()
-                                .map(|p| TriangleMarker::new(p, 9, color.filled())),
+                            pts.into_iter().map(|p| TriangleMarker::new(p, 9, color.filled())),
                         )
                         .map_err(&e)?
                         .label(label)
@@ -601,24 +475,11 @@ mod tests {
         };
         let lat = render(&latency_plot(&inputs)).unwrap();
         assert!(lat.starts_with("<svg"));
-        for text in [
-            "osu_latency, D D",
-            "latency (us, log)",
-            "gpulmt auto",
-            "NCCL",
-            "cudaMemcpyPeer latency",
-            "1M",
-        ] {
+        for text in ["osu_latency, D D", "latency (us, log)", "gpulmt auto", "NCCL", "cudaMemcpyPeer latency", "1M"] {
             assert!(lat.contains(text), "latency.svg lacks {text}");
         }
         let bw = render(&bandwidth_plot(&inputs)).unwrap();
-        for text in [
-            "GB/s",
-            "gpulmt GET",
-            "shm",
-            "cudaMemcpyPeer (copy engine)",
-            "64K",
-        ] {
+        for text in ["GB/s", "gpulmt GET", "shm", "cudaMemcpyPeer (copy engine)", "64K"] {
             assert!(bw.contains(text), "bandwidth.svg lacks {text}");
         }
         // No osu_bibw points: still an (empty but labelled) plot.
@@ -639,29 +500,13 @@ mod tests {
         )
         .rows;
         let p = stencil_plot(&rows, "t/run");
-        let got: Vec<_> = p
-            .series
-            .iter()
-            .map(|s| (s.label.as_str(), s.kind, s.points.clone()))
-            .collect();
+        let got: Vec<_> = p.series.iter().map(|s| (s.label.as_str(), s.kind, s.points.clone())).collect();
         assert_eq!(
             got,
             [
-                (
-                    "staged, 2 ranks",
-                    Kind::Ours,
-                    vec![(2048, 53.0), (4096, 113.0)]
-                ),
-                (
-                    "inter-k, 4 ranks",
-                    Kind::OursDashed,
-                    vec![(2048, 92.0), (4096, 202.0)]
-                ),
-                (
-                    "inter-k, 1 rank: compute alone",
-                    Kind::AnchorPoint,
-                    vec![(4096, 77.5)]
-                ),
+                ("staged, 2 ranks", Kind::Ours, vec![(2048, 53.0), (4096, 113.0)]),
+                ("inter-k, 4 ranks", Kind::OursDashed, vec![(2048, 92.0), (4096, 202.0)]),
+                ("inter-k, 1 rank: compute alone", Kind::AnchorPoint, vec![(4096, 77.5)]),
             ]
         );
         let svg = render(&p).unwrap();

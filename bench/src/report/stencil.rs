@@ -26,22 +26,14 @@ pub const OVERLAP: &str = "inter-k-overlap";
 
 pub const TABLE_HEADER: &str =
     "precision,ranks,size,halo,staged_us,inter_k_us,overlap_us,inter_k_gain_pct,overlap_gain_pct";
-pub const OVERLAP_HEADER: &str =
-    "precision,size,halo,compute_us,inter_k_us,overlap_us,hidden_pct,overlap_vs_compute";
+pub const OVERLAP_HEADER: &str = "precision,size,halo,compute_us,inter_k_us,overlap_us,hidden_pct,overlap_vs_compute";
 
 /// The seed paper's Stencil2D gain of DMA-assisted transfers over shared-memory
 /// staging (2012 hardware), per precision.
 pub const SEED_GAIN_PCT: [(&str, f64); 2] = [("single", 4.7), ("double", 2.3)];
 
 /// The time per iteration of one point, in us.
-pub fn time(
-    rows: &[StencilRow],
-    precision: &str,
-    mode: &str,
-    ranks: u32,
-    size: u64,
-    halo: u32,
-) -> Option<f64> {
+pub fn time(rows: &[StencilRow], precision: &str, mode: &str, ranks: u32, size: u64, halo: u32) -> Option<f64> {
     rows.iter()
         .find(|r| {
             r.metric == TIME
@@ -61,13 +53,7 @@ pub fn gain_pct(staged: f64, mode: f64) -> Option<f64> {
 
 /// single, double, then other precisions by name.
 fn precision_rank(p: &str) -> (usize, &str) {
-    (
-        ["single", "double"]
-            .iter()
-            .position(|q| *q == p)
-            .unwrap_or(2),
-        p,
-    )
+    (["single", "double"].iter().position(|q| *q == p).unwrap_or(2), p)
 }
 
 /// One row of stencil_table.csv, times in us.
@@ -106,9 +92,8 @@ impl GainRow {
 pub fn gain_table(rows: &[StencilRow]) -> Vec<GainRow> {
     let mut out: Vec<GainRow> = Vec::new();
     for r in rows.iter().filter(|r| r.metric == TIME && r.mode == STAGED) {
-        if out.iter().any(|g| {
-            g.precision == r.precision && g.ranks == r.ranks && g.size == r.size && g.halo == r.halo
-        }) {
+        if out.iter().any(|g| g.precision == r.precision && g.ranks == r.ranks && g.size == r.size && g.halo == r.halo)
+        {
             continue;
         }
         let at = |mode| time(rows, &r.precision, mode, r.ranks, r.size, r.halo);
@@ -186,21 +171,13 @@ impl OverlapRow {
 /// [`gain_table`].
 pub fn overlap_table(rows: &[StencilRow]) -> Vec<OverlapRow> {
     let mut out: Vec<OverlapRow> = Vec::new();
-    for c in rows
-        .iter()
-        .filter(|r| r.metric == TIME && r.mode == INTER_K && r.ranks == 1)
-    {
-        if out
-            .iter()
-            .any(|o| o.precision == c.precision && o.size == c.size && o.halo == c.halo)
-        {
+    for c in rows.iter().filter(|r| r.metric == TIME && r.mode == INTER_K && r.ranks == 1) {
+        if out.iter().any(|o| o.precision == c.precision && o.size == c.size && o.halo == c.halo) {
             continue;
         }
         let mut ranks: Vec<u32> = rows
             .iter()
-            .filter(|r| {
-                r.ranks > 1 && r.precision == c.precision && r.size == c.size && r.halo == c.halo
-            })
+            .filter(|r| r.ranks > 1 && r.precision == c.precision && r.size == c.size && r.halo == c.halo)
             .map(|r| r.ranks)
             .collect();
         ranks.sort_unstable();
@@ -222,11 +199,7 @@ pub fn overlap_table(rows: &[StencilRow]) -> Vec<OverlapRow> {
         }
     }
     out.sort_by(|a, b| {
-        (precision_rank(&a.precision), a.size, a.halo).cmp(&(
-            precision_rank(&b.precision),
-            b.size,
-            b.halo,
-        ))
+        (precision_rank(&a.precision), a.size, a.halo).cmp(&(precision_rank(&b.precision), b.size, b.halo))
     });
     out
 }
@@ -252,11 +225,7 @@ pub fn overlap_csv(rows: &[OverlapRow]) -> String {
 
 /// The mean gain of `mode` over the rows of one precision that have it, and how many.
 pub fn mean_gain(rows: &[GainRow], precision: &str, mode: &str) -> Option<(f64, usize)> {
-    let g: Vec<f64> = rows
-        .iter()
-        .filter(|r| r.precision == precision)
-        .filter_map(|r| r.gain_pct(mode))
-        .collect();
+    let g: Vec<f64> = rows.iter().filter(|r| r.precision == precision).filter_map(|r| r.gain_pct(mode)).collect();
     (!g.is_empty()).then(|| (g.iter().sum::<f64>() / g.len() as f64, g.len()))
 }
 
@@ -282,12 +251,7 @@ pub fn markdown(gains: &[GainRow], overlap: &[OverlapRow]) -> String {
         let ov = mean_gain(gains, p, OVERLAP);
         let n = ik.map_or(0, |g| g.1).max(ov.map_or(0, |g| g.1));
         let seed = SEED_GAIN_PCT.iter().find(|s| s.0 == p).map(|s| s.1);
-        s.push_str(&format!(
-            "| {p} | {} | {} | {n} | {} |\n",
-            pct(ik.map(|g| g.0)),
-            pct(ov.map(|g| g.0)),
-            pct(seed)
-        ));
+        s.push_str(&format!("| {p} | {} | {} | {n} | {} |\n", pct(ik.map(|g| g.0)), pct(ov.map(|g| g.0)), pct(seed)));
     }
     s.push_str(
         "\n### Stencil2D: overlap against compute alone (1 rank)\n\n\
@@ -307,9 +271,7 @@ pub fn markdown(gains: &[GainRow], overlap: &[OverlapRow]) -> String {
             num(r.inter_k),
             num(r.overlap),
             pct(r.hidden_pct()),
-            r.overlap_vs_compute()
-                .map(|v| format!("{v:.3}"))
-                .unwrap_or_else(|| "—".into()),
+            r.overlap_vs_compute().map(|v| format!("{v:.3}")).unwrap_or_else(|| "—".into()),
         ));
     }
     if overlap.is_empty() {
@@ -359,18 +321,8 @@ stencil2d,inter-k-overlap,double,2,2048,4,time_per_iter_us,29
     #[test]
     fn gains_are_against_staged_at_the_same_point() {
         let t = gain_table(&rows());
-        let keys: Vec<_> = t
-            .iter()
-            .map(|r| (r.precision.as_str(), r.ranks, r.size, r.halo))
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                ("single", 2, 2048, 1),
-                ("single", 2, 4096, 1),
-                ("double", 4, 4096, 1)
-            ]
-        );
+        let keys: Vec<_> = t.iter().map(|r| (r.precision.as_str(), r.ranks, r.size, r.halo)).collect();
+        assert_eq!(keys, [("single", 2, 2048, 1), ("single", 2, 4096, 1), ("double", 4, 4096, 1)]);
         close(t[1].inter_k_gain_pct(), 10.0);
         close(t[1].overlap_gain_pct(), 20.0);
         close(t[0].inter_k_gain_pct(), 20.0);
@@ -395,15 +347,9 @@ stencil2d,inter-k-overlap,double,2,2048,4,time_per_iter_us,29
     fn hidden_share_is_of_what_the_exchange_adds_to_compute_alone() {
         let o = overlap_table(&rows());
         // double 4096/1 has no multi-rank overlap row; the smallest job with both wins.
-        let keys: Vec<_> = o
-            .iter()
-            .map(|r| (r.precision.as_str(), r.size, r.halo, r.ranks))
-            .collect();
+        let keys: Vec<_> = o.iter().map(|r| (r.precision.as_str(), r.size, r.halo, r.ranks)).collect();
         assert_eq!(keys, [("single", 4096, 1, 2), ("double", 2048, 4, 2)]);
-        assert_eq!(
-            (o[0].compute, o[0].inter_k, o[0].overlap),
-            (70.0, 90.0, 80.0)
-        );
+        assert_eq!((o[0].compute, o[0].inter_k, o[0].overlap), (70.0, 90.0, 80.0));
         close(o[0].hidden_pct(), 50.0);
         close(o[0].overlap_vs_compute(), 80.0 / 70.0);
         // inter-k no slower than compute alone: nothing to hide.
@@ -413,14 +359,8 @@ stencil2d,inter-k-overlap,double,2,2048,4,time_per_iter_us,29
             format!("{OVERLAP_HEADER}\nsingle,4096,1,70.000,90.000,80.000,50.00,1.143\ndouble,2048,4,30.000,30.000,29.000,,0.967\n")
         );
         let md = markdown(&gain_table(&rows()), &o);
-        assert!(
-            md.contains("| single | 15.0 % | 15.0 % | 2 | 4.7 % |"),
-            "{md}"
-        );
+        assert!(md.contains("| single | 15.0 % | 15.0 % | 2 | 4.7 % |"), "{md}");
         assert!(md.contains("| double | 25.0 % | — | 1 | 2.3 % |"), "{md}");
-        assert!(
-            md.contains("| single | 4096 | 1 | 2 | 70.00 | 90.00 | 80.00 | 50.0 % | 1.143 |"),
-            "{md}"
-        );
+        assert!(md.contains("| single | 4096 | 1 | 2 | 70.00 | 90.00 | 80.00 | 50.0 % | 1.143 |"), "{md}");
     }
 }

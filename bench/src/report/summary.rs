@@ -42,15 +42,11 @@ pub struct SummaryRow {
 impl SummaryRow {
     /// ours / anchor; None without an anchor or when the anchor is not positive.
     pub fn ratio(&self) -> Option<f64> {
-        self.anchor
-            .as_ref()
-            .filter(|a| a.value > 0.0)
-            .map(|a| self.value / a.value)
+        self.anchor.as_ref().filter(|a| a.value > 0.0).map(|a| self.value / a.value)
     }
 }
 
-pub const SUMMARY_HEADER: &str =
-    "bench,placement,protocol,bytes,metric,value,anchor,anchor_value,ratio";
+pub const SUMMARY_HEADER: &str = "bench,placement,protocol,bytes,metric,value,anchor,anchor_value,ratio";
 pub const PROTOCOLS_HEADER: &str = "bytes,get,put,coop,auto,split,best,auto_vs_best";
 
 enum Lookup {
@@ -70,10 +66,7 @@ fn rules(p: &Point) -> Vec<(&'static str, &'static str, Lookup)> {
         }
         ("osu_bibw", "D D") => vec![("ce_peer_bi", "GBps", Lookup::Exact)],
         ("osu_latency", "D D") => {
-            vec![
-                ("nccl", "half_rtt_us", Lookup::Exact),
-                ("ce_latency", "peer_us", Lookup::Exact),
-            ]
+            vec![("nccl", "half_rtt_us", Lookup::Exact), ("ce_latency", "peer_us", Lookup::Exact)]
         }
         ("osu_latency", "H H") => vec![("mpi_sm", "half_rtt_us", Lookup::Exact)],
         _ => Vec::new(),
@@ -111,11 +104,7 @@ pub fn summarize(points: &[Point], anchors: &Anchors) -> Vec<SummaryRow> {
                     Lookup::Exact => (p.bytes, anchors.exact(name, m, p.bytes)?),
                     Lookup::AtOrBelow => anchors.at_or_below(name, m, p.bytes)?,
                 };
-                Some(AnchorMatch {
-                    name: name.to_string(),
-                    bytes,
-                    value,
-                })
+                Some(AnchorMatch { name: name.to_string(), bytes, value })
             })
             .collect();
         if found.is_empty() {
@@ -179,10 +168,7 @@ impl ProtoRow {
     /// The best of the fixed choices (get, put, coop, split): what auto is measured
     /// against.
     pub fn best(&self) -> Option<f64> {
-        [self.get, self.put, self.coop, self.split]
-            .into_iter()
-            .flatten()
-            .reduce(f64::max)
+        [self.get, self.put, self.coop, self.split].into_iter().flatten().reduce(f64::max)
     }
 
     pub fn auto_vs_best(&self) -> Option<f64> {
@@ -205,10 +191,7 @@ pub fn protocol_table(points: &[Point], split: Option<&[Point]>) -> Vec<ProtoRow
         match rows.iter().position(|r| r.bytes == bytes) {
             Some(i) => i,
             None => {
-                rows.push(ProtoRow {
-                    bytes,
-                    ..Default::default()
-                });
+                rows.push(ProtoRow { bytes, ..Default::default() });
                 rows.len() - 1
             }
         }
@@ -285,21 +268,11 @@ mpi_sm,half_rtt_us,8,0.411
 ";
 
     fn rows() -> Vec<SummaryRow> {
-        summarize(
-            &parse_points(POINTS).rows,
-            &Anchors::new(parse_anchors(ANCHORS).rows),
-        )
+        summarize(&parse_points(POINTS).rows, &Anchors::new(parse_anchors(ANCHORS).rows))
     }
 
-    fn find<'a>(
-        rows: &'a [SummaryRow],
-        bench: &str,
-        proto: &str,
-        bytes: u64,
-    ) -> Vec<&'a SummaryRow> {
-        rows.iter()
-            .filter(|r| r.bench == bench && r.protocol == proto && r.bytes == bytes)
-            .collect()
+    fn find<'a>(rows: &'a [SummaryRow], bench: &str, proto: &str, bytes: u64) -> Vec<&'a SummaryRow> {
+        rows.iter().filter(|r| r.bench == bench && r.protocol == proto && r.bytes == bytes).collect()
     }
 
     #[test]
@@ -314,10 +287,7 @@ mpi_sm,half_rtt_us,8,0.411
         assert!((r[0].ratio().unwrap() - 318.2 / 324.0).abs() < 1e-12);
         let csv = summary_csv(&rows);
         assert!(csv.starts_with(SUMMARY_HEADER));
-        assert!(
-            csv.contains("\nosu_bw,D D,auto,4194304,GBps,318.200,ce_peer,324.000,0.982\n"),
-            "{csv}"
-        );
+        assert!(csv.contains("\nosu_bw,D D,auto,4194304,GBps,318.200,ce_peer,324.000,0.982\n"), "{csv}");
         let bi = find(&rows, "osu_bibw", "get", 4194304);
         assert_eq!(bi[0].anchor.as_ref().unwrap().name, "ce_peer_bi");
         assert!((bi[0].ratio().unwrap() - 530.0 / 640.0).abs() < 1e-12);
@@ -342,10 +312,7 @@ mpi_sm,half_rtt_us,8,0.411
     fn shm_is_compared_with_staging_at_the_nearest_size_at_or_below() {
         let rows = rows();
         let r = find(&rows, "osu_bw", "shm", 4194304);
-        let names: Vec<_> = r
-            .iter()
-            .map(|r| r.anchor.as_ref().unwrap().name.as_str())
-            .collect();
+        let names: Vec<_> = r.iter().map(|r| r.anchor.as_ref().unwrap().name.as_str()).collect();
         assert_eq!(names, ["ce_peer", "staging"]);
         let st = r[1].anchor.as_ref().unwrap();
         assert_eq!((st.bytes, st.value), (1048576, 41.743));
@@ -355,14 +322,8 @@ mpi_sm,half_rtt_us,8,0.411
         assert_eq!(small.len(), 1);
         assert_eq!(small[0].anchor, None);
         let a = Anchors::new(parse_anchors(ANCHORS).rows);
-        assert_eq!(
-            a.at_or_below("staging", "d2h_GBps", 16777216),
-            Some((16777216, 54.626))
-        );
-        assert_eq!(
-            a.at_or_below("staging", "d2h_GBps", 1 << 30),
-            Some((16777216, 54.626))
-        );
+        assert_eq!(a.at_or_below("staging", "d2h_GBps", 16777216), Some((16777216, 54.626)));
+        assert_eq!(a.at_or_below("staging", "d2h_GBps", 1 << 30), Some((16777216, 54.626)));
         assert_eq!(a.at_or_below("staging", "d2h_GBps", 1048575), None);
     }
 

@@ -9,12 +9,7 @@ const MIB: u64 = 1 << 20;
 
 /// 1 B, 4 KiB, 16 MiB, ...; sizes that are no power of two in bytes.
 pub fn human_bytes(b: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
-        (1 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ];
+    const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (u, name) in UNITS {
         if b >= u && b & (u - 1) == 0 {
             return format!("{} {name}", b / u);
@@ -48,12 +43,7 @@ fn keys(rows: &[SummaryRow]) -> Vec<Key> {
     let big = [MIB, 4 * MIB, 64 * MIB, 1024 * MIB];
     let mut shm: Vec<u64> = rows
         .iter()
-        .filter(|r| {
-            r.bench == "osu_bw"
-                && r.placement == "D D"
-                && r.protocol == "shm"
-                && r.bytes >= 16 * MIB
-        })
+        .filter(|r| r.bench == "osu_bw" && r.placement == "D D" && r.protocol == "shm" && r.bytes >= 16 * MIB)
         .map(|r| r.bytes)
         .collect();
     shm.sort_unstable();
@@ -68,60 +58,12 @@ fn keys(rows: &[SummaryRow]) -> Vec<Key> {
         lower_is_better,
     };
     vec![
-        key(
-            "latency D D (us)",
-            "osu_latency",
-            "D D",
-            "auto",
-            "ce_latency",
-            vec![8],
-            true,
-        ),
-        key(
-            "latency D D (us)",
-            "osu_latency",
-            "D D",
-            "auto",
-            "nccl",
-            vec![8],
-            true,
-        ),
-        key(
-            "osu_bw D D (GB/s)",
-            "osu_bw",
-            "D D",
-            "auto",
-            "ce_peer",
-            big.to_vec(),
-            false,
-        ),
-        key(
-            "osu_bibw D D (GB/s)",
-            "osu_bibw",
-            "D D",
-            "auto",
-            "ce_peer_bi",
-            big.to_vec(),
-            false,
-        ),
-        key(
-            "osu_bw D D shm (GB/s)",
-            "osu_bw",
-            "D D",
-            "shm",
-            "staging",
-            shm,
-            false,
-        ),
-        key(
-            "latency H H (us)",
-            "osu_latency",
-            "H H",
-            "auto",
-            "mpi_sm",
-            vec![8],
-            true,
-        ),
+        key("latency D D (us)", "osu_latency", "D D", "auto", "ce_latency", vec![8], true),
+        key("latency D D (us)", "osu_latency", "D D", "auto", "nccl", vec![8], true),
+        key("osu_bw D D (GB/s)", "osu_bw", "D D", "auto", "ce_peer", big.to_vec(), false),
+        key("osu_bibw D D (GB/s)", "osu_bibw", "D D", "auto", "ce_peer_bi", big.to_vec(), false),
+        key("osu_bw D D shm (GB/s)", "osu_bw", "D D", "shm", "staging", shm, false),
+        key("latency H H (us)", "osu_latency", "H H", "auto", "mpi_sm", vec![8], true),
     ]
 }
 
@@ -153,33 +95,24 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
                     && r.bytes == bytes
                     && r.anchor.as_ref().is_some_and(|a| a.name == k.anchor)
             };
-            let Some(main) = rows.iter().find(|r| at(r) && r.protocol == k.protocol) else {
-                continue;
-            };
+            let Some(main) = rows.iter().find(|r| at(r) && r.protocol == k.protocol) else { continue };
             let anchor = main.anchor.as_ref().unwrap();
             let best = if k.protocol == "auto" {
-                rows.iter()
-                    .filter(|r| at(r) && matches!(r.protocol.as_str(), "get" | "put" | "coop"))
-                    .reduce(|a, b| {
-                        let b_wins = if k.lower_is_better {
-                            b.value < a.value
-                        } else {
-                            b.value > a.value
-                        };
+                rows.iter().filter(|r| at(r) && matches!(r.protocol.as_str(), "get" | "put" | "coop")).reduce(
+                    |a, b| {
+                        let b_wins = if k.lower_is_better { b.value < a.value } else { b.value > a.value };
                         if b_wins {
                             b
                         } else {
                             a
                         }
-                    })
+                    },
+                )
             } else {
                 None
             };
             let (best_cell, best_ratio) = match best {
-                Some(b) => (
-                    format!("{} {}", b.protocol, num(b.value)),
-                    b.ratio().map(|v| format!("{v:.3}")),
-                ),
+                Some(b) => (format!("{} {}", b.protocol, num(b.value)), b.ratio().map(|v| format!("{v:.3}"))),
                 None => ("—".to_string(), None),
             };
             s.push_str(&format!(
@@ -190,9 +123,7 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
                 num(main.value),
                 anchor_label(main),
                 num(anchor.value),
-                main.ratio()
-                    .map(|v| format!("{v:.3}"))
-                    .unwrap_or_else(|| "—".into()),
+                main.ratio().map(|v| format!("{v:.3}")).unwrap_or_else(|| "—".into()),
                 best_cell,
                 best_ratio.unwrap_or_else(|| "—".into()),
             ));

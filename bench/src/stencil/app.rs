@@ -194,14 +194,7 @@ struct RankReport {
 
 impl RankReport {
     fn encode(&self) -> String {
-        format!(
-            "{} {} {} {} {}",
-            self.device,
-            self.elapsed,
-            self.exchange,
-            self.exchanges,
-            self.tally.encode()
-        )
+        format!("{} {} {} {} {}", self.device, self.elapsed, self.exchange, self.exchanges, self.tally.encode())
     }
 
     fn decode(s: &str) -> Option<RankReport> {
@@ -220,11 +213,7 @@ impl RankReport {
 pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     let grid = o.grid.unwrap_or_else(|| ProcGrid::squarest(ctx.size()));
     if grid.size() != ctx.size() {
-        return Err(StencilError::Config(format!(
-            "the {grid} grid needs {} ranks, the job has {}",
-            grid.size(),
-            ctx.size()
-        )));
+        return Err(StencilError::Config(format!("the {grid} grid needs {} ranks, the job has {}", grid.size(), ctx.size())));
     }
     if o.iters == 0 {
         return Err(StencilError::Config("--iters must be at least 1".into()));
@@ -246,11 +235,8 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         ctx.copy_sync(f, init.as_ptr() as usize, bytes)?;
     }
     drop(init);
-    let mut ex: Box<dyn HaloExchange<T>> = if o.no_exchange {
-        Box::new(NoExchange::default())
-    } else {
-        o.mode.exchange::<T>(ctx, &d)?
-    };
+    let mut ex: Box<dyn HaloExchange<T>> =
+        if o.no_exchange { Box::new(NoExchange::default()) } else { o.mode.exchange::<T>(ctx, &d)? };
 
     let h = d.halo;
     // Whole batches, so that the timed part starts with an exchange.
@@ -350,22 +336,11 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     };
     if timeline {
         let mut times = TimelineSums::default();
-        dev.timeline(warm_batches)?
-            .iter()
-            .for_each(|b| times.add(b));
+        dev.timeline(warm_batches)?.iter().for_each(|b| times.add(b));
         println!("{}", times.line(ctx.rank(), o.mode));
     }
     let reports = gather_reports(ctx, &mine)?;
-    let setup = Setup {
-        o,
-        d: &d,
-        ranks: ctx.size(),
-        backend: ctx.backend_kind(),
-        compute: dev.describe(),
-        warmup,
-        precision: T::NAME,
-        elem_bytes: size_of::<T>(),
-    };
+    let setup = Setup { o, d: &d, ranks: ctx.size(), backend: ctx.backend_kind(), compute: dev.describe(), warmup, precision: T::NAME, elem_bytes: size_of::<T>() };
     if let Some(reports) = &reports {
         print!("{}", setup.report(reports));
         setup.csv(reports);
@@ -454,9 +429,7 @@ fn gather_reports(ctx: &mut Context, mine: &RankReport) -> Result<Option<Vec<Ran
         let mut buf = vec![0u8; u64::from_le_bytes(len) as usize];
         ctx.recv(&mut buf, Some(r), Some(REPORT_TAG))?;
         let report = std::str::from_utf8(&buf).ok().and_then(RankReport::decode);
-        all.push(report.ok_or_else(|| {
-            StencilError::Protocol(format!("rank {r} sent an unreadable report"))
-        })?);
+        all.push(report.ok_or_else(|| StencilError::Protocol(format!("rank {r} sent an unreadable report")))?);
     }
     Ok(Some(all))
 }
@@ -494,14 +467,8 @@ impl Setup<'_> {
 
     /// Mean and largest communication share over the ranks, in percent.
     fn comm_share(reports: &[RankReport]) -> (f64, f64) {
-        let shares: Vec<f64> = reports
-            .iter()
-            .map(|r| 100.0 * r.exchange / r.elapsed.max(f64::MIN_POSITIVE))
-            .collect();
-        (
-            shares.iter().sum::<f64>() / shares.len() as f64,
-            shares.iter().copied().fold(0.0, f64::max),
-        )
+        let shares: Vec<f64> = reports.iter().map(|r| 100.0 * r.exchange / r.elapsed.max(f64::MIN_POSITIVE)).collect();
+        (shares.iter().sum::<f64>() / shares.len() as f64, shares.iter().copied().fold(0.0, f64::max))
     }
 
     fn gflops(&self, reports: &[RankReport]) -> f64 {
@@ -529,26 +496,16 @@ impl Setup<'_> {
             // term; the differences add up at most linearly over the steps.
             (4.0 * T::EPSILON * steps as f64, "FMA contraction (--fmad) rounds differently from the CPU, 4 unit roundoffs per step")
         } else if self.backend == BackendKind::Cuda {
-            (
-                0.0,
-                "bit-identical: NVRTC --fmad=false rounds every operation like the CPU",
-            )
+            (0.0, "bit-identical: NVRTC --fmad=false rounds every operation like the CPU")
         } else {
-            (
-                0.0,
-                "bit-identical: sim devices run the reference's own code",
-            )
+            (0.0, "bit-identical: sim devices run the reference's own code")
         }
     }
 
     fn report(&self, reports: &[RankReport]) -> String {
         let (o, d) = (self.o, self.d);
         let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "# gpulmt Stencil2D (SHOC 9-point stencil) v{}",
-            env!("CARGO_PKG_VERSION")
-        );
+        let _ = writeln!(s, "# gpulmt Stencil2D (SHOC 9-point stencil) v{}", env!("CARGO_PKG_VERSION"));
         let _ = writeln!(
             s,
             "# backend {}: {} | mode {} | precision {} | {} ranks as a {} grid | halo {}",
@@ -576,18 +533,10 @@ impl Setup<'_> {
             o.weight_diagonal,
             std::env::var("GPULMT_PROTOCOL").unwrap_or_else(|_| "auto".into())
         );
-        let _ = writeln!(
-            s,
-            "# {:>4} {:>6} {:>22} {:>14} {:>14} {:>10}",
-            "rank", "device", "block (offset)", "time/step us", "exchange us", "comm %"
-        );
+        let _ = writeln!(s, "# {:>4} {:>6} {:>22} {:>14} {:>14} {:>10}", "rank", "device", "block (offset)", "time/step us", "exchange us", "comm %");
         for (r, rep) in reports.iter().enumerate() {
-            let b = Decomp::new(d.grid, r as u32, d.global, d.halo)
-                .expect("every rank built this block");
-            let block = format!(
-                "{}x{} ({},{})",
-                b.local.0, b.local.1, b.offset.0, b.offset.1
-            );
+            let b = Decomp::new(d.grid, r as u32, d.global, d.halo).expect("every rank built this block");
+            let block = format!("{}x{} ({},{})", b.local.0, b.local.1, b.offset.0, b.offset.1);
             let _ = writeln!(
                 s,
                 "  {:>4} {:>6} {:>22} {:>14.2} {:>14.2} {:>10.1}",
@@ -604,18 +553,11 @@ impl Setup<'_> {
             "# halo messages per neighbour pair: the protocol the receiver chose, counted over every exchange \
              (warm-up included); a+b: the phase's two receives took both"
         );
-        let _ = writeln!(
-            s,
-            "# {:>4} {:>4} {:>6} {:>8} {:>10}  protocol",
-            "from", "to", "side", "devices", "bytes"
-        );
+        let _ = writeln!(s, "# {:>4} {:>4} {:>6} {:>8} {:>10}  protocol", "from", "to", "side", "devices", "bytes");
         for (r, rep) in reports.iter().enumerate() {
-            let b = Decomp::new(d.grid, r as u32, d.global, d.halo)
-                .expect("every rank built this block");
+            let b = Decomp::new(d.grid, r as u32, d.global, d.halo).expect("every rank built this block");
             for side in Side::ALL {
-                let Some(from) = b.neighbour(side) else {
-                    continue;
-                };
+                let Some(from) = b.neighbour(side) else { continue };
                 let _ = writeln!(
                     s,
                     "  {:>4} {:>4} {:>6} {:>8} {:>10}  {}",
@@ -629,10 +571,7 @@ impl Setup<'_> {
             }
         }
         let (mean, max) = Self::comm_share(reports);
-        let totals: Vec<String> = Self::protocol_totals(reports)
-            .iter()
-            .map(|(p, n)| format!("{p} x{n}"))
-            .collect();
+        let totals: Vec<String> = Self::protocol_totals(reports).iter().map(|(p, n)| format!("{p} x{n}")).collect();
         let _ = writeln!(
             s,
             "summary: {:.2} us/step | comm share {:.1} % (max {:.1} %) | {:.2} GFLOP/s | {} exchanges/rank timed | halos {}",
@@ -649,11 +588,7 @@ impl Setup<'_> {
     /// The CSV rows of the run (rank 0, with `--csv`).
     fn csv(&self, reports: &[RankReport]) {
         let (mean, max) = Self::comm_share(reports);
-        let exchange = reports
-            .iter()
-            .map(|r| r.exchange / r.exchanges.max(1) as f64)
-            .sum::<f64>()
-            / reports.len() as f64;
+        let exchange = reports.iter().map(|r| r.exchange / r.exchanges.max(1) as f64).sum::<f64>() / reports.len() as f64;
         self.csv_row("time_per_iter_us", 1e6 * self.step_time(reports));
         self.csv_row("comm_share_pct", mean);
         self.csv_row("comm_share_max_pct", max);
@@ -667,9 +602,7 @@ impl Setup<'_> {
     /// Appends one row (header first when the file is new).
     fn csv_row(&self, metric: &str, value: f64) {
         let Some(path) = &self.o.csv else { return };
-        let fresh = std::fs::metadata(path)
-            .map(|m| m.len() == 0)
-            .unwrap_or(true);
+        let fresh = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
         let mut f = match OpenOptions::new().create(true).append(true).open(path) {
             Ok(f) => f,
             Err(e) => {
@@ -715,13 +648,7 @@ fn interior_of<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<Vec<T
 
 /// Gathers the result to rank 0 and compares it with the CPU reference there
 /// (`steps` steps); None on the other ranks.
-fn check<T: Real>(
-    ctx: &mut Context,
-    d: &Decomp,
-    field: usize,
-    w: &Weights<T>,
-    steps: usize,
-) -> Result<Option<CheckError>> {
+fn check<T: Real>(ctx: &mut Context, d: &Decomp, field: usize, w: &Weights<T>, steps: usize) -> Result<Option<CheckError>> {
     let mine = interior_of::<T>(ctx, d, field)?;
     let as_bytes = |v: &[T]| {
         // SAFETY: f32/f64 have no padding and every byte pattern is a valid u8.
@@ -740,12 +667,7 @@ fn check<T: Real>(
         } else {
             let mut v = vec![T::default(); b.local.0 * b.local.1];
             // SAFETY: as above; any bytes make valid f32/f64 values.
-            let buf = unsafe {
-                std::slice::from_raw_parts_mut(
-                    v.as_mut_ptr() as *mut u8,
-                    std::mem::size_of_val(v.as_slice()),
-                )
-            };
+            let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())) };
             ctx.recv(buf, Some(r), Some(FIELD_TAG))?;
             v
         };
@@ -754,16 +676,9 @@ fn check<T: Real>(
             result[at..at + b.local.1].copy_from_slice(row);
         }
     }
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let want = kernel::reference::<T>(d.global, w, steps, threads);
-    let mut err = CheckError {
-        max_rel: 0.0,
-        points: want.len(),
-        differing: 0,
-        worst: None,
-    };
+    let mut err = CheckError { max_rel: 0.0, points: want.len(), differing: 0, worst: None };
     for (k, (got, want)) in result.iter().zip(&want).enumerate() {
         if got.same_bits(*want) {
             continue;
@@ -800,43 +715,16 @@ mod tests {
     fn reports_survive_the_text_form() {
         let mut tally = ProtocolTally::default();
         tally.record(&[Side::South], &[0; PROTOCOLS.len()], &[1, 0, 0, 0, 0]);
-        let r = RankReport {
-            device: 1,
-            elapsed: 0.25,
-            exchange: 1e-3,
-            exchanges: 7,
-            tally,
-        };
+        let r = RankReport { device: 1, elapsed: 0.25, exchange: 1e-3, exchanges: 7, tally };
         assert_eq!(RankReport::decode(&r.encode()), Some(r.clone()));
-        let empty = RankReport {
-            tally: ProtocolTally::default(),
-            ..r
-        };
+        let empty = RankReport { tally: ProtocolTally::default(), ..r };
         assert_eq!(RankReport::decode(&empty.encode()), Some(empty));
     }
 
     #[test]
     fn options_parse() {
-        let o = StencilOptions::try_parse_from([
-            "stencil2d",
-            "--mode",
-            "inter-k-overlap",
-            "--precision",
-            "double",
-            "--grid",
-            "1x4",
-        ])
-        .unwrap();
-        assert_eq!(
-            (o.mode, o.precision, o.grid),
-            (
-                Mode::InterKOverlap,
-                Precision::Double,
-                Some(ProcGrid { rows: 1, cols: 4 })
-            )
-        );
-        assert!(
-            StencilOptions::try_parse_from(["stencil2d", "--size", "8", "--global", "16"]).is_err()
-        );
+        let o = StencilOptions::try_parse_from(["stencil2d", "--mode", "inter-k-overlap", "--precision", "double", "--grid", "1x4"]).unwrap();
+        assert_eq!((o.mode, o.precision, o.grid), (Mode::InterKOverlap, Precision::Double, Some(ProcGrid { rows: 1, cols: 4 })));
+        assert!(StencilOptions::try_parse_from(["stencil2d", "--size", "8", "--global", "16"]).is_err());
     }
 }

@@ -15,9 +15,7 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use gpulmt::device::BackendKind;
 use gpulmt::Context;
@@ -40,25 +38,11 @@ pub trait Compute<T: Real> {
     /// unpacking queued there: the overlap mode's boundary, which then runs beside
     /// the interior still computing on the compute queue instead of after it. The
     /// rectangles must not overlap what the compute queue writes meanwhile.
-    fn stencil_on_comm(
-        &mut self,
-        src: usize,
-        dst: usize,
-        pitch: usize,
-        rects: &[Rect],
-    ) -> Result<()>;
+    fn stencil_on_comm(&mut self, src: usize, dst: usize, pitch: usize, rects: &[Rect]) -> Result<()>;
 
     /// Queues a copy of a `rows x cols` block between pitched arrays on the comm queue
     /// (packing and unpacking of halo columns).
-    fn copy_block(
-        &mut self,
-        dst: usize,
-        dst_pitch: usize,
-        src: usize,
-        src_pitch: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()>;
+    fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()>;
 
     /// Waits for the compute queue.
     fn sync_compute(&mut self) -> Result<()>;
@@ -132,11 +116,7 @@ pub struct BatchTimes {
 }
 
 /// The implementation for the context's backend, on the device the rank is bound to.
-pub fn for_context<T: Real>(
-    ctx: &Context,
-    weights: Weights<T>,
-    fmad: bool,
-) -> Result<Box<dyn Compute<T>>> {
+pub fn for_context<T: Real>(ctx: &Context, weights: Weights<T>, fmad: bool) -> Result<Box<dyn Compute<T>>> {
     match ctx.backend_kind() {
         BackendKind::Sim => Ok(Box::new(SimCompute { weights })),
         BackendKind::Cuda => Ok(Box::new(CudaCompute::new(ctx.device(), weights, fmad)?)),
@@ -172,62 +152,24 @@ impl<T: Real> Compute<T> for SimCompute<T> {
         // no one else touches the rows of dst (see the type's documentation).
         let (src_rows, dst_rows) = unsafe {
             (
-                std::slice::from_raw_parts(
-                    (src as *const T).add((rect.r0 - 1) * pitch),
-                    (rect.rows() + 2) * pitch,
-                ),
-                std::slice::from_raw_parts_mut(
-                    (dst as *mut T).add(rect.r0 * pitch),
-                    rect.rows() * pitch,
-                ),
+                std::slice::from_raw_parts((src as *const T).add((rect.r0 - 1) * pitch), (rect.rows() + 2) * pitch),
+                std::slice::from_raw_parts_mut((dst as *mut T).add(rect.r0 * pitch), rect.rows() * pitch),
             )
         };
         // One thread: the ranks of a sim job share the host's cores already.
-        kernel::stencil_band(
-            &self.weights,
-            src_rows,
-            dst_rows,
-            pitch,
-            rect.c0..rect.c1,
-            1,
-        );
+        kernel::stencil_band(&self.weights, src_rows, dst_rows, pitch, rect.c0..rect.c1, 1);
         Ok(())
     }
 
-    fn stencil_on_comm(
-        &mut self,
-        src: usize,
-        dst: usize,
-        pitch: usize,
-        rects: &[Rect],
-    ) -> Result<()> {
+    fn stencil_on_comm(&mut self, src: usize, dst: usize, pitch: usize, rects: &[Rect]) -> Result<()> {
         // One queue in effect: every call has completed when it returns.
-        rects
-            .iter()
-            .try_for_each(|r| self.stencil(src, dst, pitch, *r))
+        rects.iter().try_for_each(|r| self.stencil(src, dst, pitch, *r))
     }
 
-    fn copy_block(
-        &mut self,
-        dst: usize,
-        dst_pitch: usize,
-        src: usize,
-        src_pitch: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
+    fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()> {
         // SAFETY: the caller's blocks lie in live allocations, in different buffers
         // (a field and a message buffer), and no transfer uses them during the call.
-        unsafe {
-            kernel::copy_block_raw(
-                dst as *mut T,
-                dst_pitch,
-                src as *const T,
-                src_pitch,
-                rows,
-                cols,
-            )
-        };
+        unsafe { kernel::copy_block_raw(dst as *mut T, dst_pitch, src as *const T, src_pitch, rows, cols) };
         Ok(())
     }
 
@@ -302,63 +244,28 @@ impl<T: Real> CudaCompute<T> {
             ));
         }
         // The primary context: the one gpulmt's CUDA backend uses for this device.
-        let ctx =
-            CudaContext::new(device as usize).map_err(cuda_err("retaining the primary context"))?;
+        let ctx = CudaContext::new(device as usize).map_err(cuda_err("retaining the primary context"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let source = format!("typedef {} real;\n{}", T::C_TYPE, CUDA_SOURCE);
-        let opts = CompileOptions {
-            fmad: Some(fmad),
-            name: Some("stencil2d.cu".into()),
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(source, opts)
-            .map_err(|e| StencilError::Cuda(format!("NVRTC: {e:?}")))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(cuda_err("loading the stencil module"))?;
-        let stencil = module
-            .load_function("stencil9")
-            .map_err(cuda_err("stencil9"))?;
-        let copy = module
-            .load_function("copy_block")
-            .map_err(cuda_err("copy_block"))?;
-        let compute = ctx
-            .new_stream()
-            .map_err(cuda_err("creating the compute stream"))?;
+        let opts = CompileOptions { fmad: Some(fmad), name: Some("stencil2d.cu".into()), ..Default::default() };
+        let ptx = compile_ptx_with_opts(source, opts).map_err(|e| StencilError::Cuda(format!("NVRTC: {e:?}")))?;
+        let module = ctx.load_module(ptx).map_err(cuda_err("loading the stencil module"))?;
+        let stencil = module.load_function("stencil9").map_err(cuda_err("stencil9"))?;
+        let copy = module.load_function("copy_block").map_err(cuda_err("copy_block"))?;
+        let compute = ctx.new_stream().map_err(cuda_err("creating the compute stream"))?;
         // The comm stream gets the highest priority: in the overlap mode its small pack
         // and unpack kernels would otherwise wait for SMs until the interior kernel's
         // last blocks are scheduled, and the halos would not move during it.
         // (The context is current: CudaContext::new bound it to this thread.)
-        let (_, highest) = cudarc::driver::result::stream::get_priority_range()
-            .map_err(cuda_err("stream priorities"))?;
-        let comm = ctx
-            .new_stream_with_priority(highest)
-            .map_err(cuda_err("creating the comm stream"))?;
+        let (_, highest) = cudarc::driver::result::stream::get_priority_range().map_err(cuda_err("stream priorities"))?;
+        let comm = ctx.new_stream_with_priority(highest).map_err(cuda_err("creating the comm stream"))?;
         let comm_done = ctx
-            .new_event(Some(
-                cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-            ))
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(cuda_err("creating an event"))?;
         let checkpoint = ctx
-            .new_event(Some(
-                cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-            ))
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(cuda_err("creating an event"))?;
-        Ok(CudaCompute {
-            device,
-            name,
-            fmad,
-            weights,
-            compute,
-            comm,
-            comm_done,
-            checkpoint,
-            stencil,
-            copy,
-            marks: None,
-            _ctx: ctx,
-            _real: PhantomData,
-        })
+        Ok(CudaCompute { device, name, fmad, weights, compute, comm, comm_done, checkpoint, stencil, copy, marks: None, _ctx: ctx, _real: PhantomData })
     }
 }
 
@@ -382,47 +289,20 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
         self.launch_stencil(&self.compute, src, dst, pitch, rect)
     }
 
-    fn stencil_on_comm(
-        &mut self,
-        src: usize,
-        dst: usize,
-        pitch: usize,
-        rects: &[Rect],
-    ) -> Result<()> {
-        rects
-            .iter()
-            .try_for_each(|r| self.launch_stencil(&self.comm, src, dst, pitch, *r))
+    fn stencil_on_comm(&mut self, src: usize, dst: usize, pitch: usize, rects: &[Rect]) -> Result<()> {
+        rects.iter().try_for_each(|r| self.launch_stencil(&self.comm, src, dst, pitch, *r))
     }
 
-    fn copy_block(
-        &mut self,
-        dst: usize,
-        dst_pitch: usize,
-        src: usize,
-        src_pitch: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
+    fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()> {
         let n = rows * cols;
         if n == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: ((n as u32).div_ceil(COPY_BLOCK), 1, 1),
-            block_dim: (COPY_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (dst, dst_pitch, src, src_pitch) =
-            (dst as u64, dst_pitch as u64, src as u64, src_pitch as u64);
+        let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(COPY_BLOCK), 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let (dst, dst_pitch, src, src_pitch) = (dst as u64, dst_pitch as u64, src as u64, src_pitch as u64);
         let (rows, cols) = (rows as u32, cols as u32);
         let mut launch = self.comm.launch_builder(&self.copy);
-        launch
-            .arg(&dst)
-            .arg(&dst_pitch)
-            .arg(&src)
-            .arg(&src_pitch)
-            .arg(&rows)
-            .arg(&cols);
+        launch.arg(&dst).arg(&dst_pitch).arg(&src).arg(&src_pitch).arg(&rows).arg(&cols);
         // SAFETY: the arguments match copy_block's parameters; the blocks lie in
         // allocations of the caller.
         unsafe { launch.launch(cfg) }.map_err(cuda_err("launching copy_block"))?;
@@ -430,70 +310,43 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
     }
 
     fn sync_compute(&mut self) -> Result<()> {
-        self.compute
-            .synchronize()
-            .map_err(cuda_err("synchronizing the compute stream"))
+        self.compute.synchronize().map_err(cuda_err("synchronizing the compute stream"))
     }
 
     fn sync_comm(&mut self) -> Result<()> {
-        self.comm
-            .synchronize()
-            .map_err(cuda_err("synchronizing the comm stream"))
+        self.comm.synchronize().map_err(cuda_err("synchronizing the comm stream"))
     }
 
     fn compute_after_comm(&mut self) -> Result<()> {
-        self.comm_done
-            .record(&self.comm)
-            .map_err(cuda_err("recording the comm event"))?;
-        self.compute
-            .wait(&self.comm_done)
-            .map_err(cuda_err("ordering compute after comm"))
+        self.comm_done.record(&self.comm).map_err(cuda_err("recording the comm event"))?;
+        self.compute.wait(&self.comm_done).map_err(cuda_err("ordering compute after comm"))
     }
 
     fn compute_checkpoint(&mut self) -> Result<()> {
-        self.checkpoint
-            .record(&self.compute)
-            .map_err(cuda_err("recording the compute checkpoint"))
+        self.checkpoint.record(&self.compute).map_err(cuda_err("recording the compute checkpoint"))
     }
 
     fn comm_after_checkpoint(&mut self) -> Result<()> {
-        self.comm
-            .wait(&self.checkpoint)
-            .map_err(cuda_err("ordering comm after the compute checkpoint"))
+        self.comm.wait(&self.checkpoint).map_err(cuda_err("ordering comm after the compute checkpoint"))
     }
 
     fn wait_checkpoint(&mut self) -> Result<()> {
-        self.checkpoint
-            .synchronize()
-            .map_err(cuda_err("waiting for the compute checkpoint"))
+        self.checkpoint.synchronize().map_err(cuda_err("waiting for the compute checkpoint"))
     }
 
     fn enable_timeline(&mut self, batches: usize) -> Result<bool> {
         let ctx = self.compute.context().clone();
-        let ev = || {
-            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(cuda_err("creating a timing event"))
-        };
-        let sets = (0..batches)
-            .map(|_| Ok([ev()?, ev()?, ev()?, ev()?]))
-            .collect::<Result<Vec<_>>>()?;
+        let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda_err("creating a timing event"));
+        let sets = (0..batches).map(|_| Ok([ev()?, ev()?, ev()?, ev()?])).collect::<Result<Vec<_>>>()?;
         self.marks = Some(Timeline { sets, cur: 0 });
         Ok(true)
     }
 
     fn mark(&mut self, mark: Mark) -> Result<()> {
         let Some(t) = &self.marks else { return Ok(()) };
-        let Some(set) = t.sets.get(t.cur) else {
-            return Ok(());
-        };
-        let stream = if mark == Mark::Comm {
-            &self.comm
-        } else {
-            &self.compute
-        };
-        set[mark as usize]
-            .record(stream)
-            .map_err(cuda_err("recording a timeline mark"))
+        let Some(set) = t.sets.get(t.cur) else { return Ok(()) };
+        let stream = if mark == Mark::Comm { &self.comm } else { &self.compute };
+        set[mark as usize].record(stream).map_err(cuda_err("recording a timeline mark"))
     }
 
     fn end_batch(&mut self) {
@@ -503,14 +356,8 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
     }
 
     fn timeline(&mut self, skip: usize) -> Result<Vec<BatchTimes>> {
-        let Some(t) = &self.marks else {
-            return Ok(Vec::new());
-        };
-        let us = |a: &CudaEvent, b: &CudaEvent| {
-            a.elapsed_ms(b)
-                .map(|ms| ms as f64 * 1e3)
-                .map_err(cuda_err("reading a timeline mark"))
-        };
+        let Some(t) = &self.marks else { return Ok(Vec::new()) };
+        let us = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(|ms| ms as f64 * 1e3).map_err(cuda_err("reading a timeline mark"));
         let n = t.cur.min(t.sets.len());
         (skip.min(n)..n)
             .map(|i| {
@@ -519,11 +366,7 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
                     kernel: us(&set[0], &set[1])?,
                     comm: us(&set[0], &set[2])?,
                     end: us(&set[0], &set[3])?,
-                    gap: if i > 0 {
-                        Some(us(&t.sets[i - 1][3], &set[0])?)
-                    } else {
-                        None
-                    },
+                    gap: if i > 0 { Some(us(&t.sets[i - 1][3], &set[0])?) } else { None },
                 })
             })
             .collect()
@@ -532,51 +375,24 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
 
 impl<T: Real> CudaCompute<T> {
     /// Queues stencil9 on `rect` on `stream`.
-    fn launch_stencil(
-        &self,
-        stream: &Arc<CudaStream>,
-        src: usize,
-        dst: usize,
-        pitch: usize,
-        rect: Rect,
-    ) -> Result<()> {
+    fn launch_stencil(&self, stream: &Arc<CudaStream>, src: usize, dst: usize, pitch: usize, rect: Rect) -> Result<()> {
         if rect.is_empty() {
             return Ok(());
         }
         // Thin strips (the overlap mode's boundary, a few rows) in blocks one row high: an
         // 8-row block over a 1-row strip leaves 7 of 8 threads idle while holding an SM
         // slot the interior kernel beside it could use.
-        let (bx, by) = if rect.rows() < STENCIL_BLOCK.1 as usize {
-            (STENCIL_BLOCK.0 * STENCIL_BLOCK.1, 1)
-        } else {
-            STENCIL_BLOCK
-        };
+        let (bx, by) = if rect.rows() < STENCIL_BLOCK.1 as usize { (STENCIL_BLOCK.0 * STENCIL_BLOCK.1, 1) } else { STENCIL_BLOCK };
         let cfg = LaunchConfig {
-            grid_dim: (
-                (rect.cols() as u32).div_ceil(bx),
-                (rect.rows() as u32).div_ceil(by),
-                1,
-            ),
+            grid_dim: ((rect.cols() as u32).div_ceil(bx), (rect.rows() as u32).div_ceil(by), 1),
             block_dim: (bx, by, 1),
             shared_mem_bytes: 0,
         };
         let (src, dst, pitch) = (src as u64, dst as u64, pitch as u64);
-        let (r0, r1, c0, c1) = (
-            rect.r0 as u32,
-            rect.r1 as u32,
-            rect.c0 as u32,
-            rect.c1 as u32,
-        );
+        let (r0, r1, c0, c1) = (rect.r0 as u32, rect.r1 as u32, rect.c0 as u32, rect.c1 as u32);
         let w = self.weights;
         let mut launch = stream.launch_builder(&self.stencil);
-        launch
-            .arg(&src)
-            .arg(&dst)
-            .arg(&pitch)
-            .arg(&r0)
-            .arg(&r1)
-            .arg(&c0)
-            .arg(&c1);
+        launch.arg(&src).arg(&dst).arg(&pitch).arg(&r0).arg(&r1).arg(&c0).arg(&c1);
         launch.arg(&w.center).arg(&w.cardinal).arg(&w.diagonal);
         // SAFETY: the arguments match stencil9's parameters in order and type; the
         // region keeps every access inside the two arrays.

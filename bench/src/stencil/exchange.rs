@@ -60,12 +60,7 @@ pub trait HaloExchange<T: Real> {
     /// queue waiting for another's event cost about 1.5 us of device time a step on
     /// 2x H200, a third of what overlapping still lost). Returns whether anything was
     /// queued on the comm queue (a rank without neighbours queues nothing).
-    fn finish_on_comm(
-        &mut self,
-        ctx: &mut Context,
-        dev: &mut dyn Compute<T>,
-        field: usize,
-    ) -> Result<bool>;
+    fn finish_on_comm(&mut self, ctx: &mut Context, dev: &mut dyn Compute<T>, field: usize) -> Result<bool>;
 
     /// Which protocols the halos received from each side took so far.
     fn tally(&self) -> &ProtocolTally;
@@ -132,24 +127,15 @@ impl<T: Real> PairwiseExchange<T> {
     pub fn new(ctx: &mut Context, d: &Decomp, carrier: Carrier) -> Result<Self> {
         let mut links = Vec::new();
         for side in Side::ALL {
-            let Some(peer) = d.neighbour(side) else {
-                continue;
-            };
+            let Some(peer) = d.neighbour(side) else { continue };
             let len = d.message_len(side);
             let bytes = len * size_of::<T>();
             let pack = match side {
                 Side::West | Side::East => Some((ctx.mem_alloc(bytes)?, ctx.mem_alloc(bytes)?)),
                 Side::North | Side::South => None,
             };
-            let host = (carrier == Carrier::HostStaged)
-                .then(|| (vec![T::default(); len], vec![T::default(); len]));
-            links.push(Link {
-                side,
-                peer,
-                len,
-                pack,
-                host,
-            });
+            let host = (carrier == Carrier::HostStaged).then(|| (vec![T::default(); len], vec![T::default(); len]));
+            links.push(Link { side, peer, len, pack, host });
         }
         Ok(PairwiseExchange {
             d: d.clone(),
@@ -161,13 +147,7 @@ impl<T: Real> PairwiseExchange<T> {
     }
 
     /// Posts the receives and sends of the phase of `sides`.
-    fn post(
-        &mut self,
-        ctx: &mut Context,
-        dev: &mut dyn Compute<T>,
-        field: usize,
-        sides: [Side; 2],
-    ) -> Result<Vec<Request>> {
+    fn post(&mut self, ctx: &mut Context, dev: &mut dyn Compute<T>, field: usize, sides: [Side; 2]) -> Result<Vec<Request>> {
         let (d, h) = (&self.d, self.d.halo);
         let esize = size_of::<T>();
         self.counted_from = protocol_counts(ctx);
@@ -178,14 +158,7 @@ impl<T: Real> PairwiseExchange<T> {
         for link in self.links.iter_mut().filter(phase) {
             if let Some((sent, _)) = link.pack {
                 let (first, _) = d.halo_layers(link.side);
-                dev.copy_block(
-                    sent,
-                    h,
-                    field + first * esize,
-                    d.pitch(),
-                    d.padded_rows(),
-                    h,
-                )?;
+                dev.copy_block(sent, h, field + first * esize, d.pitch(), d.padded_rows(), h)?;
                 packed = true;
             }
         }
@@ -204,14 +177,7 @@ impl<T: Real> PairwiseExchange<T> {
             let from_tag = travel_tag(link.side.opposite());
             // SAFETY: the buffer (the field's ghost layers, a pack buffer or a staging
             // vector) stays allocated and untouched until `complete` waits for it.
-            reqs.push(unsafe {
-                ctx.irecv(
-                    buf as *mut u8,
-                    link.bytes(),
-                    Some(link.peer),
-                    Some(from_tag),
-                )?
-            });
+            reqs.push(unsafe { ctx.irecv(buf as *mut u8, link.bytes(), Some(link.peer), Some(from_tag))? });
         }
         for link in self.links.iter_mut().filter(phase) {
             let (sent, _) = link.device_ends(d, field);
@@ -225,9 +191,7 @@ impl<T: Real> PairwiseExchange<T> {
             };
             // SAFETY: as for the receives; the field's edge layers are not written
             // before `complete` returns (the next step writes the other array).
-            reqs.push(unsafe {
-                ctx.isend(buf as *const u8, bytes, link.peer, travel_tag(link.side))?
-            });
+            reqs.push(unsafe { ctx.isend(buf as *const u8, bytes, link.peer, travel_tag(link.side))? });
         }
         Ok(reqs)
     }
@@ -243,11 +207,7 @@ impl<T: Real> PairwiseExchange<T> {
     ) -> Result<()> {
         let statuses = ctx.wait_all(reqs)?;
         let (d, h) = (&self.d, self.d.halo);
-        let phase: Vec<&Link<T>> = self
-            .links
-            .iter()
-            .filter(|l| sides.contains(&l.side))
-            .collect();
+        let phase: Vec<&Link<T>> = self.links.iter().filter(|l| sides.contains(&l.side)).collect();
         // The receives were posted first, in link order.
         for (link, status) in phase.iter().zip(&statuses) {
             if status.len as usize != link.bytes() {
@@ -261,8 +221,7 @@ impl<T: Real> PairwiseExchange<T> {
             }
         }
         let present: Vec<Side> = phase.iter().map(|l| l.side).collect();
-        self.tally
-            .record(&present, &self.counted_from, &protocol_counts(ctx));
+        self.tally.record(&present, &self.counted_from, &protocol_counts(ctx));
         for link in phase {
             let (_, received) = link.device_ends(d, field);
             if let Some((_, staged)) = &link.host {
@@ -270,14 +229,7 @@ impl<T: Real> PairwiseExchange<T> {
             }
             if let Some((_, unpacked_from)) = link.pack {
                 let (_, first) = d.halo_layers(link.side);
-                dev.copy_block(
-                    field + first * size_of::<T>(),
-                    d.pitch(),
-                    unpacked_from,
-                    h,
-                    d.padded_rows(),
-                    h,
-                )?;
+                dev.copy_block(field + first * size_of::<T>(), d.pitch(), unpacked_from, h, d.padded_rows(), h)?;
             }
         }
         Ok(())
@@ -286,20 +238,12 @@ impl<T: Real> PairwiseExchange<T> {
 
 impl<T: Real> HaloExchange<T> for PairwiseExchange<T> {
     fn start(&mut self, ctx: &mut Context, dev: &mut dyn Compute<T>, field: usize) -> Result<()> {
-        debug_assert!(
-            self.in_flight.is_empty(),
-            "start called twice without finish"
-        );
+        debug_assert!(self.in_flight.is_empty(), "start called twice without finish");
         self.in_flight = self.post(ctx, dev, field, Side::VERTICAL)?;
         Ok(())
     }
 
-    fn finish_on_comm(
-        &mut self,
-        ctx: &mut Context,
-        dev: &mut dyn Compute<T>,
-        field: usize,
-    ) -> Result<bool> {
+    fn finish_on_comm(&mut self, ctx: &mut Context, dev: &mut dyn Compute<T>, field: usize) -> Result<bool> {
         let vertical = std::mem::take(&mut self.in_flight);
         self.complete(ctx, dev, field, Side::VERTICAL, vertical)?;
         let horizontal = self.post(ctx, dev, field, Side::HORIZONTAL)?;
@@ -332,12 +276,7 @@ impl<T: Real> HaloExchange<T> for NoExchange {
         Ok(())
     }
 
-    fn finish_on_comm(
-        &mut self,
-        _: &mut Context,
-        _: &mut dyn Compute<T>,
-        _: usize,
-    ) -> Result<bool> {
+    fn finish_on_comm(&mut self, _: &mut Context, _: &mut dyn Compute<T>, _: usize) -> Result<bool> {
         Ok(false)
     }
 
@@ -351,13 +290,7 @@ impl<T: Real> HaloExchange<T> for NoExchange {
 }
 
 /// The protocols of gpulmt's counters, in a fixed order.
-pub const PROTOCOLS: [Protocol; 5] = [
-    Protocol::Get,
-    Protocol::Put,
-    Protocol::Coop,
-    Protocol::Shm,
-    Protocol::SelfCopy,
-];
+pub const PROTOCOLS: [Protocol; 5] = [Protocol::Get, Protocol::Put, Protocol::Coop, Protocol::Shm, Protocol::SelfCopy];
 
 /// gpulmt's rendezvous counters (receives per protocol) now.
 pub fn protocol_counts(ctx: &Context) -> [u64; PROTOCOLS.len()] {
@@ -379,12 +312,7 @@ pub struct ProtocolTally {
 
 impl ProtocolTally {
     /// Records one phase with receives from `sides`, counters `before` and `after` it.
-    pub fn record(
-        &mut self,
-        sides: &[Side],
-        before: &[u64; PROTOCOLS.len()],
-        after: &[u64; PROTOCOLS.len()],
-    ) {
+    pub fn record(&mut self, sides: &[Side], before: &[u64; PROTOCOLS.len()], after: &[u64; PROTOCOLS.len()]) {
         if sides.is_empty() {
             return;
         }
@@ -417,10 +345,7 @@ impl ProtocolTally {
         if m.is_empty() {
             return "-".into();
         }
-        m.iter()
-            .map(|(p, n)| format!("{p} x{n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        m.iter().map(|(p, n)| format!("{p} x{n}")).collect::<Vec<_>>().join(", ")
     }
 
     /// A one-line text form (`N:get=12,eager=1;S:shm=13`), for gathering to rank 0.
@@ -429,11 +354,7 @@ impl ProtocolTally {
             .iter()
             .filter(|s| !self.side(**s).is_empty())
             .map(|s| {
-                let counts: Vec<String> = self
-                    .side(*s)
-                    .iter()
-                    .map(|(p, n)| format!("{p}={n}"))
-                    .collect();
+                let counts: Vec<String> = self.side(*s).iter().map(|(p, n)| format!("{p}={n}")).collect();
                 format!("{}:{}", s.letter(), counts.join(","))
             })
             .collect::<Vec<_>>()
@@ -466,11 +387,7 @@ mod tests {
         // One receive, one GET.
         t.record(&[Side::North], &zero, &[1, 0, 0, 0, 0]);
         // Two receives, both GET.
-        t.record(
-            &[Side::North, Side::South],
-            &[1, 0, 0, 0, 0],
-            &[3, 0, 0, 0, 0],
-        );
+        t.record(&[Side::North, Side::South], &[1, 0, 0, 0, 0], &[3, 0, 0, 0, 0]);
         // Two receives, GET and PUT: ambiguous, joined.
         t.record(&[Side::West, Side::East], &zero, &[1, 1, 0, 0, 0]);
         // Two eager receives.

@@ -83,15 +83,8 @@ impl ProcGrid {
     #[allow(clippy::manual_is_multiple_of)]
     pub fn squarest(n: u32) -> ProcGrid {
         let n = n.max(1);
-        let cols = (1..=n)
-            .take_while(|c| c * c <= n)
-            .filter(|c| n % c == 0)
-            .last()
-            .unwrap_or(1);
-        ProcGrid {
-            rows: n / cols,
-            cols,
-        }
+        let cols = (1..=n).take_while(|c| c * c <= n).filter(|c| n % c == 0).last().unwrap_or(1);
+        ProcGrid { rows: n / cols, cols }
     }
 
     /// Parses `RxC`, e.g. `2x3`.
@@ -181,12 +174,7 @@ impl Decomp {
     /// The block of `rank`. Fails, with the same message on every rank, when some
     /// block is too small for the halo: a neighbour's `h` ghost layers come from `h`
     /// interior layers of this block.
-    pub fn new(
-        grid: ProcGrid,
-        rank: u32,
-        global: (usize, usize),
-        halo: usize,
-    ) -> Result<Decomp, String> {
+    pub fn new(grid: ProcGrid, rank: u32, global: (usize, usize), halo: usize) -> Result<Decomp, String> {
         if halo == 0 {
             return Err("the halo width must be at least 1".into());
         }
@@ -217,21 +205,12 @@ impl Decomp {
         neighbours[Side::South.index()] = (row + 1 < grid.rows).then(|| grid.rank_at(row + 1, col));
         neighbours[Side::West.index()] = (col > 0).then(|| grid.rank_at(row, col - 1));
         neighbours[Side::East.index()] = (col + 1 < grid.cols).then(|| grid.rank_at(row, col + 1));
-        Ok(Decomp {
-            grid,
-            rank,
-            global,
-            offset: (r_off, c_off),
-            local: (r_len, c_len),
-            halo,
-            neighbours,
-        })
+        Ok(Decomp { grid, rank, global, offset: (r_off, c_off), local: (r_len, c_len), halo, neighbours })
     }
 
     /// The whole problem on one rank with one ghost layer: the CPU reference.
     pub fn single(global: (usize, usize)) -> Decomp {
-        Decomp::new(ProcGrid { rows: 1, cols: 1 }, 0, global, 1)
-            .expect("a 1x1 grid with halo 1 always fits")
+        Decomp::new(ProcGrid { rows: 1, cols: 1 }, 0, global, 1).expect("a 1x1 grid with halo 1 always fits")
     }
 
     pub fn neighbour(&self, side: Side) -> Option<u32> {
@@ -261,10 +240,7 @@ impl Decomp {
     /// cells beyond the global boundary.
     pub fn global_of(&self, i: usize, j: usize) -> (i64, i64) {
         let h = self.halo as i64;
-        (
-            self.offset.0 as i64 + i as i64 - h,
-            self.offset.1 as i64 + j as i64 - h,
-        )
+        (self.offset.0 as i64 + i as i64 - h, self.offset.1 as i64 + j as i64 - h)
     }
 
     /// The rectangle whose distance to the array edge is `margin(has_neighbour)` on
@@ -282,12 +258,7 @@ impl Decomp {
     /// The interior, without ghost cells.
     pub fn interior(&self) -> Rect {
         let h = self.halo;
-        Rect {
-            r0: h,
-            r1: h + self.local.0,
-            c0: h,
-            c1: h + self.local.1,
-        }
+        Rect { r0: h, r1: h + self.local.0, c0: h, c1: h + self.local.1 }
     }
 
     /// What step `k` (0-based, `k < halo`) after an exchange updates: the interior,
@@ -317,30 +288,10 @@ impl Decomp {
             return vec![full];
         }
         [
-            Rect {
-                r0: full.r0,
-                r1: inner.r0,
-                c0: full.c0,
-                c1: full.c1,
-            },
-            Rect {
-                r0: inner.r1,
-                r1: full.r1,
-                c0: full.c0,
-                c1: full.c1,
-            },
-            Rect {
-                r0: inner.r0,
-                r1: inner.r1,
-                c0: full.c0,
-                c1: inner.c0,
-            },
-            Rect {
-                r0: inner.r0,
-                r1: inner.r1,
-                c0: inner.c1,
-                c1: full.c1,
-            },
+            Rect { r0: full.r0, r1: inner.r0, c0: full.c0, c1: full.c1 },
+            Rect { r0: inner.r1, r1: full.r1, c0: full.c0, c1: full.c1 },
+            Rect { r0: inner.r0, r1: inner.r1, c0: full.c0, c1: inner.c0 },
+            Rect { r0: inner.r0, r1: inner.r1, c0: inner.c1, c1: full.c1 },
         ]
         .into_iter()
         .filter(|r| !r.is_empty())
@@ -373,18 +324,10 @@ impl Decomp {
 
     /// The interior of a local array, row-major without ghost cells.
     pub fn extract_interior<T: Copy>(&self, field: &[T]) -> Vec<T> {
-        assert_eq!(
-            field.len(),
-            self.len(),
-            "field of {} elements for a {}-element block",
-            field.len(),
-            self.len()
-        );
+        assert_eq!(field.len(), self.len(), "field of {} elements for a {}-element block", field.len(), self.len());
         let r = self.interior();
         let p = self.pitch();
-        (r.r0..r.r1)
-            .flat_map(|i| field[i * p + r.c0..i * p + r.c1].iter().copied())
-            .collect()
+        (r.r0..r.r1).flat_map(|i| field[i * p + r.c0..i * p + r.c1].iter().copied()).collect()
     }
 }
 
@@ -438,10 +381,7 @@ mod tests {
     fn too_small_blocks_are_refused() {
         let g = ProcGrid { rows: 2, cols: 1 };
         assert!(Decomp::new(g, 0, (6, 6), 4).is_err());
-        assert!(
-            Decomp::new(g, 0, (8, 2), 4).is_ok(),
-            "a single column of ranks does not split the columns"
-        );
+        assert!(Decomp::new(g, 0, (8, 2), 4).is_ok(), "a single column of ranks does not split the columns");
         assert!(Decomp::new(g, 0, (1, 8), 1).is_err());
     }
 
@@ -452,24 +392,8 @@ mod tests {
         let d = Decomp::new(ProcGrid { rows: 3, cols: 3 }, 1, (30, 30), 3).unwrap();
         // Rank 1: north boundary, neighbours south, west and east.
         let (r, p) = (d.padded_rows(), d.pitch());
-        assert_eq!(
-            d.step_region(0),
-            Rect {
-                r0: 3,
-                r1: r - 1,
-                c0: 1,
-                c1: p - 1
-            }
-        );
-        assert_eq!(
-            d.step_region(2),
-            Rect {
-                r0: 3,
-                r1: r - 3,
-                c0: 3,
-                c1: p - 3
-            }
-        );
+        assert_eq!(d.step_region(0), Rect { r0: 3, r1: r - 1, c0: 1, c1: p - 1 });
+        assert_eq!(d.step_region(2), Rect { r0: 3, r1: r - 3, c0: 3, c1: p - 3 });
         assert_eq!(d.step_region(2), d.interior());
         for k in 1..3 {
             let (prev, cur) = (d.step_region(k - 1), d.step_region(k));
@@ -498,13 +422,8 @@ mod tests {
                 }
                 for i in 0..d.padded_rows() {
                     for j in 0..d.pitch() {
-                        let inside =
-                            (full.r0..full.r1).contains(&i) && (full.c0..full.c1).contains(&j);
-                        assert_eq!(
-                            count[i * d.pitch() + j],
-                            u8::from(inside),
-                            "rank {rank} halo {halo} cell ({i},{j})"
-                        );
+                        let inside = (full.r0..full.r1).contains(&i) && (full.c0..full.c1).contains(&j);
+                        assert_eq!(count[i * d.pitch() + j], u8::from(inside), "rank {rank} halo {halo} cell ({i},{j})");
                     }
                 }
                 // The inner region reads no ghost cell a neighbour provides.

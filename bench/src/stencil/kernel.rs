@@ -19,16 +19,7 @@ pub const CUDA_SOURCE: &str = include_str!("kernels.cu");
 
 /// The floating-point types of `--precision`.
 pub trait Real:
-    Copy
-    + Default
-    + PartialEq
-    + std::fmt::Debug
-    + Send
-    + Sync
-    + 'static
-    + Add<Output = Self>
-    + Mul<Output = Self>
-    + DeviceRepr
+    Copy + Default + PartialEq + std::fmt::Debug + Send + Sync + 'static + Add<Output = Self> + Mul<Output = Self> + DeviceRepr
 {
     /// The `--precision` value.
     const NAME: &'static str;
@@ -82,11 +73,7 @@ pub struct Weights<T> {
 
 impl<T: Real> Weights<T> {
     pub fn new(center: f64, cardinal: f64, diagonal: f64) -> Self {
-        Weights {
-            center: T::from_f64(center),
-            cardinal: T::from_f64(cardinal),
-            diagonal: T::from_f64(diagonal),
-        }
+        Weights { center: T::from_f64(center), cardinal: T::from_f64(cardinal), diagonal: T::from_f64(diagonal) }
     }
 }
 
@@ -105,12 +92,7 @@ pub fn point<T: Real>(w: &Weights<T>, up: &[T], mid: &[T], down: &[T]) -> T {
 fn stencil_row<T: Real>(w: &Weights<T>, up: &[T], mid: &[T], down: &[T], out: &mut [T]) {
     let n = out.len();
     let (up, mid, down) = (&up[..n + 2], &mid[..n + 2], &down[..n + 2]);
-    for (((o, u), m), d) in out
-        .iter_mut()
-        .zip(up.windows(3))
-        .zip(mid.windows(3))
-        .zip(down.windows(3))
-    {
+    for (((o, u), m), d) in out.iter_mut().zip(up.windows(3)).zip(mid.windows(3)).zip(down.windows(3)) {
         *o = point(w, u, m, d);
     }
 }
@@ -119,30 +101,11 @@ fn stencil_row<T: Real>(w: &Weights<T>, up: &[T], mid: &[T], down: &[T], out: &m
 /// of a pitched array; `src` is the same band of the source array plus the row above
 /// and the row below it. Splits the band over `threads` threads (the result does not
 /// depend on the split).
-pub fn stencil_band<T: Real>(
-    w: &Weights<T>,
-    src: &[T],
-    dst: &mut [T],
-    pitch: usize,
-    cols: Range<usize>,
-    threads: usize,
-) {
+pub fn stencil_band<T: Real>(w: &Weights<T>, src: &[T], dst: &mut [T], pitch: usize, cols: Range<usize>, threads: usize) {
     assert!(pitch > 0, "zero pitch");
-    assert_eq!(
-        dst.len() % pitch,
-        0,
-        "band of {} elements with pitch {pitch}",
-        dst.len()
-    );
-    assert_eq!(
-        src.len(),
-        dst.len() + 2 * pitch,
-        "the source band must have one more row on each side"
-    );
-    assert!(
-        cols.start >= 1 && cols.end < pitch && cols.start <= cols.end,
-        "columns {cols:?} of a {pitch}-wide array"
-    );
+    assert_eq!(dst.len() % pitch, 0, "band of {} elements with pitch {pitch}", dst.len());
+    assert_eq!(src.len(), dst.len() + 2 * pitch, "the source band must have one more row on each side");
+    assert!(cols.start >= 1 && cols.end < pitch && cols.start <= cols.end, "columns {cols:?} of a {pitch}-wide array");
     let rows = dst.len() / pitch;
     // Bands of fewer rows cost more in thread start-up than they save.
     let threads = threads.clamp(1, (rows / 64).max(1));
@@ -174,14 +137,7 @@ pub fn stencil_band<T: Real>(
 /// # Safety
 /// Both blocks must be valid for their pitched extent, not overlap, and not be
 /// accessed by anyone else during the copy.
-pub unsafe fn copy_block_raw<T: Copy>(
-    dst: *mut T,
-    dst_pitch: usize,
-    src: *const T,
-    src_pitch: usize,
-    rows: usize,
-    cols: usize,
-) {
+pub unsafe fn copy_block_raw<T: Copy>(dst: *mut T, dst_pitch: usize, src: *const T, src_pitch: usize, rows: usize, cols: usize) {
     for r in 0..rows {
         std::ptr::copy_nonoverlapping(src.add(r * src_pitch), dst.add(r * dst_pitch), cols);
     }
@@ -201,11 +157,7 @@ fn mix(mut x: u64) -> u64 {
 /// double runs start from the same numbers.
 pub fn initial_value(i: i64, j: i64, global: (usize, usize)) -> f64 {
     let inside = (0..global.0 as i64).contains(&i) && (0..global.1 as i64).contains(&j);
-    let salt: u64 = if inside {
-        0x5354_454E_4349_4C32
-    } else {
-        0x424F_554E_4441_5259
-    };
+    let salt: u64 = if inside { 0x5354_454E_4349_4C32 } else { 0x424F_554E_4441_5259 };
     let h = mix(salt ^ mix(((i as u64) << 32) ^ (j as u64 & 0xFFFF_FFFF)));
     (h >> 40) as f64 / (1u64 << 24) as f64
 }
@@ -224,25 +176,13 @@ pub fn initial_field<T: Real>(d: &Decomp) -> Vec<T> {
 
 /// The whole problem on one rank: `steps` steps on the global interior with the
 /// stencil code the sim devices run; returns the interior, row-major.
-pub fn reference<T: Real>(
-    global: (usize, usize),
-    w: &Weights<T>,
-    steps: usize,
-    threads: usize,
-) -> Vec<T> {
+pub fn reference<T: Real>(global: (usize, usize), w: &Weights<T>, steps: usize, threads: usize) -> Vec<T> {
     let d = Decomp::single(global);
     let (p, rect) = (d.pitch(), d.step_region(0));
     let mut a = initial_field::<T>(&d);
     let mut b = a.clone();
     for _ in 0..steps {
-        stencil_band(
-            w,
-            &a[(rect.r0 - 1) * p..(rect.r1 + 1) * p],
-            &mut b[rect.r0 * p..rect.r1 * p],
-            p,
-            rect.c0..rect.c1,
-            threads,
-        );
+        stencil_band(w, &a[(rect.r0 - 1) * p..(rect.r1 + 1) * p], &mut b[rect.r0 * p..rect.r1 * p], p, rect.c0..rect.c1, threads);
         std::mem::swap(&mut a, &mut b);
     }
     d.extract_interior(&a)

@@ -80,9 +80,7 @@ impl Envelope {
 
 /// FNV-1a of a job id: ties an envelope to the gpulmt job of this node.
 pub fn job_hash(job: &str) -> u64 {
-    job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[cfg(test)]
@@ -90,14 +88,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Envelope {
-        Envelope {
-            kind: KIND_LMT,
-            total: 1 << 24,
-            job_hash: job_hash("mpi1x2"),
-            world_rank: 3,
-            local_rank: 1,
-            cookie: (0..123).collect(),
-        }
+        Envelope { kind: KIND_LMT, total: 1 << 24, job_hash: job_hash("mpi1x2"), world_rank: 3, local_rank: 1, cookie: (0..123).collect() }
     }
 
     #[test]

@@ -94,27 +94,16 @@ struct State {
 impl State {
     const fn new() -> State {
         State {
-            memo: Cell::new(Memo {
-                buf: 0,
-                count: 0,
-                dt: NO_TYPE,
-                generation: u64::MAX,
-                bytes: 0,
-            }),
+            memo: Cell::new(Memo { buf: 0, count: 0, dt: NO_TYPE, generation: u64::MAX, bytes: 0 }),
             landing: Cell::new(None),
-            rest: RefCell::new(HostThread {
-                generation: 0,
-                ranges: HostRanges::new(),
-                types: NamedTypes::new(),
-            }),
+            rest: RefCell::new(HostThread { generation: 0, ranges: HostRanges::new(), types: NamedTypes::new() }),
         }
     }
 
     /// Bytes of `count` elements of `dt` at `buf` when contiguous host memory (or none).
     #[inline(always)]
     fn ready(&self, buf: usize, count: c_int, dt: MPI_Datatype) -> Option<usize> {
-        self.memo(buf, count, dt)
-            .or_else(|| self.ready_slow(buf, count, dt))
+        self.memo(buf, count, dt).or_else(|| self.ready_slow(buf, count, dt))
     }
 
     /// `ready` when the memo knows the buffer.
@@ -122,10 +111,7 @@ impl State {
     fn memo(&self, buf: usize, count: c_int, dt: MPI_Datatype) -> Option<usize> {
         let m = self.memo.get();
         // Acquire: pairs with `forget_all` (a memo of an older generation is not used).
-        let known = m.buf == buf
-            && m.count == count
-            && m.dt == dt
-            && m.generation == GENERATION.load(Ordering::Acquire);
+        let known = m.buf == buf && m.count == count && m.dt == dt && m.generation == GENERATION.load(Ordering::Acquire);
         known.then_some(m.bytes)
     }
 
@@ -144,33 +130,15 @@ impl State {
         if named {
             // The generation the answer holds for (`is_host` may not have looked).
             t.current();
-            self.memo.set(Memo {
-                buf,
-                count,
-                dt,
-                generation: t.generation,
-                bytes,
-            });
+            self.memo.set(Memo { buf, count, dt, generation: t.generation, bytes });
         }
         Some(bytes)
     }
 
     #[inline(always)]
-    fn recv_ready(
-        &self,
-        buf: usize,
-        count: c_int,
-        dt: MPI_Datatype,
-    ) -> Option<(usize, Option<*mut u8>)> {
+    fn recv_ready(&self, buf: usize, count: c_int, dt: MPI_Datatype) -> Option<(usize, Option<*mut u8>)> {
         let cap = self.ready(buf, count, dt)?;
-        Some((
-            cap,
-            if cap < ENVELOPE_BYTES {
-                self.landing()
-            } else {
-                None
-            },
-        ))
+        Some((cap, if cap < ENVELOPE_BYTES { self.landing() } else { None }))
     }
 
     #[inline(always)]
@@ -308,10 +276,7 @@ pub fn memo_recv_ready(buf: usize, count: c_int, dt: MPI_Datatype) -> Option<(us
     if !serialized() {
         return None;
     }
-    let cap = SHARED
-        .0
-        .memo(buf, count, dt)
-        .filter(|&cap| cap < ENVELOPE_BYTES)?;
+    let cap = SHARED.0.memo(buf, count, dt).filter(|&cap| cap < ENVELOPE_BYTES)?;
     Some((cap, SHARED.0.landing.get()??))
 }
 
@@ -346,9 +311,7 @@ mod tests {
     fn landing_buffer_is_reserved_once_per_thread() {
         let p = landing().expect("reserving address space");
         assert_eq!(landing(), Some(p));
-        let other = std::thread::spawn(|| landing().map(|p| p as usize))
-            .join()
-            .unwrap();
+        let other = std::thread::spawn(|| landing().map(|p| p as usize)).join().unwrap();
         assert_ne!(other, Some(p as usize), "each thread has its own");
     }
 }

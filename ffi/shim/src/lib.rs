@@ -41,8 +41,8 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod envelope;
-mod hostmem;
 mod raw;
+mod hostmem;
 mod scratch;
 mod state;
 
@@ -50,18 +50,17 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use mpi_sys::{
-    MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status, PMPI_Barrier, PMPI_Comm_call_errhandler,
-    PMPI_Comm_get_errhandler, PMPI_Comm_set_errhandler, PMPI_Errhandler_free, PMPI_Finalize,
-    PMPI_Ibarrier, PMPI_Init, PMPI_Init_thread, PMPI_Iprobe, PMPI_Irecv, PMPI_Isend, PMPI_Issend,
-    PMPI_Mprobe, PMPI_Mrecv, PMPI_Probe, PMPI_Query_thread, PMPI_Recv, PMPI_Send, PMPI_Sendrecv,
-    PMPI_Ssend, PMPI_Test, PMPI_Testall, PMPI_Testany, PMPI_Testsome, PMPI_Wait, PMPI_Waitall,
-    PMPI_Waitany, PMPI_Waitsome, RSMPI_ERRORS_RETURN,
+    MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status, PMPI_Barrier, PMPI_Comm_call_errhandler, PMPI_Finalize,
+    PMPI_Ibarrier, PMPI_Init, PMPI_Init_thread, PMPI_Query_thread, PMPI_Iprobe, PMPI_Irecv, PMPI_Isend, PMPI_Issend, PMPI_Probe,
+    PMPI_Mprobe, PMPI_Mrecv, PMPI_Recv, PMPI_Send, PMPI_Sendrecv, PMPI_Ssend, PMPI_Test, PMPI_Testall, PMPI_Testany, PMPI_Testsome,
+    PMPI_Wait, PMPI_Waitall, PMPI_Waitany, PMPI_Waitsome, PMPI_Comm_get_errhandler, PMPI_Comm_set_errhandler,
+    PMPI_Errhandler_free, RSMPI_ERRORS_RETURN,
 };
 
-use envelope::ENVELOPE_BYTES;
 use raw::*;
 pub use state::gpulmt_mpi_counters;
 use state::{errored, lock, Done, Shim};
+use envelope::ENVELOPE_BYTES;
 
 /// Set while the shim is active (between MPI_Init and MPI_Finalize): the fast test
 /// that lets every call pass straight through when it is not.
@@ -104,15 +103,7 @@ fn wait_op(id: u64) -> Done {
         match r {
             Some(Some(d)) => return d,
             Some(None) => std::hint::spin_loop(),
-            None => {
-                return Done {
-                    source: 0,
-                    tag: 0,
-                    bytes: 0,
-                    error: ERR_INTERN,
-                    cancelled: false,
-                }
-            }
+            None => return Done { source: 0, tag: 0, bytes: 0, error: ERR_INTERN, cancelled: false },
         }
     }
 }
@@ -182,9 +173,7 @@ fn start() {
             *lock() = Some(s);
             ACTIVE.store(true, Ordering::Release);
         }
-        Err(why) => eprintln!(
-            "gpulmt-mpi: shim disabled, device buffers go to the MPI library as they are: {why}"
-        ),
+        Err(why) => eprintln!("gpulmt-mpi: shim disabled, device buffers go to the MPI library as they are: {why}"),
     }
 }
 
@@ -241,12 +230,7 @@ enum SendPath {
     Device(usize),
 }
 
-fn send_path(
-    s: &mut Shim,
-    buf: *const c_void,
-    count: c_int,
-    dt: MPI_Datatype,
-) -> Result<SendPath, c_int> {
+fn send_path(s: &mut Shim, buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Result<SendPath, c_int> {
     // An invalid datatype or count goes to the MPI library, which reports it.
     let Ok((bytes, contiguous)) = hostmem::geometry(dt, count) else {
         return Ok(SendPath::Mpi);
@@ -254,11 +238,7 @@ fn send_path(
     if bytes == 0 || !s.is_device(buf as usize, bytes) {
         return Ok(SendPath::Mpi);
     }
-    Ok(if contiguous {
-        SendPath::Device(bytes)
-    } else {
-        SendPath::Mpi
-    })
+    Ok(if contiguous { SendPath::Device(bytes) } else { SendPath::Mpi })
 }
 
 /// The bytes of a contiguous buffer this thread already knows to be host memory, while
@@ -276,11 +256,7 @@ fn host_ready(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Option<usiz
 /// As `host_ready`, for a receive: with the landing buffer when it is smaller than an
 /// envelope (`hostmem::recv_ready`).
 #[inline(always)]
-fn host_recv_ready(
-    buf: *const c_void,
-    count: c_int,
-    dt: MPI_Datatype,
-) -> Option<(usize, Option<*mut u8>)> {
+fn host_recv_ready(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Option<(usize, Option<*mut u8>)> {
     if !state::host_fast_path() {
         return None;
     }
@@ -293,22 +269,13 @@ fn host_recv_ready(
 /// the MPI function needs no stack frame and jumps to the library's.
 #[inline(always)]
 fn send_passes(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int) -> bool {
-    !active()
-        || dest == proc_null()
-        || (state::host_fast_path() && hostmem::memo_ready(buf as usize, count, dt).is_some())
+    !active() || dest == proc_null() || (state::host_fast_path() && hostmem::memo_ready(buf as usize, count, dt).is_some())
 }
 
 /// A blocking send of an active shim that `send_passes` did not let through: a host
 /// buffer (`host_ready`) still goes to the library, anything else to `send_blocking`.
 #[inline(never)]
-unsafe fn send_checked<const SYNC: bool>(
-    buf: *const c_void,
-    count: c_int,
-    dt: MPI_Datatype,
-    dest: c_int,
-    tag: c_int,
-    comm: MPI_Comm,
-) -> c_int {
+unsafe fn send_checked<const SYNC: bool>(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
     if host_ready(buf, count, dt).is_some() {
         let pmpi: PmpiSend = if SYNC { PMPI_Ssend } else { PMPI_Send };
         // SAFETY: the caller's arguments, passed on.
@@ -318,35 +285,14 @@ unsafe fn send_checked<const SYNC: bool>(
     unsafe { send_blocking(buf, count, dt, dest, tag, comm, SYNC) }
 }
 
-type PmpiSend =
-    unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm) -> c_int;
-type PmpiIsend = unsafe extern "C" fn(
-    *const c_void,
-    c_int,
-    MPI_Datatype,
-    c_int,
-    c_int,
-    MPI_Comm,
-    *mut MPI_Request,
-) -> c_int;
+type PmpiSend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm) -> c_int;
+type PmpiIsend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm, *mut MPI_Request) -> c_int;
 
 /// A blocking send of an active shim that is not a host send the shim may leave to
 /// the library without its lock: decided under the lock.
 #[inline(never)]
-unsafe fn send_blocking(
-    buf: *const c_void,
-    count: c_int,
-    dt: MPI_Datatype,
-    dest: c_int,
-    tag: c_int,
-    comm: MPI_Comm,
-    sync: bool,
-) -> c_int {
-    let (pmpi, ipmpi): (PmpiSend, PmpiIsend) = if sync {
-        (PMPI_Ssend, PMPI_Issend)
-    } else {
-        (PMPI_Send, PMPI_Isend)
-    };
+unsafe fn send_blocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, sync: bool) -> c_int {
+    let (pmpi, ipmpi): (PmpiSend, PmpiIsend) = if sync { (PMPI_Ssend, PMPI_Issend) } else { (PMPI_Send, PMPI_Isend) };
     let mut g = lock();
     let Some(s) = g.as_mut() else {
         drop(g);
@@ -374,16 +320,14 @@ unsafe fn send_blocking(
             }
             s.track_host_send(inner, comm)
         }
-        Ok(SendPath::Device(bytes)) => {
-            match s.start_device_send(buf as usize, bytes, dest, tag, comm, sync, false) {
-                Ok((id, _)) => id,
-                Err(rc) => {
-                    drop(g);
-                    // SAFETY: the user's communicator.
-                    return unsafe { raise(comm, rc) };
-                }
+        Ok(SendPath::Device(bytes)) => match s.start_device_send(buf as usize, bytes, dest, tag, comm, sync, false) {
+            Ok((id, _)) => id,
+            Err(rc) => {
+                drop(g);
+                // SAFETY: the user's communicator.
+                return unsafe { raise(comm, rc) };
             }
-        }
+        },
     };
     drop(g);
     let d = wait_op(id);
@@ -425,32 +369,23 @@ unsafe fn send_nonblocking(
             drop(g);
             pass()
         }
-        Ok(SendPath::Device(bytes)) => {
-            match s.start_device_send(buf as usize, bytes, dest, tag, comm, sync, true) {
-                Ok((_, handle)) => {
-                    // SAFETY: the caller's out-pointer.
-                    unsafe { *request = handle };
-                    SUCCESS
-                }
-                Err(rc) => {
-                    drop(g);
-                    // SAFETY: the user's communicator.
-                    unsafe { raise(comm, rc) }
-                }
+        Ok(SendPath::Device(bytes)) => match s.start_device_send(buf as usize, bytes, dest, tag, comm, sync, true) {
+            Ok((_, handle)) => {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *request = handle };
+                SUCCESS
             }
-        }
+            Err(rc) => {
+                drop(g);
+                // SAFETY: the user's communicator.
+                unsafe { raise(comm, rc) }
+            }
+        },
     }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Send(
-    buf: *const c_void,
-    count: c_int,
-    dt: MPI_Datatype,
-    dest: c_int,
-    tag: c_int,
-    comm: MPI_Comm,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Send(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
     if send_passes(buf, count, dt, dest) {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Send(buf, count, dt, dest, tag, comm) };
@@ -460,14 +395,7 @@ pub unsafe extern "C" fn MPI_Send(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Ssend(
-    buf: *const c_void,
-    count: c_int,
-    dt: MPI_Datatype,
-    dest: c_int,
-    tag: c_int,
-    comm: MPI_Comm,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Ssend(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
     if send_passes(buf, count, dt, dest) {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Ssend(buf, count, dt, dest, tag, comm) };
@@ -527,9 +455,7 @@ pub unsafe extern "C" fn MPI_Recv(
     if state::host_fast_path() {
         if let Some((cap, landing)) = hostmem::memo_recv_ready(buf as usize, count, dt) {
             // SAFETY: the caller's arguments; the landing buffer of this thread.
-            return unsafe {
-                recv_landing(buf, count, dt, source, tag, comm, status, cap, landing)
-            };
+            return unsafe { recv_landing(buf, count, dt, source, tag, comm, status, cap, landing) };
         }
     }
     // The whole check, here too: unlike a send, the receive needs a stack frame anyway
@@ -568,11 +494,7 @@ unsafe fn recv_blocking(
     match with(|s| s.direct_recv_bytes(buf as usize, count, dt)) {
         None => return pass(),
         Some(Some(cap)) => {
-            let landing = if cap < ENVELOPE_BYTES {
-                hostmem::landing()
-            } else {
-                None
-            };
+            let landing = if cap < ENVELOPE_BYTES { hostmem::landing() } else { None };
             // SAFETY: the caller's arguments.
             return unsafe { recv_direct(buf, count, dt, source, tag, comm, status, cap, landing) };
         }
@@ -601,9 +523,7 @@ unsafe fn recv_blocking(
 unsafe fn envelope_at(p: *const u8) -> Option<[u8; ENVELOPE_BYTES]> {
     // SAFETY: the caller's contract; a byte array has no alignment.
     let bytes = unsafe { p.cast::<[u8; ENVELOPE_BYTES]>().read() };
-    with(|s| s.is_envelope(&bytes))
-        .unwrap_or(false)
-        .then_some(bytes)
+    with(|s| s.is_envelope(&bytes)).unwrap_or(false).then_some(bytes)
 }
 
 /// Counts a receive `recv_direct` left to the MPI library.
@@ -613,10 +533,7 @@ fn count_direct_recv() {
     // MPI_THREAD_MULTIPLE no other MPI call runs meanwhile, so a load and a store count
     // as well as the locked add, which costs far more than the rest of the count.
     if hostmem::serialized() {
-        DIRECT_HOST_RECVS.store(
-            DIRECT_HOST_RECVS.load(Ordering::Relaxed) + 1,
-            Ordering::Relaxed,
-        );
+        DIRECT_HOST_RECVS.store(DIRECT_HOST_RECVS.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     } else {
         DIRECT_HOST_RECVS.fetch_add(1, Ordering::Relaxed);
     }
@@ -660,9 +577,7 @@ unsafe fn recv_direct(
     if cap < ENVELOPE_BYTES {
         if let Some(landing) = landing {
             // SAFETY: the caller's arguments and landing buffer.
-            return unsafe {
-                recv_landing(buf, count, dt, source, tag, comm, status, cap, landing)
-            };
+            return unsafe { recv_landing(buf, count, dt, source, tag, comm, status, cap, landing) };
         }
     }
     let mut st = empty_status();
@@ -685,9 +600,7 @@ unsafe fn recv_direct(
         if envelope.is_some() {
             // The payload goes into the buffer; what it does not cover stays as it was.
             // SAFETY: as above.
-            unsafe {
-                std::ptr::copy_nonoverlapping(saved.as_ptr(), buf as *mut u8, ENVELOPE_BYTES)
-            };
+            unsafe { std::ptr::copy_nonoverlapping(saved.as_ptr(), buf as *mut u8, ENVELOPE_BYTES) };
         }
     } else {
         let mut msg = message_null();
@@ -701,15 +614,7 @@ unsafe fn recv_direct(
             // `deliver_direct` tells them apart.
             let mut bytes = [0u8; ENVELOPE_BYTES];
             // SAFETY: the matched message goes to our buffer of exactly its size.
-            rc = unsafe {
-                PMPI_Mrecv(
-                    bytes.as_mut_ptr().cast(),
-                    ENVELOPE_BYTES as c_int,
-                    byte(),
-                    &mut msg,
-                    &mut st,
-                )
-            };
+            rc = unsafe { PMPI_Mrecv(bytes.as_mut_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), &mut msg, &mut st) };
             envelope = Some(bytes);
         } else {
             // SAFETY: the user's buffer with their count and datatype.
@@ -718,9 +623,7 @@ unsafe fn recv_direct(
     }
     match envelope {
         // SAFETY: the caller's arguments.
-        Some(bytes) if rc == SUCCESS => unsafe {
-            deliver(buf, count, dt, source, tag, comm, status, &st, &bytes)
-        },
+        Some(bytes) if rc == SUCCESS => unsafe { deliver(buf, count, dt, source, tag, comm, status, &st, &bytes) },
         // SAFETY: the caller's status.
         _ => unsafe { direct_done(status, &st, rc) },
     }
@@ -747,17 +650,7 @@ unsafe fn recv_landing(
     // SAFETY: ENVELOPE_BYTES bytes at the start of this thread's landing buffer,
     // which also absorbs Open MPI writing a longer message past that count; the
     // caller's source, tag and communicator.
-    let mut rc = unsafe {
-        PMPI_Recv(
-            landing.cast(),
-            ENVELOPE_BYTES as c_int,
-            byte(),
-            source,
-            tag,
-            comm,
-            &mut st,
-        )
-    };
+    let mut rc = unsafe { PMPI_Recv(landing.cast(), ENVELOPE_BYTES as c_int, byte(), source, tag, comm, &mut st) };
     let bytes = status_bytes(&st);
     scratch::release_overrun(landing, bytes);
     if rc == SUCCESS && bytes == ENVELOPE_BYTES {
@@ -826,23 +719,10 @@ unsafe fn deliver(
     st: &MPI_Status,
     bytes: &[u8; ENVELOPE_BYTES],
 ) -> c_int {
-    let id = with(|s| {
-        s.deliver_direct(
-            (buf as usize, count, dt, source, tag, comm),
-            st.MPI_SOURCE,
-            st.MPI_TAG,
-            bytes,
-        )
-    });
+    let id = with(|s| s.deliver_direct((buf as usize, count, dt, source, tag, comm), st.MPI_SOURCE, st.MPI_TAG, bytes));
     let d = match id {
         Some(id) => wait_op(id),
-        None => Done {
-            source: st.MPI_SOURCE,
-            tag: st.MPI_TAG,
-            bytes: 0,
-            error: ERR_INTERN,
-            cancelled: false,
-        },
+        None => Done { source: st.MPI_SOURCE, tag: st.MPI_TAG, bytes: 0, error: ERR_INTERN, cancelled: false },
     };
     // SAFETY: the caller's status pointer; the user's communicator.
     unsafe {
@@ -897,36 +777,17 @@ pub unsafe extern "C" fn MPI_Sendrecv(
     if !active() {
         // SAFETY: the caller's arguments, passed on.
         return unsafe {
-            PMPI_Sendrecv(
-                sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source,
-                recvtag, comm, status,
-            )
+            PMPI_Sendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source, recvtag, comm, status)
         };
     }
     let mut reqs = [request_null(), request_null()];
     // SAFETY: the caller's buffers stay valid: both requests finish before we return.
     unsafe {
-        let rc = MPI_Irecv(
-            recvbuf,
-            recvcount,
-            recvtype,
-            source,
-            recvtag,
-            comm,
-            &mut reqs[0],
-        );
+        let rc = MPI_Irecv(recvbuf, recvcount, recvtype, source, recvtag, comm, &mut reqs[0]);
         if rc != SUCCESS {
             return rc;
         }
-        let rc = MPI_Isend(
-            sendbuf,
-            sendcount,
-            sendtype,
-            dest,
-            sendtag,
-            comm,
-            &mut reqs[1],
-        );
+        let rc = MPI_Isend(sendbuf, sendcount, sendtype, dest, sendtag, comm, &mut reqs[1]);
         if rc != SUCCESS {
             let _ = MPI_Wait(&mut reqs[0], status_ignore());
             return rc;
@@ -937,10 +798,7 @@ pub unsafe extern "C" fn MPI_Sendrecv(
             *status = sts[0];
         }
         if rc == mpi_sys::MPI_ERR_IN_STATUS as c_int {
-            return [sts[0].MPI_ERROR, sts[1].MPI_ERROR]
-                .into_iter()
-                .find(|&e| e != SUCCESS)
-                .unwrap_or(rc);
+            return [sts[0].MPI_ERROR, sts[1].MPI_ERROR].into_iter().find(|&e| e != SUCCESS).unwrap_or(rc);
         }
         rc
     }
@@ -967,11 +825,7 @@ pub unsafe extern "C" fn MPI_Wait(request: *mut MPI_Request, status: *mut MPI_St
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Test(
-    request: *mut MPI_Request,
-    flag: *mut c_int,
-    status: *mut MPI_Status,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Test(request: *mut MPI_Request, flag: *mut c_int, status: *mut MPI_Status) -> c_int {
     if active() {
         progress_idle();
     }
@@ -980,25 +834,15 @@ pub unsafe extern "C" fn MPI_Test(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Waitall(
-    count: c_int,
-    requests: *mut MPI_Request,
-    statuses: *mut MPI_Status,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Waitall(count: c_int, requests: *mut MPI_Request, statuses: *mut MPI_Status) -> c_int {
     loop {
         if !active() || progress_idle() {
             // SAFETY: the caller's arguments, passed on.
-            return unsafe {
-                complete(requests, count, || PMPI_Waitall(count, requests, statuses))
-            };
+            return unsafe { complete(requests, count, || PMPI_Waitall(count, requests, statuses)) };
         }
         let mut flag = 0;
         // SAFETY: as above.
-        let rc = unsafe {
-            complete(requests, count, || {
-                PMPI_Testall(count, requests, &mut flag, statuses)
-            })
-        };
+        let rc = unsafe { complete(requests, count, || PMPI_Testall(count, requests, &mut flag, statuses)) };
         if rc != SUCCESS || flag != 0 {
             return rc;
         }
@@ -1006,46 +850,24 @@ pub unsafe extern "C" fn MPI_Waitall(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Testall(
-    count: c_int,
-    requests: *mut MPI_Request,
-    flag: *mut c_int,
-    statuses: *mut MPI_Status,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Testall(count: c_int, requests: *mut MPI_Request, flag: *mut c_int, statuses: *mut MPI_Status) -> c_int {
     if active() {
         progress_idle();
     }
     // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        complete(requests, count, || {
-            PMPI_Testall(count, requests, flag, statuses)
-        })
-    }
+    unsafe { complete(requests, count, || PMPI_Testall(count, requests, flag, statuses)) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Waitany(
-    count: c_int,
-    requests: *mut MPI_Request,
-    index: *mut c_int,
-    status: *mut MPI_Status,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Waitany(count: c_int, requests: *mut MPI_Request, index: *mut c_int, status: *mut MPI_Status) -> c_int {
     loop {
         if !active() || progress_idle() {
             // SAFETY: the caller's arguments, passed on.
-            return unsafe {
-                complete(requests, count, || {
-                    PMPI_Waitany(count, requests, index, status)
-                })
-            };
+            return unsafe { complete(requests, count, || PMPI_Waitany(count, requests, index, status)) };
         }
         let mut flag = 0;
         // SAFETY: as above.
-        let rc = unsafe {
-            complete(requests, count, || {
-                PMPI_Testany(count, requests, index, &mut flag, status)
-            })
-        };
+        let rc = unsafe { complete(requests, count, || PMPI_Testany(count, requests, index, &mut flag, status)) };
         if rc != SUCCESS || flag != 0 {
             return rc;
         }
@@ -1064,11 +886,7 @@ pub unsafe extern "C" fn MPI_Testany(
         progress_idle();
     }
     // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        complete(requests, count, || {
-            PMPI_Testany(count, requests, index, flag, status)
-        })
-    }
+    unsafe { complete(requests, count, || PMPI_Testany(count, requests, index, flag, status)) }
 }
 
 #[no_mangle]
@@ -1082,18 +900,10 @@ pub unsafe extern "C" fn MPI_Waitsome(
     loop {
         if !active() || progress_idle() {
             // SAFETY: the caller's arguments, passed on.
-            return unsafe {
-                complete(requests, incount, || {
-                    PMPI_Waitsome(incount, requests, outcount, indices, statuses)
-                })
-            };
+            return unsafe { complete(requests, incount, || PMPI_Waitsome(incount, requests, outcount, indices, statuses)) };
         }
         // SAFETY: as above.
-        let rc = unsafe {
-            complete(requests, incount, || {
-                PMPI_Testsome(incount, requests, outcount, indices, statuses)
-            })
-        };
+        let rc = unsafe { complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses)) };
         // SAFETY: the caller's out-pointer, written by PMPI_Testsome.
         if rc != SUCCESS || unsafe { *outcount } != 0 {
             return rc;
@@ -1113,11 +923,7 @@ pub unsafe extern "C" fn MPI_Testsome(
         progress_idle();
     }
     // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        complete(requests, incount, || {
-            PMPI_Testsome(incount, requests, outcount, indices, statuses)
-        })
-    }
+    unsafe { complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses)) }
 }
 
 // -------------------------------------------------------------------------------
@@ -1125,13 +931,7 @@ pub unsafe extern "C" fn MPI_Testsome(
 // -------------------------------------------------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Iprobe(
-    source: c_int,
-    tag: c_int,
-    comm: MPI_Comm,
-    flag: *mut c_int,
-    status: *mut MPI_Status,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Iprobe(source: c_int, tag: c_int, comm: MPI_Comm, flag: *mut c_int, status: *mut MPI_Status) -> c_int {
     if !active() || source == proc_null() {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Iprobe(source, tag, comm, flag, status) };
@@ -1153,12 +953,7 @@ pub unsafe extern "C" fn MPI_Iprobe(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Probe(
-    source: c_int,
-    tag: c_int,
-    comm: MPI_Comm,
-    status: *mut MPI_Status,
-) -> c_int {
+pub unsafe extern "C" fn MPI_Probe(source: c_int, tag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
     if !active() || source == proc_null() {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Probe(source, tag, comm, status) };
@@ -1237,9 +1032,7 @@ pub extern "C" fn gpulmt_mpi_alloc(bytes: usize) -> *mut c_void {
 #[no_mangle]
 pub extern "C" fn gpulmt_mpi_free(ptr: *mut c_void) -> c_int {
     with(|s| {
-        let Some(i) = s.allocations.iter().position(|&p| p == ptr as usize) else {
-            return -1;
-        };
+        let Some(i) = s.allocations.iter().position(|&p| p == ptr as usize) else { return -1 };
         s.allocations.swap_remove(i);
         match s.ctx.backend().free(ptr as usize) {
             Ok(()) | Err(gpulmt::device::DeviceError::FreedWhileMapped { .. }) => 0,
@@ -1255,11 +1048,7 @@ pub extern "C" fn gpulmt_mpi_free(ptr: *mut c_void) -> c_int {
 /// Copies `bytes` between any two buffers, host or device, and waits: 0 on success.
 /// Without an active shim, a plain memcpy of host memory.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_mpi_memcpy(
-    dst: *mut c_void,
-    src: *const c_void,
-    bytes: usize,
-) -> c_int {
+pub unsafe extern "C" fn gpulmt_mpi_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize) -> c_int {
     match with(|s| s.ctx.copy_sync(dst as usize, src as usize, bytes)) {
         Some(Ok(())) => 0,
         Some(Err(e)) => {

@@ -84,13 +84,7 @@ pub fn status_bytes(st: &MPI_Status) -> usize {
     let at = COUNT_WORD.load(Ordering::Relaxed);
     let n = if at != NO_COUNT_WORD {
         // SAFETY: find_count_word checked that a usize at `at` lies inside a status.
-        unsafe {
-            (st as *const MPI_Status)
-                .cast::<u8>()
-                .add(at)
-                .cast::<usize>()
-                .read_unaligned()
-        }
+        unsafe { (st as *const MPI_Status).cast::<u8>().add(at).cast::<usize>().read_unaligned() }
     } else {
         let mut n: c_int = 0;
         // SAFETY: a status the library filled; `n` is a valid out-pointer.
@@ -118,12 +112,7 @@ pub fn find_count_word() {
     let words = std::mem::size_of::<MPI_Status>() / word;
     let read = |st: &MPI_Status, w: usize| {
         // SAFETY: w < words: inside the status.
-        unsafe {
-            (st as *const MPI_Status)
-                .cast::<usize>()
-                .add(w)
-                .read_unaligned()
-        }
+        unsafe { (st as *const MPI_Status).cast::<usize>().add(w).read_unaligned() }
     };
     let counts: [MPI_Count; 5] = [0, 1, 176, c_int::MAX as MPI_Count, 0x1_2345_6789];
     let fits = |w: usize| {
@@ -133,8 +122,7 @@ pub fn find_count_word() {
             let set = unsafe { PMPI_Status_set_elements_x(&mut st, byte(), n) };
             let counted = set == SUCCESS && read(&st, w) == n as usize;
             // SAFETY: as above.
-            let kept = unsafe { PMPI_Status_set_cancelled(&mut st, 1) } == SUCCESS
-                && read(&st, w) == n as usize;
+            let kept = unsafe { PMPI_Status_set_cancelled(&mut st, 1) } == SUCCESS && read(&st, w) == n as usize;
             counted && kept
         })
     };
@@ -147,20 +135,7 @@ pub fn find_count_word() {
     let mut st = empty_status();
     // SAFETY: local buffers of the given sizes; MPI_COMM_SELF's only rank is this one.
     let rc = unsafe {
-        PMPI_Sendrecv(
-            out.as_ptr().cast(),
-            3,
-            byte(),
-            0,
-            0,
-            back.as_mut_ptr().cast(),
-            8,
-            byte(),
-            0,
-            0,
-            RSMPI_COMM_SELF,
-            &mut st,
-        )
+        PMPI_Sendrecv(out.as_ptr().cast(), 3, byte(), 0, 0, back.as_mut_ptr().cast(), 8, byte(), 0, 0, RSMPI_COMM_SELF, &mut st)
     };
     let mut n: c_int = -1;
     // SAFETY: the status just filled; a local out-pointer.
@@ -182,13 +157,7 @@ pub fn type_geometry(dt: MPI_Datatype, count: c_int) -> Result<(usize, bool), c_
     if count < 0 {
         return Err(ERR_COUNT);
     }
-    let (mut size, mut tlb, mut text, mut lb, mut ext): (
-        c_int,
-        MPI_Aint,
-        MPI_Aint,
-        MPI_Aint,
-        MPI_Aint,
-    ) = (0, 0, 0, 0, 0);
+    let (mut size, mut tlb, mut text, mut lb, mut ext): (c_int, MPI_Aint, MPI_Aint, MPI_Aint, MPI_Aint) = (0, 0, 0, 0, 0);
     // SAFETY: out-pointers to locals; an invalid datatype makes the library fail.
     unsafe {
         let rc = PMPI_Type_size(dt, &mut size);
@@ -199,9 +168,7 @@ pub fn type_geometry(dt: MPI_Datatype, count: c_int) -> Result<(usize, bool), c_
         PMPI_Type_get_extent(dt, &mut lb, &mut ext);
     }
     let bytes = size as usize * count as usize;
-    let contiguous = count == 0
-        || size == 0
-        || (tlb == 0 && text == size as MPI_Aint && (count == 1 || ext == size as MPI_Aint));
+    let contiguous = count == 0 || size == 0 || (tlb == 0 && text == size as MPI_Aint && (count == 1 || ext == size as MPI_Aint));
     Ok((bytes, contiguous))
 }
 
@@ -227,10 +194,7 @@ const NAMED_TYPES: usize = 16;
 
 impl NamedTypes {
     pub const fn new() -> NamedTypes {
-        NamedTypes {
-            known: [(NO_TYPE, 0, false, false); NAMED_TYPES],
-            len: 0,
-        }
+        NamedTypes { known: [(NO_TYPE, 0, false, false); NAMED_TYPES], len: 0 }
     }
 
     /// As `type_geometry(dt, count)`.
@@ -267,11 +231,9 @@ impl NamedTypes {
 
 /// Whether `dt` is a predefined type.
 fn is_named(dt: MPI_Datatype) -> bool {
-    let (mut ints, mut addrs, mut types, mut combiner): (c_int, c_int, c_int, c_int) =
-        (0, 0, 0, -1);
+    let (mut ints, mut addrs, mut types, mut combiner): (c_int, c_int, c_int, c_int) = (0, 0, 0, -1);
     // SAFETY: out-pointers to locals; an invalid datatype makes the call fail.
-    let rc =
-        unsafe { PMPI_Type_get_envelope(dt, &mut ints, &mut addrs, &mut types, &mut combiner) };
+    let rc = unsafe { PMPI_Type_get_envelope(dt, &mut ints, &mut addrs, &mut types, &mut combiner) };
     rc == SUCCESS && combiner == MPI_COMBINER_NAMED as c_int
 }
 
@@ -281,14 +243,7 @@ fn is_named(dt: MPI_Datatype) -> bool {
 ///
 /// # Safety
 /// `st` is MPI_STATUS_IGNORE or valid for writes.
-pub unsafe fn fill_status(
-    st: *mut MPI_Status,
-    source: c_int,
-    tag: c_int,
-    error: c_int,
-    bytes: usize,
-    cancelled: bool,
-) {
+pub unsafe fn fill_status(st: *mut MPI_Status, source: c_int, tag: c_int, error: c_int, bytes: usize, cancelled: bool) {
     if st.is_null() || st == status_ignore() {
         return;
     }

@@ -97,22 +97,10 @@ pub struct Done {
 
 impl Done {
     fn ok(source: c_int, tag: c_int, bytes: usize) -> Done {
-        Done {
-            source,
-            tag,
-            bytes,
-            error: SUCCESS,
-            cancelled: false,
-        }
+        Done { source, tag, bytes, error: SUCCESS, cancelled: false }
     }
     fn err(source: c_int, tag: c_int, error: c_int) -> Done {
-        Done {
-            source,
-            tag,
-            bytes: 0,
-            error,
-            cancelled: false,
-        }
+        Done { source, tag, bytes: 0, error, cancelled: false }
     }
 }
 
@@ -166,31 +154,15 @@ enum State {
     Posted,
     /// A receive of data the MPI library moves (`MPI_Imrecv`), into the user's buffer
     /// or, for a device buffer, into host staging copied over at completion.
-    RawRecv {
-        inner: MPI_Request,
-        staging: Option<Vec<u8>>,
-    },
+    RawRecv { inner: MPI_Request, staging: Option<Vec<u8>> },
     /// A receive of an envelope's payload through gpulmt (into staging for
     /// non-contiguous datatypes, unpacked at completion).
-    LmtRecv {
-        req: Request,
-        source: c_int,
-        tag: c_int,
-        staging: Option<Vec<u8>>,
-    },
+    LmtRecv { req: Request, source: c_int, tag: c_int, staging: Option<Vec<u8>> },
     /// A device send through gpulmt: the envelope's MPI send, then the transfer.
-    LmtSend {
-        _env: Box<[u8; ENVELOPE_BYTES]>,
-        env_req: MPI_Request,
-        lmt: Option<Request>,
-        error: c_int,
-    },
+    LmtSend { _env: Box<[u8; ENVELOPE_BYTES]>, env_req: MPI_Request, lmt: Option<Request>, error: c_int },
     /// A send the MPI library moves from host memory (device data staged, or a host
     /// buffer of a blocking send while the shim is busy).
-    MpiSend {
-        inner: MPI_Request,
-        _staging: Option<Vec<u8>>,
-    },
+    MpiSend { inner: MPI_Request, _staging: Option<Vec<u8>> },
     /// Finished; completed at the next progress (cancelled receives).
     Finished(Done),
 }
@@ -298,15 +270,7 @@ impl Shim {
         let mut world_group = group_null();
         // SAFETY: buffers of the sizes given; collective over the node communicator.
         unsafe {
-            PMPI_Allgather(
-                (&wrank as *const c_int).cast(),
-                1,
-                int32(),
-                members.as_mut_ptr().cast(),
-                1,
-                int32(),
-                node,
-            );
+            PMPI_Allgather((&wrank as *const c_int).cast(), 1, int32(), members.as_mut_ptr().cast(), 1, int32(), node);
             PMPI_Bcast(id.as_mut_ptr().cast(), id.len() as c_int, byte(), 0, node);
             PMPI_Comm_dup(node, &mut blob_comm);
             PMPI_Comm_group(world, &mut world_group);
@@ -322,24 +286,15 @@ impl Shim {
         let queue = Arc::clone(&outgoing);
         let made = (|| -> Result<(Context, usize), String> {
             let lmt_min = match std::env::var("GPULMT_MPI_LMT_MIN") {
-                Ok(v) if !v.trim().is_empty() => {
-                    gpulmt::config::parse_size(v.trim()).ok_or_else(|| {
-                        format!("GPULMT_MPI_LMT_MIN={v:?} is not a size (like 1, 64K, 1M)")
-                    })? as usize
-                }
+                Ok(v) if !v.trim().is_empty() => gpulmt::config::parse_size(v.trim())
+                    .ok_or_else(|| format!("GPULMT_MPI_LMT_MIN={v:?} is not a size (like 1, 64K, 1M)"))?
+                    as usize,
                 _ => 1,
             };
             let cfg = Config::from_env().map_err(|e| e.to_string())?;
-            let info = JobInfo {
-                job: job.clone(),
-                rank: lrank as u32,
-                size: lsize as u32,
-            };
+            let info = JobInfo { job: job.clone(), rank: lrank as u32, size: lsize as u32 };
             let send = Box::new(move |to: u32, blob: &[u8]| {
-                queue
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push_back((to, blob.to_vec()));
+                queue.lock().unwrap_or_else(PoisonError::into_inner).push_back((to, blob.to_vec()));
             });
             let ctx = Context::init_plugin(cfg, info, send).map_err(|e| e.to_string())?;
             Ok((ctx, lmt_min.max(1)))
@@ -348,16 +303,7 @@ impl Shim {
         let mine = c_int::from(made.is_ok());
         let mut all = 0;
         // SAFETY: one int each way; collective over the node communicator.
-        unsafe {
-            PMPI_Allreduce(
-                (&mine as *const c_int).cast(),
-                (&mut all as *mut c_int).cast(),
-                1,
-                int32(),
-                op_min(),
-                node,
-            )
-        };
+        unsafe { PMPI_Allreduce((&mine as *const c_int).cast(), (&mut all as *mut c_int).cast(), 1, int32(), op_min(), node) };
         let mut fail = |why: String, ctx: Option<Context>| {
             if let Some(ctx) = ctx {
                 release(ctx, &job, lrank == 0);
@@ -372,12 +318,7 @@ impl Shim {
         };
         let (ctx, lmt_min) = match made {
             Err(why) => return fail(why, None),
-            Ok(v) if all == 0 => {
-                return fail(
-                    "another rank of this node could not start gpulmt".into(),
-                    Some(v.0),
-                )
-            }
+            Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
         };
         // The node communicator's work is done (the finalize barriers use the blob
@@ -420,10 +361,7 @@ impl Shim {
         while self.busy() {
             self.progress();
             if t0.elapsed() > std::time::Duration::from_secs(30) {
-                tracing::warn!(
-                    ops = self.ops.len(),
-                    "MPI_Finalize: shim transfers still running after 30 s; abandoning them"
-                );
+                tracing::warn!(ops = self.ops.len(), "MPI_Finalize: shim transfers still running after 30 s; abandoning them");
                 break;
             }
         }
@@ -447,13 +385,7 @@ impl Shim {
         for ptr in std::mem::take(&mut self.allocations) {
             let _ = self.ctx.backend().free(ptr);
         }
-        let Shim {
-            ctx,
-            job,
-            mut blob_comm,
-            mut world_group,
-            ..
-        } = self;
+        let Shim { ctx, job, mut blob_comm, mut world_group, .. } = self;
         let rank0 = ctx.rank() == 0;
         release(ctx, &job, rank0);
         // SAFETY: the shim's own communicators and group, unused from now on.
@@ -468,11 +400,7 @@ impl Shim {
     pub fn is_idle(&self) -> bool {
         self.ops.is_empty()
             && self.blob_sends.is_empty()
-            && self
-                .outgoing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_empty()
+            && self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
     }
 
     /// Idle, and no message a probe took out of the MPI library is waiting: the next
@@ -484,15 +412,8 @@ impl Shim {
     /// Some matched transfer or control blob is in flight (unmatched receives aside).
     fn busy(&self) -> bool {
         !self.blob_sends.is_empty()
-            || !self
-                .outgoing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_empty()
-            || self
-                .ops
-                .values()
-                .any(|op| !matches!(op.state, State::Posted))
+            || !self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
+            || self.ops.values().any(|op| !matches!(op.state, State::Posted))
     }
 
     /// Whether `ptr` (with `len` bytes) is device memory. Host ranges are remembered
@@ -528,10 +449,7 @@ impl Shim {
         let dev = match self.last_device {
             Some((p, dev)) if p == ptr => Some(dev),
             _ => match backend.pointer_info(ptr) {
-                Ok(gpulmt::device::PointerInfo {
-                    kind: MemoryKind::Device(dev),
-                    ..
-                }) => Some(dev),
+                Ok(gpulmt::device::PointerInfo { kind: MemoryKind::Device(dev), .. }) => Some(dev),
                 _ => None,
             },
         };
@@ -565,62 +483,31 @@ impl Shim {
         (l >= 0).then_some(l as u32)
     }
 
-    fn new_op(
-        &mut self,
-        recv: Option<RecvSpec>,
-        comm: MPI_Comm,
-        state: State,
-        greq: bool,
-    ) -> (u64, MPI_Request) {
+    fn new_op(&mut self, recv: Option<RecvSpec>, comm: MPI_Comm, state: State, greq: bool) -> (u64, MPI_Request) {
         let id = self.next_op;
         self.next_op += 1;
         let mut handle = request_null();
         let g = if greq {
-            let gs = Box::into_raw(Box::new(GreqState {
-                done: Done::ok(0, 0, 0),
-                op: id,
-            }));
+            let gs = Box::into_raw(Box::new(GreqState { done: Done::ok(0, 0, 0), op: id }));
             // SAFETY: valid callbacks and out-pointer; `gs` is owned by MPI from here
             // and freed in free_fn.
-            unsafe {
-                PMPI_Grequest_start(
-                    Some(query_fn),
-                    Some(free_fn),
-                    Some(cancel_fn),
-                    gs.cast(),
-                    &mut handle,
-                )
-            };
+            unsafe { PMPI_Grequest_start(Some(query_fn), Some(free_fn), Some(cancel_fn), gs.cast(), &mut handle) };
             Some((gs, handle))
         } else {
             None
         };
-        self.ops.insert(
-            id,
-            Op {
-                recv,
-                comm,
-                state,
-                greq: g,
-            },
-        );
+        self.ops.insert(id, Op { recv, comm, state, greq: g });
         (id, handle)
     }
 
     /// Finishes an operation: its generalized request completes, or its blocking
     /// waiter finds the result.
     fn finish(&mut self, id: u64, done: Done) {
-        let Some(op) = self.ops.remove(&id) else {
-            return;
-        };
+        let Some(op) = self.ops.remove(&id) else { return };
         match op.greq {
             Some((gs, handle)) => {
                 if done.error != SUCCESS {
-                    errored().push(Errored {
-                        handle,
-                        comm: op.comm,
-                        state: gs as usize,
-                    });
+                    errored().push(Errored { handle, comm: op.comm, state: gs as usize });
                 }
                 // SAFETY: the state lives until free_fn, which MPI calls only after
                 // this completion; the handle is the one MPI gave us.
@@ -658,18 +545,11 @@ impl Shim {
         greq: bool,
     ) -> Result<(u64, MPI_Request), c_int> {
         self.settle_app_writes(buf);
-        let local = if bytes >= self.lmt_min {
-            self.local_rank_of(comm, dest)
-        } else {
-            None
-        };
+        let local = if bytes >= self.lmt_min { self.local_rank_of(comm, dest) } else { None };
         let Some(to) = local else {
             // Another node, or a small message: stage through host memory.
             let mut staging = vec![0u8; bytes];
-            if let Err(e) = self
-                .ctx
-                .copy_sync(staging.as_mut_ptr() as usize, buf, bytes)
-            {
+            if let Err(e) = self.ctx.copy_sync(staging.as_mut_ptr() as usize, buf, bytes) {
                 tracing::error!(error = %e, "staging a device send");
                 return Err(ERR_OTHER);
             }
@@ -677,29 +557,13 @@ impl Shim {
             // SAFETY: the staging buffer lives in the operation until the send completes.
             let rc = unsafe {
                 let f = if sync { PMPI_Issend } else { PMPI_Isend };
-                f(
-                    staging.as_ptr().cast(),
-                    bytes as c_int,
-                    byte(),
-                    dest,
-                    tag,
-                    comm,
-                    &mut inner,
-                )
+                f(staging.as_ptr().cast(), bytes as c_int, byte(), dest, tag, comm, &mut inner)
             };
             if rc != SUCCESS {
                 return Err(rc);
             }
             self.counters.staged_sends += 1;
-            return Ok(self.new_op(
-                None,
-                comm,
-                State::MpiSend {
-                    inner,
-                    _staging: Some(staging),
-                },
-                greq,
-            ));
+            return Ok(self.new_op(None, comm, State::MpiSend { inner, _staging: Some(staging) }, greq));
         };
         // SAFETY: the caller (MPI semantics) keeps the buffer valid until completion.
         let (lmt, cookie) = match unsafe { self.ctx.lmt_initiate(buf as *const u8, bytes, to) } {
@@ -723,34 +587,14 @@ impl Shim {
         };
         let mut env_req = request_null();
         // SAFETY: the envelope lives in the operation until its send completes.
-        let rc = unsafe {
-            PMPI_Isend(
-                env.as_ptr().cast(),
-                ENVELOPE_BYTES as c_int,
-                byte(),
-                dest,
-                tag,
-                comm,
-                &mut env_req,
-            )
-        };
+        let rc = unsafe { PMPI_Isend(env.as_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), dest, tag, comm, &mut env_req) };
         if rc != SUCCESS {
             // The receiver will never see it; gpulmt's request stays orphaned.
             tracing::error!(rc, "sending an envelope failed");
             return Err(rc);
         }
         self.counters.lmt_sends += 1;
-        let r = self.new_op(
-            None,
-            comm,
-            State::LmtSend {
-                _env: env,
-                env_req,
-                lmt: Some(lmt),
-                error: SUCCESS,
-            },
-            greq,
-        );
+        let r = self.new_op(None, comm, State::LmtSend { _env: env, env_req, lmt: Some(lmt), error: SUCCESS }, greq);
         // As gpulmt's own isend does (GPULMT_PROGRESS_ON_POST): the peer's answers to the
         // sends posted so far start their copies while the application posts the rest.
         if self.ctx.config().progress_on_post {
@@ -764,16 +608,7 @@ impl Shim {
     /// Tracks a send the MPI library moves from a host buffer (blocking sends while the
     /// shim is busy: the caller waits for it with progress).
     pub fn track_host_send(&mut self, inner: MPI_Request, comm: MPI_Comm) -> u64 {
-        self.new_op(
-            None,
-            comm,
-            State::MpiSend {
-                inner,
-                _staging: None,
-            },
-            false,
-        )
-        .0
+        self.new_op(None, comm, State::MpiSend { inner, _staging: None }, false).0
     }
 
     // ---------------------------------------------------------------------------
@@ -797,17 +632,7 @@ impl Shim {
         if device {
             self.settle_app_writes(buf);
         }
-        let spec = RecvSpec {
-            buf,
-            count,
-            dtype,
-            source,
-            tag,
-            comm,
-            device,
-            contiguous,
-            cap,
-        };
+        let spec = RecvSpec { buf, count, dtype, source, tag, comm, device, contiguous, cap };
         let r = self.new_op(Some(spec), comm, State::Posted, greq);
         self.posted.push(r.0);
         self.progress();
@@ -817,12 +642,7 @@ impl Shim {
     /// Whether a blocking receive into `buf` may go straight to the MPI library (see
     /// `recv_direct` in lib.rs): a contiguous host buffer while no shim operation or
     /// stashed message could claim the next message first. Returns its bytes then.
-    pub fn direct_recv_bytes(
-        &mut self,
-        buf: usize,
-        count: c_int,
-        dtype: MPI_Datatype,
-    ) -> Option<usize> {
+    pub fn direct_recv_bytes(&mut self, buf: usize, count: c_int, dtype: MPI_Datatype) -> Option<usize> {
         if !self.quiet() {
             return None;
         }
@@ -843,17 +663,7 @@ impl Shim {
     ) -> u64 {
         let (buf, count, dtype, want_source, want_tag, comm) = recv;
         let cap = crate::hostmem::geometry(dtype, count).map_or(0, |g| g.0);
-        let spec = RecvSpec {
-            buf,
-            count,
-            dtype,
-            source: want_source,
-            tag: want_tag,
-            comm,
-            device: false,
-            contiguous: true,
-            cap,
-        };
+        let spec = RecvSpec { buf, count, dtype, source: want_source, tag: want_tag, comm, device: false, contiguous: true, cap };
         let (id, _) = self.new_op(Some(spec), comm, State::Posted, false);
         let env = Envelope::decode(&bytes[..], self.job_hash);
         self.deliver_small(id, &spec, source, tag, bytes, env);
@@ -872,9 +682,11 @@ impl Shim {
             let id = self.posted[i];
             let spec = self.ops[&id].recv.expect("posted receives have a spec");
             // A message Probe took out of the MPI library comes first.
-            if let Some(k) = self.stash.iter().position(|s| {
-                s.comm == spec.comm && matches(spec.source, spec.tag, s.source, s.tag)
-            }) {
+            if let Some(k) = self
+                .stash
+                .iter()
+                .position(|s| s.comm == spec.comm && matches(spec.source, spec.tag, s.source, s.tag))
+            {
                 let s = self.stash.remove(k);
                 self.posted.remove(i);
                 self.deliver_small(id, &spec, s.source, s.tag, &s.bytes, s.env);
@@ -901,16 +713,7 @@ impl Shim {
             // Take exactly the probed message: the first from its source with its tag.
             let mut msg = message_null();
             // SAFETY: as above.
-            unsafe {
-                PMPI_Improbe(
-                    st.MPI_SOURCE,
-                    st.MPI_TAG,
-                    spec.comm,
-                    &mut flag,
-                    &mut msg,
-                    &mut st,
-                )
-            };
+            unsafe { PMPI_Improbe(st.MPI_SOURCE, st.MPI_TAG, spec.comm, &mut flag, &mut msg, &mut st) };
             if flag == 0 {
                 // Another thread took it; look again later.
                 i += 1;
@@ -928,15 +731,7 @@ impl Shim {
         if bytes == ENVELOPE_BYTES {
             let mut b = Box::new([0u8; ENVELOPE_BYTES]);
             // SAFETY: a matched message of exactly this many bytes.
-            unsafe {
-                PMPI_Mrecv(
-                    b.as_mut_ptr().cast(),
-                    ENVELOPE_BYTES as c_int,
-                    byte(),
-                    &mut msg,
-                    status_ignore(),
-                )
-            };
+            unsafe { PMPI_Mrecv(b.as_mut_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), &mut msg, status_ignore()) };
             let env = Envelope::decode(&b[..], self.job_hash);
             return self.deliver_small(id, spec, source, tag, &b, env);
         }
@@ -946,30 +741,14 @@ impl Shim {
             let mut staging = vec![0u8; bytes];
             self.counters.staged_recvs += 1;
             // SAFETY: staging holds the whole message and lives in the operation.
-            let rc = unsafe {
-                PMPI_Imrecv(
-                    staging.as_mut_ptr().cast(),
-                    bytes as c_int,
-                    byte(),
-                    &mut msg,
-                    &mut inner,
-                )
-            };
+            let rc = unsafe { PMPI_Imrecv(staging.as_mut_ptr().cast(), bytes as c_int, byte(), &mut msg, &mut inner) };
             (rc, Some(staging))
         } else {
             // Host memory (any datatype), or a non-contiguous device buffer that only a
             // device-aware MPI library can fill.
             self.counters.host_recvs += 1;
             // SAFETY: the user's buffer and datatype, valid until the receive completes.
-            let rc = unsafe {
-                PMPI_Imrecv(
-                    spec.buf as *mut c_void,
-                    spec.count,
-                    spec.dtype,
-                    &mut msg,
-                    &mut inner,
-                )
-            };
+            let rc = unsafe { PMPI_Imrecv(spec.buf as *mut c_void, spec.count, spec.dtype, &mut msg, &mut inner) };
             (rc, None)
         };
         if rc != SUCCESS {
@@ -980,15 +759,7 @@ impl Shim {
 
     /// Delivers a message of envelope size already taken from the MPI library: an
     /// envelope starts gpulmt's receive; anything else is data.
-    fn deliver_small(
-        &mut self,
-        id: u64,
-        spec: &RecvSpec,
-        source: c_int,
-        tag: c_int,
-        b: &[u8; ENVELOPE_BYTES],
-        env: Option<Envelope>,
-    ) {
+    fn deliver_small(&mut self, id: u64, spec: &RecvSpec, source: c_int, tag: c_int, b: &[u8; ENVELOPE_BYTES], env: Option<Envelope>) {
         match env {
             Some(env) => self.start_lmt_recv(id, spec, source, tag, env),
             None => {
@@ -1006,11 +777,7 @@ impl Shim {
     /// Writes `data` (a whole message, already in host memory) into a receive's buffer.
     fn write_data(&mut self, spec: &RecvSpec, source: c_int, tag: c_int, data: &[u8]) -> Done {
         let n = data.len().min(spec.cap);
-        let err = if data.len() > spec.cap {
-            ERR_TRUNCATE
-        } else {
-            SUCCESS
-        };
+        let err = if data.len() > spec.cap { ERR_TRUNCATE } else { SUCCESS };
         let rc = if n == 0 {
             SUCCESS
         } else if spec.contiguous && spec.device {
@@ -1035,14 +802,7 @@ impl Shim {
         d
     }
 
-    fn start_lmt_recv(
-        &mut self,
-        id: u64,
-        spec: &RecvSpec,
-        source: c_int,
-        tag: c_int,
-        env: Envelope,
-    ) {
+    fn start_lmt_recv(&mut self, id: u64, spec: &RecvSpec, source: c_int, tag: c_int, env: Envelope) {
         let from = env.local_rank;
         let mut staging = (!spec.contiguous).then(|| vec![0u8; spec.cap]);
         let (ptr, len) = match &mut staging {
@@ -1051,26 +811,12 @@ impl Shim {
         };
         self.counters.lmt_recvs += 1;
         // SAFETY: the user's buffer (or our staging) stays valid until completion.
-        match unsafe {
-            self.ctx
-                .lmt_start_recv(from, &env.cookie, ptr as *mut u8, len)
-        } {
+        match unsafe { self.ctx.lmt_start_recv(from, &env.cookie, ptr as *mut u8, len) } {
             Ok((req, cts)) => {
                 if let Some(c) = cts {
-                    self.outgoing
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push_back((from, c));
+                    self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).push_back((from, c));
                 }
-                self.set_state(
-                    id,
-                    State::LmtRecv {
-                        req,
-                        source,
-                        tag,
-                        staging,
-                    },
-                );
+                self.set_state(id, State::LmtRecv { req, source, tag, staging });
                 self.flush_blobs();
             }
             Err(e) => {
@@ -1093,19 +839,10 @@ impl Shim {
 
     /// MPI_Iprobe: the status of the message a receive of (source, tag, comm) would
     /// get now, with the payload's size for envelopes.
-    pub fn iprobe(
-        &mut self,
-        source: c_int,
-        tag: c_int,
-        comm: MPI_Comm,
-    ) -> Option<(c_int, c_int, usize)> {
+    pub fn iprobe(&mut self, source: c_int, tag: c_int, comm: MPI_Comm) -> Option<(c_int, c_int, usize)> {
         self.progress();
         loop {
-            if let Some(s) = self
-                .stash
-                .iter()
-                .find(|s| s.comm == comm && matches(source, tag, s.source, s.tag))
-            {
+            if let Some(s) = self.stash.iter().find(|s| s.comm == comm && matches(source, tag, s.source, s.tag)) {
                 let bytes = s.env.as_ref().map_or(ENVELOPE_BYTES, |e| e.total as usize);
                 return Some((s.source, s.tag, bytes));
             }
@@ -1133,33 +870,14 @@ impl Shim {
             let (mut msg, mut b) = (message_null(), Box::new([0u8; ENVELOPE_BYTES]));
             // SAFETY: as above; the message has exactly ENVELOPE_BYTES bytes.
             unsafe {
-                PMPI_Improbe(
-                    st.MPI_SOURCE,
-                    st.MPI_TAG,
-                    comm,
-                    &mut flag,
-                    &mut msg,
-                    &mut st,
-                );
+                PMPI_Improbe(st.MPI_SOURCE, st.MPI_TAG, comm, &mut flag, &mut msg, &mut st);
                 if flag == 0 {
                     continue;
                 }
-                PMPI_Mrecv(
-                    b.as_mut_ptr().cast(),
-                    ENVELOPE_BYTES as c_int,
-                    byte(),
-                    &mut msg,
-                    status_ignore(),
-                );
+                PMPI_Mrecv(b.as_mut_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), &mut msg, status_ignore());
             }
             let env = Envelope::decode(&b[..], self.job_hash);
-            self.stash.push(Stashed {
-                comm,
-                source: st.MPI_SOURCE,
-                tag: st.MPI_TAG,
-                bytes: b,
-                env,
-            });
+            self.stash.push(Stashed { comm, source: st.MPI_SOURCE, tag: st.MPI_TAG, bytes: b, env });
         }
     }
 
@@ -1190,9 +908,7 @@ impl Shim {
     }
 
     fn poll(&mut self, id: u64) {
-        let Some(op) = self.ops.get_mut(&id) else {
-            return;
-        };
+        let Some(op) = self.ops.get_mut(&id) else { return };
         if matches!(op.state, State::Posted) {
             return;
         }
@@ -1232,28 +948,12 @@ impl Shim {
                 match staging.take() {
                     Some(staging) if err == SUCCESS => {
                         let spec = spec.expect("receives have a spec");
-                        self.write_data(
-                            &spec,
-                            st.MPI_SOURCE,
-                            st.MPI_TAG,
-                            &staging[..bytes.min(staging.len())],
-                        )
+                        self.write_data(&spec, st.MPI_SOURCE, st.MPI_TAG, &staging[..bytes.min(staging.len())])
                     }
-                    _ => Done {
-                        source: st.MPI_SOURCE,
-                        tag: st.MPI_TAG,
-                        bytes,
-                        error: err,
-                        cancelled: false,
-                    },
+                    _ => Done { source: st.MPI_SOURCE, tag: st.MPI_TAG, bytes, error: err, cancelled: false },
                 }
             }
-            State::LmtRecv {
-                req,
-                source,
-                tag,
-                staging,
-            } => {
+            State::LmtRecv { req, source, tag, staging } => {
                 let (source, tag) = (*source, *tag);
                 match self.ctx.test(req) {
                     Ok(None) => return None,
@@ -1262,11 +962,7 @@ impl Shim {
                         let mut d = Done::ok(source, tag, n);
                         if let Some(staging) = staging.take() {
                             let spec = spec.expect("receives have a spec");
-                            d.error = if spec.device {
-                                ERR_TYPE
-                            } else {
-                                unpack(&spec, &staging[..n])
-                            };
+                            d.error = if spec.device { ERR_TYPE } else { unpack(&spec, &staging[..n]) };
                         }
                         d
                     }
@@ -1282,12 +978,7 @@ impl Shim {
                     }
                 }
             }
-            State::LmtSend {
-                env_req,
-                lmt,
-                error,
-                ..
-            } => {
+            State::LmtSend { env_req, lmt, error, .. } => {
                 if *env_req != request_null() {
                     let mut flag = 0;
                     // SAFETY: our request from PMPI_Isend (set to MPI_REQUEST_NULL when done).
@@ -1327,27 +1018,12 @@ impl Shim {
 
     /// Sends the blobs gpulmt queued, and retires blob sends that completed.
     fn flush_blobs(&mut self) {
-        let queued: Vec<(u32, Vec<u8>)> = self
-            .outgoing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-            .collect();
+        let queued: Vec<(u32, Vec<u8>)> = self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).drain(..).collect();
         for (to, blob) in queued {
             let mut req = request_null();
             // SAFETY: the blob lives in blob_sends until the send completes (moving
             // the Vec does not move its heap buffer).
-            unsafe {
-                PMPI_Isend(
-                    blob.as_ptr().cast(),
-                    blob.len() as c_int,
-                    byte(),
-                    to as c_int,
-                    BLOB_TAG,
-                    self.blob_comm,
-                    &mut req,
-                )
-            };
+            unsafe { PMPI_Isend(blob.as_ptr().cast(), blob.len() as c_int, byte(), to as c_int, BLOB_TAG, self.blob_comm, &mut req) };
             self.blob_sends.push((req, blob));
         }
         self.blob_sends.retain_mut(|(req, _)| {
@@ -1370,15 +1046,7 @@ impl Shim {
             let mut blob = vec![0u8; status_bytes(&st)];
             // SAFETY: a buffer of the probed size.
             unsafe {
-                PMPI_Recv(
-                    blob.as_mut_ptr().cast(),
-                    blob.len() as c_int,
-                    byte(),
-                    st.MPI_SOURCE,
-                    BLOB_TAG,
-                    self.blob_comm,
-                    status_ignore(),
-                )
+                PMPI_Recv(blob.as_mut_ptr().cast(), blob.len() as c_int, byte(), st.MPI_SOURCE, BLOB_TAG, self.blob_comm, status_ignore())
             };
             if let Err(e) = self.ctx.deliver(st.MPI_SOURCE as u32, &blob) {
                 tracing::warn!(from = st.MPI_SOURCE, error = %e, "dropped a control blob");
@@ -1400,11 +1068,7 @@ impl Shim {
 
 /// Unpacks contiguous bytes into a host buffer of a non-contiguous datatype.
 fn unpack(spec: &RecvSpec, data: &[u8]) -> c_int {
-    let elem = if spec.count > 0 {
-        spec.cap / spec.count as usize
-    } else {
-        0
-    };
+    let elem = if spec.count > 0 { spec.cap / spec.count as usize } else { 0 };
     if elem == 0 || data.is_empty() {
         return SUCCESS;
     }

@@ -25,13 +25,7 @@ use gpulmt_tests::{job_lock, shm_entries, target_profile_dir};
 fn have_mpi() -> bool {
     let missing: Vec<&str> = ["mpicc", "mpirun"]
         .into_iter()
-        .filter(|t| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {t}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+        .filter(|t| !Command::new("sh").args(["-c", &format!("command -v {t}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success()))
         .collect();
     if !missing.is_empty() {
         eprintln!(
@@ -50,11 +44,7 @@ fn crate_dir() -> &'static Path {
 /// The shim this `cargo test` built (`cargo test` leaves the cdylib in `deps/`).
 fn shim_lib() -> PathBuf {
     let lib = target_profile_dir().join("deps").join("libgpulmt_mpi.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: build it with `cargo build -p gpulmt-shim`",
-        lib.display()
-    );
+    assert!(lib.is_file(), "{} is missing: build it with `cargo build -p gpulmt-shim`", lib.display());
     lib
 }
 
@@ -92,10 +82,7 @@ struct Run {
 
 impl Run {
     fn dump(&self) -> String {
-        format!(
-            "{} exited with {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.what, self.code, self.stdout, self.stderr
-        )
+        format!("{} exited with {:?}\n--- stdout\n{}--- stderr\n{}", self.what, self.code, self.stdout, self.stderr)
     }
 
     /// Sums counter `name` over the ranks' `rank R counters ...` lines.
@@ -105,10 +92,7 @@ impl Run {
             .filter(|l| l.contains(" counters "))
             .flat_map(|l| l.split_whitespace())
             .filter_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .map(|v| {
-                v.parse::<u64>()
-                    .unwrap_or_else(|_| panic!("counter {name}={v}"))
-            })
+            .map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("counter {name}={v}")))
             .sum()
     }
 
@@ -116,9 +100,7 @@ impl Run {
         assert_eq!(self.code, Some(0), "{}", self.dump());
         for r in 0..np {
             assert!(
-                self.stdout
-                    .lines()
-                    .any(|l| l.starts_with(&format!("rank {r} ok checks="))),
+                self.stdout.lines().any(|l| l.starts_with(&format!("rank {r} ok checks="))),
                 "rank {r} did not finish clean\n{}",
                 self.dump()
             );
@@ -131,16 +113,9 @@ impl Run {
 /// GPULMT_DEVICE=sim), the shim preloaded if `preload`; kills it after 300 s.
 fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run {
     let mut cmd = Command::new("mpirun");
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        &np.to_string(),
-    ]);
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
     for (k, _) in std::env::vars_os() {
-        if k.to_str()
-            .is_some_and(|k| k.starts_with("GPULMT_") || k == "LD_PRELOAD")
-        {
+        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_") || k == "LD_PRELOAD") {
             cmd.env_remove(k);
         }
     }
@@ -153,20 +128,8 @@ fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run 
         cmd.arg("-x").arg(format!("{k}={v}"));
     }
     cmd.arg(p2p()).args(args);
-    let what = format!(
-        "mpirun -np {np} {} p2p {}",
-        vars.iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        args.join(" ")
-    );
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start mpirun");
+    let what = format!("mpirun -np {np} {} p2p {}", vars.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), args.join(" "));
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start mpirun");
     let pipe = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut s = String::new();
@@ -196,12 +159,7 @@ fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run 
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let run = Run {
-        code: status.code(),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-        what,
-    };
+    let run = Run { code: status.code(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), what };
     assert!(term_sent.is_none(), "timed out after 300 s\n{}", run.dump());
     run
 }
@@ -210,15 +168,8 @@ fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run 
 fn clean_run(np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
     let before = shm_entries("gpulmt-");
     let run = mpirun(np, true, env, args);
-    let left: Vec<String> = shm_entries("gpulmt-")
-        .into_iter()
-        .filter(|n| !before.contains(n))
-        .collect();
-    assert!(
-        left.is_empty(),
-        "/dev/shm objects left behind: {left:?}\n{}",
-        run.dump()
-    );
+    let left: Vec<String> = shm_entries("gpulmt-").into_iter().filter(|n| !before.contains(n)).collect();
+    assert!(left.is_empty(), "/dev/shm objects left behind: {left:?}\n{}", run.dump());
     run
 }
 
@@ -231,31 +182,12 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
     // 3 ranks: one rank without a partner in the pairwise parts. Below
     // MPI_THREAD_MULTIPLE the shim shares its host-message state between threads, with
     // it each thread has its own (hostmem.rs): both are run.
-    for (np, args) in [
-        (2, &[][..]),
-        (3, &[][..]),
-        (4, &["thread"][..]),
-        (2, &["multiple"][..]),
-    ] {
+    for (np, args) in [(2, &[][..]), (3, &[][..]), (4, &["thread"][..]), (2, &["multiple"][..])] {
         let run = clean_run(np, &[], args);
         run.assert_all_ok(np);
-        assert!(
-            run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0,
-            "no device message went through gpulmt\n{}",
-            run.dump()
-        );
-        assert_eq!(
-            run.counter("lmt_sends"),
-            run.counter("lmt_recvs"),
-            "{}",
-            run.dump()
-        );
-        assert_eq!(
-            run.counter("staged_sends"),
-            0,
-            "device sends within a node were staged\n{}",
-            run.dump()
-        );
+        assert!(run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0, "no device message went through gpulmt\n{}", run.dump());
+        assert_eq!(run.counter("lmt_sends"), run.counter("lmt_recvs"), "{}", run.dump());
+        assert_eq!(run.counter("staged_sends"), 0, "device sends within a node were staged\n{}", run.dump());
     }
 }
 
@@ -271,11 +203,7 @@ fn device_buffers_staged_through_host_memory_keep_mpi_semantics() {
         let run = clean_run(np, &[("GPULMT_MPI_LMT_MIN", "1G")], &[]);
         run.assert_all_ok(np);
         assert_eq!(run.counter("lmt_sends"), 0, "{}", run.dump());
-        assert!(
-            run.counter("staged_sends") > 0 && run.counter("staged_recvs") > 0,
-            "{}",
-            run.dump()
-        );
+        assert!(run.counter("staged_sends") > 0 && run.counter("staged_recvs") > 0, "{}", run.dump());
     }
 }
 
@@ -289,10 +217,6 @@ fn the_program_runs_only_with_the_shim_active() {
     for (preload, env) in [(false, &[][..]), (true, &[("GPULMT_MPI_DISABLE", "1")][..])] {
         let run = mpirun(2, preload, env, &[]);
         assert_ne!(run.code, Some(0), "{}", run.dump());
-        assert!(
-            run.stderr.contains("the gpulmt shim is not active"),
-            "{}",
-            run.dump()
-        );
+        assert!(run.stderr.contains("the gpulmt shim is not active"), "{}", run.dump());
     }
 }

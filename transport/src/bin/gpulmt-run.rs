@@ -30,8 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpulmt::shm::job::{JobSegment, RankState, JOB_ENV, MAX_RANKS};
 use gpulmt::shm::segment::{
-    cleanup_stale_jobs, cleanup_stale_sim_objects, remove_job_objects, remove_objects_with_prefix,
-    SIM_PREFIX,
+    cleanup_stale_jobs, cleanup_stale_sim_objects, remove_job_objects, remove_objects_with_prefix, SIM_PREFIX,
 };
 
 const USAGE: &str = "usage: gpulmt-run -n N [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]\n       gpulmt-run --cleanup";
@@ -74,19 +73,9 @@ enum Parsed {
 }
 
 fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
-    let mut a = Args {
-        n: None,
-        timeout: None,
-        grace: Duration::from_millis(3000),
-        cleanup: false,
-        prog: Vec::new(),
-    };
+    let mut a = Args { n: None, timeout: None, grace: Duration::from_millis(3000), cleanup: false, prog: Vec::new() };
     // The value of an option: `--opt=V` or the next argument.
-    fn value(
-        name: &str,
-        inline: Option<&str>,
-        it: &mut dyn Iterator<Item = OsString>,
-    ) -> Result<String, String> {
+    fn value(name: &str, inline: Option<&str>, it: &mut dyn Iterator<Item = OsString>) -> Result<String, String> {
         match inline {
             Some(v) => Ok(v.to_owned()),
             None => it
@@ -128,21 +117,15 @@ fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> 
             _ if opt.starts_with("-n") && !opt.starts_with("--") => a.n = Some(parse_n(&opt[2..])?),
             "--timeout" => {
                 let v = value(opt, inline, &mut it)?;
-                let secs: f64 = v
-                    .parse()
-                    .map_err(|_| format!("--timeout: {v:?} is not a number of seconds"))?;
+                let secs: f64 = v.parse().map_err(|_| format!("--timeout: {v:?} is not a number of seconds"))?;
                 if !(secs > 0.0 && secs.is_finite() && secs < 1e9) {
-                    return Err(format!(
-                        "--timeout: {v} must be a positive number of seconds"
-                    ));
+                    return Err(format!("--timeout: {v} must be a positive number of seconds"));
                 }
                 a.timeout = Some(Duration::from_secs_f64(secs));
             }
             "--abort-grace-ms" => {
                 let v = value(opt, inline, &mut it)?;
-                let ms: u64 = v.parse().map_err(|_| {
-                    format!("--abort-grace-ms: {v:?} is not a number of milliseconds")
-                })?;
+                let ms: u64 = v.parse().map_err(|_| format!("--abort-grace-ms: {v:?} is not a number of milliseconds"))?;
                 a.grace = Duration::from_millis(ms);
             }
             _ => return Err(format!("unknown option {s:?}")),
@@ -165,9 +148,7 @@ fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> 
 fn parse_n(v: &str) -> Result<usize, String> {
     match v.parse::<usize>() {
         Ok(n) if (1..=MAX_RANKS as usize).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "-n: {v:?} must be a number of ranks in 1..={MAX_RANKS}"
-        )),
+        _ => Err(format!("-n: {v:?} must be a number of ranks in 1..={MAX_RANKS}")),
     }
 }
 
@@ -227,10 +208,7 @@ fn signal_name(sig: i32) -> String {
 /// A job id unique on this node: the launcher's pid and the time, in hex. The nanos are
 /// zero-padded to a fixed width so that no id is a prefix of another.
 fn new_job_id() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     format!("{:x}-{:016x}", std::process::id(), nanos)
 }
 
@@ -258,11 +236,7 @@ impl Launcher {
                 let e = io::Error::last_os_error();
                 // ESRCH: the group is already gone, which is what we want.
                 if e.raw_os_error() != Some(libc::ESRCH) {
-                    eprintln!(
-                        "gpulmt-run: cannot send {} to rank {r} (pid {}): {e}",
-                        signal_name(sig),
-                        rank.pid
-                    );
+                    eprintln!("gpulmt-run: cannot send {} to rank {r} (pid {}): {e}", signal_name(sig), rank.pid);
                 }
             }
         }
@@ -286,10 +260,7 @@ impl Launcher {
             if r < seg.nranks() {
                 seg.mark_state(r, RankState::Failed);
             } else {
-                eprintln!(
-                    "gpulmt-run: job segment has {} ranks, cannot mark rank {r} failed",
-                    seg.nranks()
-                );
+                eprintln!("gpulmt-run: job segment has {} ranks, cannot mark rank {r} failed", seg.nranks());
             }
         }
     }
@@ -319,9 +290,7 @@ impl Launcher {
                 }
                 break;
             }
-            let Some(r) = self.ranks.iter().position(|k| k.pid == pid) else {
-                continue;
-            };
+            let Some(r) = self.ranks.iter().position(|k| k.pid == pid) else { continue };
             self.ranks[r].running = false;
             let code = if libc::WIFEXITED(status) {
                 let code = libc::WEXITSTATUS(status);
@@ -332,10 +301,7 @@ impl Launcher {
                 code as u8
             } else if libc::WIFSIGNALED(status) {
                 let sig = libc::WTERMSIG(status);
-                eprintln!(
-                    "gpulmt-run: rank {r} (pid {pid}) killed by signal {}",
-                    signal_name(sig)
-                );
+                eprintln!("gpulmt-run: rank {r} (pid {pid}) killed by signal {}", signal_name(sig));
                 (128 + sig).min(255) as u8
             } else {
                 continue; // stopped/continued: not an exit (we do not ask for these)
@@ -352,11 +318,7 @@ impl Launcher {
     fn cleanup(&mut self) {
         let mut pids: Vec<u32> = self.ranks.iter().map(|r| r.pid as u32).collect();
         if let Some(seg) = self.segment() {
-            pids.extend(
-                (0..seg.nranks())
-                    .map(|r| seg.rank_pid(r))
-                    .filter(|&p| p != 0),
-            );
+            pids.extend((0..seg.nranks()).map(|r| seg.rank_pid(r)).filter(|&p| p != 0));
         }
         // Unmap before unlinking; the order does not matter to the kernel, but nothing
         // of this job should stay referenced past this point.
@@ -425,21 +387,14 @@ fn run(args: Args) -> u8 {
         eprintln!("gpulmt-run: cannot install signal handlers: {e}");
         return 1;
     }
-    let mut l = Launcher {
-        job: new_job_id(),
-        ranks: Vec::with_capacity(n),
-        segment: None,
-    };
+    let mut l = Launcher { job: new_job_id(), ranks: Vec::with_capacity(n), segment: None };
     tracing::debug!(job = %l.job, n, "starting job");
 
     for r in 0..n {
         match spawn_rank(&args.prog, &l.job, r, n) {
             Ok(pid) => l.ranks.push(Rank { pid, running: true }),
             Err(e) => {
-                eprintln!(
-                    "gpulmt-run: cannot start rank {r}: {}: {e}",
-                    args.prog[0].to_string_lossy()
-                );
+                eprintln!("gpulmt-run: cannot start rank {r}: {}: {e}", args.prog[0].to_string_lossy());
                 // Take down the ranks already started, wait for them, clean up.
                 l.signal_all(libc::SIGKILL);
                 while l.ranks.iter().any(|k| k.running) {
@@ -481,10 +436,7 @@ fn run(args: Args) -> u8 {
         let sigs = PENDING_SIGNALS.swap(0, Ordering::Relaxed);
         for sig in FORWARDED {
             if sigs & (1 << sig) != 0 {
-                eprintln!(
-                    "gpulmt-run: received {}, forwarding it to the ranks",
-                    signal_name(sig)
-                );
+                eprintln!("gpulmt-run: received {}, forwarding it to the ranks", signal_name(sig));
                 l.signal_all(sig);
                 // Ranks get the grace period to exit on their own after a signal, then
                 // the usual SIGTERM/SIGKILL.
@@ -521,10 +473,7 @@ fn run(args: Args) -> u8 {
 
         if let Some(k) = kill_at {
             if now >= k {
-                eprintln!(
-                    "gpulmt-run: ranks still running {} s after SIGTERM, sending SIGKILL",
-                    KILL_AFTER.as_secs()
-                );
+                eprintln!("gpulmt-run: ranks still running {} s after SIGTERM, sending SIGKILL", KILL_AFTER.as_secs());
                 l.signal_all(libc::SIGKILL);
                 // SIGKILL cannot be ignored: no need to repeat it.
                 kill_at = None;

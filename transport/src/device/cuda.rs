@@ -14,10 +14,6 @@
 //!   calling thread already had: the application's own CUDA calls must not land on our device.
 //! - Copies run on non-blocking streams, one per (device, lane), and complete through events
 //!   from a per-device pool, so a copy costs a memcpy, an event record and a map insert.
-//! - Small copies between device buffers may run as kernels instead
-//!   ([`DeviceBackend::copy_async_by_kernel`], [`super::copy_kernel`]), loaded into a device's
-//!   context on first use. The streams have the highest priority, so such a kernel's blocks
-//!   are scheduled ahead of the application's waiting ones.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -27,7 +23,6 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
-use super::copy_kernel::{self, KernelLaunch};
 use super::{
     BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind,
     PointerInfo, IPC_HANDLE_BYTES,
@@ -65,8 +60,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",
     "cuMemGetAddressRange_v2",
-    "cuStreamCreateWithPriority",
-    "cuCtxGetStreamPriorityRange",
+    "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
     "cuStreamQuery",
@@ -78,10 +72,6 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyAsync",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
-    "cuModuleLoadData",
-    "cuModuleGetFunction",
-    "cuModuleUnload",
-    "cuLaunchKernel",
 ];
 
 /// Where container runtimes mount the driver library. Loading it by path makes cudarc's later
@@ -254,16 +244,6 @@ struct Event(sys::CUevent);
 unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
-/// The copy kernels loaded into one device's context.
-#[derive(Clone, Copy)]
-struct CopyKernels {
-    module: sys::CUmodule,
-    wide: sys::CUfunction,
-    bytes: sys::CUfunction,
-}
-unsafe impl Send for CopyKernels {}
-unsafe impl Sync for CopyKernels {}
-
 /// Makes a context current on this thread while it lives. A context the thread had before (the
 /// application's) is put back on drop; a thread that had none keeps ours, so the progress thread
 /// pays a single `cuCtxGetCurrent` per call once it has made its first.
@@ -309,9 +289,6 @@ struct Device {
     streams: Mutex<Vec<Option<Stream>>>,
     /// Events whose copies have completed, ready to be recorded again.
     events: Mutex<Vec<Event>>,
-    /// The copy kernels, loaded on the first kernel copy; `None` when the driver would not
-    /// load them (then kernel copies use the copy engine).
-    kernels: OnceLock<Option<CopyKernels>>,
 }
 
 /// A copy in flight: the event to query, or none for a zero-length copy.
@@ -400,7 +377,6 @@ impl CudaBackend {
                     ctx: OnceLock::new(),
                     streams: Mutex::new(Vec::new()),
                     events: Mutex::new(Vec::new()),
-                    kernels: OnceLock::new(),
                 })
             })
             .collect::<Result<Vec<_>, DeviceError>>()?;
@@ -508,15 +484,10 @@ impl CudaBackend {
         if let Some(Some(s)) = streams.get(slot) {
             return Ok(s.0);
         }
-        // Highest priority (numerically lowest): the blocks of a copy kernel go ahead of the
-        // application's that wait for a free core; copy-engine work is not affected.
-        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
-        cu!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest))?;
         let mut s: sys::CUstream = ptr::null_mut();
-        cu!(cuStreamCreateWithPriority(
+        cu!(cuStreamCreate(
             &mut s,
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint,
-            greatest
+            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint
         ))?;
         if streams.len() <= slot {
             streams.resize_with(slot + 1, || None);
@@ -538,51 +509,6 @@ impl CudaBackend {
         Ok(Event(ev))
     }
 
-    /// `d`'s copy kernels, loaded on first use; `d`'s context must be current. A driver that
-    /// will not load them is reported once, and kernel copies then use the copy engine.
-    fn kernels(d: &Device, dev: DevId) -> Option<CopyKernels> {
-        *d.kernels.get_or_init(|| {
-            let mut module: sys::CUmodule = ptr::null_mut();
-            let loaded = cu!(cuModuleLoadData(
-                &mut module,
-                copy_kernel::PTX.as_ptr().cast::<c_void>()
-            ))
-            .and_then(|()| {
-                let mut wide: sys::CUfunction = ptr::null_mut();
-                let mut bytes: sys::CUfunction = ptr::null_mut();
-                cu!(cuModuleGetFunction(
-                    &mut wide,
-                    module,
-                    copy_kernel::WIDE.as_ptr()
-                ))?;
-                cu!(cuModuleGetFunction(
-                    &mut bytes,
-                    module,
-                    copy_kernel::BYTES.as_ptr()
-                ))?;
-                Ok(CopyKernels {
-                    module,
-                    wide,
-                    bytes,
-                })
-            });
-            match loaded {
-                Ok(k) => Some(k),
-                Err(f) => {
-                    if !module.is_null() {
-                        warn_teardown(cu!(cuModuleUnload(module)));
-                    }
-                    tracing::warn!(
-                        device = dev,
-                        "copy kernels not loaded, small copies use the copy engine: {}",
-                        DeviceError::from(f)
-                    );
-                    None
-                }
-            }
-        })
-    }
-
     /// Queues a copy on stream `slot` of `dev`, then runs `then` with that stream while the
     /// context is still current. Unified addressing lets the driver work out the direction.
     /// With `after_app`, the copy also waits for the work the application queued so far
@@ -601,8 +527,7 @@ impl CudaBackend {
         if after_app {
             let ev = Self::take_event(d)?;
             // The wait takes the event's state now, so it can go back to the pool at once.
-            let ordered = cu!(cuEventRecord(ev.0, LEGACY_STREAM))
-                .and_then(|()| cu!(cuStreamWaitEvent(stream, ev.0, 0)));
+            let ordered = cu!(cuEventRecord(ev.0, LEGACY_STREAM)).and_then(|()| cu!(cuStreamWaitEvent(stream, ev.0, 0)));
             lock(&d.events).push(ev);
             ordered?;
         }
@@ -613,24 +538,6 @@ impl CudaBackend {
             stream
         ))?;
         then(d, stream)
-    }
-
-    /// Records an event from `d`'s pool behind the work queued on `stream`: the completion a
-    /// copy ticket polls.
-    fn record_completion(d: &Device, stream: sys::CUstream) -> Result<Event, DeviceError> {
-        let ev = Self::take_event(d)?;
-        if let Err(f) = cu!(cuEventRecord(ev.0, stream)) {
-            lock(&d.events).push(ev);
-            return Err(f.into());
-        }
-        Ok(ev)
-    }
-
-    /// A ticket for a copy queued on `dev` that completes with `event` (none: already done).
-    fn ticket(&self, dev: DevId, event: Option<Event>) -> CopyTicket {
-        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        lock(&self.tickets).insert(id, Pending { dev, event });
-        CopyTicket(id)
     }
 
     /// The device of the allocation that starts at `ptr`, for operations that need one.
@@ -788,59 +695,20 @@ impl DeviceBackend for CudaBackend {
             self.device(engine)?;
             None
         } else {
-            Some(self.enqueue(
-                engine,
-                lane_slot(lane),
-                (dst, src, len),
-                false,
-                Self::record_completion,
-            )?)
+            Some(
+                self.enqueue(engine, lane_slot(lane), (dst, src, len), false, |d, stream| {
+                    let ev = Self::take_event(d)?;
+                    if let Err(f) = cu!(cuEventRecord(ev.0, stream)) {
+                        lock(&d.events).push(ev);
+                        return Err(f.into());
+                    }
+                    Ok(ev)
+                })?,
+            )
         };
-        Ok(self.ticket(engine, event))
-    }
-
-    fn copy_async_by_kernel(
-        &self,
-        engine: DevId,
-        lane: u32,
-        dst: usize,
-        src: usize,
-        len: usize,
-    ) -> Result<CopyTicket, DeviceError> {
-        let d = self.device(engine)?;
-        let current = self.enter(engine)?;
-        let kernels = if len == 0 {
-            None
-        } else {
-            Self::kernels(d, engine)
-        };
-        let Some(k) = kernels else {
-            drop(current);
-            return self.copy_async(engine, lane, dst, src, len);
-        };
-        let stream = Self::stream(d, lane_slot(lane))?;
-        let launch = KernelLaunch::for_copy(dst, src, len);
-        let (mut p_dst, mut p_src, mut p_n) = (dst as u64, src as u64, launch.elems);
-        let mut params: [*mut c_void; 3] = [
-            (&raw mut p_dst).cast(),
-            (&raw mut p_src).cast(),
-            (&raw mut p_n).cast(),
-        ];
-        cu!(cuLaunchKernel(
-            if launch.wide { k.wide } else { k.bytes },
-            launch.blocks,
-            1,
-            1,
-            copy_kernel::THREADS,
-            1,
-            1,
-            0,
-            stream,
-            params.as_mut_ptr(),
-            ptr::null_mut()
-        ))?;
-        let event = Self::record_completion(d, stream)?;
-        Ok(self.ticket(engine, Some(event)))
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        lock(&self.tickets).insert(id, Pending { dev: engine, event });
+        Ok(CopyTicket(id))
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
@@ -900,9 +768,7 @@ impl DeviceBackend for CudaBackend {
         // Querying first keeps the common case (nothing pending) to one cheap call.
         match cu!(cuStreamQuery(LEGACY_STREAM)) {
             Ok(()) => Ok(()),
-            Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => {
-                Ok(cu!(cuStreamSynchronize(LEGACY_STREAM))?)
-            }
+            Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => Ok(cu!(cuStreamSynchronize(LEGACY_STREAM))?),
             Err(f) => Err(f.into()),
         }
     }
@@ -953,9 +819,6 @@ impl Drop for CudaBackend {
             let Some(&ctx) = d.ctx.get() else { continue };
             match CtxGuard::enter(ctx) {
                 Ok(_current) => {
-                    if let Some(Some(k)) = d.kernels.get() {
-                        warn_teardown(cu!(cuModuleUnload(k.module)));
-                    }
                     let streams = d.streams.get_mut().unwrap_or_else(PoisonError::into_inner);
                     for s in streams.drain(..).flatten() {
                         warn_teardown(cu!(cuStreamDestroy_v2(s.0)));
@@ -1289,64 +1152,6 @@ mod tests {
         println!("peer copy 0->1, {} MiB: {gbps:.1} GB/s", len >> 20);
         b.free(a).unwrap();
         b.free(c).unwrap();
-    }
-
-    #[test]
-    #[ignore = "needs a CUDA GPU"]
-    fn gpu_kernel_copies() {
-        let b = backend();
-        let devs: Vec<DevId> = if b.device_count() > 1 && b.can_access_peer(0, 1) {
-            vec![0, 1]
-        } else {
-            vec![0]
-        };
-        let cap = 1 << 20;
-        let src = pattern(cap + 64, 11);
-        let (a, c) = (
-            b.alloc(devs[0], cap + 64).unwrap(),
-            b.alloc(*devs.last().unwrap(), cap + 64).unwrap(),
-        );
-        let local = b.alloc(devs[0], cap + 64).unwrap();
-        b.copy_sync(a, src.as_ptr() as usize, cap + 64).unwrap();
-        for &engine in &devs {
-            for (dst, what) in [(c, "peer"), (local, "local")] {
-                for len in [1, 7, 8, 16, 4095, 4096, 65537, cap] {
-                    // Aligned (the wide kernel where the length allows) and off by 3 / 5.
-                    for (so, do_) in [(0, 0), (3, 5)] {
-                        let zero = vec![0u8; len + 16];
-                        b.copy_sync(dst, zero.as_ptr() as usize, len + 16).unwrap();
-                        let t = b
-                            .copy_async_by_kernel(engine, 0, dst + do_, a + so, len)
-                            .unwrap();
-                        poll_until_done(&b, t);
-                        let mut back = vec![0u8; len + 16];
-                        b.copy_sync(back.as_mut_ptr() as usize, dst, len + 16)
-                            .unwrap();
-                        assert!(
-                            back[do_..do_ + len] == src[so..so + len],
-                            "{what} kernel copy of {len} B (+{so}/+{do_}) by device {engine}"
-                        );
-                        assert!(
-                            back[..do_]
-                                .iter()
-                                .chain(&back[do_ + len..])
-                                .all(|&x| x == 0),
-                            "{what} kernel copy of {len} B wrote outside its range"
-                        );
-                    }
-                }
-            }
-            assert!(
-                b.devices[engine as usize]
-                    .kernels
-                    .get()
-                    .is_some_and(|k| k.is_some()),
-                "the copy kernels did not load on device {engine}"
-            );
-        }
-        for p in [a, c, local] {
-            b.free(p).unwrap();
-        }
     }
 
     #[test]

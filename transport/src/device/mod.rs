@@ -10,7 +10,6 @@
 //!   device, configurable peer topology; for CI and machines without a GPU.
 //! - [`cuda`]: NVIDIA driver API through cudarc, loaded at run time.
 
-mod copy_kernel;
 pub mod cuda;
 pub mod sim;
 
@@ -93,18 +92,10 @@ impl fmt::Display for BackendKind {
 pub enum DeviceError {
     /// A driver call returned an error code.
     #[error("{call} failed with {code}: {message}")]
-    Driver {
-        call: &'static str,
-        code: i64,
-        message: String,
-    },
+    Driver { call: &'static str, code: i64, message: String },
     /// The pointer is not in memory the backend can use for this operation.
     #[error("{op}: pointer {ptr:#x} is not {expected}")]
-    InvalidPointer {
-        op: &'static str,
-        ptr: usize,
-        expected: &'static str,
-    },
+    InvalidPointer { op: &'static str, ptr: usize, expected: &'static str },
     /// The device ordinal does not exist.
     #[error("device {dev} does not exist (this node has {count}); check GPULMT_GPU / GPULMT_SIM_DEVICES")]
     NoSuchDevice { dev: DevId, count: u32 },
@@ -114,11 +105,7 @@ pub enum DeviceError {
     DoubleOpen { owner: u32, buffer_id: u64 },
     /// An allocation was freed while another process still mapped it.
     #[error("allocation {ptr:#x} (buffer {buffer_id}) freed while {mappers} peer mapping(s) still open; free through mem_free + mem_free_commit")]
-    FreedWhileMapped {
-        ptr: usize,
-        buffer_id: u64,
-        mappers: u32,
-    },
+    FreedWhileMapped { ptr: usize, buffer_id: u64, mappers: u32 },
     /// The handle does not name a live allocation (forged, corrupt, or the owner freed it).
     #[error("IPC handle cannot be opened: {reason}")]
     BadHandle { reason: String },
@@ -127,10 +114,7 @@ pub enum DeviceError {
     Unavailable { reason: String },
     /// The backend does not support the operation.
     #[error("{op} is not supported by the {backend} backend")]
-    Unsupported {
-        op: &'static str,
-        backend: BackendKind,
-    },
+    Unsupported { op: &'static str, backend: BackendKind },
 }
 
 /// The operations the LMT needs from a device layer.
@@ -179,24 +163,6 @@ pub trait DeviceBackend: Send + Sync {
         len: usize,
     ) -> Result<CopyTicket, DeviceError>;
 
-    /// Starts a copy like [`copy_async`](Self::copy_async), but moved by the cores of
-    /// device `engine` (a kernel on queue `lane`) rather than its copy engine: sooner
-    /// started, so faster for small copies, at the cost of the application's kernels.
-    /// Both ends must be device memory that device `engine` can address: its own, a peer's
-    /// allocation with peer access, or a mapping opened on `engine`; a backend that checks
-    /// fails other copies with [`DeviceError::InvalidPointer`]. Backends without kernels
-    /// use the copy engine.
-    fn copy_async_by_kernel(
-        &self,
-        engine: DevId,
-        lane: u32,
-        dst: usize,
-        src: usize,
-        len: usize,
-    ) -> Result<CopyTicket, DeviceError> {
-        self.copy_async(engine, lane, dst, src, len)
-    }
-
     /// Whether the copy has finished (then the ticket is consumed and must not be
     /// polled again). Never blocks.
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError>;
@@ -232,29 +198,17 @@ pub fn select(choice: crate::config::DeviceChoice) -> Result<Backend, DeviceErro
     use crate::config::DeviceChoice;
     match choice {
         DeviceChoice::Sim => {
-            tracing::info!(
-                backend = "sim",
-                reason = "GPULMT_DEVICE=sim",
-                "device backend selected"
-            );
+            tracing::info!(backend = "sim", reason = "GPULMT_DEVICE=sim", "device backend selected");
             Ok(Arc::new(sim::SimBackend::from_env()?))
         }
         DeviceChoice::Cuda => {
             let b = cuda::CudaBackend::try_new()?;
-            tracing::info!(
-                backend = "cuda",
-                reason = "GPULMT_DEVICE=cuda",
-                "device backend selected"
-            );
+            tracing::info!(backend = "cuda", reason = "GPULMT_DEVICE=cuda", "device backend selected");
             Ok(Arc::new(b))
         }
         DeviceChoice::Auto => match cuda::CudaBackend::try_new() {
             Ok(b) => {
-                tracing::info!(
-                    backend = "cuda",
-                    reason = "driver and GPU found",
-                    "device backend selected"
-                );
+                tracing::info!(backend = "cuda", reason = "driver and GPU found", "device backend selected");
                 Ok(Arc::new(b))
             }
             Err(e) => {

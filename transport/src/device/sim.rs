@@ -539,8 +539,6 @@ struct LocalAlloc {
 struct PeerMap {
     key: OpenKey,
     owner_dev: DevId,
-    /// The device whose context opened it: the only one whose kernels reach it.
-    on: DevId,
     size: usize,
     map_base: usize,
     map_len: usize,
@@ -1076,7 +1074,6 @@ impl DeviceBackend for SimBackend {
             Region::Peer(PeerMap {
                 key,
                 owner_dev: f.device,
-                on,
                 size,
                 map_base,
                 map_len,
@@ -1162,40 +1159,6 @@ impl DeviceBackend for SimBackend {
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         lock(&self.tickets).insert(id, done);
         Ok(CopyTicket(id))
-    }
-
-    /// The copy engine's thread moves it, as any copy; what a kernel could not address is
-    /// refused as the CUDA driver would fail it (an illegal address at the kernel's completion
-    /// there; here at once, naming the end).
-    fn copy_async_by_kernel(
-        &self,
-        engine: DevId,
-        lane: u32,
-        dst: usize,
-        src: usize,
-        len: usize,
-    ) -> Result<CopyTicket, DeviceError> {
-        self.check_dev(engine)?;
-        {
-            let st = lock(&self.state);
-            for ptr in [dst, src] {
-                let reached = match st.find(ptr) {
-                    Some((_, Region::Local(l))) => self.can_access_peer(engine, l.dev),
-                    Some((_, Region::Peer(p))) => {
-                        p.on == engine && self.can_access_peer(engine, p.owner_dev)
-                    }
-                    None => false,
-                };
-                if !reached {
-                    return Err(DeviceError::InvalidPointer {
-                        op: "copy_async_by_kernel",
-                        ptr,
-                        expected: "device memory the engine device's kernels can address (its own, a peer-accessible device's, or a mapping opened on it)",
-                    });
-                }
-            }
-        }
-        self.copy_async(engine, lane, dst, src, len)
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
@@ -1772,51 +1735,6 @@ mod tests {
         assert!(took >= Duration::from_micros(20_000), "open took {took:?}");
         peer.close_handle(m).unwrap();
         owner.free(p).unwrap();
-    }
-
-    #[test]
-    fn kernel_copies_reach_only_addressable_device_memory() {
-        let owner = backend(3, PeerMatrix::parse("0-1").unwrap(), 0);
-        let b = backend(3, PeerMatrix::parse("0-1").unwrap(), 0);
-        let (d0, d1, d2) = (
-            b.alloc(0, 64).unwrap(),
-            b.alloc(1, 64).unwrap(),
-            b.alloc(2, 64).unwrap(),
-        );
-        fill(&b, d1, &[9u8; 64]);
-        // Own device and a peer-accessible one: moved, right bytes.
-        wait(&b, b.copy_async_by_kernel(0, 0, d0, d1, 64).unwrap());
-        assert_eq!(read(&b, d0, 64), vec![9u8; 64]);
-        let host = [0u8; 64];
-        let no_peer = d2;
-        for (dst, src) in [
-            (host.as_ptr() as usize, d0),
-            (d0, host.as_ptr() as usize),
-            (d0, no_peer),
-        ] {
-            assert!(matches!(
-                b.copy_async_by_kernel(0, 0, dst, src, 64),
-                Err(DeviceError::InvalidPointer {
-                    op: "copy_async_by_kernel",
-                    ..
-                })
-            ));
-        }
-        // A mapping reaches the kernels of the device it was opened on only.
-        let p = owner.alloc(1, 64).unwrap();
-        fill(&owner, p, &[4u8; 64]);
-        let m = b.open_handle(&owner.export_handle(p).unwrap(), 0).unwrap();
-        wait(&b, b.copy_async_by_kernel(0, 0, d0, m.ptr, 64).unwrap());
-        assert_eq!(read(&b, d0, 64), vec![4u8; 64]);
-        assert!(matches!(
-            b.copy_async_by_kernel(1, 0, d1, m.ptr, 64),
-            Err(DeviceError::InvalidPointer { .. })
-        ));
-        b.close_handle(m).unwrap();
-        owner.free(p).unwrap();
-        for d in [d0, d1, d2] {
-            b.free(d).unwrap();
-        }
     }
 
     #[test]

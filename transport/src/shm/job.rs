@@ -58,26 +58,17 @@ pub fn segment_name(job: &str) -> String {
 fn check_job_id(job: &str) -> Result<(), ShmError> {
     let bad = |reason: &str| ShmError::BadLayout(format!("job id {job:?} {reason}"));
     if job.is_empty() {
-        return Err(bad(
-            "is empty (is GPULMT_JOB set? start jobs with gpulmt-run)",
-        ));
+        return Err(bad("is empty (is GPULMT_JOB set? start jobs with gpulmt-run)"));
     }
     if job.len() > 200 {
         return Err(bad("is longer than 200 bytes"));
     }
-    if !job
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-    {
-        return Err(bad(
-            "may only contain ASCII letters, digits, '-', '_' and '.'",
-        ));
+    if !job.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.') {
+        return Err(bad("may only contain ASCII letters, digits, '-', '_' and '.'"));
     }
     // gpulmt-sim-* belongs to the simulated devices; keep the namespaces disjoint.
     if job == "sim" || job.starts_with("sim-") {
-        return Err(bad(
-            "must not start with \"sim\" (reserved for simulated devices)",
-        ));
+        return Err(bad("must not start with \"sim\" (reserved for simulated devices)"));
     }
     Ok(())
 }
@@ -127,11 +118,9 @@ impl JobLayout {
         let ranks = PAGE;
         let rank_bytes = n * std::mem::size_of::<RankEntry>();
         let rings = round_up(ranks + rank_bytes, PAGE).ok_or_else(overflow)?;
-        let ring_stride = round_up(
-            PacketRing::bytes_needed(self.ring_slots as usize, self.slot_size as usize),
-            RING_ALIGN,
-        )
-        .ok_or_else(overflow)?;
+        let ring_stride =
+            round_up(PacketRing::bytes_needed(self.ring_slots as usize, self.slot_size as usize), RING_ALIGN)
+                .ok_or_else(overflow)?;
         let staging = pairs
             .checked_mul(ring_stride)
             .and_then(|b| b.checked_add(rings))
@@ -147,14 +136,7 @@ impl JobLayout {
             .and_then(|b| b.checked_add(staging))
             .filter(|&t| libc::off_t::try_from(t).is_ok())
             .ok_or_else(overflow)?;
-        Ok(Offsets {
-            ranks,
-            rings,
-            ring_stride,
-            staging,
-            staging_stride,
-            total,
-        })
+        Ok(Offsets { ranks, rings, ring_stride, staging, staging_stride, total })
     }
 
     /// Checks that the layout can be laid out (see the field docs).
@@ -286,20 +268,10 @@ impl JobSegment {
             std::ptr::addr_of_mut!((*hdr).creator_pid).write(std::process::id());
             std::ptr::addr_of_mut!((*hdr).total_bytes).write(off.total as u64);
         }
-        let me = JobSegment {
-            seg,
-            job: job.to_owned(),
-            layout,
-            off,
-        };
+        let me = JobSegment { seg, job: job.to_owned(), layout, off };
         // Release: publishes every header field above to openers that Acquire the magic.
         me.header().magic.store(MAGIC, Ordering::Release);
-        tracing::debug!(
-            name = me.name(),
-            bytes = off.total,
-            ?layout,
-            "created job segment"
-        );
+        tracing::debug!(name = me.name(), bytes = off.total, ?layout, "created job segment");
         Ok(me)
     }
 
@@ -315,12 +287,8 @@ impl JobSegment {
             match Self::try_open(job, &name) {
                 Ok(Some(s)) => return Ok(s),
                 Ok(None) => last_state = "it exists but rank 0 has not finished initializing it",
-                Err(ShmError::Empty { .. }) => {
-                    last_state = "it exists but rank 0 has not sized it yet"
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    last_state = "it does not exist yet"
-                }
+                Err(ShmError::Empty { .. }) => last_state = "it exists but rank 0 has not sized it yet",
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => last_state = "it does not exist yet",
                 Err(e) => return Err(e),
             }
             let waited = start.elapsed();
@@ -340,15 +308,9 @@ impl JobSegment {
     /// One attempt: `Ok(None)` if the segment exists but its magic is not set yet.
     fn try_open(job: &str, name: &str) -> Result<Option<Self>, ShmError> {
         let seg = ShmSegment::open(name)?;
-        let bad = |reason: String| ShmError::BadSegment {
-            name: name.to_owned(),
-            reason,
-        };
+        let bad = |reason: String| ShmError::BadSegment { name: name.to_owned(), reason };
         if seg.len() < PAGE {
-            return Err(bad(format!(
-                "size {} is smaller than its header page",
-                seg.len()
-            )));
+            return Err(bad(format!("size {} is smaller than its header page", seg.len())));
         }
         let hdr_ptr = seg.ptr().cast::<Header>();
         // SAFETY: page 0 is mapped; only the atomic magic is touched until it is set (the
@@ -358,11 +320,7 @@ impl JobSegment {
         match magic.load(Ordering::Acquire) {
             0 => return Ok(None),
             MAGIC => {}
-            m => {
-                return Err(bad(format!(
-                    "bad magic {m:#018x}: not a gpulmt job segment"
-                )))
-            }
+            m => return Err(bad(format!("bad magic {m:#018x}: not a gpulmt job segment"))),
         }
         // SAFETY: the magic is set, so the header is complete and no longer written.
         let hdr = unsafe { &*hdr_ptr };
@@ -379,9 +337,7 @@ impl JobSegment {
             chunk_size: hdr.chunk_size,
             depth: hdr.depth,
         };
-        let off = layout
-            .offsets()
-            .map_err(|e| bad(format!("header holds an invalid layout: {e}")))?;
+        let off = layout.offsets().map_err(|e| bad(format!("header holds an invalid layout: {e}")))?;
         if hdr.total_bytes != off.total as u64 || seg.len() < off.total {
             return Err(bad(format!(
                 "header says {} bytes, layout needs {}, object has {}",
@@ -390,12 +346,7 @@ impl JobSegment {
                 seg.len()
             )));
         }
-        Ok(Some(JobSegment {
-            seg,
-            job: job.to_owned(),
-            layout,
-            off,
-        }))
+        Ok(Some(JobSegment { seg, job: job.to_owned(), layout, off }))
     }
 
     /// Removes the name of `job`'s segment (mappings stay valid). `Ok(false)` if absent.
@@ -410,28 +361,14 @@ impl JobSegment {
     }
 
     fn entry(&self, r: usize) -> &RankEntry {
-        assert!(
-            r < self.nranks(),
-            "rank {r} out of range (nranks {})",
-            self.nranks()
-        );
+        assert!(r < self.nranks(), "rank {r} out of range (nranks {})", self.nranks());
         // SAFETY: the rank table holds nranks entries at off.ranks, 64-aligned.
-        unsafe {
-            &*self
-                .seg
-                .ptr()
-                .add(self.off.ranks)
-                .cast::<RankEntry>()
-                .add(r)
-        }
+        unsafe { &*self.seg.ptr().add(self.off.ranks).cast::<RankEntry>().add(r) }
     }
 
     fn pair(&self, from: usize, to: usize) -> usize {
         let n = self.nranks();
-        assert!(
-            from < n && to < n,
-            "rank pair ({from}, {to}) out of range (nranks {n})"
-        );
+        assert!(from < n && to < n, "rank pair ({from}, {to}) out of range (nranks {n})");
         from * n + to
     }
 
@@ -475,9 +412,7 @@ impl JobSegment {
         // discipline is the job-wide convention documented above.
         unsafe {
             PacketRing::attach(
-                self.seg
-                    .ptr()
-                    .add(self.off.rings + p * self.off.ring_stride),
+                self.seg.ptr().add(self.off.rings + p * self.off.ring_stride),
                 self.layout.ring_slots as usize,
                 self.layout.slot_size as usize,
             )
@@ -493,11 +428,7 @@ impl JobSegment {
 
     /// Address of chunk `slot` (< depth) of the staging area of `(from, to)`.
     pub fn staging_chunk(&self, from: usize, to: usize, slot: usize) -> usize {
-        assert!(
-            slot < self.layout.depth as usize,
-            "staging slot {slot} out of range (depth {})",
-            self.layout.depth
-        );
+        assert!(slot < self.layout.depth as usize, "staging slot {slot} out of range (depth {})", self.layout.depth);
         self.staging(from, to).0 + slot * self.layout.chunk_size as usize
     }
 
@@ -571,12 +502,7 @@ impl JobSegment {
     /// peer is failed or finalized (it will never come), or if `should_abort()` returns
     /// true (polled while waiting). A failed barrier leaves the counter out of step:
     /// the job must abort, not retry.
-    pub fn barrier(
-        &self,
-        me: usize,
-        timeout: Duration,
-        should_abort: impl Fn() -> bool,
-    ) -> Result<(), ShmError> {
+    pub fn barrier(&self, me: usize, timeout: Duration, should_abort: impl Fn() -> bool) -> Result<(), ShmError> {
         let n = self.nranks() as u64;
         let me_entry = self.entry(me);
         // AcqRel: Release publishes our writes before the barrier to every rank that
@@ -598,13 +524,7 @@ impl JobSegment {
                 let missing: Vec<usize> = (0..self.nranks())
                     .filter(|&r| self.entry(r).barrier_gen.load(Ordering::Relaxed) < generation)
                     .collect();
-                Err(ShmError::Barrier {
-                    name: self.name().to_owned(),
-                    me,
-                    generation,
-                    missing,
-                    reason,
-                })
+                Err(ShmError::Barrier { name: self.name().to_owned(), me, generation, missing, reason })
             };
             if should_abort() {
                 return fail("aborted by the caller".into());
@@ -625,9 +545,7 @@ impl JobSegment {
                             return fail(format!("rank {r} (pid {}) has failed", self.rank_pid(r)));
                         }
                         PeerStatus::Finalized => {
-                            return fail(format!(
-                                "rank {r} has already finalized and will not arrive"
-                            ));
+                            return fail(format!("rank {r} has already finalized and will not arrive"));
                         }
                         PeerStatus::Alive | PeerStatus::Unknown => {}
                     }
@@ -651,9 +569,7 @@ impl JobSegment {
 /// Warns if `/dev/shm` has less free space than the segment could touch: the mapping
 /// succeeds (it is sparse) but touching pages beyond the free space raises SIGBUS.
 fn warn_if_shm_small(total: usize, layout: &JobLayout) {
-    let Ok(dir) = std::ffi::CString::new(super::segment::SHM_DIR) else {
-        return;
-    };
+    let Ok(dir) = std::ffi::CString::new(super::segment::SHM_DIR) else { return };
     // SAFETY: zeroed statvfs is a valid out-buffer.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: dir is a valid C string; st a valid out-pointer.
@@ -691,12 +607,7 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 pub fn node_id() -> u64 {
     static ID: OnceLock<u64> = OnceLock::new();
     *ID.get_or_init(|| {
-        let read = |p: &str| {
-            std::fs::read_to_string(p)
-                .ok()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-        };
+        let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
         let source = read("/proc/sys/kernel/random/boot_id")
             .map(|b| format!("boot:{b}"))
             .or_else(|| read("/etc/machine-id").map(|m| format!("machine:{m}")))
@@ -723,11 +634,7 @@ pub(crate) fn probe_owner_pids(name: &str) -> Option<Vec<u32>> {
     check_job_id(job).ok()?;
     let seg = JobSegment::try_open(job, name).ok()??;
     let mut pids = vec![seg.creator_pid()];
-    pids.extend(
-        (0..seg.nranks())
-            .map(|r| seg.rank_pid(r))
-            .filter(|&p| p != 0),
-    );
+    pids.extend((0..seg.nranks()).map(|r| seg.rank_pid(r)).filter(|&p| p != 0));
     Some(pids)
 }
 
@@ -741,21 +648,11 @@ mod tests {
 
     fn unique_job(tag: &str) -> String {
         static N: AtomicUsize = AtomicUsize::new(0);
-        format!(
-            "test{}x{}-{tag}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )
+        format!("test{}x{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
     }
 
     fn layout(nranks: u32) -> JobLayout {
-        JobLayout {
-            nranks,
-            ring_slots: 16,
-            slot_size: 128,
-            chunk_size: 1 << 20,
-            depth: 4,
-        }
+        JobLayout { nranks, ring_slots: 16, slot_size: 128, chunk_size: 1 << 20, depth: 4 }
     }
 
     /// Removes the job's objects even if the test fails.
@@ -776,25 +673,9 @@ mod tests {
         assert_eq!(off.total, off.staging + 9 * (4 << 20));
         assert_eq!(l.total_bytes(), off.total);
         assert!(JobLayout { nranks: 0, ..l }.validate().is_err());
-        assert!(JobLayout {
-            ring_slots: 12,
-            ..l
-        }
-        .validate()
-        .is_err());
-        assert!(JobLayout {
-            chunk_size: u64::MAX,
-            ..l
-        }
-        .validate()
-        .is_err());
-        assert!(JobLayout {
-            chunk_size: 0,
-            depth: 0,
-            ..l
-        }
-        .validate()
-        .is_ok());
+        assert!(JobLayout { ring_slots: 12, ..l }.validate().is_err());
+        assert!(JobLayout { chunk_size: u64::MAX, ..l }.validate().is_err());
+        assert!(JobLayout { chunk_size: 0, depth: 0, ..l }.validate().is_ok());
         assert!(check_job_id("sim-1").is_err());
         assert!(check_job_id("a/b").is_err());
         assert!(check_job_id("1f2e-17ab").is_ok());
@@ -823,10 +704,7 @@ mod tests {
         // Rings: what one handle pushes the other pops; rings are distinct.
         assert!(a.ring(0, 1).try_push(b"hello").unwrap());
         assert!(b.ring(1, 0).is_empty());
-        assert_eq!(
-            b.ring(0, 1).try_pop(|p| p.to_vec()).unwrap(),
-            Some(b"hello".to_vec())
-        );
+        assert_eq!(b.ring(0, 1).try_pop(|p| p.to_vec()).unwrap(), Some(b"hello".to_vec()));
 
         // Staging: aligned, disjoint, shared.
         let (s01, len) = a.staging(0, 1);
@@ -844,9 +722,7 @@ mod tests {
         let (last, len) = a.staging(2, 2);
         assert!(last + len <= a.seg.ptr() as usize + a.seg.len());
 
-        assert!(
-            matches!(JobSegment::create(&job, layout(3)), Err(e) if e.raw_os_error() == Some(libc::EEXIST))
-        );
+        assert!(matches!(JobSegment::create(&job, layout(3)), Err(e) if e.raw_os_error() == Some(libc::EEXIST)));
     }
 
     #[test]
@@ -900,16 +776,9 @@ mod tests {
         let _c = Cleanup(job.clone());
         let seg = JobSegment::create(&job, layout(3)).unwrap();
         // Timeout names the two ranks that never came.
-        let e = seg
-            .barrier(0, Duration::from_millis(50), || false)
-            .unwrap_err();
+        let e = seg.barrier(0, Duration::from_millis(50), || false).unwrap_err();
         match &e {
-            ShmError::Barrier {
-                missing,
-                generation: 1,
-                me: 0,
-                ..
-            } => assert_eq!(missing, &vec![1, 2]),
+            ShmError::Barrier { missing, generation: 1, me: 0, .. } => assert_eq!(missing, &vec![1, 2]),
             other => panic!("unexpected {other}"),
         }
         assert!(e.to_string().contains("timed out"), "{e}");
@@ -920,9 +789,7 @@ mod tests {
         let seg = JobSegment::create(&job2, layout(2)).unwrap();
         seg.mark_state(1, RankState::Failed);
         let t0 = Instant::now();
-        let e = seg
-            .barrier(0, Duration::from_secs(30), || false)
-            .unwrap_err();
+        let e = seg.barrier(0, Duration::from_secs(30), || false).unwrap_err();
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert!(e.to_string().contains("rank 1"), "{e}");
 
@@ -931,9 +798,7 @@ mod tests {
         let _c3 = Cleanup(job3.clone());
         let seg = JobSegment::create(&job3, layout(2)).unwrap();
         let stop = AtomicBool::new(true);
-        let e = seg
-            .barrier(1, Duration::from_secs(30), || stop.load(Ordering::Relaxed))
-            .unwrap_err();
+        let e = seg.barrier(1, Duration::from_secs(30), || stop.load(Ordering::Relaxed)).unwrap_err();
         assert!(e.to_string().contains("aborted"), "{e}");
     }
 
@@ -944,11 +809,7 @@ mod tests {
         let seg = JobSegment::create(&job, layout(2)).unwrap();
         seg.set_rank(1, dead_pid(), node_id(), 0);
         assert_eq!(seg.rank_state(1), RankState::Alive, "nobody marked it");
-        assert_eq!(
-            seg.peer_status(1),
-            PeerStatus::Failed,
-            "but its process is gone"
-        );
+        assert_eq!(seg.peer_status(1), PeerStatus::Failed, "but its process is gone");
         // A pid on another node is not ours to check.
         seg.set_rank(1, dead_pid(), node_id() ^ 1, 0);
         assert_eq!(seg.peer_status(1), PeerStatus::Alive);
@@ -964,10 +825,7 @@ mod tests {
             let seg = JobSegment::create(&dead_job, layout(2)).unwrap();
             // Pretend a dead process created it and ran its ranks.
             // SAFETY: header page of our own mapping; no concurrent readers of this field.
-            unsafe {
-                std::ptr::addr_of_mut!((*seg.seg.ptr().cast::<Header>()).creator_pid)
-                    .write(dead_pid())
-            };
+            unsafe { std::ptr::addr_of_mut!((*seg.seg.ptr().cast::<Header>()).creator_pid).write(dead_pid()) };
             seg.set_rank(0, dead_pid(), node_id(), 0);
             let _extra = ShmSegment::create(&format!("gpulmt-{dead_job}-x"), 4096).unwrap();
         }

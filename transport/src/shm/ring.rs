@@ -55,11 +55,7 @@ pub enum RingError {
     CorruptIndices { head: u64, tail: u64, slots: usize },
     /// `slots`/`slot_size` cannot make a ring.
     #[error("invalid ring geometry ({slots} slots of {slot_size} bytes): {reason}")]
-    Geometry {
-        slots: usize,
-        slot_size: usize,
-        reason: &'static str,
-    },
+    Geometry { slots: usize, slot_size: usize, reason: &'static str },
 }
 
 /// A view of a packet ring living in (shared) memory. Cheap to copy.
@@ -83,13 +79,7 @@ unsafe impl Send for PacketRing {}
 impl PacketRing {
     /// Checks that `slots` slots of `slot_size` bytes make a valid ring.
     pub fn check_geometry(slots: usize, slot_size: usize) -> Result<(), RingError> {
-        let bad = |reason| {
-            Err(RingError::Geometry {
-                slots,
-                slot_size,
-                reason,
-            })
-        };
+        let bad = |reason| Err(RingError::Geometry { slots, slot_size, reason });
         if slots == 0 || !slots.is_power_of_two() {
             return bad("slots must be a power of two");
         }
@@ -102,11 +92,7 @@ impl PacketRing {
         if slot_size - SLOT_HEADER > u32::MAX as usize {
             return bad("slot_size must leave a payload that fits a u32 length");
         }
-        if slots
-            .checked_mul(slot_size)
-            .and_then(|b| b.checked_add(2 * INDEX_BYTES))
-            .is_none()
-        {
+        if slots.checked_mul(slot_size).and_then(|b| b.checked_add(2 * INDEX_BYTES)).is_none() {
             return bad("ring size overflows usize");
         }
         Ok(())
@@ -136,11 +122,7 @@ impl PacketRing {
     /// If the geometry is invalid or `ptr` is misaligned.
     pub unsafe fn init(ptr: *mut u8, slots: usize, slot_size: usize) {
         let n = Self::bytes_needed(slots, slot_size);
-        assert_eq!(
-            ptr as usize % RING_ALIGN,
-            0,
-            "ring base must be {RING_ALIGN}-byte aligned"
-        );
+        assert_eq!(ptr as usize % RING_ALIGN, 0, "ring base must be {RING_ALIGN}-byte aligned");
         // SAFETY: the caller guarantees n writable bytes at ptr and exclusive access.
         unsafe { std::ptr::write_bytes(ptr, 0, n) };
     }
@@ -159,11 +141,7 @@ impl PacketRing {
     /// If the geometry is invalid or `ptr` is misaligned.
     pub unsafe fn attach(ptr: *mut u8, slots: usize, slot_size: usize) -> PacketRing {
         let _ = Self::bytes_needed(slots, slot_size);
-        assert_eq!(
-            ptr as usize % RING_ALIGN,
-            0,
-            "ring base must be {RING_ALIGN}-byte aligned"
-        );
+        assert_eq!(ptr as usize % RING_ALIGN, 0, "ring base must be {RING_ALIGN}-byte aligned");
         // SAFETY: in bounds of the bytes_needed bytes at ptr (caller's contract).
         unsafe {
             let head: *const CachePadded<AtomicU64> = ptr.cast();
@@ -219,11 +197,7 @@ impl PacketRing {
     /// Pushes a packet of `len` bytes that `fill` writes in place into the slot (no
     /// intermediate copy). `fill` is called only if there is room; `Ok(false)` if full.
     /// If `fill` panics nothing is published.
-    pub fn try_push_with(
-        &self,
-        len: usize,
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<bool, RingError> {
+    pub fn try_push_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<bool, RingError> {
         let max = self.max_payload();
         if len > max {
             return Err(RingError::TooLarge { len, max });
@@ -235,11 +209,7 @@ impl PacketRing {
         let head = self.head().load(Ordering::Acquire);
         let used = tail.wrapping_sub(head);
         if used > self.slots as u64 {
-            return Err(RingError::CorruptIndices {
-                head,
-                tail,
-                slots: self.slots,
-            });
+            return Err(RingError::CorruptIndices { head, tail, slots: self.slots });
         }
         if used == self.slots as u64 {
             return Ok(false);
@@ -276,11 +246,7 @@ impl PacketRing {
             return Ok(None);
         }
         if avail > self.slots as u64 {
-            return Err(RingError::CorruptIndices {
-                head,
-                tail,
-                slots: self.slots,
-            });
+            return Err(RingError::CorruptIndices { head, tail, slots: self.slots });
         }
         let slot = self.slot(head);
         let max = self.max_payload();
@@ -292,16 +258,9 @@ impl PacketRing {
                 // Release: hand the slot back even though it was garbage, so the ring
                 // keeps flowing.
                 self.head().store(head.wrapping_add(1), Ordering::Release);
-                return Err(RingError::CorruptLength {
-                    index: head,
-                    len,
-                    max,
-                });
+                return Err(RingError::CorruptLength { index: head, len, max });
             }
-            f(std::slice::from_raw_parts(
-                slot.add(SLOT_HEADER),
-                len as usize,
-            ))
+            f(std::slice::from_raw_parts(slot.add(SLOT_HEADER), len as usize))
         };
         // Release: our reads of the slot are done before the producer can see it free and
         // overwrite it.
@@ -385,10 +344,7 @@ pub(crate) mod tests {
         }
         assert_eq!(r.len(), 4);
         assert_eq!(r.try_push(b"x"), Ok(false), "full: backpressure");
-        assert_eq!(
-            r.try_push(&[0; 25]),
-            Err(RingError::TooLarge { len: 25, max: 24 })
-        );
+        assert_eq!(r.try_push(&[0; 25]), Err(RingError::TooLarge { len: 25, max: 24 }));
         assert_eq!(r.try_pop(|p| p.to_vec()), Ok(Some(vec![0])));
         assert_eq!(r.try_push_with(24, |d| d.fill(9)), Ok(true));
         for i in 1..4u8 {
@@ -407,9 +363,7 @@ pub(crate) mod tests {
         let r = ring(&buf, 2, 24);
         for _ in 0..3 {
             r.try_push(&[1; 16]).unwrap();
-            r.try_pop(|p| assert_eq!(p.as_ptr() as usize % 8, 0))
-                .unwrap()
-                .unwrap();
+            r.try_pop(|p| assert_eq!(p.as_ptr() as usize % 8, 0)).unwrap().unwrap();
         }
     }
 
@@ -422,27 +376,14 @@ pub(crate) mod tests {
         // Scribble an impossible length over the first packet.
         // SAFETY: first slot of the ring, inside buf.
         unsafe { buf.ptr.add(2 * INDEX_BYTES).cast::<u32>().write(1_000_000) };
-        assert_eq!(
-            r.try_pop(|_| ()),
-            Err(RingError::CorruptLength {
-                index: 0,
-                len: 1_000_000,
-                max: 24
-            })
-        );
+        assert_eq!(r.try_pop(|_| ()), Err(RingError::CorruptLength { index: 0, len: 1_000_000, max: 24 }));
         // The bad slot was skipped; the next packet is intact.
         assert_eq!(r.try_pop(|p| p.to_vec()), Ok(Some(b"next".to_vec())));
         // Impossible indices: tail far ahead of head.
         // SAFETY: the tail index, inside buf.
         unsafe { (*buf.ptr.add(INDEX_BYTES).cast::<AtomicU64>()).store(100, Ordering::Relaxed) };
-        assert!(matches!(
-            r.try_pop(|_| ()),
-            Err(RingError::CorruptIndices { .. })
-        ));
-        assert!(matches!(
-            r.try_push(b"x"),
-            Err(RingError::CorruptIndices { .. })
-        ));
+        assert!(matches!(r.try_pop(|_| ()), Err(RingError::CorruptIndices { .. })));
+        assert!(matches!(r.try_push(b"x"), Err(RingError::CorruptIndices { .. })));
     }
 
     #[test]
@@ -493,11 +434,7 @@ pub(crate) mod tests {
                             assert_eq!(seq, expect, "lost or reordered packet");
                             assert_eq!(p.len(), len_of(seq), "length of packet {seq}");
                             for (i, b) in p[8..].iter().enumerate() {
-                                assert_eq!(
-                                    *b,
-                                    (seq as u8).wrapping_add(i as u8),
-                                    "payload of packet {seq}"
-                                );
+                                assert_eq!(*b, (seq as u8).wrapping_add(i as u8), "payload of packet {seq}");
                             }
                         })
                         .unwrap();

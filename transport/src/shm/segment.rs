@@ -89,12 +89,7 @@ impl ShmError {
     fn last_os(call: &'static str, name: &str) -> Self {
         let source = io::Error::last_os_error();
         let hint = hint_for(call, source.raw_os_error().unwrap_or(0));
-        ShmError::Os {
-            call,
-            name: name.to_owned(),
-            source,
-            hint,
-        }
+        ShmError::Os { call, name: name.to_owned(), source, hint }
     }
 }
 
@@ -122,10 +117,7 @@ fn hint_for(call: &str, errno: i32) -> &'static str {
 /// C string `shm_open` wants (with the leading `/`).
 fn c_name(name: &str) -> Result<(String, CString), ShmError> {
     let bare = name.strip_prefix('/').unwrap_or(name);
-    let invalid = |reason| ShmError::InvalidName {
-        name: name.to_owned(),
-        reason,
-    };
+    let invalid = |reason| ShmError::InvalidName { name: name.to_owned(), reason };
     if bare.is_empty() {
         return Err(invalid("empty"));
     }
@@ -184,21 +176,14 @@ impl ShmSegment {
     pub fn create(name: &str, len: usize) -> Result<Self, ShmError> {
         let (bare, cname) = c_name(name)?;
         if len == 0 {
-            return Err(ShmError::BadLayout(format!(
-                "cannot create \"/{bare}\" with size 0"
-            )));
+            return Err(ShmError::BadLayout(format!("cannot create \"/{bare}\" with size 0")));
         }
-        let off_len = libc::off_t::try_from(len).map_err(|_| {
-            ShmError::BadLayout(format!("size {len} of \"/{bare}\" does not fit off_t"))
-        })?;
+        let off_len = libc::off_t::try_from(len)
+            .map_err(|_| ShmError::BadLayout(format!("size {len} of \"/{bare}\" does not fit off_t")))?;
         // O_EXCL: two jobs must never share a segment by accident (same job id, leftover).
         // SAFETY: cname is a valid NUL-terminated string.
         let fd = unsafe {
-            libc::shm_open(
-                cname.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
-                0o600,
-            )
+            libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC, 0o600)
         };
         if fd < 0 {
             return Err(ShmError::last_os("shm_open", &bare));
@@ -225,24 +210,13 @@ impl ShmSegment {
         }
         // SAFETY: fd is open and sized to len; we ask for a fresh mapping anywhere.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
         if p == libc::MAP_FAILED {
             return Err(fail("mmap"));
         }
         close_fd(fd, &bare);
-        Ok(ShmSegment {
-            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
-            len,
-            name: bare,
-        })
+        Ok(ShmSegment { ptr: NonNull::new(p.cast()).expect("mmap returned NULL"), len, name: bare })
     }
 
     /// Opens and maps the existing object `name`; its size is the object's current size.
@@ -272,22 +246,12 @@ impl ShmSegment {
             Ok(n) => n,
             Err(_) => {
                 close_fd(fd, &bare);
-                return Err(ShmError::BadSegment {
-                    name: bare,
-                    reason: format!("size {} does not fit usize", st.st_size),
-                });
+                return Err(ShmError::BadSegment { name: bare, reason: format!("size {} does not fit usize", st.st_size) });
             }
         };
         // SAFETY: fd is open with at least len bytes; fresh mapping anywhere.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
         if p == libc::MAP_FAILED {
             let err = ShmError::last_os("mmap", &bare);
@@ -295,11 +259,7 @@ impl ShmSegment {
             return Err(err);
         }
         close_fd(fd, &bare);
-        Ok(ShmSegment {
-            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
-            len,
-            name: bare,
-        })
+        Ok(ShmSegment { ptr: NonNull::new(p.cast()).expect("mmap returned NULL"), len, name: bare })
     }
 
     /// Removes the name `name`. Existing mappings stay valid until unmapped.
@@ -388,10 +348,7 @@ fn unlink_counted(name: &str) -> usize {
 pub fn remove_objects_with_prefix(prefix: &str) -> usize {
     if prefix.is_empty() || prefix.contains('/') {
         // Never let a bad prefix wipe all of /dev/shm.
-        tracing::warn!(
-            prefix,
-            "refusing to remove shared-memory objects by an empty or bad prefix"
-        );
+        tracing::warn!(prefix, "refusing to remove shared-memory objects by an empty or bad prefix");
         return 0;
     }
     shm_entries(prefix).iter().map(|n| unlink_counted(n)).sum()
@@ -412,26 +369,17 @@ fn is_object_of(name: &str, base: &str) -> bool {
 /// (any non-alphanumeric separator). Returns how many were removed.
 pub fn remove_job_objects(job: &str) -> usize {
     if job.is_empty() || job.contains('/') {
-        tracing::warn!(
-            job,
-            "refusing to remove the objects of an empty or bad job id"
-        );
+        tracing::warn!(job, "refusing to remove the objects of an empty or bad job id");
         return 0;
     }
     let base = format!("{OBJECT_PREFIX}{job}");
-    shm_entries(&base)
-        .iter()
-        .filter(|n| is_object_of(n, &base))
-        .map(|n| unlink_counted(n))
-        .sum()
+    shm_entries(&base).iter().filter(|n| is_object_of(n, &base)).map(|n| unlink_counted(n)).sum()
 }
 
 /// Liveness of a process on this machine: `kill(pid, 0)` fails with ESRCH only if no
 /// such process exists (EPERM means it exists but belongs to someone else).
 pub(crate) fn pid_alive(pid: u32) -> bool {
-    let Ok(p) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
+    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
     if p <= 0 {
         return false;
     }
@@ -444,10 +392,7 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 
 /// Age of `/dev/shm/<name>` by modification time (None if unknown).
 fn object_age(name: &str) -> Option<Duration> {
-    let modified = std::fs::metadata(Path::new(SHM_DIR).join(name))
-        .ok()?
-        .modified()
-        .ok()?;
+    let modified = std::fs::metadata(Path::new(SHM_DIR).join(name)).ok()?.modified().ok()?;
     SystemTime::now().duration_since(modified).ok()
 }
 
@@ -463,10 +408,8 @@ fn object_age(name: &str) -> Option<Duration> {
 ///
 /// Pids are checked on this machine: run it on the node that ran the job.
 pub fn cleanup_stale_jobs() -> usize {
-    let names: Vec<String> = shm_entries(OBJECT_PREFIX)
-        .into_iter()
-        .filter(|n| !n.starts_with(SIM_PREFIX))
-        .collect();
+    let names: Vec<String> =
+        shm_entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
     // (segment name, all owners dead)
     let mut jobs: Vec<(String, bool)> = Vec::new();
     for n in &names {
@@ -479,10 +422,7 @@ pub fn cleanup_stale_jobs() -> usize {
     for n in &names {
         // The longest parsed job segment this name belongs to (a job id may itself
         // contain '-', so `gpulmt-a-b` could be an object of `gpulmt-a` or a segment).
-        let owner = jobs
-            .iter()
-            .filter(|(j, _)| is_object_of(n, j))
-            .max_by_key(|(j, _)| j.len());
+        let owner = jobs.iter().filter(|(j, _)| is_object_of(n, j)).max_by_key(|(j, _)| j.len());
         let stale = match owner {
             Some((_, dead)) => *dead,
             None => object_age(n).is_some_and(|age| age > STALE_UNPARSEABLE_AGE),
@@ -501,9 +441,7 @@ pub fn cleanup_stale_sim_objects() -> usize {
     for n in shm_entries(SIM_PREFIX) {
         let rest = &n[SIM_PREFIX.len()..];
         let digits = rest.split('-').next().unwrap_or("");
-        let Ok(pid) = digits.parse::<u32>() else {
-            continue;
-        };
+        let Ok(pid) = digits.parse::<u32>() else { continue };
         if !pid_alive(pid) {
             removed += unlink_counted(&n);
         }
@@ -519,18 +457,12 @@ pub(crate) mod tests {
     /// A name unique to this test process and call, so parallel tests never collide.
     pub(crate) fn unique(tag: &str) -> String {
         static N: AtomicUsize = AtomicUsize::new(0);
-        format!(
-            "gpulmt-test{}x{}-{tag}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )
+        format!("gpulmt-test{}x{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Pid of a process that has exited and been reaped.
     pub(crate) fn dead_pid() -> u32 {
-        let mut c = std::process::Command::new("true")
-            .spawn()
-            .expect("spawn true");
+        let mut c = std::process::Command::new("true").spawn().expect("spawn true");
         let pid = c.id();
         c.wait().expect("wait true");
         pid
@@ -557,19 +489,12 @@ pub(crate) mod tests {
         assert_eq!(b.len(), a.len());
         // SAFETY: both mappings are at least 3*4096+5 bytes.
         unsafe {
-            assert_eq!(
-                *b.ptr().add(3 * 4096 + 4),
-                0,
-                "fresh segment reads as zeros"
-            );
+            assert_eq!(*b.ptr().add(3 * 4096 + 4), 0, "fresh segment reads as zeros");
             *a.ptr().add(4097) = 42;
             assert_eq!(*b.ptr().add(4097), 42);
         }
         assert!(ShmSegment::unlink(&name).unwrap());
-        assert!(
-            !ShmSegment::unlink(&name).unwrap(),
-            "second unlink: already gone"
-        );
+        assert!(!ShmSegment::unlink(&name).unwrap(), "second unlink: already gone");
         // The mappings survive the unlink.
         // SAFETY: still mapped.
         unsafe { assert_eq!(*a.ptr().add(4097), 42) };
@@ -579,23 +504,11 @@ pub(crate) mod tests {
 
     #[test]
     fn bad_names_and_sizes() {
-        assert!(matches!(
-            ShmSegment::create("", 10),
-            Err(ShmError::InvalidName { .. })
-        ));
-        assert!(matches!(
-            ShmSegment::create("a/b", 10),
-            Err(ShmError::InvalidName { .. })
-        ));
-        assert!(matches!(
-            ShmSegment::create(&"x".repeat(300), 10),
-            Err(ShmError::InvalidName { .. })
-        ));
+        assert!(matches!(ShmSegment::create("", 10), Err(ShmError::InvalidName { .. })));
+        assert!(matches!(ShmSegment::create("a/b", 10), Err(ShmError::InvalidName { .. })));
+        assert!(matches!(ShmSegment::create(&"x".repeat(300), 10), Err(ShmError::InvalidName { .. })));
         let name = unique("zero");
-        assert!(matches!(
-            ShmSegment::create(&name, 0),
-            Err(ShmError::BadLayout(_))
-        ));
+        assert!(matches!(ShmSegment::create(&name, 0), Err(ShmError::BadLayout(_))));
         assert!(!Path::new(SHM_DIR).join(&name).exists());
     }
 
@@ -611,10 +524,7 @@ pub(crate) mod tests {
         // remove_job_objects takes the job id, i.e. the name without "gpulmt-".
         let job = &base[OBJECT_PREFIX.len()..];
         assert_eq!(remove_job_objects(job), 2);
-        assert!(
-            Path::new(SHM_DIR).join(&longer).exists(),
-            "job {job}7 is another job"
-        );
+        assert!(Path::new(SHM_DIR).join(&longer).exists(), "job {job}7 is another job");
         assert_eq!(remove_objects_with_prefix(&longer), 1);
         assert_eq!(remove_objects_with_prefix(""), 0);
     }
