@@ -129,6 +129,10 @@ pub struct StencilOptions {
     /// cannot pass), to time a mode's compute structure alone with any rank count.
     #[arg(long, hide = true, conflicts_with = "check")]
     pub no_exchange: bool,
+    /// Diagnostics: print each rank's distribution of host-side batch intervals and exchange
+    /// times (percentiles), to tell a steady slowdown of the device from occasional stalls.
+    #[arg(long, hide = true)]
+    pub host_intervals: bool,
     /// Testing the check: add 1 to one interior value of this rank before the check.
     #[arg(long, hide = true)]
     pub corrupt_rank: Option<u32>,
@@ -253,6 +257,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     // Whether this rank sends halos (not without neighbours, nor with --no-exchange).
     let sends = !o.no_exchange && Side::ALL.iter().any(|s| d.neighbour(*s).is_some());
     let mut compute_wrote_edges = false;
+    // --host-intervals: per timed batch, when it ended on the host and how long its exchange took.
+    let mut batch_ends: Vec<Instant> = Vec::new();
+    let mut exchange_us: Vec<f64> = Vec::new();
     while step < steps {
         if step == warmup {
             dev.sync_compute()?;
@@ -284,6 +291,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             ex.start(ctx, dev, src)?;
             ex.finish_on_comm(ctx, dev, src)?;
             in_exchange += t.elapsed();
+            if o.host_intervals && step >= warmup {
+                exchange_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
             // Behind the unpacking on the comm queue, beside the interior: the step
             // then ends with the interior when the exchange was shorter.
             dev.comm_after_checkpoint()?;
@@ -299,6 +309,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             ex.start(ctx, dev, src)?;
             ex.finish(ctx, dev, src)?;
             in_exchange += t.elapsed();
+            if o.host_intervals && step >= warmup {
+                exchange_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
             dev.mark(Mark::Comm)?;
             dev.stencil(src, dst, pitch, d.step_region(0))?;
             dev.mark(Mark::Kernel)?;
@@ -321,6 +334,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         }
         dev.end_batch();
         exchanges += 1;
+        if o.host_intervals && step >= warmup {
+            batch_ends.push(Instant::now());
+        }
         step += batch;
     }
     dev.sync_compute()?;
@@ -334,6 +350,17 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         exchanges,
         tally: ex.tally().clone(),
     };
+    if o.host_intervals {
+        let intervals: Vec<f64> = batch_ends.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e6).collect();
+        println!(
+            "host intervals: rank {} {} over {} batches, us: batch {}; exchange {}",
+            ctx.rank(),
+            o.mode.name(),
+            intervals.len(),
+            percentiles(intervals),
+            percentiles(exchange_us)
+        );
+    }
     if timeline {
         let mut times = TimelineSums::default();
         dev.timeline(warm_batches)?.iter().for_each(|b| times.add(b));
@@ -374,6 +401,24 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     ex.release(ctx)?;
     ctx.mem_free_commit()?;
     Ok(passed)
+}
+
+/// `mean m, p10 .. p50 .. p90 .. p99 .. max` of `v` (for `--host-intervals`).
+fn percentiles(mut v: Vec<f64>) -> String {
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    format!(
+        "mean {mean:.2} p10 {:.2} p50 {:.2} p90 {:.2} p99 {:.2} max {:.2}",
+        at(0.1),
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        v[v.len() - 1]
+    )
 }
 
 /// Means of the `--timeline` marks over the timed batches.
