@@ -184,7 +184,9 @@ fn is_dd_bw(p: &Point) -> bool {
 }
 
 /// osu_bw D D in GB/s per protocol for every size any of them has, sorted by size.
-/// Split comes from split.csv's osu_bw D D rows (whatever protocol they name).
+/// Split comes from split.csv's osu_bw D D rows (whatever protocol they name). A cell
+/// measured by several runs holds their median: at 64 KiB - 1 MiB two runs of one
+/// protocol differ by 5-25 % on 2x H200, more than the choices between protocols.
 pub fn protocol_table(points: &[Point], split: Option<&[Point]>) -> Vec<ProtoRow> {
     let mut rows: Vec<ProtoRow> = Vec::new();
     let mut slot = |bytes: u64| -> usize {
@@ -205,7 +207,15 @@ pub fn protocol_table(points: &[Point], split: Option<&[Point]>) -> Vec<ProtoRow
     for p in split.unwrap_or(&[]).iter().filter(|p| is_dd_bw(p)) {
         cells.push((slot(p.bytes), "split", p.value / 1000.0));
     }
+    // The runs of each cell, in order of appearance.
+    let mut runs: Vec<((usize, &str), Vec<f64>)> = Vec::new();
     for (i, col, v) in cells {
+        match runs.iter_mut().find(|(k, _)| *k == (i, col)) {
+            Some((_, vs)) => vs.push(v),
+            None => runs.push(((i, col), vec![v])),
+        }
+    }
+    for ((i, col), vs) in runs {
         let r = &mut rows[i];
         let cell = match col {
             "get" => &mut r.get,
@@ -214,10 +224,21 @@ pub fn protocol_table(points: &[Point], split: Option<&[Point]>) -> Vec<ProtoRow
             "auto" => &mut r.auto,
             _ => &mut r.split,
         };
-        cell.get_or_insert(v);
+        *cell = Some(median(vs));
     }
     rows.sort_by_key(|r| r.bytes);
     rows
+}
+
+/// The median of a non-empty list (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 pub fn protocols_csv(rows: &[ProtoRow]) -> String {
@@ -367,6 +388,18 @@ osu_bibw,D D,get,1024,MBps,99999
             csv,
             format!("{PROTOCOLS_HEADER}\n512,,,,0.700,,,\n1024,1.000,2.000,1.500,1.900,2.500,2.500,0.760\n")
         );
+        // Repeated runs of a cell give its median.
+        let repeated = parse_points(
+            "osu_bw,D D,get,1024,MBps,1000
+osu_bw,D D,get,1024,MBps,3000
+osu_bw,D D,get,1024,MBps,2000
+osu_bw,D D,auto,1024,MBps,1000
+osu_bw,D D,auto,1024,MBps,2000
+",
+        )
+        .rows;
+        let t = protocol_table(&repeated, None);
+        assert_eq!((t[0].get, t[0].auto), (Some(2.0), Some(1.5)));
         let no_split = protocol_table(&pts, None);
         assert_eq!(no_split[1].best(), Some(2.0));
     }
