@@ -4,6 +4,7 @@
 # REPS rounds, each running the four in a rotated order (osu_bw, then osu_latency 8 B),
 # every run's rows appended to OUTDIR/gpulmt.csv; bench-report's protocols.csv then holds
 # each cell's median. Prints that table and the 8 B latencies per protocol, sorted.
+# RUN_FLAGS adds launcher options (e.g. "--bind none").
 # Usage: bash bench/gpu/protocols_repeat_h200x2.sh OUTDIR [REPS=5]   (binaries in .gpu/bin)
 set -uo pipefail
 out=${1:?outdir}
@@ -11,7 +12,7 @@ reps=${2:-5}
 mkdir -p "$out"
 bin=.gpu/bin
 export GPULMT_DEVICE=cuda
-run="$bin/gpulmt-run -n 2 --timeout 120 --"
+run="$bin/gpulmt-run -n 2 ${RUN_FLAGS:-} --timeout 120 --"
 order=(auto get put coop)
 for rep in $(seq "$reps"); do
   for k in 0 1 2 3; do

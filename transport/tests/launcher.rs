@@ -165,7 +165,7 @@ fn timeout_kills_and_exits_124() {
 
 #[test]
 fn bad_usage_exits_2() {
-    for args in [&[][..], &["sh"], &["-n", "0", "true"], &["-n", "x", "true"], &["--bogus", "-n", "1", "true"]] {
+    for args in [&[][..], &["sh"], &["-n", "0", "true"], &["-n", "x", "true"], &["--bogus", "-n", "1", "true"], &["-n", "1", "--bind", "socket", "true"]] {
         let (out, _) = run(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(text(&out.stderr).contains("usage: gpulmt-run"), "{args:?}: {}", text(&out.stderr));
@@ -247,4 +247,46 @@ fn launcher_marks_failed_rank_in_segment() {
     assert!(dir.join("saw-failed").exists(), "stdout: {}", text(&out.stdout));
     assert!(t0.elapsed() < Duration::from_secs(8), "took {:?}", t0.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `Cpus_allowed_list` of each rank (a shell that reads its own status), rank order.
+fn rank_cpu_lists(args: &[&str]) -> Vec<String> {
+    let script = r#"echo "$GPULMT_RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)""#;
+    let mut full: Vec<&str> = args.to_vec();
+    full.extend(["--", "sh", "-c", script]);
+    let (out, _) = run(&full);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let mut lines: Vec<(usize, String)> = text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (r, cpus) = l.split_once(' ').expect("rank and CPU list");
+            (r.parse().unwrap(), cpus.to_string())
+        })
+        .collect();
+    lines.sort();
+    lines.into_iter().map(|(_, c)| c).collect()
+}
+
+/// By default each rank runs on a CPU of its own (a single CPU, distinct across ranks),
+/// while the ranks fit the launcher's CPUs; `--bind none`, or more ranks than CPUs, leaves
+/// them the launcher's whole set.
+#[test]
+fn ranks_are_bound_to_cores_of_their_own() {
+    let ours = gpulmt::binding::allowed_cpus();
+    let whole = text(&Command::new("sh").args(["-c", "grep Cpus_allowed_list /proc/self/status | cut -f2"]).output().unwrap().stdout)
+        .trim()
+        .to_string();
+    let n = ours.len().min(2);
+    let bound = rank_cpu_lists(&["-n", &n.to_string()]);
+    let cpus: Vec<usize> = bound.iter().map(|c| c.parse().unwrap_or_else(|_| panic!("rank not bound to one CPU: {c}"))).collect();
+    assert!(cpus.iter().all(|c| ours.contains(c)), "{cpus:?} outside {ours:?}");
+    assert_eq!(cpus.iter().collect::<std::collections::BTreeSet<_>>().len(), n, "{cpus:?}");
+    if ours.len() > 1 {
+        for l in rank_cpu_lists(&["-n", &n.to_string(), "--bind", "none"]) {
+            assert_eq!(l, whole);
+        }
+    }
+    for l in rank_cpu_lists(&["-n", &(ours.len() + 1).to_string()]) {
+        assert_eq!(l, whole, "oversubscribed ranks must not be bound");
+    }
 }

@@ -1,13 +1,14 @@
 //! `gpulmt-run`: the launcher of gpulmt jobs on one node.
 //!
 //! ```text
-//! gpulmt-run -n N [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]
+//! gpulmt-run -n N [--bind core|none] [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]
 //! gpulmt-run --cleanup
 //! ```
 //!
 //! Starts N copies of `prog` with `GPULMT_JOB` (a fresh job id), `GPULMT_RANK`,
 //! `GPULMT_SIZE`, `GPULMT_LOCAL_RANK` and `GPULMT_LOCAL_SIZE` set, each in its own
-//! process group so that signals reach whatever the rank spawned (`sh -c` and friends).
+//! process group so that signals reach whatever the rank spawned (`sh -c` and friends),
+//! and by default bound to a core of its own ([`gpulmt::binding`]).
 //! It forwards SIGINT/SIGTERM/SIGHUP, and when a rank fails it marks the rank Failed in
 //! the job segment (so peers fail their requests at once instead of hanging), waits the
 //! abort grace period for the others to notice, then terminates them.
@@ -33,13 +34,16 @@ use gpulmt::shm::segment::{
     cleanup_stale_jobs, cleanup_stale_sim_objects, remove_job_objects, remove_objects_with_prefix, SIM_PREFIX,
 };
 
-const USAGE: &str = "usage: gpulmt-run -n N [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]\n       gpulmt-run --cleanup";
+const USAGE: &str = "usage: gpulmt-run -n N [--bind core|none] [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]\n       gpulmt-run --cleanup";
 
 const HELP: &str = "\
 Starts N ranks of a gpulmt job on this node.
 
 options:
   -n, --np N            number of ranks (1..=1024)
+  --bind core|none      core (default): each rank on a core of its own, one thread per
+                        physical core first; no binding when the ranks outnumber the
+                        CPUs this launcher may use. none: the scheduler places them
   --timeout SECS        kill the job after SECS seconds (fractions allowed); exit 124
   --abort-grace-ms MS   after a rank fails, wait MS ms for the others to exit before
                         terminating them (default 3000)
@@ -61,6 +65,7 @@ const KILL_AFTER: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 struct Args {
     n: Option<usize>,
+    bind: bool,
     timeout: Option<Duration>,
     grace: Duration,
     cleanup: bool,
@@ -73,7 +78,7 @@ enum Parsed {
 }
 
 fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
-    let mut a = Args { n: None, timeout: None, grace: Duration::from_millis(3000), cleanup: false, prog: Vec::new() };
+    let mut a = Args { n: None, bind: true, timeout: None, grace: Duration::from_millis(3000), cleanup: false, prog: Vec::new() };
     // The value of an option: `--opt=V` or the next argument.
     fn value(name: &str, inline: Option<&str>, it: &mut dyn Iterator<Item = OsString>) -> Result<String, String> {
         match inline {
@@ -115,6 +120,13 @@ fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> 
             }
             // -n4
             _ if opt.starts_with("-n") && !opt.starts_with("--") => a.n = Some(parse_n(&opt[2..])?),
+            "--bind" => {
+                a.bind = match value(opt, inline, &mut it)?.as_str() {
+                    "core" => true,
+                    "none" => false,
+                    v => return Err(format!("--bind: {v:?} is not core or none")),
+                };
+            }
             "--timeout" => {
                 let v = value(opt, inline, &mut it)?;
                 let secs: f64 = v.parse().map_err(|_| format!("--timeout: {v:?} is not a number of seconds"))?;
@@ -334,7 +346,7 @@ impl Launcher {
 }
 
 /// Spawns rank `r` of `n`.
-fn spawn_rank(prog: &[OsString], job: &str, r: usize, n: usize) -> io::Result<libc::pid_t> {
+fn spawn_rank(prog: &[OsString], job: &str, r: usize, n: usize, cpu: Option<usize>) -> io::Result<libc::pid_t> {
     let mut cmd = Command::new(&prog[0]);
     cmd.args(&prog[1..])
         .env(JOB_ENV, job)
@@ -350,9 +362,15 @@ fn spawn_rank(prog: &[OsString], job: &str, r: usize, n: usize) -> io::Result<li
         cmd.stdin(Stdio::null());
     }
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure only makes async-signal-safe syscalls (prctl, getppid).
+    // SAFETY: the closure only makes async-signal-safe syscalls (prctl, getppid,
+    // sched_setaffinity).
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(cpu) = cpu {
+                // Best effort: the CPU was in our own allowed set a moment ago, and a rank
+                // that runs unbound is slower, not wrong.
+                let _ = gpulmt::binding::bind_to(cpu);
+            }
             // If the launcher is SIGKILLed it cannot clean up; at least take the ranks
             // down with it rather than leave them spinning on a dead job.
             #[cfg(target_os = "linux")]
@@ -388,10 +406,11 @@ fn run(args: Args) -> u8 {
         return 1;
     }
     let mut l = Launcher { job: new_job_id(), ranks: Vec::with_capacity(n), segment: None };
-    tracing::debug!(job = %l.job, n, "starting job");
+    let cpus = if args.bind { gpulmt::binding::cpus_for_ranks(n) } else { None };
+    tracing::debug!(job = %l.job, n, ?cpus, "starting job");
 
     for r in 0..n {
-        match spawn_rank(&args.prog, &l.job, r, n) {
+        match spawn_rank(&args.prog, &l.job, r, n, cpus.as_ref().map(|c| c[r])) {
             Ok(pid) => l.ranks.push(Rank { pid, running: true }),
             Err(e) => {
                 eprintln!("gpulmt-run: cannot start rank {r}: {}: {e}", args.prog[0].to_string_lossy());
