@@ -3,12 +3,7 @@
 # (run_h200x2.sh quick), the 8 B D D latency five times, and the Stencil2D overlap check
 # (stencil_overlap.sh, 2 x 400 steps).
 # Usage: bash bench/gpu/bound_checks_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 bash bench/gpu/run_h200x2.sh quick "$out" > /dev/null 2>> "$out/log.txt"
 for i in 1 2 3 4 5; do
   $bin/gpulmt-run -n 2 --timeout 60 -- $bin/osu_latency -m 8:8 -i 20000 --csv "$out/lat8.csv" D D > /dev/null 2>> "$out/log.txt"

@@ -9,12 +9,7 @@
 # overlap check (stencil_overlap.sh, 2 x 400 steps) with the halos moved by kernels (64K)
 # and by copy engines (0).
 # Usage: bash bench/gpu/explore8_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 $bin/gpulmt-unit --ignored --test-threads=1 --nocapture device::cuda::tests::gpu_kernel_copies > "$out/unit.txt" 2>&1
 echo "unit rc=$?" | tee -a "$out/log.txt"
 for n in 8 4096 65536; do $bin/copy_probe $n > "$out/copy_probe_$n.csv" 2>> "$out/log.txt"; done

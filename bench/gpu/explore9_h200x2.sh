@@ -6,12 +6,7 @@
 # single and double: one rank computing alone, two ranks inter-k-overlap (auto, i.e.
 # GET; and PUT), and two ranks with --no-exchange (the overlap structure without messages).
 # Usage: bash bench/gpu/explore9_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 st() {
   tag=$1; n=$2; shift 2
   $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d --size 4096 --halo 1 --iters 400 --host-intervals "$@" > /tmp/st.txt 2>&1 \

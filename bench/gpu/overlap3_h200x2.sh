@@ -4,12 +4,7 @@
 # --host-intervals run per precision at halo width 1 (its report counts the mappings opened
 # while timed).
 # Usage: bash bench/gpu/overlap3_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 bash bench/gpu/stencil_overlap.sh "$out" 3 400
 bash bench/gpu/stencil_overlap_check.sh "$out"
 for p in single double; do

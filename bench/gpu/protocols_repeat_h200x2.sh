@@ -6,12 +6,8 @@
 # each cell's median. Prints that table and the 8 B latencies per protocol, sorted.
 # RUN_FLAGS adds launcher options (e.g. "--bind none").
 # Usage: bash bench/gpu/protocols_repeat_h200x2.sh OUTDIR [REPS=5]   (binaries in .gpu/bin)
-set -uo pipefail
-out=${1:?outdir}
+source "$(dirname "$0")/preamble.sh"
 reps=${2:-5}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
 run="$bin/gpulmt-run -n 2 ${RUN_FLAGS:-} --timeout 120 --"
 order=(auto get put coop)
 for rep in $(seq "$reps"); do
