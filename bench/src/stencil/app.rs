@@ -297,10 +297,7 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
             ex.finish_on_comm(ctx, dev, src)?;
-            in_exchange += t.elapsed();
-            if o.host_intervals && step >= warmup {
-                exchange_us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
+            note_exchange(t.elapsed(), &mut in_exchange, (o.host_intervals && step >= warmup).then_some(&mut exchange_us));
             // Behind the unpacking on the comm queue, beside the interior: the step
             // then ends with the interior when the exchange was shorter.
             dev.comm_after_checkpoint()?;
@@ -315,10 +312,7 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
             ex.finish(ctx, dev, src)?;
-            in_exchange += t.elapsed();
-            if o.host_intervals && step >= warmup {
-                exchange_us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
+            note_exchange(t.elapsed(), &mut in_exchange, (o.host_intervals && step >= warmup).then_some(&mut exchange_us));
             dev.mark(Mark::Comm)?;
             dev.stencil(src, dst, pitch, d.step_region(0))?;
             dev.mark(Mark::Kernel)?;
@@ -409,6 +403,15 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     ex.release(ctx)?;
     ctx.mem_free_commit()?;
     Ok(passed)
+}
+
+/// Adds one exchange's time to the total, and to `samples` (microseconds, for
+/// `--host-intervals`) when given.
+fn note_exchange(took: Duration, total: &mut Duration, samples: Option<&mut Vec<f64>>) {
+    *total += took;
+    if let Some(v) = samples {
+        v.push(took.as_secs_f64() * 1e6);
+    }
 }
 
 /// `mean m, p10 .. p50 .. p90 .. p99 .. max` of `v` (for `--host-intervals`).
