@@ -75,6 +75,20 @@ pub fn bind_to(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Lets the calling thread run on every CPU the process's cpuset allows, whatever the
+/// process was bound to (helper threads that stand for hardware, such as the sim's copy
+/// engines). Best effort: on failure the thread keeps its binding.
+pub fn unbind_this_thread() {
+    // SAFETY: as in allowed_cpus; the kernel intersects the full set with the cpuset.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in 0..libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(c, &mut set);
+        }
+        let _ = libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +119,21 @@ mod tests {
         assert_eq!(spread(&[0, 1], 0, smt), None);
         // Unknown topology: every CPU is a core.
         assert_eq!(spread(&[5, 9], 2, |_| None), Some(vec![5, 9]));
+    }
+
+    #[test]
+    fn a_thread_bound_to_one_cpu_can_be_unbound() {
+        let all = allowed_cpus();
+        std::thread::spawn(move || {
+            bind_to(all[0]).unwrap();
+            assert_eq!(allowed_cpus(), vec![all[0]]);
+            unbind_this_thread();
+            // At least the process's own set again (more if the process itself was bound).
+            let now = allowed_cpus();
+            assert!(all.iter().all(|c| now.contains(c)), "{now:?} lacks some of {all:?}");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -716,7 +716,13 @@ impl SimBackend {
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("gpulmt-sim-ce{dev}"))
-            .spawn(move || engine_main(rx))
+            .spawn(move || {
+                // The thread stands for a GPU's copy engine, not for the rank's CPU work: it
+                // must not share the one core a launcher may have bound the rank to (ranks
+                // busy-poll, and the copies would crawl).
+                crate::binding::unbind_this_thread();
+                engine_main(rx)
+            })
             .map_err(|e| DeviceError::Driver {
                 call: "pthread_create",
                 code: e.raw_os_error().unwrap_or(0) as i64,
