@@ -381,13 +381,13 @@ impl Context {
     fn start_copy(&mut self, c: CopyCmd) {
         self.stats.copies += 1;
         let mut lease = None;
-        let opens_before = self.cache.open_counters();
+        // Only where debug spans are on: otherwise the copy's issue path reads no counters.
+        let opens_before = tracing::enabled!(tracing::Level::DEBUG).then(|| self.cache.open_counters());
         let ends = self
             .resolve(c.src, c.len, &mut lease)
             .and_then(|s| self.resolve(c.dst, c.len, &mut lease).map(|d| (s, d)));
-        // Only where debug spans are on: otherwise the copy's issue path does no lookup.
-        if let (Some(key), true) = (&lease, tracing::enabled!(tracing::Level::DEBUG)) {
-            self.record_cache_outcome(&c, key, opens_before);
+        if let (Some(key), Some(before)) = (&lease, opens_before) {
+            self.record_cache_outcome(&c, key, before);
         }
         let (src, dst) = match ends {
             Ok(v) => v,

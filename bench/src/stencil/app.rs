@@ -277,6 +277,8 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             warm_batches = step / h;
         }
         let batch = h.min(steps - step);
+        // --host-intervals samples the timed batches.
+        let sampled = o.host_intervals && step >= warmup;
         let (src, dst) = (fields[cur], fields[1 - cur]);
         dev.mark(Mark::Start)?;
         if o.mode.overlaps() {
@@ -297,7 +299,7 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
             ex.finish_on_comm(ctx, dev, src)?;
-            note_exchange(t.elapsed(), &mut in_exchange, (o.host_intervals && step >= warmup).then_some(&mut exchange_us));
+            note_exchange(t.elapsed(), &mut in_exchange, sampled.then_some(&mut exchange_us));
             // Behind the unpacking on the comm queue, beside the interior: the step
             // then ends with the interior when the exchange was shorter.
             dev.comm_after_checkpoint()?;
@@ -312,7 +314,7 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
             let t = Instant::now();
             ex.start(ctx, dev, src)?;
             ex.finish(ctx, dev, src)?;
-            note_exchange(t.elapsed(), &mut in_exchange, (o.host_intervals && step >= warmup).then_some(&mut exchange_us));
+            note_exchange(t.elapsed(), &mut in_exchange, sampled.then_some(&mut exchange_us));
             dev.mark(Mark::Comm)?;
             dev.stencil(src, dst, pitch, d.step_region(0))?;
             dev.mark(Mark::Kernel)?;
@@ -335,7 +337,7 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         }
         dev.end_batch();
         exchanges += 1;
-        if o.host_intervals && step >= warmup {
+        if sampled {
             batch_ends.push(Instant::now());
         }
         step += batch;

@@ -222,7 +222,7 @@ pub struct CudaCompute<T> {
     checkpoint: CudaEvent,
     stencil: CudaFunction,
     copy: CudaFunction,
-    /// `--timeline`: two sets of timing events, this batch's and the previous one's.
+    /// `--timeline`: a set of timing events per batch, read back after the run.
     marks: Option<Timeline>,
     /// Holds the primary context retained for as long as the streams live.
     _ctx: Arc<CudaContext>,
