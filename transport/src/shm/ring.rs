@@ -5,28 +5,38 @@
 //!
 //! ```text
 //! [ head: AtomicU64, own cache line(s) ]  consumer's index: packets popped so far
-//! [ tail: AtomicU64, own cache line(s) ]  producer's index: packets pushed so far
+//! [ tail: AtomicU64, seen_head: AtomicU64, own cache line(s) ]
+//!                                         producer's index: packets pushed so far, and
+//!                                         the last head it read (its private cache)
 //! [ slot 0 ][ slot 1 ] ... [ slot slots-1 ]   each `slot_size` bytes:
-//!     [ len: u32 ][ reserved: u32 ][ payload: len bytes ... ]
+//!     [ len: u32 ][ stamp: u32 ][ payload: len bytes ... ]
 //! ```
 //!
 //! The indices only grow (a u64 does not wrap in the life of a job); slot `i` is at
 //! `i & (slots - 1)`, the ring is empty when `head == tail` and full when
 //! `tail - head == slots`. Each index has exactly one writer, so no RMW is needed:
-//! the producer owns `tail`, the consumer owns `head`. Keeping them on separate cache
-//! lines stops the two sides from invalidating each other's line on every packet.
+//! the producer owns `tail`, the consumer owns `head`.
 //!
-//! The slot header is 8 bytes (not 4) so that payloads are 8-byte aligned when
-//! `slot_size` is a multiple of 8 (required), letting receivers read u64 fields in place.
+//! A packet hop costs the cache misses on its path, so each side touches the other's
+//! lines only when it must: the producer publishes packet `i` by writing the stamp
+//! `(i + 1) as u32` into its slot header, and the consumer polls that stamp, so the
+//! miss that tells it a packet arrived also brings the packet's first bytes (polling
+//! `tail` would cost a second miss before the slot's). The producer reads the
+//! consumer's `head` only when the head it saw last says the ring is full. `tail` is
+//! still kept, for [`PacketRing::len`] and [`PacketRing::is_empty`].
+//!
+//! The slot header is 8 bytes so that payloads are 8-byte aligned when `slot_size` is
+//! a multiple of 8 (required), letting receivers read u64 fields in place.
 //!
 //! Peers are other processes that may crash or be buggy: everything read from the
-//! shared memory (indices, lengths) is validated before it is used as an offset.
+//! shared memory (indices, lengths) is validated before it is used as an offset. A
+//! stamp a broken producer never writes only stops its own packets.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-/// Bytes at the start of every slot: the u32 payload length and 4 reserved bytes.
+/// Bytes at the start of every slot: the u32 payload length and the u32 stamp.
 pub const SLOT_HEADER: usize = 8;
 
 /// Alignment the ring's base pointer needs (that of a cache-padded index).
@@ -34,6 +44,8 @@ pub const RING_ALIGN: usize = std::mem::align_of::<CachePadded<AtomicU64>>();
 
 /// Size of one padded index.
 const INDEX_BYTES: usize = std::mem::size_of::<CachePadded<AtomicU64>>();
+// The producer's `seen_head` lives in the tail's padding.
+const _: () = assert!(INDEX_BYTES >= 16);
 
 /// Smallest slot: the header and 8 payload bytes.
 pub const MIN_SLOT_SIZE: usize = SLOT_HEADER + 8;
@@ -66,6 +78,8 @@ pub enum RingError {
 pub struct PacketRing {
     head: *const AtomicU64,
     tail: *const AtomicU64,
+    /// The producer's copy of the last `head` it read, next to `tail` in its own line.
+    seen_head: *const AtomicU64,
     slots_base: *mut u8,
     slots: usize,
     slot_size: usize,
@@ -149,6 +163,8 @@ impl PacketRing {
             PacketRing {
                 head: &**head,
                 tail: &**tail,
+                // Inside the tail's padding (at least 64 bytes), so on the producer's line.
+                seen_head: ptr.add(INDEX_BYTES + 8).cast(),
                 slots_base: ptr.add(2 * INDEX_BYTES),
                 slots,
                 slot_size,
@@ -181,6 +197,18 @@ impl PacketRing {
         unsafe { &*self.tail }
     }
 
+    fn seen_head(&self) -> &AtomicU64 {
+        // SAFETY: valid for the view's lifetime (attach's contract); 8-aligned.
+        unsafe { &*self.seen_head }
+    }
+
+    /// The publication stamp in the header of the slot at `slot`.
+    fn stamp(slot: *mut u8) -> &'static AtomicU32 {
+        // SAFETY: every slot starts with an 8-aligned 8-byte header whose second u32 is
+        // the stamp; the ring's memory outlives every view (attach's contract).
+        unsafe { &*slot.add(4).cast::<AtomicU32>() }
+    }
+
     /// Start of the slot that index `i` maps to.
     fn slot(&self, i: u64) -> *mut u8 {
         let idx = (i as usize) & (self.slots - 1);
@@ -202,29 +230,38 @@ impl PacketRing {
         if len > max {
             return Err(RingError::TooLarge { len, max });
         }
-        // Relaxed: we are the only writer of tail, so we read our own last store.
+        // Relaxed: we are the only writer of tail and seen_head, so we read our own stores.
         let tail = self.tail().load(Ordering::Relaxed);
-        // Acquire: pairs with the consumer's Release of head, so its reads of the slot we
-        // are about to reuse are done before we overwrite it.
-        let head = self.head().load(Ordering::Acquire);
-        let used = tail.wrapping_sub(head);
-        if used > self.slots as u64 {
-            return Err(RingError::CorruptIndices { head, tail, slots: self.slots });
-        }
-        if used == self.slots as u64 {
-            return Ok(false);
+        let seen = self.seen_head().load(Ordering::Relaxed);
+        if tail.wrapping_sub(seen) >= self.slots as u64 {
+            // Full as far as we last knew: look at the consumer's progress (a miss on its
+            // line, paid once per ring's worth of packets at most).
+            // Acquire: pairs with the consumer's Release of head, so its reads of the slots
+            // it freed are done before we overwrite them (a head read earlier stays valid:
+            // head only grows).
+            let head = self.head().load(Ordering::Acquire);
+            let used = tail.wrapping_sub(head);
+            if used > self.slots as u64 {
+                return Err(RingError::CorruptIndices { head, tail, slots: self.slots });
+            }
+            self.seen_head().store(head, Ordering::Relaxed);
+            if used == self.slots as u64 {
+                return Ok(false);
+            }
         }
         let slot = self.slot(tail);
-        // SAFETY: the slot is ours until we publish tail + 1 (the consumer never reads at
-        // or beyond tail), and slot_size = SLOT_HEADER + max >= SLOT_HEADER + len bytes.
+        // SAFETY: the slot is ours until we stamp it (the consumer reads only stamped
+        // slots), and slot_size = SLOT_HEADER + max >= SLOT_HEADER + len bytes.
         unsafe {
             slot.cast::<u32>().write(len as u32);
-            slot.add(4).cast::<u32>().write(0);
             fill(std::slice::from_raw_parts_mut(slot.add(SLOT_HEADER), len));
         }
         // Release: publishes the slot's length and payload before the consumer can see
-        // the new tail.
-        self.tail().store(tail.wrapping_add(1), Ordering::Release);
+        // the stamp. The stamp differs from the slot's previous one (index - slots + 1)
+        // and from zeroed memory for every index.
+        Self::stamp(slot).store(tail.wrapping_add(1) as u32, Ordering::Release);
+        // Relaxed: tail is only read for len()/is_empty() snapshots, never to read a slot.
+        self.tail().store(tail.wrapping_add(1), Ordering::Relaxed);
         Ok(true)
     }
 
@@ -232,26 +269,20 @@ impl PacketRing {
     /// after `f` returns. `Ok(None)` if the ring is empty.
     ///
     /// A slot whose length is impossible is skipped (released) and reported as
-    /// [`RingError::CorruptLength`]; impossible indices give
-    /// [`RingError::CorruptIndices`] and consume nothing. If `f` panics the slot is not
-    /// released and the packet is seen again by the next pop.
+    /// [`RingError::CorruptLength`]. If `f` panics the slot is not released and the
+    /// packet is seen again by the next pop.
     pub fn try_pop<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>, RingError> {
         // Relaxed: we are the only writer of head, so we read our own last store.
         let head = self.head().load(Ordering::Relaxed);
-        // Acquire: pairs with the producer's Release of tail, so the slot's contents are
-        // visible before we read them.
-        let tail = self.tail().load(Ordering::Acquire);
-        let avail = tail.wrapping_sub(head);
-        if avail == 0 {
+        let slot = self.slot(head);
+        // Acquire: pairs with the producer's Release of the stamp, so the slot's contents
+        // are visible before we read them.
+        if Self::stamp(slot).load(Ordering::Acquire) != head.wrapping_add(1) as u32 {
             return Ok(None);
         }
-        if avail > self.slots as u64 {
-            return Err(RingError::CorruptIndices { head, tail, slots: self.slots });
-        }
-        let slot = self.slot(head);
         let max = self.max_payload();
-        // SAFETY: the slot holds a published packet (head < tail) that the producer does
-        // not touch until we advance head; the length is validated before it bounds a read.
+        // SAFETY: the slot holds a published packet that the producer does not touch
+        // until we advance head; the length is validated before it bounds a read.
         let out = unsafe {
             let len = slot.cast::<u32>().read();
             if len as usize > max {
@@ -270,18 +301,20 @@ impl PacketRing {
 
     /// True if no packet is waiting. Exact for the consumer; a hint for anyone else.
     pub fn is_empty(&self) -> bool {
-        // Acquire on both: a consistent-enough snapshot; each index only grows.
-        let head = self.head().load(Ordering::Acquire);
-        let tail = self.tail().load(Ordering::Acquire);
-        head == tail
+        self.len() == 0
     }
 
     /// Packets waiting (a snapshot; clamped to the capacity if the indices are corrupt).
     pub fn len(&self) -> usize {
-        // Load head first: tail only grows, so tail read after head is >= that head.
+        // Acquire on both: a consistent-enough snapshot. tail is stored after the stamp,
+        // so the consumer may already have popped a packet whose tail is not visible yet:
+        // a head ahead of tail reads as empty.
         let head = self.head().load(Ordering::Acquire);
         let tail = self.tail().load(Ordering::Acquire);
-        (tail.wrapping_sub(head)).min(self.slots as u64) as usize
+        if head > tail {
+            return 0;
+        }
+        (tail - head).min(self.slots as u64) as usize
     }
 }
 
@@ -379,10 +412,26 @@ pub(crate) mod tests {
         assert_eq!(r.try_pop(|_| ()), Err(RingError::CorruptLength { index: 0, len: 1_000_000, max: 24 }));
         // The bad slot was skipped; the next packet is intact.
         assert_eq!(r.try_pop(|p| p.to_vec()), Ok(Some(b"next".to_vec())));
-        // Impossible indices: tail far ahead of head.
-        // SAFETY: the tail index, inside buf.
-        unsafe { (*buf.ptr.add(INDEX_BYTES).cast::<AtomicU64>()).store(100, Ordering::Relaxed) };
-        assert!(matches!(r.try_pop(|_| ()), Err(RingError::CorruptIndices { .. })));
+        assert_eq!(r.try_pop(|_| ()), Ok(None));
+        // A slot stamped for another round is not a packet.
+        r.try_push(b"late").unwrap();
+        // SAFETY: the stamp of slot 2 (index 2), inside buf.
+        let stamp = unsafe { &*buf.ptr.add(2 * INDEX_BYTES + 2 * 32 + 4).cast::<AtomicU32>() };
+        stamp.store(7, Ordering::Relaxed);
+        assert_eq!(r.try_pop(|_| ()), Ok(None));
+        stamp.store(3, Ordering::Relaxed);
+        assert_eq!(r.try_pop(|p| p.to_vec()), Ok(Some(b"late".to_vec())));
+        // Impossible indices: head far ahead of tail, seen when the producer looks.
+        // SAFETY: the head index and the producer's copy, inside buf.
+        unsafe {
+            (*buf.ptr.cast::<AtomicU64>()).store(100, Ordering::Relaxed);
+            (*buf.ptr.add(INDEX_BYTES + 8).cast::<AtomicU64>()).store(0, Ordering::Relaxed);
+        }
+        for _ in 0..4 {
+            if r.try_push(b"x") != Ok(true) {
+                break;
+            }
+        }
         assert!(matches!(r.try_push(b"x"), Err(RingError::CorruptIndices { .. })));
     }
 
