@@ -18,6 +18,7 @@ use gpulmt_protocols::policy::{PolicyConfig, Protocol};
 use gpulmt_protocols::wire::{Packet, Region};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
+use crate::anatomy::{self, Point};
 use crate::config::Config;
 use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, PointerInfo};
 use crate::error::{Error, Result};
@@ -367,6 +368,7 @@ impl Context {
     }
 
     unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
+        anatomy::mark(Point::SendPost, 0);
         if dst >= self.size() {
             return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
         }
@@ -421,6 +423,7 @@ impl Context {
     }
 
     unsafe fn irecv_tagged(&mut self, buf: *mut u8, len: usize, src: Option<Rank>, tag: Option<Tag>) -> Result<Request> {
+        anatomy::mark(Point::RecvPost, 0);
         if let Some(s) = src {
             if s >= self.size() {
                 return Err(ProtoError::BadRank { rank: s, size: self.size() }.into());
@@ -468,6 +471,7 @@ impl Context {
             return Ok(None);
         }
         let st = self.reqs.remove(req.0).expect("present");
+        anatomy::mark(Point::Completed, 0);
         st.result.expect("checked").map(Some).map_err(Error::from)
     }
 
@@ -584,6 +588,7 @@ impl Context {
     }
 
     fn shutdown(&mut self) -> Result<()> {
+        anatomy::dump(self.rank());
         if !self.reqs.is_empty() {
             tracing::warn!(pending = self.reqs.len(), "finalize with requests not waited for");
         }

@@ -11,6 +11,7 @@
 //! - `gpulmt-protocols`: the sans-IO protocol engine (in its own crate).
 //! - [`context`]: the progress engine and public API that ties them together.
 
+pub mod anatomy;
 pub mod binding;
 pub mod config;
 pub mod device;

@@ -11,6 +11,7 @@ use gpulmt_protocols::policy::Protocol;
 use gpulmt_protocols::wire::Packet;
 use gpulmt_protocols::{CopyId, Rank};
 
+use crate::anatomy::{self, Point};
 use crate::context::Context;
 use crate::device::{CopyTicket, DevId, MemoryKind};
 use crate::error::Result;
@@ -99,6 +100,7 @@ impl Context {
             // Eager messages a receive is waiting for are copied from the slot into
             // the user's buffer; everything else is decoded for the engine.
             let popped = ring.try_pop(|bytes| {
+                anatomy::mark(Point::PacketIn, bytes.get(1).copied().unwrap_or(0));
                 if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
                     if let Some((req, buf, result)) = self.engine.take_eager_match(from as Rank, tag, payload.len() as u64) {
                         self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
@@ -156,11 +158,13 @@ impl Context {
         let mut did = false;
         for q in 0..self.inflight.len() {
             while let Some(c) = self.inflight[q].copies.front() {
+                anatomy::poll();
                 let result = match self.backend.copy_poll(c.ticket) {
                     Ok(false) => break,
                     Ok(true) => Ok(()),
                     Err(e) => Err(e.to_string()),
                 };
+                anatomy::mark(Point::CopyDone, anatomy::take_polls());
                 let c = self.inflight[q].copies.pop_front().expect("front exists");
                 self.release_lease(c.lease);
                 self.engine.on_copy_done(c.id, result);
@@ -222,6 +226,7 @@ impl Context {
             slot[hdr..].copy_from_slice(payload);
         });
         if let Ok(true) = pushed {
+            anatomy::mark(Point::PacketOut, 1);
             self.stats.packets_sent += 1;
             return;
         }
@@ -296,10 +301,12 @@ impl Context {
         }
         self.stats.packets_sent += 1;
         let t = to as usize;
+        let mut kind = 0;
         match self.try_push_direct(t, p.encoded_len(), |slot| {
             p.encode(slot);
+            kind = slot[1];
         }) {
-            Ok(true) => return,
+            Ok(true) => return anatomy::mark(Point::PacketOut, kind),
             Ok(false) => {}
             Err(e) => {
                 // The engine never builds packets larger than a slot (eager
@@ -379,6 +386,8 @@ impl Context {
     }
 
     fn start_copy(&mut self, c: CopyCmd) {
+        anatomy::mark(Point::CopyIssue, 0);
+        anatomy::take_polls();
         self.stats.copies += 1;
         let mut lease = None;
         // Only where debug spans are on: otherwise the copy's issue path reads no counters.
@@ -408,6 +417,7 @@ impl Context {
             }
             CopyEngine::Device(d) => match self.backend.copy_async(d, c.lane, dst, src, c.len as usize) {
                 Ok(ticket) => {
+                    anatomy::mark(Point::CopyIssued, 0);
                     let copy = InflightCopy { id: c.id, ticket, lease };
                     match self.inflight.iter_mut().find(|q| q.engine == d && q.lane == c.lane) {
                         Some(q) => q.copies.push_back(copy),

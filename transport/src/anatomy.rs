@@ -1,0 +1,115 @@
+//! Host timestamps at the steps of a message's path through this rank (cargo feature
+//! `anatomy`), to find where a small message's latency goes on real hardware: where a
+//! request is posted, a packet crosses a ring, a copy is issued, seen finished, a request
+//! completes. Without the feature every call here compiles to nothing; with it, each
+//! point costs one `clock_gettime` and a store into a preallocated thread-local log, and
+//! [`dump`] writes the log as CSV `ns,point,arg` (CLOCK_MONOTONIC, one clock for all
+//! processes of a host) to `$GPULMT_ANATOMY_OUT.<rank>.csv` at finalize.
+//! `bench/gpu/anatomy.py` lines the ranks' logs up into the steps of a ping-pong leg.
+
+/// A step of a message's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Point {
+    /// `isend` entered (arg: 0).
+    SendPost = 1,
+    /// `irecv` entered.
+    RecvPost = 2,
+    /// A packet was taken from a ring (arg: its kind byte).
+    PacketIn = 3,
+    /// A packet was written into a ring (arg: its kind byte).
+    PacketOut = 4,
+    /// A device copy is about to be issued.
+    CopyIssue = 5,
+    /// The driver accepted the copy (the call returned).
+    CopyIssued = 6,
+    /// A device copy was seen finished (arg: polls it took, at most 255).
+    CopyDone = 7,
+    /// A request's completion was handed to the application.
+    Completed = 8,
+}
+
+#[cfg(feature = "anatomy")]
+mod imp {
+    use std::cell::RefCell;
+    use std::io::Write;
+
+    use super::Point;
+
+    /// Entries kept at most: a long run keeps its first ones.
+    const CAPACITY: usize = 4 << 20;
+
+    thread_local! {
+        static LOG: RefCell<Vec<(u64, u8, u8)>> = RefCell::new(Vec::with_capacity(CAPACITY));
+        static POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+
+    fn now_ns() -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    pub fn mark(p: Point, arg: u8) {
+        let t = now_ns();
+        LOG.with(|l| {
+            let mut l = l.borrow_mut();
+            if l.len() < CAPACITY {
+                l.push((t, p as u8, arg));
+            }
+        });
+    }
+
+    pub fn poll() {
+        POLLS.with(|c| c.set(c.get().saturating_add(1)));
+    }
+
+    pub fn take_polls() -> u8 {
+        POLLS.with(|c| c.replace(0)).min(255) as u8
+    }
+
+    pub fn dump(rank: u32) {
+        let Some(base) = std::env::var_os("GPULMT_ANATOMY_OUT") else { return };
+        let path = format!("{}.{rank}.csv", base.to_string_lossy());
+        let write = || -> std::io::Result<()> {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+            writeln!(f, "ns,point,arg")?;
+            LOG.with(|l| l.borrow().iter().try_for_each(|(t, p, a)| writeln!(f, "{t},{p},{a}")))?;
+            f.flush()
+        };
+        if let Err(e) = write() {
+            tracing::warn!(path, error = %e, "writing the anatomy log");
+        }
+    }
+}
+
+/// Records that this thread reached `p` now.
+#[inline(always)]
+pub fn mark(_p: Point, _arg: u8) {
+    #[cfg(feature = "anatomy")]
+    imp::mark(_p, _arg);
+}
+
+/// Counts one poll of a copy in flight.
+#[inline(always)]
+pub fn poll() {
+    #[cfg(feature = "anatomy")]
+    imp::poll();
+}
+
+/// The polls counted since the last call (0 without the feature).
+#[inline(always)]
+pub fn take_polls() -> u8 {
+    #[cfg(feature = "anatomy")]
+    return imp::take_polls();
+    #[cfg(not(feature = "anatomy"))]
+    0
+}
+
+/// Writes this thread's log (see the module doc); nothing without the feature.
+#[inline(always)]
+pub fn dump(_rank: u32) {
+    #[cfg(feature = "anatomy")]
+    imp::dump(_rank);
+}
