@@ -66,17 +66,7 @@ pub(crate) struct CopyQueue {
 impl Context {
     /// Makes progress on everything in flight; returns whether anything happened.
     pub fn progress(&mut self) -> Result<bool> {
-        let mut did = false;
-        while let Some(p) = self.loopback.pop_front() {
-            did = true;
-            self.on_packet(self.rank(), p);
-        }
-        let me = self.rank() as usize;
-        for from in 0..self.size() as usize {
-            if from != me {
-                did |= self.drain_ring(from);
-            }
-        }
+        let mut did = self.take_packets();
         did |= self.poll_copies();
         if self.outbox_len > 0 {
             did |= self.flush_outbox();
@@ -90,6 +80,22 @@ impl Context {
             }
         }
         Ok(did)
+    }
+
+    /// Takes every packet waiting: our own (loopback), then each peer's ring to us.
+    pub(crate) fn take_packets(&mut self) -> bool {
+        let mut did = false;
+        while let Some(p) = self.loopback.pop_front() {
+            did = true;
+            self.on_packet(self.rank(), p);
+        }
+        let me = self.rank() as usize;
+        for from in 0..self.size() as usize {
+            if from != me {
+                did |= self.drain_ring(from);
+            }
+        }
+        did
     }
 
     /// Reads every packet waiting in `from`'s ring to us.
@@ -166,8 +172,11 @@ impl Context {
                 };
                 anatomy::mark(Point::CopyDone, anatomy::take_polls());
                 let c = self.inflight[q].copies.pop_front().expect("front exists");
-                self.release_lease(c.lease);
                 self.engine.on_copy_done(c.id, result);
+                // What the copy ends (a GET's DONE, a completion) goes out before anything
+                // else is polled: a peer may be waiting for it.
+                self.run_actions();
+                self.release_lease(c.lease);
                 did = true;
             }
         }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
+use rustc_hash::FxHashMap;
 
 use super::{
     BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind,
@@ -319,7 +320,9 @@ pub struct CudaBackend {
     /// Serialises context retention, so that peer access is enabled once per pair.
     retain_lock: Mutex<()>,
     next_ticket: AtomicU64,
-    tickets: Mutex<HashMap<u64, Pending>>,
+    /// Copies in flight by ticket. Tickets are our own counter, not an adversary's
+    /// input: a fast hasher is safe (every poll of a copy looks its ticket up).
+    tickets: Mutex<FxHashMap<u64, Pending>>,
     open: Mutex<OpenHandles>,
     /// Allocations made by [`alloc`](DeviceBackend::alloc), by base address: their
     /// attributes are known until [`free`](DeviceBackend::free), so `pointer_info`
@@ -395,7 +398,7 @@ impl CudaBackend {
             peer,
             retain_lock: Mutex::new(()),
             next_ticket: AtomicU64::new(1),
-            tickets: Mutex::new(HashMap::new()),
+            tickets: Mutex::new(FxHashMap::default()),
             open: Mutex::new(OpenHandles::default()),
             own: Mutex::new(std::collections::BTreeMap::new()),
         })
