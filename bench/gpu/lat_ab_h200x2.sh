@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Where the 8 B D D latency goes, step by step, and binary sets compared in alternation.
+# Carried binaries: one folder per set under .gpu (each with osu_latency and gpulmt-run;
+# `bin` is this commit's, from prepare.sh), and .gpu/anatomy (this commit built with the
+# transport's `anatomy` feature). Runs: the anchors' small-copy latency, copy_probe 8,
+# each set's osu_latency 8 B D D and H H in turn (ROUNDS rounds), then two anatomy runs
+# (GPULMT_ANATOMY_OUT logs, lined up by bench/gpu/anatomy.py; OSU_ANATOMY beside them).
+# Usage: SETS="old bin" ROUNDS=6 bash bench/gpu/lat_ab_h200x2.sh OUTDIR   (packs OUTDIR.tgz)
+# (explore10 ran it as explore10_h200x2.sh with these defaults.)
+source "$(dirname "$0")/preamble.sh"
+sets=${SETS:-old bin}
+log() { echo "== $(date +%T) $*" | tee -a "$out/log.txt" >&2; }
+nvidia-smi > "$out/host.txt" 2>&1
+log anchors
+bash .gpu/tools/anchors.sh 8 > "$out/anchors.csv" 2> "$out/anchors.err"
+log copy_probe
+$bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
+lat() { # set placement
+  ".gpu/$1/gpulmt-run" -n 2 --timeout 60 -- ".gpu/$1/osu_latency" -m 8:8 -i 20000 --csv "$out/lat_$1_$2$2.csv" $2 $2 > /dev/null 2>> "$out/log.txt"
+}
+for i in $(seq "${ROUNDS:-6}"); do
+  log round $i
+  for s in $sets; do lat $s D; lat $s H; done
+done
+for i in 1 2; do
+  log anatomy $i
+  OSU_ANATOMY=1 GPULMT_ANATOMY_OUT="$out/anat$i" .gpu/anatomy/gpulmt-run -n 2 --timeout 60 -- \
+    .gpu/anatomy/osu_latency -m 8:8 -i 20000 D D > "$out/osu_anatomy$i.txt" 2>> "$out/log.txt"
+  python3 bench/gpu/anatomy.py "$out/anat$i" > "$out/anatomy$i.csv" 2>> "$out/log.txt"
+  gzip "$out/anat$i".*.csv
+done
+log done
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+grep ce_latency "$out/anchors.csv"
+for f in "$out"/lat_*.csv; do printf '%s ' "$(basename "$f")"; tail -n +2 "$f" | cut -d, -f6 | tr '\n' ' '; echo; done
+cat "$out/anatomy1.csv" "$out/anatomy2.csv"
+grep -E "ipc_pull_(memcpy_streamsync|gpulmt)|push_memcpypeer" "$out/copy_probe_8.csv"
