@@ -100,15 +100,6 @@ impl Default for PolicyConfig {
 /// already moving this receiver's own messages to it (traffic both ways): then
 /// `auto` leaves it alone rather than COOPERATE or PUT on it, since two engines
 /// each serving one direction beat two engines sharing both (measured on H200).
-impl PolicyConfig {
-    /// The smallest message whose protocol depends on the sender's other traffic (the
-    /// `sender_busy` argument of [`choose`]): a receive that only shorter messages can
-    /// match is decided the same way whenever its message arrives.
-    pub fn traffic_sensitive_from(&self) -> u64 {
-        self.coop_min.min(self.put_min).min(self.bidir_put_min)
-    }
-}
-
 pub fn choose(
     cfg: &PolicyConfig,
     src: &MemDesc,
@@ -193,20 +184,6 @@ mod tests {
         assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, true, |_, _| true).protocol, Protocol::Put);
         assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, false, |_, _| true).protocol, Protocol::Coop);
         assert_eq!(choose(&c, &dev(0), Some(0), true, 1 << 20, false, |_, _| true).protocol, Protocol::Get);
-    }
-
-    #[test]
-    fn below_the_traffic_sensitive_size_busy_changes_nothing() {
-        let c = PolicyConfig { mode: ProtocolOverride::Auto, coop_min: 4 << 20, put_min: 1 << 20, bidir_put_min: 512 << 10 };
-        let from = c.traffic_sensitive_from();
-        assert_eq!(from, 512 << 10);
-        let pick = |len, busy| choose(&c, &dev(0), Some(1), true, len, busy, |_, _| true).protocol;
-        for len in [1, 4096, from - 1] {
-            assert_eq!(pick(len, false), pick(len, true), "{len} bytes");
-        }
-        // The bound is tight: from there on the sender's traffic can matter.
-        assert_ne!(pick(from, false), pick(from, true));
-        assert_ne!(pick(4 << 20, false), pick(4 << 20, true));
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_HANDLE_CACHE_ENTRIES", "1024", "most cached peer mappings kept open while unused"),
     ("GPULMT_HANDLE_CACHE_BYTES", "64G", "most bytes of cached peer mappings kept open while unused"),
     ("GPULMT_MEMTYPE_CACHE", "1", "remember recently used host buffers to skip the driver's pointer query on the eager path (`0` to disable)"),
-    ("GPULMT_PROGRESS_ON_POST", "1", "a rendezvous isend also makes one progress pass, so the peer's answers start copies while an application is still posting a window of sends, and a receive smaller than GPULMT_BIDIR_PUT_MIN, GPULMT_PUT_MIN and GPULMT_COOP_MIN takes the packets waiting for it at once (`0`: progress only in test/wait; on 2x H200 osu_bibw 4 MiB 596 vs 530 GB/s, 8 B latency 9.2 vs 10.1 us)"),
+    ("GPULMT_PROGRESS_ON_POST", "1", "a rendezvous isend also makes one progress pass, so the peer's answers start copies while an application is still posting a window of sends (`0`: progress only in test/wait; on 2x H200 osu_bibw 4 MiB 596 vs 530 GB/s, 8 B latency 9.2 vs 10.1 us)"),
     ("GPULMT_INIT_TIMEOUT_MS", "30000", "how long a rank waits for the others to join the job"),
     ("GPULMT_LIVENESS_MS", "20", "how often a waiting rank checks that its peers are alive"),
     ("GPULMT_SIM_DEVICES", "2", "sim backend: number of devices"),

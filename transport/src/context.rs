@@ -439,16 +439,6 @@ impl Context {
         let req = self.new_request(ptr, len, kind, span);
         self.engine.post_recv(req, src, tag, desc);
         self.run_actions();
-        // A receive that only messages below the traffic-sensitive size can match is
-        // decided the same way now as later (see progress_on_post), so its RTS is looked
-        // for at once: a ping-pong's receiver then starts its copy here instead of after a
-        // return to the application and the first pass of its wait.
-        if self.cfg.progress_on_post
-            && (len as u64) < self.engine.config().policy.traffic_sensitive_from()
-            && self.reqs.get(req.0).is_some_and(|st| st.result.is_none())
-        {
-            self.take_packets();
-        }
         Ok(Request(req.0))
     }
 

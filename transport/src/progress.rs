@@ -83,7 +83,7 @@ impl Context {
     }
 
     /// Takes every packet waiting: our own (loopback), then each peer's ring to us.
-    pub(crate) fn take_packets(&mut self) -> bool {
+    fn take_packets(&mut self) -> bool {
         let mut did = false;
         while let Some(p) = self.loopback.pop_front() {
             did = true;
