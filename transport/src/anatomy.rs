@@ -23,7 +23,8 @@ pub enum Point {
     CopyIssue = 5,
     /// The driver accepted the copy (the call returned).
     CopyIssued = 6,
-    /// A device copy was seen finished (arg: polls it took, at most 255).
+    /// A device copy was seen finished (arg: copy polls since the last copy was issued,
+    /// at most 255: the polls this copy took when it is the only one in flight).
     CopyDone = 7,
     /// A request's completion was handed to the application.
     Completed = 8,
