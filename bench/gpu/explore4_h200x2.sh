@@ -5,12 +5,7 @@
 # queue and the batch end, and the idle gap between batches), compute alone, inter-k and
 # overlap, single and double, halo 1 and 4; (3) osu_latency D D 8 B, three runs.
 # Usage: bash bench/gpu/explore4_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 for n in 8 4096; do timeout 120 $bin/copy_probe $n > "$out/copy_probe_$n.csv" 2> "$out/copy_probe_$n.err"; done
 st() { n=$1; shift; $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" --csv "$out/stencil.csv" > /tmp/stencil.txt 2>&1 || { echo "FAILED: -n $n $*" >&2; tail -3 /tmp/stencil.txt >&2; }; grep -h "^timeline\|^summary" /tmp/stencil.txt | sed "s|^|$n $* :: |" >> "$out/timeline.txt"; }
 for p in single double; do for h in 1 4; do

@@ -4,12 +4,7 @@
 # --timeline pass; (2) osu_latency D D 8 B with OSU_ANATOMY=1, unpinned and pinned
 # (taskset), three runs each, and the copy-and-wait anchor.
 # Usage: bash bench/gpu/explore5_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 bash bench/gpu/stencil_overlap.sh "$out" 3 400
 for p in single double; do for h in 1 4; do for m in "1 inter-k" "2 inter-k-overlap"; do
   set -- $m

@@ -5,12 +5,7 @@
 # sender's engine driving small GETs (GPULMT_GET_PUSH_MAX default) against the receiver's
 # (=0): 8 B with OSU_ANATOMY, pinned, three runs each, and 8 B-256 KiB; osu_bw 4 KiB-1 MiB.
 # Usage: bash bench/gpu/explore6_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 st() { n=$1; shift; $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" --csv "$out/stencil_raw.csv" > /tmp/st.txt 2>&1 || { echo "FAILED: -n $n $*"; tail -3 /tmp/st.txt; }; grep -h "^timeline\|^summary" /tmp/st.txt | sed "s|^|$n $* :: |" >> "$out/timeline.txt"; }
 for p in single double; do for h in 1 4; do for tl in "" --timeline; do
   a="--size 4096 --halo $h --precision $p --iters 400 $tl"

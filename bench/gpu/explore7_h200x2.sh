@@ -5,12 +5,7 @@
 # (2x2 grid, two per GPU, h1 and h2); (2) the shim's host latency (hostlat_h200x2.sh) with
 # the new fast path; (3) osu_latency D D 8 B, three runs.
 # Usage: bash bench/gpu/explore7_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 bash bench/gpu/stencil_overlap.sh "$out" 3 400
 bash bench/gpu/stencil_overlap_check.sh "$out"
 bash bench/gpu/hostlat_h200x2.sh "$out/hostlat" > /dev/null 2>&1

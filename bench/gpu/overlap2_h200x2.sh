@@ -2,12 +2,7 @@
 # The overlap check again (stencil_overlap.sh, 3 x 400 steps) with thin boundary strips
 # launched in one-row blocks, and the overlap mode's --check runs.
 # Usage: bash bench/gpu/overlap2_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 bash bench/gpu/stencil_overlap.sh "$out" 3 400
 bash bench/gpu/stencil_overlap_check.sh "$out"
 echo "== stencil overlap"; $bin/bench-report "$out" 2>&1 | grep -A9 "overlap against compute alone" | tail -5

@@ -6,12 +6,7 @@
 #     the overlap mode (2 ranks h1/h4 both precisions, 4 ranks on 2x2 h1/h2);
 # (2) the PMPI shim's host 8 B latency against plain Open MPI, nine alternating runs.
 # Usage: bash bench/gpu/overlap_host_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 bash bench/gpu/stencil_overlap.sh "$out" 3 400
 for rep in 1 2 3; do for p in single double; do for h in 1 4; do for m in inter-k inter-k-overlap; do
   $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size 4096 --halo $h --precision $p --mode $m --iters 400 --no-exchange 2>&1 \

@@ -3,12 +3,7 @@
 # runs unpinned (gpulmt-run's default) and pinned (rank r on core 2 + 2r, by taskset),
 # plus the copy-and-wait anchor, on the 2-GPU host.
 # Usage: bash bench/gpu/pin_h200x2.sh OUTDIR   (after bench/gpu/prepare.sh; carry .gpu)
-set -uo pipefail
-out=${1:?outdir}
-mkdir -p "$out"
-bin=.gpu/bin
-export GPULMT_DEVICE=cuda
-cat .gpu/commit > "$out/commit.txt"
+source "$(dirname "$0")/preamble.sh"
 nvidia-smi topo -m > "$out/topo.txt" 2>&1
 lscpu > "$out/lscpu.txt" 2>&1
 for rep in 1 2 3 4 5; do
