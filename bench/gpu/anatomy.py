@@ -4,7 +4,10 @@ GPULMT_ANATOMY_OUT=PREFIX) into the steps of a ping-pong leg, and prints the med
 of each step after the leg's start: the moment the previous receiver saw its copy finish.
 
 Usage: anatomy.py PREFIX [MAX_LEG_US]   (reads PREFIX.0.csv and PREFIX.1.csv)
-Output: CSV `step,median_us_after_start,median_us_after_previous_step,legs`.
+Output: CSV `step,median_us_after_start,median_us_after_previous_step,legs`, then per rank
+the median of its copy issue (CopyIssue to CopyIssued: the driver calls) and of its polls
+per copy; a rank whose driver calls run slow (a busy neighbour of its CPU, interrupts)
+shows there, apart from the other.
 """
 import csv
 import sys
@@ -72,6 +75,20 @@ def main():
         print(f"{name},{m:.3f},{d:.3f},{len(offsets[i])}")
         prev = m
     print(f"copy polls (median),{median(polls)},,{len(polls)}")
+    for rank in (0, 1):
+        issue, rank_polls, begun = [], [], None
+        for ns, r, point, arg in ev:
+            if r != rank:
+                continue
+            if point == COPY_ISSUE:
+                begun = ns
+            elif point == COPY_ISSUED and begun is not None:
+                issue.append((ns - begun) / 1e3)
+                begun = None
+            elif point == COPY_DONE:
+                rank_polls.append(arg)
+        print(f"rank {rank}: copy issue (driver calls),{median(issue):.3f},,{len(issue)}")
+        print(f"rank {rank}: copy polls (median),{median(rank_polls)},,{len(rank_polls)}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use gpulmt_protocols::engine::{Action, BufDesc, CopyCmd, Engine, EngineConfig, Loc};
+use gpulmt_protocols::engine::{Action, BufDesc, CopyCmd, CopyEngine, Engine, EngineConfig, Loc};
 use gpulmt_protocols::policy::{Protocol, ProtocolOverride};
 use gpulmt_protocols::wire::{Packet, Region};
 use gpulmt_protocols::{CopyId, ProtoError, Rank, ReqId, Status, Tag};
@@ -41,6 +41,8 @@ struct World {
     staging: HashMap<(Rank, Rank, u32), Vec<u8>>,
     done: HashMap<(Rank, ReqId), Result<Status, ProtoError>>,
     chosen: HashMap<(Rank, ReqId), Protocol>,
+    /// The device of each request's buffer (None: host).
+    devices: HashMap<(Rank, ReqId), Option<u32>>,
     rng: Rng,
     chunk: u64,
     dead: Vec<bool>,
@@ -67,6 +69,7 @@ impl World {
                 c.lanes = 2;
                 c.policy.mode = mode;
                 c.policy.coop_min = coop_min;
+                c.policy.get_sender_engine_max = 1000;
                 if !peer {
                     c.peer_access = (0..devices * devices).map(|i| i / devices == i % devices).collect();
                 }
@@ -81,6 +84,7 @@ impl World {
             staging: HashMap::new(),
             done: HashMap::new(),
             chosen: HashMap::new(),
+            devices: HashMap::new(),
             rng: Rng(seed | 1),
             chunk,
             dead: vec![false; n as usize],
@@ -93,6 +97,7 @@ impl World {
         alloc[offset as usize..(offset + len) as usize].copy_from_slice(&data);
         let alloc_len = alloc.len() as u64;
         self.mem[rank as usize].allocs.insert(req, (alloc, offset));
+        self.devices.insert((rank, req), device);
         BufDesc { len, device, region: device.map(|d| region(rank, req, alloc_len, offset, d)) }
     }
 
@@ -127,6 +132,7 @@ impl World {
                     self.wires.entry((rank, to)).or_default().push_back(back);
                 }
                 Action::Copy(c) => {
+                    self.check_engine_reaches_both_ends(rank, &c);
                     self.check_staging_conflicts(&c);
                     self.copies[rank as usize].push(c);
                 }
@@ -213,6 +219,23 @@ impl World {
     /// A staging slot is written by one copy at a time and never while a copy reads
     /// it: a new copy that touches a slot another unfinished copy touches (a fill
     /// over a chunk not yet drained, a drain of a slot being refilled) is a bug.
+    /// A device engine must reach the memory of both ends (its own device's, or a peer's
+    /// it has access to); staging is host memory, which every engine reaches.
+    fn check_engine_reaches_both_ends(&self, rank: Rank, c: &CopyCmd) {
+        let CopyEngine::Device(e) = c.engine else { return };
+        let cfg = self.engines[rank as usize].config();
+        for loc in [c.src, c.dst] {
+            let device = match loc {
+                Loc::User { req, .. } => self.devices.get(&(rank, req)).copied().flatten(),
+                Loc::Peer { region, .. } => Some(region.device),
+                Loc::Staging { .. } => None,
+            };
+            if let Some(d) = device {
+                assert!(cfg.can_access(e, d), "rank {rank}: engine {e} cannot reach device {d} for {c:?}");
+            }
+        }
+    }
+
     fn check_staging_conflicts(&self, c: &CopyCmd) {
         let slot_of = |l: &Loc| match *l {
             Loc::Staging { from, to, slot } => Some((from, to, slot)),
@@ -358,6 +381,36 @@ fn coop_auto_threshold_and_same_device() {
     w.run();
     assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Coop);
     assert_eq!(&w.user(1, ReqId(1))[..300_000], &data[..]);
+}
+
+#[test]
+fn small_gets_run_on_the_senders_engine_large_ones_on_the_receivers() {
+    for (len, engine) in [(1000usize, 0), (1001, 1)] {
+        // COOPERATE and PUT off, so that both sizes are GETs.
+        let mut w = World::new(2, 5, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let data = pattern(2, len);
+        w.send(0, ReqId(1), 1, 0, data.clone(), Some(0));
+        w.recv(1, ReqId(1), None, None, len, Some(1));
+        w.deliver(0, 1);
+        assert_eq!(w.copies[1].len(), 1, "one copy, issued by the receiver");
+        assert_eq!(w.copies[1][0].engine, CopyEngine::Device(engine), "{len} bytes");
+        w.run();
+        assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Get);
+        assert_eq!(&w.user(1, ReqId(1))[..len], &data[..]);
+    }
+    // Where only the receiver's device reaches the sender's, the receiver's engine pulls.
+    let mut w = World::new(2, 6, ProtocolOverride::Auto, u64::MAX, 2, true);
+    for e in &mut w.engines {
+        let mut c = e.config().clone();
+        c.peer_access = vec![true, false, true, true];
+        *e = Engine::new(c);
+    }
+    w.send(0, ReqId(1), 1, 0, pattern(3, 100), Some(0));
+    w.recv(1, ReqId(1), None, None, 100, Some(1));
+    w.deliver(0, 1);
+    assert_eq!(w.copies[1][0].engine, CopyEngine::Device(1));
+    w.run();
+    assert_eq!(&w.user(1, ReqId(1))[..100], &pattern(3, 100)[..]);
 }
 
 #[test]
