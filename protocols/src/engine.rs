@@ -504,7 +504,7 @@ impl Engine {
             return self.complete(req, Err(ProtoError::Truncated { msg_len: len, buf_len: buf.len }));
         }
         let choice = if from == self.cfg.rank {
-            ProtocolChoice::new(Protocol::SelfCopy, "sender and receiver are the same rank")
+            ProtocolChoice { protocol: Protocol::SelfCopy, reason: "sender and receiver are the same rank" }
         } else {
             let cfg = &self.cfg;
             let busy = self.sends_to[from as usize] > 0;
@@ -513,7 +513,7 @@ impl Engine {
         let mut choice = choice;
         let split = self.coop_split(len);
         if choice.protocol == Protocol::Coop && (split == 0 || split >= len) {
-            choice = ProtocolChoice::new(Protocol::Get, "message too small to split: receiver pulls");
+            choice = ProtocolChoice { protocol: Protocol::Get, reason: "message too small to split: receiver pulls" };
         }
         self.emit(Action::Chose { req, peer: from, len, choice });
         let mut x = RecvXfer {
@@ -552,10 +552,9 @@ impl Engine {
             }
             Protocol::Get => {
                 let (MemDesc::Device(region), Some(dev)) = (src, buf.device) else { unreachable!("policy") };
-                let engine = if choice.sender_engine { region.device } else { dev };
                 x.pending = self.issue_range(
                     owner(None),
-                    CopyEngine::Device(engine),
+                    CopyEngine::Device(dev),
                     |o| Loc::Peer { peer: from, region, offset: o },
                     |o| Loc::User { req, offset: o },
                     0,

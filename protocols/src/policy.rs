@@ -65,18 +65,7 @@ impl std::str::FromStr for ProtocolOverride {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProtocolChoice {
     pub protocol: Protocol,
-    /// GET only: the receiver drives the copy on the *sender's* device's engine (its
-    /// process reaches that device too) rather than on its own. The packets are a GET's
-    /// (RTS, DONE); only the engine differs.
-    pub sender_engine: bool,
     pub reason: &'static str,
-}
-
-impl ProtocolChoice {
-    /// A choice that runs on the engine its protocol names.
-    pub fn new(protocol: Protocol, reason: &'static str) -> Self {
-        Self { protocol, sender_engine: false, reason }
-    }
 }
 
 /// The knobs of the automatic policy.
@@ -96,22 +85,11 @@ pub struct PolicyConfig {
     /// NVLink (measured on H200 with sends progressed while they are posted: pushes
     /// win from 512 KiB; without that, GET's reads won below 32 MiB).
     pub bidir_put_min: u64,
-    /// Under `auto`, GETs of at most this many bytes between distinct peer-accessible
-    /// devices run on the sender's device's engine, driven by the receiver: the engine
-    /// that writes across NVLink finishes a small copy sooner than the one that reads
-    /// (posted writes), and no CTS is needed as it would be for a PUT (0: never).
-    pub get_sender_engine_max: u64,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self {
-            mode: ProtocolOverride::Auto,
-            coop_min: u64::MAX,
-            put_min: u64::MAX,
-            bidir_put_min: u64::MAX,
-            get_sender_engine_max: 0,
-        }
+        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX, put_min: u64::MAX, bidir_put_min: u64::MAX }
     }
 }
 
@@ -131,7 +109,7 @@ pub fn choose(
     sender_busy: bool,
     can_access: impl Fn(u32, u32) -> bool,
 ) -> ProtocolChoice {
-    let pick = ProtocolChoice::new;
+    let pick = |protocol, reason| ProtocolChoice { protocol, reason };
     let (s, d) = match (src, dst_device) {
         (MemDesc::Device(r), Some(d)) => (r.device, d),
         (MemDesc::Host, _) => return pick(Protocol::Shm, "sender buffer is host memory"),
@@ -159,11 +137,6 @@ pub fn choose(
                 pick(Protocol::Put, "peer-accessible and mid-sized: sender's engine pushes")
             } else if put_ok && len >= cfg.bidir_put_min && sender_busy {
                 pick(Protocol::Put, "traffic both ways and large: each engine pushes its own data")
-            } else if get_ok && can_access(s, d) && len <= cfg.get_sender_engine_max && !sender_busy {
-                ProtocolChoice {
-                    sender_engine: true,
-                    ..pick(Protocol::Get, "peer-accessible and small: receiver drives the sender's engine, which pushes")
-                }
             } else if get_ok {
                 pick(Protocol::Get, "peer-accessible: receiver's engine pulls")
             } else if put_ok {
@@ -211,26 +184,6 @@ mod tests {
         assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, true, |_, _| true).protocol, Protocol::Put);
         assert_eq!(choose(&c, &dev(0), Some(1), true, 32 << 20, false, |_, _| true).protocol, Protocol::Coop);
         assert_eq!(choose(&c, &dev(0), Some(0), true, 1 << 20, false, |_, _| true).protocol, Protocol::Get);
-    }
-
-    #[test]
-    fn small_gets_run_on_the_senders_engine_where_it_reaches_the_receiver() {
-        let c = PolicyConfig { get_sender_engine_max: 64 << 10, ..Default::default() };
-        let on_sender = |len, busy, access: fn(u32, u32) -> bool, to| {
-            let r = choose(&c, &dev(0), Some(to), true, len, busy, access);
-            assert_eq!(r.protocol, Protocol::Get);
-            r.sender_engine
-        };
-        assert!(on_sender(8, false, |_, _| true, 1));
-        assert!(on_sender(64 << 10, false, |_, _| true, 1));
-        assert!(!on_sender((64 << 10) + 1, false, |_, _| true, 1), "above the limit the receiver pulls");
-        assert!(!on_sender(8, true, |_, _| true, 1), "the sender's engine is busy with our sends");
-        assert!(!on_sender(8, false, |a, b| a == 1 && b == 0, 1), "the sender's device does not reach ours");
-        assert!(!on_sender(8, false, |_, _| true, 0), "one device: its own engine");
-        // Off by default, and a forced GET keeps the receiver's engine.
-        assert!(!choose(&PolicyConfig::default(), &dev(0), Some(1), true, 8, false, |_, _| true).sender_engine);
-        let forced = PolicyConfig { mode: ProtocolOverride::Get, ..c };
-        assert!(!choose(&forced, &dev(0), Some(1), true, 8, false, |_, _| true).sender_engine);
     }
 
     #[test]

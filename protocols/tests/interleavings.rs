@@ -69,7 +69,6 @@ impl World {
                 c.lanes = 2;
                 c.policy.mode = mode;
                 c.policy.coop_min = coop_min;
-                c.policy.get_sender_engine_max = 1000;
                 if !peer {
                     c.peer_access = (0..devices * devices).map(|i| i / devices == i % devices).collect();
                 }
@@ -381,36 +380,6 @@ fn coop_auto_threshold_and_same_device() {
     w.run();
     assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Coop);
     assert_eq!(&w.user(1, ReqId(1))[..300_000], &data[..]);
-}
-
-#[test]
-fn small_gets_run_on_the_senders_engine_large_ones_on_the_receivers() {
-    for (len, engine) in [(1000usize, 0), (1001, 1)] {
-        // COOPERATE and PUT off, so that both sizes are GETs.
-        let mut w = World::new(2, 5, ProtocolOverride::Auto, u64::MAX, 2, true);
-        let data = pattern(2, len);
-        w.send(0, ReqId(1), 1, 0, data.clone(), Some(0));
-        w.recv(1, ReqId(1), None, None, len, Some(1));
-        w.deliver(0, 1);
-        assert_eq!(w.copies[1].len(), 1, "one copy, issued by the receiver");
-        assert_eq!(w.copies[1][0].engine, CopyEngine::Device(engine), "{len} bytes");
-        w.run();
-        assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Get);
-        assert_eq!(&w.user(1, ReqId(1))[..len], &data[..]);
-    }
-    // Where only the receiver's device reaches the sender's, the receiver's engine pulls.
-    let mut w = World::new(2, 6, ProtocolOverride::Auto, u64::MAX, 2, true);
-    for e in &mut w.engines {
-        let mut c = e.config().clone();
-        c.peer_access = vec![true, false, true, true];
-        *e = Engine::new(c);
-    }
-    w.send(0, ReqId(1), 1, 0, pattern(3, 100), Some(0));
-    w.recv(1, ReqId(1), None, None, 100, Some(1));
-    w.deliver(0, 1);
-    assert_eq!(w.copies[1][0].engine, CopyEngine::Device(1));
-    w.run();
-    assert_eq!(&w.user(1, ReqId(1))[..100], &pattern(3, 100)[..]);
 }
 
 #[test]

@@ -25,7 +25,6 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_COOP_MIN", "2M", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large, unless the sender's engine is busy with traffic the other way (`never` to disable; 2 MiB measured on 2x H200)"),
     ("GPULMT_PUT_MIN", "512K", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large, unless traffic flows both ways (`never` to disable; measured on 2x H200)"),
     ("GPULMT_BIDIR_PUT_MIN", "512K", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; on 2x H200 with GPULMT_PROGRESS_ON_POST=1, osu_bibw PUT beat GET from 256 KiB: 603 vs 484 GB/s at 4 MiB)"),
-    ("GPULMT_GET_SENDER_ENGINE_MAX", "64K", "`auto` GETs of at most this size between peer-accessible GPUs run on the sender's GPU's copy engine, driven by the receiver (a pushing engine finishes a small copy sooner than a pulling one, and no CTS is needed); not while the receiver's own sends keep that engine busy (0 to disable)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
     ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
     ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
@@ -66,7 +65,6 @@ pub struct Config {
     pub coop_min: u64,
     pub put_min: u64,
     pub bidir_put_min: u64,
-    pub get_sender_engine_max: u64,
     pub coop_sender_permille: u32,
     pub copy_split: u64,
     pub lanes: u32,
@@ -97,7 +95,6 @@ impl Default for Config {
             coop_min: 2 << 20,
             put_min: 512 << 10,
             bidir_put_min: 512 << 10,
-            get_sender_engine_max: 64 << 10,
             coop_sender_permille: 500,
             copy_split: 0,
             lanes: 1,
@@ -196,7 +193,6 @@ impl Config {
                 _ => size(var, dst)?,
             }
         }
-        size("GPULMT_GET_SENDER_ENGINE_MAX", &mut c.get_sender_engine_max)?;
         num("GPULMT_COOP_SENDER_SHARE", &mut c.coop_sender_permille, 1, 999)?;
         size("GPULMT_COPY_SPLIT", &mut c.copy_split)?;
         num("GPULMT_LANES", &mut c.lanes, 1, 16)?;

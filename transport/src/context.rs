@@ -214,7 +214,6 @@ impl Context {
             coop_min: cfg.coop_min,
             put_min: cfg.put_min,
             bidir_put_min: cfg.bidir_put_min,
-            get_sender_engine_max: cfg.get_sender_engine_max,
         };
         ecfg.chunk_size = cfg.chunk_size;
         ecfg.depth = cfg.depth;
