@@ -169,7 +169,9 @@ fn pingpong_example_runs_under_the_launcher() {
         let once = expected_pingpong(&Setup::default(), mem, mem, &sizes(list));
         for (rank, want) in once.iter().enumerate() {
             let want: gpulmt_tests::Counters = want.iter().map(|(k, v)| (k.clone(), 2 * v)).collect();
-            assert_eq!(out.protocols(rank), want, "rank {rank}: protocols ({placement})\n{}", out.dump());
+            let got = out.protocols(rank);
+            assert_eq!(gpulmt_tests::rtr_merged(&got), gpulmt_tests::rtr_merged(&want), "rank {rank}: protocols ({placement})\n{}", out.dump());
+            assert!(got["put"] >= want["put"], "rank {rank}: fewer pushes than the policy's ({placement})\n{}", out.dump());
         }
     }
 }

@@ -15,6 +15,16 @@
 //!   they free up, so back-to-back messages stream through the ring without draining
 //!   it in between.
 //!
+//! - RTR (receiver-initiated PUT): a receive posted for one source and tag into an
+//!   exported device buffer, which no other posted receive stands before, is offered
+//!   to its sender at once: RTR(buffer, the sender's message number it takes). If
+//!   that message is a device send of at most `rtr_put_max` bytes with that tag, the
+//!   sender's engine pushes it straight away: RTR_PUT announces it (in message order),
+//!   DONE(to receiver) ends it; no RTS, no CTS. Otherwise the offer goes stale (the
+//!   sender counts past it) and the message travels as usual. Cancelling an offered
+//!   receive asks the sender first (RTR_REVOKE): it answers RTR_REVOKED after any
+//!   RTR_PUT it already sent, so a buffer is never written after its receive ended.
+//!
 //! A request whose copies are still running is never completed, even when it fails:
 //! its buffer may still be read or written by an engine until they finish.
 
@@ -52,6 +62,9 @@ pub struct EngineConfig {
     pub lanes: u32,
     /// COOPERATE: the sender's share of the message, in thousandths.
     pub coop_sender_permille: u32,
+    /// Device sends of at most this many bytes use a receiver's RTR when one waits for
+    /// them; receives are offered by RTR only when this is not 0.
+    pub rtr_put_max: u64,
     /// Number of devices on the node and whether device a's engine reaches device b
     /// (row-major `devices x devices`).
     pub devices: u32,
@@ -73,6 +86,7 @@ impl EngineConfig {
             copy_split: 0,
             lanes: 1,
             coop_sender_permille: 500,
+            rtr_put_max: 0,
             devices,
             peer_access: vec![true; (devices * devices) as usize],
         }
@@ -160,6 +174,9 @@ pub enum Action {
     Chose { req: ReqId, peer: Rank, len: u64, choice: ProtocolChoice },
     /// A peer broke the protocol; the packet was dropped.
     Violation { peer: Rank, what: String },
+    /// A peer offered this region (RTR): map it now, so that a send that uses the offer
+    /// does not pay for opening the mapping (and one that does not, later, neither).
+    MapPeer { peer: Rank, region: Region },
 }
 
 /// A message that arrived before its receive.
@@ -168,6 +185,29 @@ enum Unexpected {
     Eager { payload: Vec<u8> },
     Rts { msg: MsgId, len: u64, src: MemDesc },
 }
+
+/// A receive a peer offered by RTR, kept by the sender until used or stale.
+#[derive(Clone, Copy, Debug)]
+struct RtrOffer {
+    recv: u64,
+    expect: u64,
+    tag: Tag,
+    len: u64,
+    dst: Region,
+}
+
+/// A receive of ours offered to its sender by RTR, not matched yet.
+#[derive(Clone, Copy, Debug)]
+struct Offered {
+    to: Rank,
+    tag: Tag,
+    /// Cancel was asked: RTR_REVOKE sent, RTR_REVOKED awaited.
+    cancelling: bool,
+}
+
+/// Most unused RTRs kept per peer; older ones are dropped (their messages then travel
+/// as usual).
+const RTR_OFFERS_KEPT: usize = 64;
 
 /// How many failed SHM receives an engine remembers (see `Engine::failed_shm_recvs`).
 const FAILED_SHM_MEMORY: usize = 64;
@@ -285,6 +325,14 @@ pub struct Engine {
     /// Per peer: rendezvous sends to it not finished yet (its engine may be
     /// moving them: the policy avoids loading it further).
     sends_to: Vec<u32>,
+    /// Per peer: messages (eager, RTS, RTR_PUT) this rank sent it, and messages from it
+    /// that arrived here. An RTR names the message it takes by this count.
+    sent_msgs: Vec<u64>,
+    arrived_msgs: Vec<u64>,
+    /// Per peer: its RTRs this rank has not used yet, oldest first.
+    rtrs: Vec<VecDeque<RtrOffer>>,
+    /// Our receives offered by RTR and not matched yet.
+    offered: HashMap<ReqId, Offered>,
     actions: VecDeque<Action>,
 }
 
@@ -294,6 +342,7 @@ impl Engine {
         assert!(cfg.rank < cfg.size, "rank {} outside job of {}", cfg.rank, cfg.size);
         let dead = vec![false; cfg.size as usize];
         let sends_to = vec![0; cfg.size as usize];
+        let n = cfg.size as usize;
         Self {
             cfg,
             next_msg: 1,
@@ -307,6 +356,10 @@ impl Engine {
             failed_shm_recvs: VecDeque::new(),
             dead,
             sends_to,
+            sent_msgs: vec![0; n],
+            arrived_msgs: vec![0; n],
+            rtrs: vec![VecDeque::new(); n],
+            offered: HashMap::default(),
             actions: VecDeque::new(),
         }
     }
@@ -334,6 +387,7 @@ impl Engine {
         }
         let msg = self.next_msg;
         self.next_msg += 1;
+        self.sent_msgs[to as usize] += 1;
         Ok(msg)
     }
 
@@ -348,6 +402,8 @@ impl Engine {
         len: u64,
     ) -> Option<(ReqId, BufDesc, Result<Status, ProtoError>)> {
         let req = self.matcher.take_posted(from, tag)?;
+        self.arrived_msgs[from as usize] += 1;
+        self.offered.remove(&req);
         let buf = self.posted.remove(&req).expect("posted receive has a buffer");
         Some((req, buf, eager_result(from, tag, len, buf.len)))
     }
@@ -402,6 +458,7 @@ impl Engine {
                 let what = format!("eager payload of {} bytes for a {}-byte buffer", payload.len(), buf.len);
                 return self.complete(req, Err(ProtoError::Unsupported { what }));
             }
+            self.sent_msgs[to as usize] += 1;
             self.send(to, Packet::Eager { msg, tag, payload });
             return self.complete(req, Ok(Status { source: to, tag, len: buf.len }));
         }
@@ -419,6 +476,10 @@ impl Engine {
                 )
             }
         };
+        if let Some(offer) = self.take_rtr(to, tag, &buf) {
+            return self.put_offered(req, msg, to, tag, buf, offer);
+        }
+        self.sent_msgs[to as usize] += 1;
         self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
         self.sends_to[to as usize] += 1;
         self.sends.insert(
@@ -455,8 +516,80 @@ impl Engine {
                     }
                 }
                 self.posted.insert(req, buf);
+                self.offer_rtr(req, source, tag, &buf);
             }
         }
+    }
+
+    /// Offers a just-posted receive to its sender (RTR) where nothing can take the
+    /// sender's next message first: one source and tag, no earlier posted receive for
+    /// them, an exported device buffer.
+    fn offer_rtr(&mut self, req: ReqId, source: Option<Rank>, tag: Option<Tag>, buf: &BufDesc) {
+        let (Some(from), Some(tag), Some(dst)) = (source, tag, buf.region) else { return };
+        if self.cfg.rtr_put_max == 0 || from == self.cfg.rank || buf.device.is_none() || buf.len == 0 {
+            return;
+        }
+        if self.matcher.first_posted(from, tag) != Some(req) {
+            return;
+        }
+        self.offered.insert(req, Offered { to: from, tag, cancelling: false });
+        let expect = self.arrived_msgs[from as usize];
+        self.send(from, Packet::Rtr { recv: req.0, expect, tag, len: buf.len, dst });
+    }
+
+    /// The peer's RTR for the message this rank sends it next, if this send of `buf`
+    /// with `tag` can use it; stale offers (for messages already sent) are dropped.
+    fn take_rtr(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> Option<RtrOffer> {
+        let next = self.sent_msgs[to as usize];
+        let offers = &mut self.rtrs[to as usize];
+        while offers.front().is_some_and(|o| o.expect < next) {
+            offers.pop_front();
+        }
+        let o = offers.front()?;
+        let dev = buf.device?;
+        let usable = o.expect == next
+            && o.tag == tag
+            && buf.len <= o.len
+            && buf.len <= self.cfg.rtr_put_max
+            && self.cfg.can_access(dev, o.dst.device);
+        if usable {
+            offers.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// Sends `buf` by pushing it into the receive the peer offered: the copy first (it
+    /// is what the receiver waits for), then RTR_PUT, which takes the message's place
+    /// in the order of this rank's messages to the peer.
+    fn put_offered(&mut self, req: ReqId, msg: MsgId, to: Rank, tag: Tag, buf: BufDesc, offer: RtrOffer) {
+        let dev = buf.device.expect("take_rtr checked");
+        self.sent_msgs[to as usize] += 1;
+        self.sends_to[to as usize] += 1;
+        let pending = self.issue_range(
+            CopyOwner::Send { msg, chunk: None },
+            CopyEngine::Device(dev),
+            |o| Loc::User { req, offset: o },
+            |o| Loc::Peer { peer: to, region: offer.dst, offset: o },
+            0,
+            buf.len,
+        );
+        self.send(to, Packet::RtrPut { msg, tag, len: buf.len, recv: offer.recv });
+        self.sends.insert(
+            msg,
+            SendXfer {
+                req,
+                to,
+                tag,
+                buf,
+                proto: Some(Protocol::Put),
+                pending,
+                cookie: false,
+                completed: false,
+                shm: None,
+                error: None,
+            },
+        );
     }
 
     /// MPI_Iprobe: the envelope of the earliest unexpected message `source`/`tag` matches.
@@ -472,7 +605,18 @@ impl Engine {
     }
 
     /// Cancels a receive that has not matched; false if it already matched.
+    /// A receive offered by RTR is cancelled once its sender confirms it will not push
+    /// into it (RTR_REVOKED); should the sender have pushed already, it completes as
+    /// received instead (as an MPI cancel that lost the race with a match).
     pub fn cancel_recv(&mut self, req: ReqId) -> bool {
+        if let Some(o) = self.offered.get_mut(&req) {
+            if !o.cancelling {
+                o.cancelling = true;
+                let to = o.to;
+                self.send(to, Packet::RtrRevoke { recv: req.0 });
+            }
+            return true;
+        }
         if self.matcher.cancel(req) {
             self.posted.remove(&req);
             self.complete(req, Err(ProtoError::Cancelled));
@@ -628,6 +772,9 @@ impl Engine {
         if from >= self.cfg.size {
             return self.violation(from, format!("packet from rank {from} outside the job"));
         }
+        if matches!(packet, Packet::Eager { .. } | Packet::Rts { .. } | Packet::RtrPut { .. }) {
+            self.arrived_msgs[from as usize] += 1;
+        }
         match packet {
             Packet::Eager { tag, payload, .. } => {
                 let u = Unexpected::Eager { payload };
@@ -687,10 +834,67 @@ impl Engine {
                     self.matcher.retain_unexpected(|s, u| !(s == from && matches!(u, Unexpected::Rts { msg: m, .. } if *m == msg)));
                 }
             }
+            Packet::Rtr { recv, expect, tag, len, dst } => self.on_rtr(from, RtrOffer { recv, expect, tag, len, dst }),
+            Packet::RtrPut { msg, tag, len, recv } => self.on_rtr_put(from, msg, tag, len, ReqId(recv)),
+            Packet::RtrRevoke { recv } => {
+                self.rtrs[from as usize].retain(|o| o.recv != recv);
+                self.send(from, Packet::RtrRevoked { recv });
+            }
+            Packet::RtrRevoked { recv } => {
+                let req = ReqId(recv);
+                // Not offered any more: an RTR_PUT or another message took it first.
+                if matches!(self.offered.get(&req), Some(o) if o.to == from && o.cancelling) {
+                    self.offered.remove(&req);
+                    self.matcher.cancel(req);
+                    self.posted.remove(&req);
+                    self.complete(req, Err(ProtoError::Cancelled));
+                }
+            }
             Packet::FreeMarks { .. } | Packet::FreeAck { .. } => {
                 self.violation(from, "free-commit packet routed to the LMT engine".into())
             }
         }
+    }
+
+    fn on_rtr(&mut self, from: Rank, offer: RtrOffer) {
+        let d = &offer.dst;
+        if !d.covers(offer.len) || d.node != self.cfg.node || d.device >= self.cfg.devices {
+            return self.violation(from, format!("RTR for receive {}: region outside its allocation or not on this node", offer.recv));
+        }
+        // Mapped even when stale: the receive buffer is likely offered again, in time.
+        self.emit(Action::MapPeer { peer: from, region: offer.dst });
+        if offer.expect < self.sent_msgs[from as usize] {
+            return; // That message went out already.
+        }
+        let offers = &mut self.rtrs[from as usize];
+        if offers.len() == RTR_OFFERS_KEPT {
+            offers.pop_front();
+        }
+        offers.push_back(offer);
+    }
+
+    /// The peer pushes its next message into a receive this rank offered.
+    fn on_rtr_put(&mut self, from: Rank, msg: MsgId, tag: Tag, len: u64, req: ReqId) {
+        let offered = self.offered.get(&req).copied();
+        let buf = self.posted.get(&req).copied();
+        let (Some(o), Some(buf)) = (offered, buf) else {
+            // The sender writes into a buffer that was never offered to it.
+            self.violation(from, format!("RTR_PUT {msg} into receive {} that was not offered", req.0));
+            return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
+        };
+        if o.to != from || o.tag != tag || len > buf.len || len == 0 {
+            self.violation(from, format!("RTR_PUT {msg} of {len} bytes, tag {tag}, does not fit receive {}", req.0));
+            return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
+        }
+        self.offered.remove(&req);
+        self.matcher.cancel(req);
+        self.posted.remove(&req);
+        let choice = ProtocolChoice { protocol: Protocol::Put, reason: "offered by RTR: the sender's engine pushed at once" };
+        self.emit(Action::Chose { req, peer: from, len, choice });
+        self.recvs.insert(
+            (from, msg),
+            RecvXfer { req, tag, len, buf, proto: Protocol::Put, pending: 0, part_done: false, shm: None, error: None },
+        );
     }
 
     /// Whether an RTS is acceptable; a bad one is reported and refused (ABORT), so
@@ -740,6 +944,8 @@ impl Engine {
 
     fn arrive(&mut self, from: Rank, tag: Tag, u: Unexpected) {
         if let Some((req, u)) = self.matcher.arrive(from, tag, u) {
+            // Matched as usual: any RTR for it is stale (this was the message it named).
+            self.offered.remove(&req);
             let buf = self.posted.remove(&req).expect("posted receive has a buffer");
             self.start_recv(req, from, tag, buf, u);
         }
@@ -1105,6 +1311,8 @@ impl Engine {
             return;
         }
         self.dead[peer as usize] = true;
+        self.rtrs[peer as usize].clear();
+        self.offered.retain(|_, o| o.to != peer);
         let err = ProtoError::PeerFailed { rank: peer };
         let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();
         self.shm_rings.remove(&peer);

@@ -64,6 +64,11 @@ impl<U> Matcher<U> {
         self.posted.remove(i).map(|(req, _)| req)
     }
 
+    /// The earliest posted receive that would take a message from `source` with `tag`.
+    pub fn first_posted(&self, source: Rank, tag: Tag) -> Option<ReqId> {
+        self.posted.iter().find(|(_, sel)| sel.accepts(source, tag)).map(|(req, _)| *req)
+    }
+
     /// A new message: returns the earliest posted receive that accepts it, with the
     /// message handed back, or keeps the message as unexpected (None).
     pub fn arrive(&mut self, source: Rank, tag: Tag, msg: U) -> Option<(ReqId, U)> {

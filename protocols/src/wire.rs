@@ -9,7 +9,7 @@
 use crate::{MsgId, Tag};
 
 /// Version of the wire format; a peer speaking another version is rejected.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// Bytes of an IPC handle carried in a region (CUDA's `CUipcMemHandle`).
 pub const HANDLE_BYTES: usize = 64;
 
@@ -121,6 +121,18 @@ pub enum Packet {
     ChunkAck { msg: MsgId, index: u32 },
     /// The transfer is refused or abandoned.
     Abort { msg: MsgId, reason: AbortReason, dir: Dir },
+    /// Ready to receive (receiver to sender): receive `recv` of the receiver, for tag
+    /// `tag` into `dst` (`len` bytes), takes the sender's message number `expect` to it
+    /// (counting every message the sender sent it, from 0) if that message has this tag.
+    Rtr { recv: u64, expect: u64, tag: Tag, len: u64, dst: Region },
+    /// The sender's message `msg` (its next to this receiver) is being pushed into the
+    /// buffer of receive `recv`, which an RTR offered; DONE follows when it has landed.
+    RtrPut { msg: MsgId, tag: Tag, len: u64, recv: u64 },
+    /// The receiver wants to cancel receive `recv`, which it offered by RTR.
+    RtrRevoke { recv: u64 },
+    /// The sender will not use the RTR of receive `recv` (any RTR_PUT into it was sent
+    /// before this).
+    RtrRevoked { recv: u64 },
     /// Two-phase free: the sender's buffers marked for release in this epoch.
     FreeMarks { epoch: u64, buffer_ids: Vec<u64> },
     /// Two-phase free: the sender closed its mappings of every marked buffer.
@@ -152,6 +164,10 @@ const K_CHUNK_ACK: u8 = 7;
 const K_ABORT: u8 = 8;
 const K_FREE_MARKS: u8 = 9;
 const K_FREE_ACK: u8 = 10;
+const K_RTR: u8 = 11;
+const K_RTR_PUT: u8 = 12;
+const K_RTR_REVOKE: u8 = 13;
+const K_RTR_REVOKED: u8 = 14;
 
 /// Fixed part of every packet: version and kind.
 const HEADER: usize = 2;
@@ -169,8 +185,13 @@ impl Packet {
             | Packet::Done { msg, .. }
             | Packet::Chunk { msg, .. }
             | Packet::ChunkAck { msg, .. }
-            | Packet::Abort { msg, .. } => Some(msg),
-            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => None,
+            | Packet::Abort { msg, .. }
+            | Packet::RtrPut { msg, .. } => Some(msg),
+            Packet::FreeMarks { .. }
+            | Packet::FreeAck { .. }
+            | Packet::Rtr { .. }
+            | Packet::RtrRevoke { .. }
+            | Packet::RtrRevoked { .. } => None,
         }
     }
 
@@ -190,6 +211,9 @@ impl Packet {
                 Packet::Abort { .. } => 8 + 1 + 1,
                 Packet::FreeMarks { buffer_ids, .. } => 8 + 4 + 8 * buffer_ids.len(),
                 Packet::FreeAck { .. } => 8,
+                Packet::Rtr { .. } => 8 + 8 + 4 + 8 + REGION_BYTES,
+                Packet::RtrPut { .. } => 8 + 4 + 8 + 8,
+                Packet::RtrRevoke { .. } | Packet::RtrRevoked { .. } => 8,
             }
     }
 
@@ -269,6 +293,29 @@ impl Packet {
             Packet::FreeAck { epoch } => {
                 w.u8(K_FREE_ACK);
                 w.u64(*epoch);
+            }
+            Packet::Rtr { recv, expect, tag, len, dst } => {
+                w.u8(K_RTR);
+                w.u64(*recv);
+                w.u64(*expect);
+                w.i32(*tag);
+                w.u64(*len);
+                w.region(dst);
+            }
+            Packet::RtrPut { msg, tag, len, recv } => {
+                w.u8(K_RTR_PUT);
+                w.u64(*msg);
+                w.i32(*tag);
+                w.u64(*len);
+                w.u64(*recv);
+            }
+            Packet::RtrRevoke { recv } => {
+                w.u8(K_RTR_REVOKE);
+                w.u64(*recv);
+            }
+            Packet::RtrRevoked { recv } => {
+                w.u8(K_RTR_REVOKED);
+                w.u64(*recv);
             }
         }
         w.pos
@@ -368,6 +415,22 @@ impl Packet {
             K_FREE_ACK => {
                 r.kind = "free_ack";
                 Packet::FreeAck { epoch: r.u64()? }
+            }
+            K_RTR => {
+                r.kind = "rtr";
+                Packet::Rtr { recv: r.u64()?, expect: r.u64()?, tag: r.i32()?, len: r.u64()?, dst: r.region()? }
+            }
+            K_RTR_PUT => {
+                r.kind = "rtr_put";
+                Packet::RtrPut { msg: r.u64()?, tag: r.i32()?, len: r.u64()?, recv: r.u64()? }
+            }
+            K_RTR_REVOKE => {
+                r.kind = "rtr_revoke";
+                Packet::RtrRevoke { recv: r.u64()? }
+            }
+            K_RTR_REVOKED => {
+                r.kind = "rtr_revoked";
+                Packet::RtrRevoked { recv: r.u64()? }
             }
             k => return Err(DecodeError::Kind(k)),
         };
@@ -530,6 +593,10 @@ mod tests {
             Packet::Abort { msg: 4, reason: AbortReason::Truncated, dir: Dir::ToSender },
             Packet::FreeMarks { epoch: 2, buffer_ids: vec![1, 2, 3] },
             Packet::FreeAck { epoch: 2 },
+            Packet::Rtr { recv: 5, expect: 12, tag: -1, len: 8, dst: region(7) },
+            Packet::RtrPut { msg: 6, tag: 3, len: 8, recv: 5 },
+            Packet::RtrRevoke { recv: 5 },
+            Packet::RtrRevoked { recv: 5 },
         ]
     }
 

@@ -69,6 +69,9 @@ impl World {
                 c.lanes = 2;
                 c.policy.mode = mode;
                 c.policy.coop_min = coop_min;
+                if mode == ProtocolOverride::Auto {
+                    c.rtr_put_max = 40_000;
+                }
                 if !peer {
                     c.peer_access = (0..devices * devices).map(|i| i / devices == i % devices).collect();
                 }
@@ -146,6 +149,10 @@ impl World {
                     self.chosen.insert((rank, req), choice.protocol);
                 }
                 Action::Violation { peer, what } => panic!("rank {rank}: violation by {peer}: {what}"),
+                Action::MapPeer { peer, region } => {
+                    assert_ne!(peer, rank);
+                    assert!(self.mem[peer as usize].allocs.contains_key(&ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()))));
+                }
             }
         }
     }
@@ -251,6 +258,15 @@ impl World {
 
     /// Performs copy `c` of rank `r` and reports it finished.
     fn execute(&mut self, r: Rank, c: CopyCmd) {
+        // No engine may write into the buffer of a receive that has ended.
+        let (owner, req) = match c.dst {
+            Loc::User { req, .. } => (r, Some(req)),
+            Loc::Peer { peer, region, .. } => (peer, Some(ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap())))),
+            Loc::Staging { .. } => (r, None),
+        };
+        if let Some(req) = req {
+            assert!(!self.done.contains_key(&(owner, req)), "rank {r} writes into rank {owner}'s {req:?}, which has completed: {c:?}");
+        }
         let data = self.read(r, c.src, c.len);
         self.write(r, c.dst, &data);
         self.finish_copy(r, c.id);
@@ -382,6 +398,90 @@ fn coop_auto_threshold_and_same_device() {
     assert_eq!(&w.user(1, ReqId(1))[..300_000], &data[..]);
 }
 
+/// A rank-1 receive of `len` device bytes from rank 0 with tag 7, offered by RTR, and the
+/// offer delivered to rank 0.
+fn offered_world(seed: u64, len: usize) -> World {
+    let mut w = World::new(2, seed, ProtocolOverride::Auto, u64::MAX, 2, true);
+    w.recv(1, ReqId(1), Some(0), Some(7), len, Some(1));
+    assert!(matches!(w.wires[&(1, 0)].front(), Some(Packet::Rtr { expect: 0, tag: 7, .. })), "receive offered");
+    w.deliver(1, 0);
+    w
+}
+
+#[test]
+fn an_offered_receive_is_pushed_into_at_once() {
+    let mut w = offered_world(11, 1000);
+    let data = pattern(4, 1000);
+    w.send(0, ReqId(1), 1, 7, data.clone(), Some(0));
+    // The sender's engine copies into the offered buffer before anything else is said.
+    assert_eq!(w.copies[0].len(), 1);
+    assert!(matches!(w.copies[0][0], CopyCmd { engine: CopyEngine::Device(0), dst: Loc::Peer { peer: 1, .. }, .. }));
+    assert!(matches!(w.wires[&(0, 1)].front(), Some(Packet::RtrPut { recv: 1, len: 1000, .. })));
+    w.run();
+    w.assert_quiet();
+    assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Put);
+    assert_eq!(w.done[&(1, ReqId(1))], Ok(Status { source: 0, tag: 7, len: 1000 }));
+    assert!(w.done[&(0, ReqId(1))].is_ok());
+    assert!(w.user(1, ReqId(1))[..1000] == data[..]);
+}
+
+#[test]
+fn offers_are_not_used_for_other_tags_sizes_or_messages() {
+    // Another tag, or more than GPULMT_RTR_PUT_MAX: an RTS as usual.
+    for (tag, len) in [(8, 1000usize), (7, 40_001)] {
+        let mut w = offered_world(12, 50_000);
+        if tag == 8 {
+            w.recv(1, ReqId(2), Some(0), Some(8), len, Some(1));
+        }
+        w.send(0, ReqId(1), 1, tag, pattern(5, len), Some(0));
+        assert!(w.copies[0].is_empty(), "tag {tag}, {len} bytes: no push");
+        w.run();
+        w.assert_quiet();
+        let r = if tag == 8 { ReqId(2) } else { ReqId(1) };
+        assert_eq!(w.chosen[&(1, r)], Protocol::Get);
+        assert!(w.user(1, r)[..len] == pattern(5, len)[..]);
+    }
+    // The offer names the sender's first message; a host message goes first, so the
+    // device message is the second and the offer is stale.
+    let mut w = offered_world(13, 1000);
+    w.recv(1, ReqId(2), Some(0), Some(5), 100, None);
+    w.send(0, ReqId(1), 1, 5, pattern(6, 30), None);
+    w.send(0, ReqId(2), 1, 7, pattern(7, 1000), Some(0));
+    assert!(w.copies[0].is_empty(), "stale offer: no push");
+    w.run();
+    w.assert_quiet();
+    assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Get);
+    assert!(w.user(1, ReqId(1))[..1000] == pattern(7, 1000)[..]);
+    assert!(w.user(1, ReqId(2))[..30] == pattern(6, 30)[..]);
+}
+
+#[test]
+fn cancelling_an_offered_receive_waits_for_the_sender() {
+    // The sender had not used the offer: the receive is cancelled, and a later send
+    // does not push into its buffer.
+    let mut w = offered_world(14, 1000);
+    assert!(w.engines[1].cancel_recv(ReqId(1)));
+    w.drain(1);
+    assert!(!w.done.contains_key(&(1, ReqId(1))), "cancelled only once the sender confirms");
+    w.run();
+    assert_eq!(w.done[&(1, ReqId(1))], Err(ProtoError::Cancelled));
+    w.send(0, ReqId(1), 1, 7, pattern(8, 1000), Some(0));
+    assert!(w.copies[0].is_empty(), "a revoked offer is not used");
+    w.recv(1, ReqId(2), Some(0), Some(7), 1000, Some(1));
+    w.run();
+    w.assert_quiet();
+    assert!(w.user(1, ReqId(2))[..1000] == pattern(8, 1000)[..]);
+    // The sender had pushed already: the cancel loses, the receive completes with the data.
+    let mut w = offered_world(15, 1000);
+    w.send(0, ReqId(1), 1, 7, pattern(9, 1000), Some(0));
+    assert!(w.engines[1].cancel_recv(ReqId(1)));
+    w.drain(1);
+    w.run();
+    w.assert_quiet();
+    assert_eq!(w.done[&(1, ReqId(1))], Ok(Status { source: 0, tag: 7, len: 1000 }));
+    assert!(w.user(1, ReqId(1))[..1000] == pattern(9, 1000)[..]);
+}
+
 #[test]
 fn truncation_is_reported_and_nothing_overflows() {
     for len in [100usize, 50_000] {
@@ -441,6 +541,39 @@ fn forged_rts_outside_allocation_is_rejected() {
 }
 
 #[test]
+fn forged_offers_and_pushes_are_refused() {
+    // A push into a receive that was never offered (posted with ANY_TAG: no RTR) is a
+    // violation, answered by ABORT; the receive stays posted for a real message.
+    let mut w = World::new(2, 2, ProtocolOverride::Auto, u64::MAX, 2, true);
+    w.recv(1, ReqId(1), Some(0), None, 100, Some(1));
+    assert!(w.wires.get(&(1, 0)).is_none_or(|q| q.is_empty()), "ANY_TAG receives are not offered");
+    w.engines[1].on_packet(0, Packet::RtrPut { msg: 1, tag: 0, len: 10, recv: 1 });
+    let mut seen = (0, 0);
+    while let Some(a) = w.engines[1].poll_action() {
+        match a {
+            Action::Violation { .. } => seen.0 += 1,
+            Action::Send { packet: Packet::Abort { .. }, .. } => seen.1 += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, (1, 1));
+    w.send(0, ReqId(1), 1, 3, pattern(10, 100), Some(0));
+    w.run();
+    assert!(w.user(1, ReqId(1))[..100] == pattern(10, 100)[..]);
+    // An offer whose region runs past its allocation is dropped as a violation.
+    let mut w = World::new(2, 3, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut r = region(1, ReqId(9), 1000, 0, 1);
+    r.offset = 990;
+    w.engines[0].on_packet(1, Packet::Rtr { recv: 9, expect: 0, tag: 7, len: 100, dst: r });
+    assert!(matches!(w.engines[0].poll_action(), Some(Action::Violation { .. })));
+    w.drain(0);
+    w.recv(1, ReqId(1), Some(0), Some(8), 100, Some(1));
+    w.wires.clear();
+    w.send(0, ReqId(1), 1, 7, pattern(11, 100), Some(0));
+    assert!(w.copies[0].is_empty(), "the forged offer was not kept");
+}
+
+#[test]
 fn peer_death_fails_requests_after_copies_stop() {
     for place in 0..4 {
         for mode in MODES {
@@ -493,6 +626,64 @@ fn copy_failure_aborts_both_sides() {
     assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })));
 }
 
+/// Body of the random all-to-all properties: posts a receive before its send with
+/// probability 1/`recv_first_one_in`.
+fn all_to_all(seed: u64, mode: ProtocolOverride, peer: bool, recv_first_one_in: usize) -> Result<(), TestCaseError> {
+    let n = 4u32;
+    let mut w = World::new(n, seed, mode, 50_000, 2, peer);
+    let mut rng = Rng(seed ^ 0x9e3779b97f4a7c15 | 1);
+    // (from, to, tag, data)
+    let mut msgs = Vec::new();
+    for from in 0..n {
+        for k in 0..3u64 {
+            let to = rng.below(n as usize) as u32;
+            let len = [0usize, 1, 64, 65, 5000, 30_000, 70_000][rng.below(7)];
+            let dev = if rng.below(2) == 0 { Some(from % 2) } else { None };
+            msgs.push((from, to, (k % 2) as Tag, pattern(seed ^ (from as u64 * 31 + k), len), dev));
+        }
+    }
+    let mut next_req = vec![1u64; n as usize];
+    let mut recvs = Vec::new();
+    for (from, to, tag, data, dev) in &msgs {
+        let s = ReqId(next_req[*from as usize]);
+        next_req[*from as usize] += 1;
+        let r = ReqId(next_req[*to as usize]);
+        next_req[*to as usize] += 1;
+        let ddev = if rng.below(2) == 0 { Some(*to % 2) } else { None };
+        // Receive with exact source and tag, posted before the send (so that an RTR
+        // offer may reach the sender in time) or after; posting interleaves with
+        // progress.
+        let recv_first = rng.below(recv_first_one_in) == 0;
+        if recv_first {
+            w.recv(*to, r, Some(*from), Some(*tag), 70_000, ddev);
+            for _ in 0..rng.below(12) {
+                w.step();
+            }
+        }
+        w.send(*from, s, *to, *tag, data.clone(), *dev);
+        if !recv_first {
+            w.recv(*to, r, Some(*from), Some(*tag), 70_000, ddev);
+        }
+        recvs.push((*to, r, data.clone(), *from, *tag));
+        for _ in 0..rng.below(20) {
+            w.step();
+        }
+    }
+    w.run();
+    w.assert_quiet();
+    for (to, r, data, from, tag) in recvs {
+        let st = w.done[&(to, r)].clone().expect("receive succeeded");
+        prop_assert_eq!(st, Status { source: from, tag, len: data.len() as u64 });
+        prop_assert!(w.user(to, r)[..data.len()] == data[..]);
+    }
+    for from in 0..n {
+        for k in 1..next_req[from as usize] {
+            prop_assert!(w.done.contains_key(&(from, ReqId(k))));
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -503,47 +694,14 @@ proptest! {
     /// it matches (per sender, in order).
     #[test]
     fn random_all_to_all(seed in any::<u64>(), mode in 0usize..5, peer in any::<bool>()) {
-        let n = 4u32;
-        let mut w = World::new(n, seed, MODES[mode], 50_000, 2, peer);
-        let mut rng = Rng(seed ^ 0x9e3779b97f4a7c15 | 1);
-        // (from, to, tag, data)
-        let mut msgs = Vec::new();
-        for from in 0..n {
-            for k in 0..3u64 {
-                let to = rng.below(n as usize) as u32;
-                let len = [0usize, 1, 64, 65, 5000, 30_000, 70_000][rng.below(7)];
-                let dev = if rng.below(2) == 0 { Some(from % 2) } else { None };
-                msgs.push((from, to, (k % 2) as Tag, pattern(seed ^ (from as u64 * 31 + k), len), dev));
-            }
-        }
-        let mut next_req = vec![1u64; n as usize];
-        let mut recvs = Vec::new();
-        for (from, to, tag, data, dev) in &msgs {
-            let s = ReqId(next_req[*from as usize]);
-            next_req[*from as usize] += 1;
-            w.send(*from, s, *to, *tag, data.clone(), *dev);
-            // Receive with exact source and tag; posting may interleave with progress.
-            let r = ReqId(next_req[*to as usize]);
-            next_req[*to as usize] += 1;
-            let ddev = if rng.below(2) == 0 { Some(*to % 2) } else { None };
-            w.recv(*to, r, Some(*from), Some(*tag), 70_000, ddev);
-            recvs.push((*to, r, data.clone(), *from, *tag));
-            for _ in 0..rng.below(20) {
-                w.step();
-            }
-        }
-        w.run();
-        w.assert_quiet();
-        for (to, r, data, from, tag) in recvs {
-            let st = w.done[&(to, r)].clone().expect("receive succeeded");
-            prop_assert_eq!(st, Status { source: from, tag, len: data.len() as u64 });
-            prop_assert!(w.user(to, r)[..data.len()] == data[..]);
-        }
-        for from in 0..n {
-            for k in 1..next_req[from as usize] {
-                prop_assert!(w.done.contains_key(&(from, ReqId(k))));
-            }
-        }
+        all_to_all(seed, MODES[mode], peer, 2)?;
+    }
+
+    /// The same under `auto` with every receive posted first and given time to reach
+    /// its sender, so that RTR offers are taken, go stale and cross RTSs.
+    #[test]
+    fn random_all_to_all_with_offers(seed in any::<u64>()) {
+        all_to_all(seed, ProtocolOverride::Auto, true, 1)?;
     }
 
     #[test]

@@ -410,6 +410,13 @@ pub fn expected_protocol(s: &Setup, src: Mem, dst: Mem, len: u64) -> Option<&'st
     })
 }
 
+/// Protocol counts with GET and PUT taken together: under `auto`, a receive offered
+/// by RTR (posted before its message arrives) may be pushed into by the sender instead
+/// of pulled, as timing has it. (get + put, coop, shm, self).
+pub fn rtr_merged(c: &Counters) -> (u64, u64, u64, u64) {
+    (c["get"] + c["put"], c["coop"], c["shm"], c["self"])
+}
+
 /// Per rank, the protocol counts of `pingpong` over `sizes`.
 pub fn expected_pingpong(s: &Setup, p0: Mem, p1: Mem, sizes: &[u64]) -> [Counters; 2] {
     let mut c: [Counters; 2] = Default::default();

@@ -105,11 +105,13 @@ fn alltoall_under_ring_backpressure() {
 }
 
 /// Every rank on one sim device: device-to-device messages between processes of one
-/// device use GET (one engine copies within the device).
+/// device use GET (one engine copies within the device; RTR offers off, which would
+/// turn some into the sender's pushes, as timing has it).
 #[test]
 fn several_ranks_on_one_device() {
     let out = Job::new(CHECK, 3, &["same-device", "--iters", "2"])
         .env("GPULMT_SIM_DEVICES", "1")
+        .env("GPULMT_RTR_PUT_MAX", "0")
         .timeout_s(30)
         .run();
     out.assert_ok(3, "same-device");
@@ -141,7 +143,9 @@ fn several_ranks_on_one_device() {
 
 #[test]
 fn two_phase_free_across_4_ranks() {
+    // RTR offers off: the count below is GET's (the receiver maps the sender's buffers).
     let out = Job::new(CHECK, 4, &["free", "--rounds", "3", "--fresh-open"])
+        .env("GPULMT_RTR_PUT_MAX", "0")
         .timeout_s(30)
         .run();
     out.assert_ok(4, "free");
@@ -149,6 +153,21 @@ fn two_phase_free_across_4_ranks() {
         let c = out.cache(r);
         // Per round: A, C and the new allocation of the left neighbour.
         assert_eq!(c["opens"], 9, "rank {r}\n{}", out.dump());
+        assert_eq!(c["opens"], c["closes"], "rank {r}\n{}", out.dump());
+    }
+}
+
+/// RTR offers make senders map receive buffers too (whether or not they push into them):
+/// the commit closes those as well.
+#[test]
+fn two_phase_free_with_rtr_offers() {
+    let out = Job::new(CHECK, 4, &["free", "--rounds", "3", "--fresh-open"])
+        .timeout_s(30)
+        .run();
+    out.assert_ok(4, "free");
+    for r in 0..4 {
+        let c = out.cache(r);
+        assert!(c["opens"] >= 9, "rank {r}: at least GET's mappings\n{}", out.dump());
         assert_eq!(c["opens"], c["closes"], "rank {r}\n{}", out.dump());
     }
 }
@@ -171,7 +190,7 @@ fn two_phase_free_with_put() {
     }
 }
 
-fn cache_window(protocol: &str, recv_opens: u64, send_opens: u64) -> JobOutput {
+fn cache_window(protocol: &str, recv_opens: u64, send_opens: u64, rtr_put_max: &str) -> JobOutput {
     let out = Job::new(
         CHECK,
         2,
@@ -188,6 +207,7 @@ fn cache_window(protocol: &str, recv_opens: u64, send_opens: u64) -> JobOutput {
     .envs(&[
         ("GPULMT_PROTOCOL", protocol),
         ("GPULMT_SIM_IPC_OPEN_US", "930"),
+        ("GPULMT_RTR_PUT_MAX", rtr_put_max),
     ])
     .timeout_s(30)
     .run();
@@ -196,10 +216,11 @@ fn cache_window(protocol: &str, recv_opens: u64, send_opens: u64) -> JobOutput {
 }
 
 /// 64 concurrent sends of one device buffer, then 64 from different offsets of the
-/// same allocation: the receiver opens the sender's allocation once (GET).
+/// same allocation: the receiver opens the sender's allocation once (GET; RTR offers
+/// off, so that every message is a GET).
 #[test]
 fn handle_cache_opens_each_remote_allocation_once() {
-    let out = cache_window("auto", 1, 0);
+    let out = cache_window("auto", 1, 0, "0");
     let c = out.cache(1);
     assert_eq!(
         (c["opens"], c["misses"], c["hits"]),
@@ -232,11 +253,21 @@ fn handle_cache_outcome_is_recorded_in_request_spans() {
     assert!(hits.iter().all(|l| !l.contains("ipc_open_us=")), "{}", out.dump());
 }
 
+/// With RTR offers (the default), the first receive of each window is offered: the
+/// sender maps the receiver's one allocation once, whether or not it pushes into it.
+#[test]
+fn handle_cache_with_rtr_offers() {
+    let out = cache_window("auto", 1, 1, "64K");
+    let p = out.protocols(1);
+    assert_eq!(p["get"] + p["put"], 128, "{}", out.dump());
+    assert_eq!((out.cache(0)["opens"], out.cache(1)["opens"]), (1, 1), "{}", out.dump());
+}
+
 #[test]
 fn handle_cache_with_put_and_coop() {
-    let out = cache_window("put", 0, 1);
+    let out = cache_window("put", 0, 1, "64K");
     assert_eq!(out.protocols(1)["put"], 128, "{}", out.dump());
-    let out = cache_window("coop", 1, 1);
+    let out = cache_window("coop", 1, 1, "64K");
     assert_eq!(out.protocols(1)["coop"], 128, "{}", out.dump());
 }
 

@@ -2,7 +2,7 @@
 //! around both buffers) by `gpulmt-check pingpong`, and the protocol counts the ranks
 //! print checked against what the policy must choose.
 
-use gpulmt_tests::{expected_pingpong, placement, sizes, Job, Setup};
+use gpulmt_tests::{expected_pingpong, placement, rtr_merged, sizes, Job, Setup};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_gpulmt-check");
 
@@ -39,12 +39,14 @@ fn pingpong(
     let (p0, p1) = placement(place);
     let expect = expected_pingpong(&Setup { protocol, ..setup }, p0, p1, &sizes(list));
     for (r, e) in expect.iter().enumerate() {
-        assert_eq!(
-            &out.protocols(r),
-            e,
-            "rank {r}: protocol counts differ from the policy's\n{}",
-            out.dump()
-        );
+        let got = out.protocols(r);
+        if protocol == "auto" {
+            // RTR offers may turn GETs into the sender's pushes, never anything else.
+            assert_eq!(rtr_merged(&got), rtr_merged(e), "rank {r}: protocol counts differ from the policy's\n{}", out.dump());
+            assert!(got["put"] >= e["put"], "rank {r}: fewer pushes than the policy's\n{}", out.dump());
+        } else {
+            assert_eq!(&got, e, "rank {r}: protocol counts differ from the policy's\n{}", out.dump());
+        }
     }
     // The expectation itself is not vacuous: some rendezvous ran on each rank, and for
     // device-to-device placements the forced protocol is among them.

@@ -25,6 +25,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_COOP_MIN", "2M", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large, unless the sender's engine is busy with traffic the other way (`never` to disable; 2 MiB measured on 2x H200)"),
     ("GPULMT_PUT_MIN", "512K", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large, unless traffic flows both ways (`never` to disable; measured on 2x H200)"),
     ("GPULMT_BIDIR_PUT_MIN", "512K", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; on 2x H200 with GPULMT_PROGRESS_ON_POST=1, osu_bibw PUT beat GET from 256 KiB: 603 vs 484 GB/s at 4 MiB)"),
+    ("GPULMT_RTR_PUT_MAX", "64K", "`auto`: a receive posted for one source and tag into a device buffer, with no earlier receive for them, is offered to its sender (RTR); a device send of at most this size that is the sender's next message to that rank is then pushed at once by the sender's engine, with no RTS or CTS (0 to disable)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
     ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
     ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
@@ -65,6 +66,7 @@ pub struct Config {
     pub coop_min: u64,
     pub put_min: u64,
     pub bidir_put_min: u64,
+    pub rtr_put_max: u64,
     pub coop_sender_permille: u32,
     pub copy_split: u64,
     pub lanes: u32,
@@ -95,6 +97,7 @@ impl Default for Config {
             coop_min: 2 << 20,
             put_min: 512 << 10,
             bidir_put_min: 512 << 10,
+            rtr_put_max: 64 << 10,
             coop_sender_permille: 500,
             copy_split: 0,
             lanes: 1,
@@ -193,6 +196,7 @@ impl Config {
                 _ => size(var, dst)?,
             }
         }
+        size("GPULMT_RTR_PUT_MAX", &mut c.rtr_put_max)?;
         num("GPULMT_COOP_SENDER_SHARE", &mut c.coop_sender_permille, 1, 999)?;
         size("GPULMT_COPY_SPLIT", &mut c.copy_split)?;
         num("GPULMT_LANES", &mut c.lanes, 1, 16)?;
@@ -253,6 +257,15 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readme_configuration_table_is_the_generated_one() {
+        let readme = include_str!("../../README.md");
+        assert!(
+            readme.contains(Config::markdown_table().trim_end()),
+            "README.md's configuration table differs from config::VARIABLES: paste `gpulmt-run --config-table` over it"
+        );
+    }
     use std::collections::HashMap;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {

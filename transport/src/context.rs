@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use gpulmt_handles::{CacheLimits, ExportCache, FreeCommit, FreeMarks, HandleCache};
 use gpulmt_protocols::engine::{BufDesc, Engine, EngineConfig};
-use gpulmt_protocols::policy::{PolicyConfig, Protocol};
+use gpulmt_protocols::policy::{PolicyConfig, Protocol, ProtocolOverride};
 use gpulmt_protocols::wire::{Packet, Region};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
@@ -215,6 +215,8 @@ impl Context {
             put_min: cfg.put_min,
             bidir_put_min: cfg.bidir_put_min,
         };
+        // A forced protocol is the one that runs: no RTR offers then.
+        ecfg.rtr_put_max = if cfg.protocol == ProtocolOverride::Auto { cfg.rtr_put_max } else { 0 };
         ecfg.chunk_size = cfg.chunk_size;
         ecfg.depth = cfg.depth;
         ecfg.copy_split = cfg.copy_split;
@@ -390,6 +392,10 @@ impl Context {
             return Ok(Request(req.0));
         }
         let desc = self.describe(info, ptr, len, !eager)?;
+        if !eager && desc.device.is_some() && len as u64 <= self.engine.config().rtr_put_max {
+            // An RTR the peer sent for this message may be waiting in its ring.
+            self.take_packets();
+        }
         let payload = if eager {
             let mut v = vec![0u8; len];
             if len > 0 {

@@ -83,7 +83,7 @@ impl Context {
     }
 
     /// Takes every packet waiting: our own (loopback), then each peer's ring to us.
-    fn take_packets(&mut self) -> bool {
+    pub(crate) fn take_packets(&mut self) -> bool {
         let mut did = false;
         while let Some(p) = self.loopback.pop_front() {
             did = true;
@@ -221,6 +221,7 @@ impl Context {
                     self.stats.violations += 1;
                     tracing::warn!(peer, "protocol violation: {what}");
                 }
+                Action::MapPeer { peer, region } => self.map_offered(peer, region),
             }
         }
     }
@@ -392,6 +393,17 @@ impl Context {
                 Ok(self.seg.staging_chunk(from, to, slot as usize))
             }
         }
+    }
+
+    /// Opens (or finds cached) the mapping of a region a peer offered by RTR. A failure
+    /// is only logged: a send that uses the offer meets it again and fails with it.
+    fn map_offered(&mut self, peer: Rank, region: gpulmt_protocols::wire::Region) {
+        let mut lease = None;
+        let loc = Loc::Peer { peer, region, offset: 0 };
+        if let Err(what) = self.resolve(loc, 0, &mut lease) {
+            tracing::warn!(peer, error = %what, "mapping a receive buffer the peer offered");
+        }
+        self.release_lease(lease);
     }
 
     fn start_copy(&mut self, c: CopyCmd) {
