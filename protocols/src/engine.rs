@@ -333,6 +333,10 @@ pub struct Engine {
     rtrs: Vec<VecDeque<RtrOffer>>,
     /// Our receives offered by RTR and not matched yet.
     offered: HashMap<ReqId, Offered>,
+    /// Per peer: its last RTR named the message this rank had just sent without it (an
+    /// RTS on its way): the next send to it may wait a moment for the offer
+    /// ([`rtr_awaited`](Self::rtr_awaited)).
+    rtr_late: Vec<bool>,
     actions: VecDeque<Action>,
 }
 
@@ -360,6 +364,7 @@ impl Engine {
             arrived_msgs: vec![0; n],
             rtrs: vec![VecDeque::new(); n],
             offered: HashMap::default(),
+            rtr_late: vec![false; n],
             actions: VecDeque::new(),
         }
     }
@@ -537,9 +542,27 @@ impl Engine {
         self.send(from, Packet::Rtr { recv: req.0, expect, tag, len: buf.len, dst });
     }
 
-    /// The peer's RTR for the message this rank sends it next, if this send of `buf`
-    /// with `tag` can use it; stale offers (for messages already sent) are dropped.
-    fn take_rtr(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> Option<RtrOffer> {
+    /// Whether a send of `buf` with `tag` to `to`, which could use an RTR, finds none yet
+    /// although the peer's last offer came just too late: the caller may take packets
+    /// for a moment before posting it, and call [`rtr_wait_failed`](Self::rtr_wait_failed)
+    /// if none comes. (A blocking ping-pong offers each receive only after its previous
+    /// send completed, so the offer and the next send race.)
+    pub fn rtr_awaited(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
+        let eligible = buf.device.is_some() && buf.len > 0 && buf.len <= self.cfg.rtr_put_max;
+        eligible && (to as usize) < self.rtr_late.len() && self.rtr_late[to as usize] && self.usable_rtr(to, tag, buf).is_none()
+    }
+
+    /// No offer came while the caller waited: do not wait for this peer again until an
+    /// offer is late again.
+    pub fn rtr_wait_failed(&mut self, to: Rank) {
+        if let Some(l) = self.rtr_late.get_mut(to as usize) {
+            *l = false;
+        }
+    }
+
+    /// Index of the peer's offer this send could use; drops stale offers (for messages
+    /// already sent).
+    fn usable_rtr(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> Option<()> {
         let next = self.sent_msgs[to as usize];
         let offers = &mut self.rtrs[to as usize];
         while offers.front().is_some_and(|o| o.expect < next) {
@@ -552,11 +575,14 @@ impl Engine {
             && buf.len <= o.len
             && buf.len <= self.cfg.rtr_put_max
             && self.cfg.can_access(dev, o.dst.device);
-        if usable {
-            offers.pop_front()
-        } else {
-            None
-        }
+        usable.then_some(())
+    }
+
+    /// The peer's RTR for the message this rank sends it next, if this send of `buf`
+    /// with `tag` can use it.
+    fn take_rtr(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> Option<RtrOffer> {
+        self.usable_rtr(to, tag, buf)?;
+        self.rtrs[to as usize].pop_front()
     }
 
     /// Sends `buf` by pushing it into the receive the peer offered: the copy first (it
@@ -864,7 +890,9 @@ impl Engine {
         // Mapped even when stale: the receive buffer is likely offered again, in time.
         self.emit(Action::MapPeer { peer: from, region: offer.dst });
         if offer.expect < self.sent_msgs[from as usize] {
-            return; // That message went out already.
+            // That message went out already; if it was the last one, the offer was late.
+            self.rtr_late[from as usize] = offer.expect + 1 == self.sent_msgs[from as usize];
+            return;
         }
         let offers = &mut self.rtrs[from as usize];
         if offers.len() == RTR_OFFERS_KEPT {
@@ -1312,6 +1340,7 @@ impl Engine {
         }
         self.dead[peer as usize] = true;
         self.rtrs[peer as usize].clear();
+        self.rtr_late[peer as usize] = false;
         self.offered.retain(|_, o| o.to != peer);
         let err = ProtoError::PeerFailed { rank: peer };
         let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();

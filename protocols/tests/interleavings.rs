@@ -456,6 +456,37 @@ fn offers_are_not_used_for_other_tags_sizes_or_messages() {
 }
 
 #[test]
+fn a_late_offer_makes_the_next_send_wait_for_one() {
+    let mut w = World::new(2, 16, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let buf = |w: &mut World, req| w.buf(0, req, pattern(12, 1000), 0, Some(0));
+    // The receive is posted, but its offer reaches the sender only after the send went
+    // out as an RTS: late.
+    w.recv(1, ReqId(1), Some(0), Some(7), 1000, Some(1));
+    let b = buf(&mut w, ReqId(9));
+    assert!(!w.engines[0].rtr_awaited(1, 7, &b), "no offer was late yet");
+    w.send(0, ReqId(1), 1, 7, pattern(12, 1000), Some(0));
+    w.deliver(1, 0);
+    let b = buf(&mut w, ReqId(9));
+    assert!(w.engines[0].rtr_awaited(1, 7, &b), "the offer for the message just sent was late");
+    assert!(!w.engines[0].rtr_awaited(1, 7, &BufDesc::host(1000)), "host buffers never use offers");
+    w.run();
+    // The next receive's offer arrives: nothing to wait for, it is used.
+    w.recv(1, ReqId(2), Some(0), Some(7), 1000, Some(1));
+    w.deliver(1, 0);
+    let b = buf(&mut w, ReqId(9));
+    assert!(!w.engines[0].rtr_awaited(1, 7, &b), "the offer is there");
+    w.send(0, ReqId(2), 1, 7, pattern(13, 1000), Some(0));
+    assert_eq!(w.copies[0].len(), 1, "pushed into the offer");
+    w.run();
+    assert!(w.user(1, ReqId(2))[..1000] == pattern(13, 1000)[..]);
+    // A wait in vain stops the waiting.
+    let b = buf(&mut w, ReqId(9));
+    assert!(w.engines[0].rtr_awaited(1, 7, &b), "still expecting offers from this peer");
+    w.engines[0].rtr_wait_failed(1);
+    assert!(!w.engines[0].rtr_awaited(1, 7, &b));
+}
+
+#[test]
 fn cancelling_an_offered_receive_waits_for_the_sender() {
     // The sender had not used the offer: the receive is cancelled, and a later send
     // does not push into its buffer.

@@ -392,9 +392,21 @@ impl Context {
             return Ok(Request(req.0));
         }
         let desc = self.describe(info, ptr, len, !eager)?;
-        if !eager && desc.device.is_some() && len as u64 <= self.engine.config().rtr_put_max {
-            // An RTR the peer sent for this message may be waiting in its ring.
+        if !eager && desc.device.is_some() && len as u64 <= self.engine.config().rtr_put_max && dst != self.rank() {
+            // An RTR the peer sent for this message may be waiting in its ring, or be
+            // about to arrive (see `Engine::rtr_awaited`): pushing into it as soon as it
+            // does beats an RTS, whose copy starts a ring hop and a match later.
             self.take_packets();
+            if self.engine.rtr_awaited(dst, tag, &desc) {
+                let deadline = Instant::now() + Duration::from_nanos(self.cfg.rtr_wait_ns);
+                while self.engine.rtr_awaited(dst, tag, &desc) && Instant::now() < deadline {
+                    std::hint::spin_loop();
+                    self.take_packets();
+                }
+                if self.engine.rtr_awaited(dst, tag, &desc) {
+                    self.engine.rtr_wait_failed(dst);
+                }
+            }
         }
         let payload = if eager {
             let mut v = vec![0u8; len];
