@@ -20,11 +20,16 @@ log copy_probe
 $bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
 log unit
 $bin/gpulmt-unit --ignored --test-threads=1 device::cuda > "$out/unit.txt" 2>&1
+log checks
+$bin/gpulmt-run -n 2 --timeout 120 -- $bin/gpulmt-check pingpong --placement "D D" --sizes 1,7,4095,4096,65536,65537,1048576 --offset 4096 \
+  > "$out/check_pingpong_dd.txt" 2>&1 && echo "check pingpong D D: ok" >> "$out/checks.txt" || echo "check pingpong D D: FAILED" >> "$out/checks.txt"
+$bin/gpulmt-run -n 2 --timeout 120 -- $bin/osu_latency -m 1:64K -i 200 -c --stats D D \
+  > "$out/osu_latency_validated.txt" 2>&1 && echo "osu_latency -c D D: ok" >> "$out/checks.txt" || echo "osu_latency -c D D: FAILED" >> "$out/checks.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/ab.csv"
 one() { # variant round set env-assignments(comma-separated) bench args...
   local v=$1 r=$2 set=$3 envs=${4//,/ }; shift 4
   rm -f /tmp/ab.csv
-  env $envs ".gpu/$set/gpulmt-run" -n 2 --timeout 120 -- ".gpu/$set/$@" --csv /tmp/ab.csv D D > /dev/null 2>> "$out/log.txt" \
+  env $envs ".gpu/$set/gpulmt-run" -n 2 --timeout 120 -- ".gpu/$set/$@" --csv /tmp/ab.csv --stats D D >> "$out/stats_$v.txt" 2>> "$out/log.txt" \
     || echo "$v round $r failed" >> "$out/log.txt"
   tail -n +2 /tmp/ab.csv 2>/dev/null | cut -d, -f1,4- | sed "s/^/$v,$r,/" >> "$out/ab.csv"
 }
@@ -49,6 +54,8 @@ tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
 grep ce_latency "$out/anchors.csv"
 grep -E "ipc_(pull|push)_(memcpy_eventquery|call_memcpyasync|gpulmt_copy_async_poll)" "$out/copy_probe_8.csv"
 grep -E "test result" "$out/unit.txt" | tail -3
+cat "$out/checks.txt"
+for f in "$out"/stats_*.txt; do echo "$(basename "$f"): $(grep -h "rank 1 protocols" "$f" | head -3 | cut -c1-60 | tr '\n' ';')"; done
 python3 - "$out/ab.csv" <<'PY'
 import csv, sys, collections
 rows = list(csv.DictReader(open(sys.argv[1])))
