@@ -4,7 +4,9 @@ GPULMT_ANATOMY_OUT=PREFIX) into the steps of a ping-pong leg, and prints the med
 of each step after the leg's start: the moment the previous receiver saw its copy finish.
 
 Usage: anatomy.py PREFIX [MAX_LEG_US]   (reads PREFIX.0.csv and PREFIX.1.csv)
-Output: CSV `step,median_us_after_start,median_us_after_previous_step,legs`, then per rank
+Output: CSV `step,median_us_after_start,median_us_after_previous_step,legs` for the legs
+whose copy an RTS started (GET), then, prefixed `rtr `, for those an RTR offer started
+(the sender pushes; GPULMT_RTR_PUT_MAX), then per rank
 the median of its copy issue (CopyIssue to CopyIssued: the driver calls) and of its polls
 per copy; a rank whose driver calls run slow (a busy neighbour of its CPU, interrupts)
 shows there, apart from the other.
@@ -13,7 +15,7 @@ import csv
 import sys
 
 SEND_POST, RECV_POST, PACKET_IN, PACKET_OUT, COPY_ISSUE, COPY_ISSUED, COPY_DONE, COMPLETED = range(1, 9)
-RTS, DONE = 2, 5
+RTS, DONE, RTR = 2, 5, 11
 
 # (name, whose: 'x' = the rank whose copy just finished, 'y' = the other, point, arg or None)
 STEPS = [
@@ -30,6 +32,22 @@ STEPS = [
     ("y: copy seen finished (next leg starts)", "y", COPY_DONE, None),
 ]
 
+# A leg of an RTR ping-pong: x pushed its message and saw the copy finish; y's next send
+# pushes into the receive x offered.
+RTR_STEPS = [
+    ("x: DONE written to the ring", "x", PACKET_OUT, DONE),
+    ("x: send completed", "x", COMPLETED, None),
+    ("x: irecv entered", "x", RECV_POST, None),
+    ("x: RTR written to the ring", "x", PACKET_OUT, RTR),
+    ("y: DONE taken from the ring", "y", PACKET_IN, DONE),
+    ("y: receive completed", "y", COMPLETED, None),
+    ("y: isend entered", "y", SEND_POST, None),
+    ("y: RTR taken from the ring", "y", PACKET_IN, RTR),
+    ("y: copy issue begins", "y", COPY_ISSUE, None),
+    ("y: copy issued (driver call returned)", "y", COPY_ISSUED, None),
+    ("y: copy seen finished (next leg starts)", "y", COPY_DONE, None),
+]
+
 
 def load(path, rank):
     with open(path) as f:
@@ -41,12 +59,31 @@ def median(v):
     return v[len(v) // 2] if v else float("nan")
 
 
+def flow(ev, a, b, y):
+    """GET or RTR: the kind of the last packet y took before it issued its copy."""
+    last = None
+    for e in ev[a + 1 : b + 1]:
+        if e[1] == y and e[2] == PACKET_IN:
+            last = e[3]
+        if e[1] == y and e[2] == COPY_ISSUE:
+            break
+    return "rtr" if last == RTR else "get"
+
+
+def table(title, steps, legs):
+    offsets = [[r[i] for r in legs] for i in range(len(steps))]
+    for i, (name, *_rest) in enumerate(steps):
+        m = median(offsets[i])
+        d = m if i == 0 else median([legs[k][i] - legs[k][i - 1] for k in range(len(legs))])
+        print(f"{title}{name},{m:.3f},{d:.3f},{len(legs)}")
+
+
 def main():
     prefix = sys.argv[1]
     max_leg = float(sys.argv[2]) if len(sys.argv) > 2 else 50.0
     ev = sorted(load(f"{prefix}.0.csv", 0) + load(f"{prefix}.1.csv", 1))
     starts = [i for i, e in enumerate(ev) if e[2] == COPY_DONE]
-    offsets = [[] for _ in STEPS]
+    legs = {"get": [], "rtr": []}
     polls = []
     for a, b in zip(starts, starts[1:]):
         x = ev[a][1]
@@ -56,8 +93,9 @@ def main():
         if (ev[b][0] - t0) / 1e3 > max_leg:
             continue
         polls.append(ev[b][3])
+        kind = flow(ev, a, b, 1 - x)
         row = []
-        for name, whose, point, arg in STEPS:
+        for name, whose, point, arg in STEPS if kind == "get" else RTR_STEPS:
             rank = x if whose == "x" else 1 - x
             hit = next(
                 (e for e in ev[a + 1 : b + 1] if e[1] == rank and e[2] == point and (arg is None or e[3] == arg)),
@@ -65,15 +103,12 @@ def main():
             )
             row.append(None if hit is None else (hit[0] - t0) / 1e3)
         if all(r is not None for r in row):
-            for i, r in enumerate(row):
-                offsets[i].append(r)
+            legs[kind].append(row)
     print("step,median_us_after_start,median_us_after_previous_step,legs")
-    prev = None
-    for i, (name, *_rest) in enumerate(STEPS):
-        m = median(offsets[i])
-        d = m if i == 0 else median([offsets[i][k] - offsets[i - 1][k] for k in range(len(offsets[i]))])
-        print(f"{name},{m:.3f},{d:.3f},{len(offsets[i])}")
-        prev = m
+    if legs["get"] or not legs["rtr"]:
+        table("", STEPS, legs["get"])
+    if legs["rtr"]:
+        table("rtr ", RTR_STEPS, legs["rtr"])
     print(f"copy polls (median),{median(polls)},,{len(polls)}")
     for rank in (0, 1):
         issue, rank_polls, begun = [], [], None
