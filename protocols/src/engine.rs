@@ -337,6 +337,10 @@ pub struct Engine {
     /// RTS on its way): the next send to it may wait a moment for the offer
     /// ([`rtr_awaited`](Self::rtr_awaited)).
     rtr_late: Vec<bool>,
+    /// Per peer: the allocation (device, buffer id) of its last offer, which was mapped
+    /// then: a ping-pong offers the same buffer every time, and one mapping request per
+    /// allocation is enough (should the cache have closed it since, the push reopens it).
+    offer_mapped: Vec<Option<(u32, u64)>>,
     actions: VecDeque<Action>,
 }
 
@@ -365,6 +369,7 @@ impl Engine {
             rtrs: vec![VecDeque::new(); n],
             offered: HashMap::default(),
             rtr_late: vec![false; n],
+            offer_mapped: vec![None; n],
             actions: VecDeque::new(),
         }
     }
@@ -888,7 +893,11 @@ impl Engine {
             return self.violation(from, format!("RTR for receive {}: region outside its allocation or not on this node", offer.recv));
         }
         // Mapped even when stale: the receive buffer is likely offered again, in time.
-        self.emit(Action::MapPeer { peer: from, region: offer.dst });
+        let alloc = Some((d.device, d.buffer_id));
+        if self.offer_mapped[from as usize] != alloc {
+            self.offer_mapped[from as usize] = alloc;
+            self.emit(Action::MapPeer { peer: from, region: offer.dst });
+        }
         if offer.expect < self.sent_msgs[from as usize] {
             // That message went out already; if it was the last one, the offer was late.
             self.rtr_late[from as usize] = offer.expect + 1 == self.sent_msgs[from as usize];
@@ -1341,6 +1350,7 @@ impl Engine {
         self.dead[peer as usize] = true;
         self.rtrs[peer as usize].clear();
         self.rtr_late[peer as usize] = false;
+        self.offer_mapped[peer as usize] = None;
         self.offered.retain(|_, o| o.to != peer);
         let err = ProtoError::PeerFailed { rank: peer };
         let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();
