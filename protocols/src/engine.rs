@@ -565,8 +565,8 @@ impl Engine {
         }
     }
 
-    /// Index of the peer's offer this send could use; drops stale offers (for messages
-    /// already sent).
+    /// Some if the peer's oldest live offer fits this send (it is then the front of the
+    /// queue); drops stale offers (for messages already sent) on the way.
     fn usable_rtr(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> Option<()> {
         let next = self.sent_msgs[to as usize];
         let offers = &mut self.rtrs[to as usize];
