@@ -12,12 +12,7 @@
 source "$(dirname "$0")/preamble.sh"
 lat_variants=${LAT:-base:base:X=1 nortr:bin:GPULMT_RTR_PUT_MAX=0 rtr:bin:X=1}
 sweep_variants=${SWEEP:-nortr:GPULMT_RTR_PUT_MAX=0 rtr:GPULMT_RTR_PUT_MAX=64K rtr2m:GPULMT_RTR_PUT_MAX=2M}
-log() { echo "== $(date +%T) $*" | tee -a "$out/log.txt" >&2; }
-nvidia-smi > "$out/host.txt" 2>&1
-log anchors
-bash .gpu/tools/anchors.sh 8 > "$out/anchors.csv" 2> "$out/anchors.err"
-log copy_probe
-$bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
+small_copy_baselines
 log unit
 $bin/gpulmt-unit --ignored --test-threads=1 device::cuda > "$out/unit.txt" 2>&1
 log checks

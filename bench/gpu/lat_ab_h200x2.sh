@@ -9,12 +9,7 @@
 # (explore10 ran it as explore10_h200x2.sh with these defaults.)
 source "$(dirname "$0")/preamble.sh"
 sets=${SETS:-old bin}
-log() { echo "== $(date +%T) $*" | tee -a "$out/log.txt" >&2; }
-nvidia-smi > "$out/host.txt" 2>&1
-log anchors
-bash .gpu/tools/anchors.sh 8 > "$out/anchors.csv" 2> "$out/anchors.err"
-log copy_probe
-$bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
+small_copy_baselines
 lat() { # set placement
   ".gpu/$1/gpulmt-run" -n 2 --timeout 60 -- ".gpu/$1/osu_latency" -m 8:8 -i 20000 --csv "$out/lat_$1_$2$2.csv" $2 $2 > /dev/null 2>> "$out/log.txt"
 }

@@ -209,6 +209,14 @@ struct Offered {
 /// as usual).
 const RTR_OFFERS_KEPT: usize = 64;
 
+/// Waits for late offers a peer may fail before sends to it stop waiting; each offer
+/// used gives one back, up to this many.
+const RTR_WAIT_CREDIT: u8 = 4;
+
+/// Without credit, every this many sends that could wait for a late offer wait once
+/// anyway, so that a peer whose offers come in time again is noticed.
+const RTR_WAIT_PROBE: u32 = 64;
+
 /// How many failed SHM receives an engine remembers (see `Engine::failed_shm_recvs`).
 const FAILED_SHM_MEMORY: usize = 64;
 
@@ -274,6 +282,13 @@ struct SendXfer {
     error: Option<ProtoError>,
 }
 
+impl SendXfer {
+    /// A rendezvous send of `buf`, its protocol `proto` when already known.
+    fn new(req: ReqId, to: Rank, tag: Tag, buf: BufDesc, proto: Option<Protocol>, pending: u32) -> Self {
+        Self { req, to, tag, buf, proto, pending, cookie: false, completed: false, shm: None, error: None }
+    }
+}
+
 #[derive(Debug)]
 struct RecvXfer {
     req: ReqId,
@@ -335,8 +350,12 @@ pub struct Engine {
     offered: HashMap<ReqId, Offered>,
     /// Per peer: its last RTR named the message this rank had just sent without it (an
     /// RTS on its way): the next send to it may wait a moment for the offer
-    /// ([`rtr_awaited`](Self::rtr_awaited)).
+    /// ([`rtr_wait_begin`](Self::rtr_wait_begin)).
     rtr_late: Vec<bool>,
+    /// Per peer: waits for its offers left before sending stops waiting, and sends since
+    /// the credit ran out (see [`RTR_WAIT_PROBE`]).
+    rtr_credit: Vec<u8>,
+    rtr_probe: Vec<u32>,
     /// Per peer: the allocation (device, buffer id) of its last offer, which was mapped
     /// then: a ping-pong offers the same buffer every time, and one mapping request per
     /// allocation is enough (should the cache have closed it since, the push reopens it).
@@ -369,6 +388,8 @@ impl Engine {
             rtrs: vec![VecDeque::new(); n],
             offered: HashMap::default(),
             rtr_late: vec![false; n],
+            rtr_credit: vec![RTR_WAIT_CREDIT; n],
+            rtr_probe: vec![0; n],
             offer_mapped: vec![None; n],
             actions: VecDeque::new(),
         }
@@ -492,21 +513,7 @@ impl Engine {
         self.sent_msgs[to as usize] += 1;
         self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
         self.sends_to[to as usize] += 1;
-        self.sends.insert(
-            msg,
-            SendXfer {
-                req,
-                to,
-                tag,
-                buf,
-                proto: None,
-                pending: 0,
-                cookie: false,
-                completed: false,
-                shm: None,
-                error: None,
-            },
-        );
+        self.sends.insert(msg, SendXfer::new(req, to, tag, buf, None, 0));
     }
 
     /// Posts a receive into `buf` from `source` (None = any) with `tag` (None = any).
@@ -547,21 +554,39 @@ impl Engine {
         self.send(from, Packet::Rtr { recv: req.0, expect, tag, len: buf.len, dst });
     }
 
-    /// Whether a send of `buf` with `tag` to `to`, which could use an RTR, finds none yet
-    /// although the peer's last offer came just too late: the caller may take packets
-    /// for a moment before posting it, and call [`rtr_wait_failed`](Self::rtr_wait_failed)
-    /// if none comes. (A blocking ping-pong offers each receive only after its previous
-    /// send completed, so the offer and the next send race.)
-    pub fn rtr_awaited(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
+    /// Whether a send of `buf` with `tag` to `to`, which could use an RTR but finds none,
+    /// should wait a moment for one, taking packets meanwhile until
+    /// [`rtr_ready`](Self::rtr_ready), and call [`rtr_wait_failed`](Self::rtr_wait_failed)
+    /// if none comes: so when the peer's last offer came just too late and waiting has
+    /// paid off lately. (A blocking ping-pong offers each receive only once its previous
+    /// send completed, so the offer and the next send race.) Call once per send.
+    pub fn rtr_wait_begin(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
         let eligible = buf.device.is_some() && buf.len > 0 && buf.len <= self.cfg.rtr_put_max;
-        eligible && (to as usize) < self.rtr_late.len() && self.rtr_late[to as usize] && self.usable_rtr(to, tag, buf).is_none()
+        let t = to as usize;
+        if !eligible || t >= self.rtr_late.len() || !self.rtr_late[t] || self.rtr_ready(to, tag, buf) {
+            return false;
+        }
+        if self.rtr_credit[t] == 0 {
+            self.rtr_probe[t] += 1;
+            if self.rtr_probe[t] < RTR_WAIT_PROBE {
+                return false;
+            }
+            self.rtr_probe[t] = 0;
+        }
+        true
     }
 
-    /// No offer came while the caller waited: do not wait for this peer again until an
-    /// offer is late again.
+    /// Whether an offer this send can use is here.
+    pub fn rtr_ready(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
+        self.usable_rtr(to, tag, buf).is_some()
+    }
+
+    /// No offer came while the caller waited: it costs a credit, and no send waits again
+    /// until an offer is late again.
     pub fn rtr_wait_failed(&mut self, to: Rank) {
-        if let Some(l) = self.rtr_late.get_mut(to as usize) {
+        if let (Some(l), Some(c)) = (self.rtr_late.get_mut(to as usize), self.rtr_credit.get_mut(to as usize)) {
             *l = false;
+            *c = c.saturating_sub(1);
         }
     }
 
@@ -595,6 +620,8 @@ impl Engine {
     /// in the order of this rank's messages to the peer.
     fn put_offered(&mut self, req: ReqId, msg: MsgId, to: Rank, tag: Tag, buf: BufDesc, offer: RtrOffer) {
         let dev = buf.device.expect("take_rtr checked");
+        let credit = &mut self.rtr_credit[to as usize];
+        *credit = (*credit + 1).min(RTR_WAIT_CREDIT);
         self.sent_msgs[to as usize] += 1;
         self.sends_to[to as usize] += 1;
         let pending = self.issue_range(
@@ -606,21 +633,7 @@ impl Engine {
             buf.len,
         );
         self.send(to, Packet::RtrPut { msg, tag, len: buf.len, recv: offer.recv });
-        self.sends.insert(
-            msg,
-            SendXfer {
-                req,
-                to,
-                tag,
-                buf,
-                proto: Some(Protocol::Put),
-                pending,
-                cookie: false,
-                completed: false,
-                shm: None,
-                error: None,
-            },
-        );
+        self.sends.insert(msg, SendXfer::new(req, to, tag, buf, Some(Protocol::Put), pending));
     }
 
     /// MPI_Iprobe: the envelope of the earliest unexpected message `source`/`tag` matches.
@@ -1350,6 +1363,7 @@ impl Engine {
         self.dead[peer as usize] = true;
         self.rtrs[peer as usize].clear();
         self.rtr_late[peer as usize] = false;
+        self.rtr_credit[peer as usize] = 0;
         self.offer_mapped[peer as usize] = None;
         self.offered.retain(|_, o| o.to != peer);
         let err = ProtoError::PeerFailed { rank: peer };

@@ -458,32 +458,48 @@ fn offers_are_not_used_for_other_tags_sizes_or_messages() {
 #[test]
 fn a_late_offer_makes_the_next_send_wait_for_one() {
     let mut w = World::new(2, 16, ProtocolOverride::Auto, u64::MAX, 2, true);
-    let buf = |w: &mut World, req| w.buf(0, req, pattern(12, 1000), 0, Some(0));
+    let b = BufDesc { len: 1000, device: Some(0), region: None };
     // The receive is posted, but its offer reaches the sender only after the send went
     // out as an RTS: late.
     w.recv(1, ReqId(1), Some(0), Some(7), 1000, Some(1));
-    let b = buf(&mut w, ReqId(9));
-    assert!(!w.engines[0].rtr_awaited(1, 7, &b), "no offer was late yet");
+    assert!(!w.engines[0].rtr_wait_begin(1, 7, &b), "no offer was late yet");
     w.send(0, ReqId(1), 1, 7, pattern(12, 1000), Some(0));
     w.deliver(1, 0);
-    let b = buf(&mut w, ReqId(9));
-    assert!(w.engines[0].rtr_awaited(1, 7, &b), "the offer for the message just sent was late");
-    assert!(!w.engines[0].rtr_awaited(1, 7, &BufDesc::host(1000)), "host buffers never use offers");
+    assert!(w.engines[0].rtr_wait_begin(1, 7, &b), "the offer for the message just sent was late");
+    assert!(!w.engines[0].rtr_wait_begin(1, 7, &BufDesc::host(1000)), "host buffers never use offers");
+    assert!(!w.engines[0].rtr_wait_begin(1, 7, &BufDesc { len: 40_001, ..b }), "nor messages over the limit");
     w.run();
     // The next receive's offer arrives: nothing to wait for, it is used.
     w.recv(1, ReqId(2), Some(0), Some(7), 1000, Some(1));
     w.deliver(1, 0);
-    let b = buf(&mut w, ReqId(9));
-    assert!(!w.engines[0].rtr_awaited(1, 7, &b), "the offer is there");
+    assert!(w.engines[0].rtr_ready(1, 7, &b));
+    assert!(!w.engines[0].rtr_wait_begin(1, 7, &b), "the offer is there");
     w.send(0, ReqId(2), 1, 7, pattern(13, 1000), Some(0));
     assert_eq!(w.copies[0].len(), 1, "pushed into the offer");
     w.run();
     assert!(w.user(1, ReqId(2))[..1000] == pattern(13, 1000)[..]);
-    // A wait in vain stops the waiting.
-    let b = buf(&mut w, ReqId(9));
-    assert!(w.engines[0].rtr_awaited(1, 7, &b), "still expecting offers from this peer");
-    w.engines[0].rtr_wait_failed(1);
-    assert!(!w.engines[0].rtr_awaited(1, 7, &b));
+    assert!(w.engines[0].rtr_wait_begin(1, 7, &b), "still expecting offers from this peer");
+}
+
+#[test]
+fn waits_in_vain_use_up_the_credit_then_only_probe() {
+    let mut w = World::new(2, 17, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let b = BufDesc { len: 1000, device: Some(0), region: None };
+    // Every offer is late: each send waits in vain, until the credit (4) is gone.
+    let mut waits = Vec::new();
+    for k in 0..80u64 {
+        w.recv(1, ReqId(k + 1), Some(0), Some(7), 1000, Some(1));
+        waits.push(w.engines[0].rtr_wait_begin(1, 7, &b));
+        if *waits.last().unwrap() {
+            w.engines[0].rtr_wait_failed(1);
+        }
+        w.send(0, ReqId(k + 1), 1, 7, pattern(k, 1000), Some(0));
+        w.run();
+        assert!(w.user(1, ReqId(k + 1))[..1000] == pattern(k, 1000)[..]);
+    }
+    let waited: Vec<usize> = waits.iter().enumerate().filter(|(_, w)| **w).map(|(k, _)| k).collect();
+    // The first send had no late offer before it; sends 1-4 wait; then one probe per 64.
+    assert_eq!(waited, vec![1, 2, 3, 4, 68], "{waits:?}");
 }
 
 #[test]

@@ -394,16 +394,16 @@ impl Context {
         let desc = self.describe(info, ptr, len, !eager)?;
         if !eager && desc.device.is_some() && len as u64 <= self.engine.config().rtr_put_max && dst != self.rank() {
             // An RTR the peer sent for this message may be waiting in its ring, or be
-            // about to arrive (see `Engine::rtr_awaited`): pushing into it as soon as it
+            // about to arrive (see `Engine::rtr_wait_begin`): pushing into it as soon as it
             // does beats an RTS, whose copy starts a ring hop and a match later.
             self.take_packets();
-            if self.engine.rtr_awaited(dst, tag, &desc) {
+            if self.cfg.rtr_wait_ns > 0 && self.engine.rtr_wait_begin(dst, tag, &desc) {
                 let deadline = Instant::now() + Duration::from_nanos(self.cfg.rtr_wait_ns);
-                while self.engine.rtr_awaited(dst, tag, &desc) && Instant::now() < deadline {
+                while !self.engine.rtr_ready(dst, tag, &desc) && Instant::now() < deadline {
                     std::hint::spin_loop();
                     self.take_packets();
                 }
-                if self.engine.rtr_awaited(dst, tag, &desc) {
+                if !self.engine.rtr_ready(dst, tag, &desc) {
                     self.engine.rtr_wait_failed(dst);
                 }
             }
