@@ -360,6 +360,9 @@ pub struct Engine {
     /// then: a ping-pong offers the same buffer every time, and one mapping request per
     /// allocation is enough (should the cache have closed it since, the push reopens it).
     offer_mapped: Vec<Option<(u32, u64)>>,
+    /// Per peer: this rank has sent it device memory by rendezvous, so its offers are
+    /// worth mapping (a rank that only sends it host memory never pushes into them).
+    sends_device_to: Vec<bool>,
     actions: VecDeque<Action>,
 }
 
@@ -391,6 +394,7 @@ impl Engine {
             rtr_credit: vec![RTR_WAIT_CREDIT; n],
             rtr_probe: vec![0; n],
             offer_mapped: vec![None; n],
+            sends_device_to: vec![false; n],
             actions: VecDeque::new(),
         }
     }
@@ -507,6 +511,9 @@ impl Engine {
                 )
             }
         };
+        if buf.device.is_some() {
+            self.sends_device_to[to as usize] = true;
+        }
         if let Some(offer) = self.take_rtr(to, tag, &buf) {
             return self.put_offered(req, msg, to, tag, buf, offer);
         }
@@ -905,9 +912,10 @@ impl Engine {
         if !d.covers(offer.len) || d.node != self.cfg.node || d.device >= self.cfg.devices {
             return self.violation(from, format!("RTR for receive {}: region outside its allocation or not on this node", offer.recv));
         }
-        // Mapped even when stale: the receive buffer is likely offered again, in time.
+        // Mapped even when stale (the receive buffer is likely offered again, in time), by
+        // a rank that sends this peer device memory.
         let alloc = Some((d.device, d.buffer_id));
-        if self.offer_mapped[from as usize] != alloc {
+        if self.sends_device_to[from as usize] && self.offer_mapped[from as usize] != alloc {
             self.offer_mapped[from as usize] = alloc;
             self.emit(Action::MapPeer { peer: from, region: offer.dst });
         }

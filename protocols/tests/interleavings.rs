@@ -43,6 +43,8 @@ struct World {
     chosen: HashMap<(Rank, ReqId), Protocol>,
     /// The device of each request's buffer (None: host).
     devices: HashMap<(Rank, ReqId), Option<u32>>,
+    /// Per rank: offered regions it was asked to map.
+    mapped: Vec<u32>,
     rng: Rng,
     chunk: u64,
     dead: Vec<bool>,
@@ -87,6 +89,7 @@ impl World {
             done: HashMap::new(),
             chosen: HashMap::new(),
             devices: HashMap::new(),
+            mapped: vec![0; n as usize],
             rng: Rng(seed | 1),
             chunk,
             dead: vec![false; n as usize],
@@ -151,6 +154,7 @@ impl World {
                 Action::Violation { peer, what } => panic!("rank {rank}: violation by {peer}: {what}"),
                 Action::MapPeer { peer, region } => {
                     assert_ne!(peer, rank);
+                    self.mapped[rank as usize] += 1;
                     assert!(self.mem[peer as usize].allocs.contains_key(&ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()))));
                 }
             }
@@ -479,6 +483,29 @@ fn a_late_offer_makes_the_next_send_wait_for_one() {
     w.run();
     assert!(w.user(1, ReqId(2))[..1000] == pattern(13, 1000)[..]);
     assert!(w.engines[0].rtr_wait_begin(1, 7, &b), "still expecting offers from this peer");
+}
+
+#[test]
+fn offers_are_mapped_by_ranks_that_send_device_memory() {
+    let mut w = World::new(2, 18, ProtocolOverride::Auto, u64::MAX, 2, true);
+    // Rank 0 sends rank 1 host memory only: its offers are not worth a mapping.
+    w.recv(1, ReqId(1), Some(0), Some(7), 1000, Some(1));
+    w.send(0, ReqId(1), 1, 7, pattern(20, 1000), None);
+    w.run();
+    w.recv(1, ReqId(2), Some(0), Some(7), 1000, Some(1));
+    w.run();
+    assert_eq!(w.mapped[0], 0);
+    // Once it sent device memory, the next offer is mapped, and only once per allocation.
+    w.send(0, ReqId(2), 1, 7, pattern(21, 1000), Some(0));
+    w.run();
+    for k in 3..6 {
+        w.recv(1, ReqId(k), Some(0), Some(7), 1000, Some(1));
+        w.run();
+        w.send(0, ReqId(k), 1, 7, pattern(k + 20, 1000), Some(0));
+        w.run();
+        assert!(w.user(1, ReqId(k))[..1000] == pattern(k + 20, 1000)[..]);
+    }
+    assert_eq!(w.mapped[0], 3, "three receive buffers, each its own allocation");
 }
 
 #[test]

@@ -26,7 +26,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_PUT_MIN", "512K", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large, unless traffic flows both ways (`never` to disable; measured on 2x H200)"),
     ("GPULMT_BIDIR_PUT_MIN", "512K", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; on 2x H200 with GPULMT_PROGRESS_ON_POST=1, osu_bibw PUT beat GET from 256 KiB: 603 vs 484 GB/s at 4 MiB)"),
     ("GPULMT_RTR_PUT_MAX", "64K", "`auto`: a receive posted for one source and tag into a device buffer, with no earlier receive for them, is offered to its sender (RTR); a device send of at most this size that is the sender's next message to that rank is then pushed at once by the sender's engine, with no RTS or CTS (0 to disable)"),
-    ("GPULMT_RTR_WAIT_NS", "2000", "how long a send that could use an RTR waits for it when the peer's last offer arrived just too late (a blocking ping-pong offers each receive only once its previous send completed); a wait in vain stops the waiting until an offer is late again (0: never wait)"),
+    ("GPULMT_RTR_WAIT_NS", "2000", "how long a send that could use an RTR waits for it when the peer's last offer arrived just too late (a blocking ping-pong offers each receive only once its previous send completed); each wait in vain costs one of four credits and each offer used gives one back; without credit only one such send in 64 waits (0: never wait)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
     ("GPULMT_COPY_SPLIT", "0", "split each GET/PUT/COOPERATE copy into pieces of at most this size (0: one copy)"),
     ("GPULMT_LANES", "1", "copy queues (CUDA streams) per engine that the pieces are spread over"),
@@ -261,6 +261,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     #[test]
     fn readme_configuration_table_is_the_generated_one() {
@@ -270,7 +271,6 @@ mod tests {
             "README.md's configuration table differs from config::VARIABLES: paste `gpulmt-run --config-table` over it"
         );
     }
-    use std::collections::HashMap;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
