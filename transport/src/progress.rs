@@ -397,7 +397,12 @@ impl Context {
 
     /// Opens (or finds cached) the mapping of a region a peer offered by RTR. A failure
     /// is only logged: a send that uses the offer meets it again and fails with it.
+    /// Without the handle cache a mapping closes when released, so opening one ahead
+    /// would only cost an open and a close.
     fn map_offered(&mut self, peer: Rank, region: gpulmt_protocols::wire::Region) {
+        if !self.cfg.handle_cache {
+            return;
+        }
         let mut lease = None;
         let loc = Loc::Peer { peer, region, offset: 0 };
         if let Err(what) = self.resolve(loc, 0, &mut lease) {
