@@ -196,6 +196,38 @@ struct RtrOffer {
     dst: Region,
 }
 
+/// What this rank knows of one peer for RTR.
+#[derive(Debug)]
+struct RtrPeer {
+    /// Messages (eager, RTS, RTR_PUT) this rank sent the peer, and messages from it that
+    /// arrived here: an RTR names the message it takes by this count.
+    sent: u64,
+    arrived: u64,
+    /// Its RTRs this rank has not used yet, oldest first.
+    offers: VecDeque<RtrOffer>,
+    /// Its last RTR named the message this rank had just sent without it (an RTS on its
+    /// way): the next send may wait a moment for an offer
+    /// ([`Engine::rtr_wait_begin`]).
+    late: bool,
+    /// Waits for its offers left before sends stop waiting, and sends since the credit
+    /// ran out (see [`RTR_WAIT_PROBE`]).
+    credit: u8,
+    probe: u32,
+    /// The allocation (device, buffer id) of its last offer, which was mapped then: a
+    /// ping-pong offers the same buffer every time, and one mapping request per
+    /// allocation is enough (should the cache have closed it since, the push reopens it).
+    mapped: Option<(u32, u64)>,
+    /// This rank has sent the peer device memory by rendezvous, so its offers are worth
+    /// mapping (a rank that only sends it host memory never pushes into them).
+    sends_device: bool,
+}
+
+impl Default for RtrPeer {
+    fn default() -> Self {
+        Self { sent: 0, arrived: 0, offers: VecDeque::new(), late: false, credit: RTR_WAIT_CREDIT, probe: 0, mapped: None, sends_device: false }
+    }
+}
+
 /// A receive of ours offered to its sender by RTR, not matched yet.
 #[derive(Clone, Copy, Debug)]
 struct Offered {
@@ -340,29 +372,10 @@ pub struct Engine {
     /// Per peer: rendezvous sends to it not finished yet (its engine may be
     /// moving them: the policy avoids loading it further).
     sends_to: Vec<u32>,
-    /// Per peer: messages (eager, RTS, RTR_PUT) this rank sent it, and messages from it
-    /// that arrived here. An RTR names the message it takes by this count.
-    sent_msgs: Vec<u64>,
-    arrived_msgs: Vec<u64>,
-    /// Per peer: its RTRs this rank has not used yet, oldest first.
-    rtrs: Vec<VecDeque<RtrOffer>>,
+    /// Per peer: message counts and offers for RTR.
+    rtr: Vec<RtrPeer>,
     /// Our receives offered by RTR and not matched yet.
     offered: HashMap<ReqId, Offered>,
-    /// Per peer: its last RTR named the message this rank had just sent without it (an
-    /// RTS on its way): the next send to it may wait a moment for the offer
-    /// ([`rtr_wait_begin`](Self::rtr_wait_begin)).
-    rtr_late: Vec<bool>,
-    /// Per peer: waits for its offers left before sending stops waiting, and sends since
-    /// the credit ran out (see [`RTR_WAIT_PROBE`]).
-    rtr_credit: Vec<u8>,
-    rtr_probe: Vec<u32>,
-    /// Per peer: the allocation (device, buffer id) of its last offer, which was mapped
-    /// then: a ping-pong offers the same buffer every time, and one mapping request per
-    /// allocation is enough (should the cache have closed it since, the push reopens it).
-    offer_mapped: Vec<Option<(u32, u64)>>,
-    /// Per peer: this rank has sent it device memory by rendezvous, so its offers are
-    /// worth mapping (a rank that only sends it host memory never pushes into them).
-    sends_device_to: Vec<bool>,
     actions: VecDeque<Action>,
 }
 
@@ -386,15 +399,8 @@ impl Engine {
             failed_shm_recvs: VecDeque::new(),
             dead,
             sends_to,
-            sent_msgs: vec![0; n],
-            arrived_msgs: vec![0; n],
-            rtrs: vec![VecDeque::new(); n],
+            rtr: (0..n).map(|_| RtrPeer::default()).collect(),
             offered: HashMap::default(),
-            rtr_late: vec![false; n],
-            rtr_credit: vec![RTR_WAIT_CREDIT; n],
-            rtr_probe: vec![0; n],
-            offer_mapped: vec![None; n],
-            sends_device_to: vec![false; n],
             actions: VecDeque::new(),
         }
     }
@@ -422,7 +428,7 @@ impl Engine {
         }
         let msg = self.next_msg;
         self.next_msg += 1;
-        self.sent_msgs[to as usize] += 1;
+        self.rtr[to as usize].sent += 1;
         Ok(msg)
     }
 
@@ -437,7 +443,7 @@ impl Engine {
         len: u64,
     ) -> Option<(ReqId, BufDesc, Result<Status, ProtoError>)> {
         let req = self.matcher.take_posted(from, tag)?;
-        self.arrived_msgs[from as usize] += 1;
+        self.rtr[from as usize].arrived += 1;
         self.offered.remove(&req);
         let buf = self.posted.remove(&req).expect("posted receive has a buffer");
         Some((req, buf, eager_result(from, tag, len, buf.len)))
@@ -493,7 +499,7 @@ impl Engine {
                 let what = format!("eager payload of {} bytes for a {}-byte buffer", payload.len(), buf.len);
                 return self.complete(req, Err(ProtoError::Unsupported { what }));
             }
-            self.sent_msgs[to as usize] += 1;
+            self.rtr[to as usize].sent += 1;
             self.send(to, Packet::Eager { msg, tag, payload });
             return self.complete(req, Ok(Status { source: to, tag, len: buf.len }));
         }
@@ -512,12 +518,12 @@ impl Engine {
             }
         };
         if buf.device.is_some() {
-            self.sends_device_to[to as usize] = true;
+            self.rtr[to as usize].sends_device = true;
         }
         if let Some(offer) = self.take_rtr(to, tag, &buf) {
             return self.put_offered(req, msg, to, tag, buf, offer);
         }
-        self.sent_msgs[to as usize] += 1;
+        self.rtr[to as usize].sent += 1;
         self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
         self.sends_to[to as usize] += 1;
         self.sends.insert(msg, SendXfer::new(req, to, tag, buf, None, 0));
@@ -551,75 +557,74 @@ impl Engine {
     fn offer_rtr(&mut self, req: ReqId, source: Option<Rank>, tag: Option<Tag>, buf: &BufDesc) {
         let (Some(from), Some(tag), Some(dst)) = (source, tag, buf.region) else { return };
         if self.cfg.rtr_put_max == 0 || from == self.cfg.rank || buf.device.is_none() || buf.len == 0 {
-            return;
+            return; // Nothing can push into it.
         }
         if self.matcher.first_posted(from, tag) != Some(req) {
             return;
         }
         self.offered.insert(req, Offered { to: from, tag, cancelling: false });
-        let expect = self.arrived_msgs[from as usize];
+        let expect = self.rtr[from as usize].arrived;
         self.send(from, Packet::Rtr { recv: req.0, expect, tag, len: buf.len, dst });
     }
 
-    /// Whether a send of `buf` with `tag` to `to`, which could use an RTR but finds none,
-    /// should wait a moment for one, taking packets meanwhile until
-    /// [`rtr_ready`](Self::rtr_ready), and call [`rtr_wait_failed`](Self::rtr_wait_failed)
-    /// if none comes: so when the peer's last offer came just too late and waiting has
-    /// paid off lately. (A blocking ping-pong offers each receive only once its previous
-    /// send completed, so the offer and the next send race.) Call once per send.
-    pub fn rtr_wait_begin(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
-        let eligible = buf.device.is_some() && buf.len > 0 && buf.len <= self.cfg.rtr_put_max;
-        let t = to as usize;
-        if !eligible || t >= self.rtr_late.len() || !self.rtr_late[t] || self.rtr_ready(to, tag, buf) {
-            return false;
-        }
-        if self.rtr_credit[t] == 0 {
-            self.rtr_probe[t] += 1;
-            if self.rtr_probe[t] < RTR_WAIT_PROBE {
-                return false;
-            }
-            self.rtr_probe[t] = 0;
-        }
-        true
+    /// Whether a send of `buf` to `to` is of the kind an RTR can carry: device memory, not
+    /// empty, at most `rtr_put_max` bytes, to another rank. The transport looks for
+    /// offers (and may wait for one) only for these.
+    pub fn rtr_eligible(&self, to: Rank, buf: &BufDesc) -> bool {
+        buf.device.is_some() && buf.len > 0 && buf.len <= self.cfg.rtr_put_max && to != self.cfg.rank && to < self.cfg.size
     }
 
-    /// Whether an offer this send can use is here.
-    pub fn rtr_ready(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
-        self.usable_rtr(to, tag, buf).is_some()
+    /// Whether an eligible send of `buf` with `tag` to `to` that finds no offer should
+    /// wait a moment for one, taking packets meanwhile until [`rtr_ready`](Self::rtr_ready),
+    /// and call [`rtr_wait_failed`](Self::rtr_wait_failed) if none comes: so when the
+    /// peer's last offer came just too late and waiting has paid off lately. (A blocking
+    /// ping-pong offers each receive only once its previous send completed, so the offer
+    /// and the next send race.) Call once per send.
+    pub fn rtr_wait_begin(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
+        if !self.rtr_eligible(to, buf) || !self.rtr[to as usize].late || self.rtr_ready(to, tag, buf) {
+            return false;
+        }
+        let p = &mut self.rtr[to as usize];
+        if p.credit == 0 {
+            p.probe += 1;
+            if p.probe < RTR_WAIT_PROBE {
+                return false;
+            }
+            p.probe = 0;
+        }
+        true
     }
 
     /// No offer came while the caller waited: it costs a credit, and no send waits again
     /// until an offer is late again.
     pub fn rtr_wait_failed(&mut self, to: Rank) {
-        if let (Some(l), Some(c)) = (self.rtr_late.get_mut(to as usize), self.rtr_credit.get_mut(to as usize)) {
-            *l = false;
-            *c = c.saturating_sub(1);
+        if let Some(p) = self.rtr.get_mut(to as usize) {
+            p.late = false;
+            p.credit = p.credit.saturating_sub(1);
         }
     }
 
-    /// Some if the peer's oldest live offer fits this send (it is then the front of the
-    /// queue); drops stale offers (for messages already sent) on the way.
-    fn usable_rtr(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> Option<()> {
-        let next = self.sent_msgs[to as usize];
-        let offers = &mut self.rtrs[to as usize];
-        while offers.front().is_some_and(|o| o.expect < next) {
-            offers.pop_front();
+    /// Whether the peer's oldest live offer fits this eligible send (it is then the front
+    /// of its queue); drops stale offers (for messages already sent) on the way.
+    pub fn rtr_ready(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> bool {
+        let Some(dev) = buf.device else { return false };
+        let p = &mut self.rtr[to as usize];
+        while p.offers.front().is_some_and(|o| o.expect < p.sent) {
+            p.offers.pop_front();
         }
-        let o = offers.front()?;
-        let dev = buf.device?;
-        let usable = o.expect == next
-            && o.tag == tag
-            && buf.len <= o.len
-            && buf.len <= self.cfg.rtr_put_max
-            && self.cfg.can_access(dev, o.dst.device);
-        usable.then_some(())
+        p.offers.front().is_some_and(|o| {
+            o.expect == p.sent && o.tag == tag && buf.len <= o.len && self.cfg.can_access(dev, o.dst.device)
+        })
     }
 
     /// The peer's RTR for the message this rank sends it next, if this send of `buf`
     /// with `tag` can use it.
     fn take_rtr(&mut self, to: Rank, tag: Tag, buf: &BufDesc) -> Option<RtrOffer> {
-        self.usable_rtr(to, tag, buf)?;
-        self.rtrs[to as usize].pop_front()
+        if self.rtr_eligible(to, buf) && self.rtr_ready(to, tag, buf) {
+            self.rtr[to as usize].offers.pop_front()
+        } else {
+            None
+        }
     }
 
     /// Sends `buf` by pushing it into the receive the peer offered: the copy first (it
@@ -627,9 +632,9 @@ impl Engine {
     /// in the order of this rank's messages to the peer.
     fn put_offered(&mut self, req: ReqId, msg: MsgId, to: Rank, tag: Tag, buf: BufDesc, offer: RtrOffer) {
         let dev = buf.device.expect("take_rtr checked");
-        let credit = &mut self.rtr_credit[to as usize];
-        *credit = (*credit + 1).min(RTR_WAIT_CREDIT);
-        self.sent_msgs[to as usize] += 1;
+        let p = &mut self.rtr[to as usize];
+        p.credit = (p.credit + 1).min(RTR_WAIT_CREDIT);
+        p.sent += 1;
         self.sends_to[to as usize] += 1;
         let pending = self.issue_range(
             CopyOwner::Send { msg, chunk: None },
@@ -824,7 +829,7 @@ impl Engine {
             return self.violation(from, format!("packet from rank {from} outside the job"));
         }
         if matches!(packet, Packet::Eager { .. } | Packet::Rts { .. } | Packet::RtrPut { .. }) {
-            self.arrived_msgs[from as usize] += 1;
+            self.rtr[from as usize].arrived += 1;
         }
         match packet {
             Packet::Eager { tag, payload, .. } => {
@@ -888,7 +893,7 @@ impl Engine {
             Packet::Rtr { recv, expect, tag, len, dst } => self.on_rtr(from, RtrOffer { recv, expect, tag, len, dst }),
             Packet::RtrPut { msg, tag, len, recv } => self.on_rtr_put(from, msg, tag, len, ReqId(recv)),
             Packet::RtrRevoke { recv } => {
-                self.rtrs[from as usize].retain(|o| o.recv != recv);
+                self.rtr[from as usize].offers.retain(|o| o.recv != recv);
                 self.send(from, Packet::RtrRevoked { recv });
             }
             Packet::RtrRevoked { recv } => {
@@ -915,20 +920,23 @@ impl Engine {
         // Mapped even when stale (the receive buffer is likely offered again, in time), by
         // a rank that sends this peer device memory.
         let alloc = Some((d.device, d.buffer_id));
-        if self.sends_device_to[from as usize] && self.offer_mapped[from as usize] != alloc {
-            self.offer_mapped[from as usize] = alloc;
+        let p = &mut self.rtr[from as usize];
+        let map = p.sends_device && p.mapped != alloc;
+        if map {
+            p.mapped = alloc;
+        }
+        if offer.expect < p.sent {
+            // That message went out already; if it was the last one, the offer was late.
+            p.late = offer.expect + 1 == p.sent;
+        } else {
+            if p.offers.len() == RTR_OFFERS_KEPT {
+                p.offers.pop_front();
+            }
+            p.offers.push_back(offer);
+        }
+        if map {
             self.emit(Action::MapPeer { peer: from, region: offer.dst });
         }
-        if offer.expect < self.sent_msgs[from as usize] {
-            // That message went out already; if it was the last one, the offer was late.
-            self.rtr_late[from as usize] = offer.expect + 1 == self.sent_msgs[from as usize];
-            return;
-        }
-        let offers = &mut self.rtrs[from as usize];
-        if offers.len() == RTR_OFFERS_KEPT {
-            offers.pop_front();
-        }
-        offers.push_back(offer);
     }
 
     /// The peer pushes its next message into a receive this rank offered.
@@ -1369,10 +1377,8 @@ impl Engine {
             return;
         }
         self.dead[peer as usize] = true;
-        self.rtrs[peer as usize].clear();
-        self.rtr_late[peer as usize] = false;
-        self.rtr_credit[peer as usize] = 0;
-        self.offer_mapped[peer as usize] = None;
+        // No offers from it or waits for them; its counts no longer matter.
+        self.rtr[peer as usize] = RtrPeer { credit: 0, ..RtrPeer::default() };
         self.offered.retain(|_, o| o.to != peer);
         let err = ProtoError::PeerFailed { rank: peer };
         let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();

@@ -392,19 +392,20 @@ impl Context {
             return Ok(Request(req.0));
         }
         let desc = self.describe(info, ptr, len, !eager)?;
-        if !eager && desc.device.is_some() && len as u64 <= self.engine.config().rtr_put_max && dst != self.rank() {
+        if !eager && self.engine.rtr_eligible(dst, &desc) {
             // An RTR the peer sent for this message may be waiting in its ring, or be
             // about to arrive (see `Engine::rtr_wait_begin`): pushing into it as soon as it
             // does beats an RTS, whose copy starts a ring hop and a match later.
             self.take_packets();
             if self.cfg.rtr_wait_ns > 0 && self.engine.rtr_wait_begin(dst, tag, &desc) {
                 let deadline = Instant::now() + Duration::from_nanos(self.cfg.rtr_wait_ns);
-                while !self.engine.rtr_ready(dst, tag, &desc) && Instant::now() < deadline {
+                while !self.engine.rtr_ready(dst, tag, &desc) {
+                    if Instant::now() >= deadline {
+                        self.engine.rtr_wait_failed(dst);
+                        break;
+                    }
                     std::hint::spin_loop();
                     self.take_packets();
-                }
-                if !self.engine.rtr_ready(dst, tag, &desc) {
-                    self.engine.rtr_wait_failed(dst);
                 }
             }
         }

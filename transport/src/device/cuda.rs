@@ -295,7 +295,7 @@ struct Device {
 /// A copy in flight. The newest copy on a stream has no event: it is finished when its
 /// stream is idle (`cuStreamQuery`), so a lone copy, the latency case, costs one driver
 /// call to issue rather than two. Issuing the next copy on that stream first records an
-/// event behind it (see [`Tickets::issue`]).
+/// event behind it (see `copy_async`).
 #[derive(Clone, Copy)]
 struct Pending {
     dev: DevId,
@@ -747,23 +747,20 @@ impl DeviceBackend for CudaBackend {
             ptr: ticket.0 as usize,
             expected: "a copy ticket in flight (already completed, or never issued)",
         })?;
-        // An idle stream means the copy is done even if a newer copy gave it an event
-        // meanwhile; a busy one may only mean that newer copy runs: ask again later.
-        let finished = match (pending.event, pending.stream) {
-            (None, None) => Ok(()),
-            (event, stream) => {
-                let _current = self.enter(pending.dev)?;
-                match (event, stream) {
-                    (Some(ev), _) => cu!(cuEventQuery(ev.0)),
-                    (None, Some(s)) => cu!(cuStreamQuery(s.0)),
-                    (None, None) => unreachable!("matched above"),
-                }
+        // A zero-length copy has no stream: nothing to wait for.
+        if let Some(stream) = pending.stream {
+            let _current = self.enter(pending.dev)?;
+            // An idle stream means the copy is done even if a newer copy gave it an event
+            // meanwhile; a busy one may only mean that newer copy runs: ask again later.
+            let finished = match pending.event {
+                Some(ev) => cu!(cuEventQuery(ev.0)),
+                None => cu!(cuStreamQuery(stream.0)),
+            };
+            match finished {
+                Ok(()) => {}
+                Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                Err(f) => return Err(f.into()),
             }
-        };
-        match finished {
-            Ok(()) => {}
-            Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
-            Err(f) => return Err(f.into()),
         }
         // Only the poller that removes the ticket recycles its event (the one it holds now:
         // a newer copy may have given it one since it was read): two threads polling the
