@@ -50,6 +50,28 @@ const _: () = assert!(INDEX_BYTES >= 16);
 /// Smallest slot: the header and 8 payload bytes.
 pub const MIN_SLOT_SIZE: usize = SLOT_HEADER + 8;
 
+/// Cache lines of a packet fetched ahead at once (its first line came with the stamp).
+const PREFETCH_LINES: usize = 8;
+
+/// Asks for the packet's lines after the first, up to [`PREFETCH_LINES`], before it is
+/// read: the producer's core holds each modified, and a reader walking them in order
+/// pays one cross-core miss after another (on 2x H200's host a 2-line packet took
+/// 0.22 us longer to hop than a 1-line one); fetched together, the misses overlap.
+#[inline(always)]
+fn prefetch_rest(slot: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let lines = bytes.div_ceil(64).min(PREFETCH_LINES + 1);
+        for i in 1..lines {
+            // SAFETY: a prefetch never faults, and slot + 64 * i stays inside the slot
+            // (i * 64 < bytes <= slot_size).
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(slot.add(64 * i).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (slot, bytes);
+}
+
 /// Errors of the packet ring.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -291,6 +313,7 @@ impl PacketRing {
                 self.head().store(head.wrapping_add(1), Ordering::Release);
                 return Err(RingError::CorruptLength { index: head, len, max });
             }
+            prefetch_rest(slot, SLOT_HEADER + len as usize);
             f(std::slice::from_raw_parts(slot.add(SLOT_HEADER), len as usize))
         };
         // Release: our reads of the slot are done before the producer can see it free and
