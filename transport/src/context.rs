@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use gpulmt_handles::{CacheLimits, ExportCache, FreeCommit, FreeMarks, HandleCache};
 use gpulmt_protocols::engine::{BufDesc, Engine, EngineConfig};
 use gpulmt_protocols::policy::{PolicyConfig, Protocol, ProtocolOverride};
-use gpulmt_protocols::wire::{Packet, Region};
+use gpulmt_protocols::wire::{Packet, Region, RegionMemo};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
 use crate::anatomy::{self, Point};
@@ -128,6 +128,10 @@ pub struct Context {
     /// Views of the rings from each peer to us and from us to each peer.
     pub(crate) rx: Vec<PacketRing>,
     pub(crate) tx: Vec<PacketRing>,
+    /// Per peer, each ring end's memory of the last region it carried in full, so that
+    /// a region of the same allocation crosses in one cache line (see `RegionMemo`).
+    pub(crate) rx_memo: Vec<RegionMemo>,
+    pub(crate) tx_memo: Vec<RegionMemo>,
     pub(crate) stats: Stats,
     pub(crate) free_marks: FreeMarks<u64>,
     /// Buffer id -> address of allocations made through `mem_alloc`.
@@ -264,6 +268,8 @@ impl Context {
             polls_since_liveness: 0,
             rx,
             tx,
+            rx_memo: vec![RegionMemo::default(); n],
+            tx_memo: vec![RegionMemo::default(); n],
             stats: Stats::default(),
             free_marks: FreeMarks::new(),
             allocations: HashMap::default(),

@@ -113,7 +113,7 @@ impl Context {
                         return None;
                     }
                 }
-                Some(Packet::decode(bytes))
+                Some(Packet::decode_with(bytes, Some(&mut self.rx_memo[from])))
             });
             match popped {
                 Ok(None) => break,
@@ -231,9 +231,11 @@ impl Context {
     /// full or packets are already waiting for it.
     pub(crate) fn send_eager_in_place(&mut self, to: Rank, msg: u64, tag: i32, payload: &[u8]) {
         let hdr = gpulmt_protocols::wire::eager_overhead();
-        let pushed = self.try_push_direct(to as usize, hdr + payload.len(), |slot| {
-            gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
-            slot[hdr..].copy_from_slice(payload);
+        let pushed = self.direct_ring(to as usize).map_or(Ok(false), |ring| {
+            ring.try_push_with(hdr + payload.len(), |slot| {
+                gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
+                slot[hdr..].copy_from_slice(payload);
+            })
         });
         if let Ok(true) = pushed {
             anatomy::mark(Point::PacketOut, 1);
@@ -243,19 +245,11 @@ impl Context {
         self.send_packet(to, Packet::Eager { msg, tag, payload: payload.to_vec() });
     }
 
-    /// Writes a packet of `len` bytes straight into the ring to rank `t` when the
-    /// rings carry the control path and nothing waits ahead of it in the outbox;
-    /// `Ok(false)` when it must be queued instead (ring full, outbox busy, plugin).
-    fn try_push_direct(
-        &mut self,
-        t: usize,
-        len: usize,
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<bool, crate::shm::ring::RingError> {
-        if !self.outbox[t].is_empty() || self.channel.is_some() {
-            return Ok(false);
-        }
-        self.tx[t].try_push_with(len, fill)
+    /// The ring to rank `t` when a packet may be written straight into it: the rings
+    /// carry the control path (no plugin channel) and nothing waits ahead of it in the
+    /// outbox. None when it must be queued instead (as when the ring is full).
+    fn direct_ring(&self, t: usize) -> Option<crate::shm::ring::PacketRing> {
+        (self.outbox[t].is_empty() && self.channel.is_none()).then(|| self.tx[t])
     }
 
     /// Writes an eager payload (already cut to the buffer's length) into a
@@ -312,10 +306,17 @@ impl Context {
         self.stats.packets_sent += 1;
         let t = to as usize;
         let mut kind = 0;
-        match self.try_push_direct(t, p.encoded_len(), |slot| {
-            p.encode(slot);
-            kind = slot[1];
-        }) {
+        // The ring's ends keep region memos: every packet to `t` is encoded with its memo,
+        // in ring order (the outbox keeps that order), and decoded so by `drain_ring`.
+        let direct = self.direct_ring(t);
+        let memo = &mut self.tx_memo[t];
+        let pushed = direct.map_or(Ok(false), |ring| {
+            ring.try_push_with(p.encoded_len_with(Some(memo)), |slot| {
+                p.encode_with(slot, Some(memo));
+                kind = slot[1];
+            })
+        });
+        match pushed {
             Ok(true) => return anatomy::mark(Point::PacketOut, kind),
             Ok(false) => {}
             Err(e) => {
@@ -326,7 +327,7 @@ impl Context {
             }
         }
         self.stats.backpressure += 1;
-        self.outbox[t].push_back(p.to_vec());
+        self.outbox[t].push_back(p.to_vec_with(Some(&mut self.tx_memo[t])));
         self.outbox_len += 1;
     }
 
