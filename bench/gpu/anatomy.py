@@ -14,7 +14,10 @@ shows there, apart from the other.
 import csv
 import sys
 
-SEND_POST, RECV_POST, PACKET_IN, PACKET_OUT, COPY_ISSUE, COPY_ISSUED, COPY_DONE, COMPLETED = range(1, 9)
+SEND_POST, RECV_POST, PACKET_IN, PACKET_OUT, COPY_ISSUE, COPY_ISSUED, COPY_DONE, COMPLETED, PROBE = range(1, 10)
+# Args of PROBE (transport/src/anatomy.rs, mod probe).
+RECV_CLASSIFIED, RECV_DESCRIBED, RECV_POSTED, SEND_OFFER_WAITED, SEND_POSTED = range(1, 6)
+PACKET_HANDLED = 100
 RTS, DONE, RTR = 2, 5, 11
 
 # (name, whose: 'x' = the rank whose copy just finished, 'y' = the other, point, arg or None)
@@ -38,11 +41,17 @@ RTR_STEPS = [
     ("x: DONE written to the ring", "x", PACKET_OUT, DONE),
     ("x: send completed", "x", COMPLETED, None),
     ("x: irecv entered", "x", RECV_POST, None),
+    ("x: irecv: buffer classified", "x", PROBE, RECV_CLASSIFIED),
+    ("x: irecv: buffer described", "x", PROBE, RECV_DESCRIBED),
+    ("x: irecv: engine posted it", "x", PROBE, RECV_POSTED),
     ("x: RTR written to the ring", "x", PACKET_OUT, RTR),
     ("y: DONE taken from the ring", "y", PACKET_IN, DONE),
     ("y: receive completed", "y", COMPLETED, None),
     ("y: isend entered", "y", SEND_POST, None),
     ("y: RTR taken from the ring", "y", PACKET_IN, RTR),
+    ("y: RTR handled", "y", PROBE, PACKET_HANDLED),
+    ("y: isend: offer wait over", "y", PROBE, SEND_OFFER_WAITED),
+    ("y: isend: engine posted it", "y", PROBE, SEND_POSTED),
     ("y: copy issue begins", "y", COPY_ISSUE, None),
     ("y: copy issued (driver call returned)", "y", COPY_ISSUED, None),
     ("y: copy seen finished (next leg starts)", "y", COPY_DONE, None),
@@ -95,13 +104,19 @@ def main():
         polls.append(ev[b][3])
         kind = flow(ev, a, b, 1 - x)
         row = []
+        # Each rank's steps are in its time order: a step is looked for after that
+        # rank's previous one (a probe recurs within a leg, e.g. after every packet).
+        after = {x: a + 1, 1 - x: a + 1}
         for name, whose, point, arg in STEPS if kind == "get" else RTR_STEPS:
             rank = x if whose == "x" else 1 - x
             hit = next(
-                (e for e in ev[a + 1 : b + 1] if e[1] == rank and e[2] == point and (arg is None or e[3] == arg)),
+                (i for i in range(after[rank], b + 1)
+                 if ev[i][1] == rank and ev[i][2] == point and (arg is None or ev[i][3] == arg)),
                 None,
             )
-            row.append(None if hit is None else (hit[0] - t0) / 1e3)
+            if hit is not None:
+                after[rank] = hit + 1
+            row.append(None if hit is None else (ev[hit][0] - t0) / 1e3)
         if all(r is not None for r in row):
             legs[kind].append(row)
     print("step,median_us_after_start,median_us_after_previous_step,legs")

@@ -28,6 +28,21 @@ pub enum Point {
     CopyDone = 7,
     /// A request's completion was handed to the application.
     Completed = 8,
+    /// A step inside a call (arg: which, see [`probe`]).
+    Probe = 9,
+}
+
+/// Args of [`Point::Probe`]: steps inside `irecv` and `isend`, and a packet handled.
+pub mod probe {
+    /// irecv: the buffer classified; described (exported); the engine posted it.
+    pub const RECV_CLASSIFIED: u8 = 1;
+    pub const RECV_DESCRIBED: u8 = 2;
+    pub const RECV_POSTED: u8 = 3;
+    /// isend: the wait for an RTR offer is over; the engine posted the send.
+    pub const SEND_OFFER_WAITED: u8 = 4;
+    pub const SEND_POSTED: u8 = 5;
+    /// A packet taken from a ring was handled (engine and actions).
+    pub const PACKET_HANDLED: u8 = 100;
 }
 
 #[cfg(feature = "anatomy")]

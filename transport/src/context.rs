@@ -18,7 +18,7 @@ use gpulmt_protocols::policy::{PolicyConfig, Protocol, ProtocolOverride};
 use gpulmt_protocols::wire::{Packet, Region, RegionMemo};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
-use crate::anatomy::{self, Point};
+use crate::anatomy::{self, probe, Point};
 use crate::config::Config;
 use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, PointerInfo};
 use crate::error::{Error, Result};
@@ -414,6 +414,7 @@ impl Context {
                     self.take_packets();
                 }
             }
+            anatomy::mark(Point::Probe, probe::SEND_OFFER_WAITED);
         }
         let payload = if eager {
             let mut v = vec![0u8; len];
@@ -430,6 +431,7 @@ impl Context {
         let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
         let req = self.new_request(ptr, len, kind, span);
         self.engine.post_send(req, dst, tag, desc, payload);
+        anatomy::mark(Point::Probe, probe::SEND_POSTED);
         self.run_actions();
         self.progress_on_post();
         Ok(Request(req.0))
@@ -458,11 +460,14 @@ impl Context {
         // Export only buffers that PUT/COOPERATE could write: rendezvous sized.
         let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit);
         let info = self.classify(ptr, len)?;
+        anatomy::mark(Point::Probe, probe::RECV_CLASSIFIED);
         let kind = info.kind;
         let desc = self.describe(info, ptr, len, export)?;
+        anatomy::mark(Point::Probe, probe::RECV_DESCRIBED);
         let span = tracing::debug_span!("recv", from = ?src, tag = ?tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
         let req = self.new_request(ptr, len, kind, span);
         self.engine.post_recv(req, src, tag, desc);
+        anatomy::mark(Point::Probe, probe::RECV_POSTED);
         self.run_actions();
         Ok(Request(req.0))
     }
