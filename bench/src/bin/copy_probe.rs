@@ -7,7 +7,8 @@
 //! source's engine (push) and the destination's (pull), completed by stream synchronize,
 //! stream query, event query, event synchronize and a completion word the stream writes into
 //! pinned host memory (`cuStreamWriteValue32`; on 2x H200 it cost 0.4-7 us more than an event
-//! query, so gpulmt polls events); gpulmt's own `copy_async` + `copy_poll`;
+//! query, so gpulmt polls events); the cost of each call alone, and of each query of a
+//! poll loop (the one that finds the copy done apart); gpulmt's own `copy_async` + `copy_poll`;
 //! and a pull from an IPC mapping opened in a second process, which is what a GET does;
 //! and the same GET driven by the *source's* engine from the receiving process (the mapping
 //! opened in the source device's context, the copy on a stream of that device: a push
@@ -154,7 +155,99 @@ fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
             ck("cuEventQuery", sys::cuEventQuery(d.event));
             query_done.push(x.elapsed().as_secs_f64() * 1e6);
         }
-        for (name, mut v) in [("call_memcpyasync", issue), ("call_eventrecord", record), ("call_eventquery_done", query_done)] {
+        // A poll loop's queries, each timed: the one that finds the copy done (what a
+        // completion waits for after the copy has landed), the ones before it, and when,
+        // after the copy's issue returned, the successful one began.
+        let mut ready = Vec::with_capacity(REPS);
+        let mut not_ready = Vec::with_capacity(REPS * 32);
+        let mut ready_begins = Vec::with_capacity(REPS);
+        for _ in 0..REPS {
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            let issued = Instant::now();
+            loop {
+                let x = Instant::now();
+                let r = sys::cuStreamQuery(d.stream);
+                let took = x.elapsed().as_secs_f64() * 1e6;
+                match r {
+                    CUresult::CUDA_SUCCESS => {
+                        ready.push(took);
+                        ready_begins.push((x - issued).as_secs_f64() * 1e6);
+                        break;
+                    }
+                    CUresult::CUDA_ERROR_NOT_READY => not_ready.push(took),
+                    r => ck("cuStreamQuery", r),
+                }
+            }
+        }
+        let mut ev_ready = Vec::with_capacity(REPS);
+        let mut ev_not_ready = Vec::with_capacity(REPS * 32);
+        for _ in 0..REPS {
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            ck("cuEventRecord", sys::cuEventRecord(d.event, d.stream));
+            loop {
+                let x = Instant::now();
+                let r = sys::cuEventQuery(d.event);
+                let took = x.elapsed().as_secs_f64() * 1e6;
+                match r {
+                    CUresult::CUDA_SUCCESS => {
+                        ev_ready.push(took);
+                        break;
+                    }
+                    CUresult::CUDA_ERROR_NOT_READY => ev_not_ready.push(took),
+                    r => ck("cuEventQuery", r),
+                }
+            }
+        }
+        // Completion seen through cuEventElapsedTime between a timed event long complete
+        // and a timed event recorded behind the copy: NOT_READY until the copy is done.
+        let (mut t0, mut t1) = (ptr::null_mut(), ptr::null_mut());
+        ck("cuEventCreate", sys::cuEventCreate(&mut t0, sys::CUevent_flags::CU_EVENT_DEFAULT as c_uint));
+        ck("cuEventCreate", sys::cuEventCreate(&mut t1, sys::CUevent_flags::CU_EVENT_DEFAULT as c_uint));
+        ck("cuEventRecord", sys::cuEventRecord(t0, d.stream));
+        ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream));
+        let mut el_ready = Vec::with_capacity(REPS);
+        let mut el_not_ready = Vec::with_capacity(REPS * 32);
+        let mut el_record = Vec::with_capacity(REPS);
+        let mut el_total = Vec::with_capacity(REPS);
+        for _ in 0..REPS {
+            let start = Instant::now();
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
+            let x = Instant::now();
+            ck("cuEventRecord", sys::cuEventRecord(t1, d.stream));
+            el_record.push(x.elapsed().as_secs_f64() * 1e6);
+            loop {
+                let x = Instant::now();
+                let mut ms = 0f32;
+                let r = sys::cuEventElapsedTime_v2(&mut ms, t0, t1);
+                let took = x.elapsed().as_secs_f64() * 1e6;
+                match r {
+                    CUresult::CUDA_SUCCESS => {
+                        el_ready.push(took);
+                        break;
+                    }
+                    CUresult::CUDA_ERROR_NOT_READY => el_not_ready.push(took),
+                    r => ck("cuEventElapsedTime", r),
+                }
+            }
+            el_total.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        for e in [t0, t1] {
+            ck("cuEventDestroy", sys::cuEventDestroy_v2(e));
+        }
+        for (name, mut v) in [
+            ("memcpy_elapsedtime_total", el_total),
+            ("call_eventrecord_timed", el_record),
+            ("call_elapsedtime_ready", el_ready),
+            ("call_elapsedtime_not_ready", el_not_ready),
+            ("call_eventquery_ready", ev_ready),
+            ("call_eventquery_not_ready", ev_not_ready),
+            ("call_memcpyasync", issue),
+            ("call_eventrecord", record),
+            ("call_eventquery_done", query_done),
+            ("call_streamquery_ready", ready),
+            ("call_streamquery_not_ready", not_ready),
+            ("streamquery_ready_begins_after_issue", ready_begins),
+        ] {
             let mean = v.iter().sum::<f64>() / v.len() as f64;
             v.sort_by(f64::total_cmp);
             println!("copy_probe,{tag}_{name},{:.3},{mean:.3},{:.3}", v[v.len() / 2], v[v.len() * 9 / 10]);
@@ -180,6 +273,24 @@ fn main() {
             std::process::exit(1);
         }
     };
+    // COPY_PROBE_SCHED=spin|yield|blocking|auto: the primary contexts' scheduling flag
+    // (before anything retains them), to see whether it changes what a query costs.
+    if let Ok(sched) = std::env::var("COPY_PROBE_SCHED") {
+        let flag = match sched.as_str() {
+            "spin" => sys::CUctx_flags::CU_CTX_SCHED_SPIN,
+            "yield" => sys::CUctx_flags::CU_CTX_SCHED_YIELD,
+            "blocking" => sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC,
+            _ => sys::CUctx_flags::CU_CTX_SCHED_AUTO,
+        };
+        for ordinal in 0..b.device_count() as i32 {
+            unsafe {
+                let mut cu = 0;
+                ck("cuDeviceGet", sys::cuDeviceGet(&mut cu, ordinal));
+                ck("cuDevicePrimaryCtxSetFlags", sys::cuDevicePrimaryCtxSetFlags_v2(cu, flag as c_uint));
+            }
+        }
+        println!("copy_probe,sched,{sched},,");
+    }
     if let Ok(hex) = std::env::var(CHILD_ENV) {
         return child(&b, &hex, len);
     }
