@@ -40,25 +40,43 @@ impl Region {
     }
 }
 
-/// One end's memory of the last region that crossed one ordered channel (one direction
-/// of one pair's ring) in full. A region of the same allocation then crosses as its
-/// buffer id and offset, 17 bytes instead of 101: an RTR or RTS fits one cache line,
-/// and every further line of a packet costs its hop a cross-core miss (0.2 us on 2x
-/// H200's host). Both ends update their memo packet by packet in channel order, so they
-/// agree; the buffer id in the short form guards the rest (a memo that disagrees makes
-/// the packet undecodable, never maps another allocation). Channels that do not keep
-/// order, or whose ends keep no memo, encode and decode with `None`: always in full.
+/// One end's memory of the last [`MEMO_SLOTS`] allocations whose regions crossed one
+/// ordered channel (one direction of one pair's ring) in full. A region of a remembered
+/// allocation then crosses as its buffer id and offset, 17 bytes instead of 101: an RTR or
+/// RTS fits one cache line. Several slots because one direction carries the sender's
+/// buffers (RTS) and the receiver's (CTS, RTR) in turn. Both ends update their memo packet
+/// by packet in channel order (a full region takes the oldest slot), so they agree; the
+/// buffer id in the short form guards the rest (a memo that disagrees makes the packet
+/// undecodable, never maps another allocation). Channels that do not keep order, or whose
+/// ends keep no memo, encode and decode with `None`: always in full.
 #[derive(Clone, Debug, Default)]
 pub struct RegionMemo {
-    last: Option<Region>,
+    slots: [Option<Region>; MEMO_SLOTS],
+    /// The slot the next full region takes.
+    next: usize,
 }
 
+/// Allocations a [`RegionMemo`] remembers.
+pub const MEMO_SLOTS: usize = 4;
+
 impl RegionMemo {
-    /// Whether `r` lies in the allocation of the last full region.
+    /// Whether `r` lies in a remembered allocation.
     fn knows(&self, r: &Region) -> bool {
-        self.last.as_ref().is_some_and(|m| {
-            (m.buffer_id, m.handle, m.alloc_size, m.device, m.node) == (r.buffer_id, r.handle, r.alloc_size, r.device, r.node)
+        self.slots.iter().flatten().any(|m| {
+            m.buffer_id == r.buffer_id
+                && (m.handle, m.alloc_size, m.device, m.node) == (r.handle, r.alloc_size, r.device, r.node)
         })
+    }
+
+    /// The remembered allocation with this buffer id.
+    fn find(&self, buffer_id: u64) -> Option<Region> {
+        self.slots.iter().flatten().find(|m| m.buffer_id == buffer_id).copied()
+    }
+
+    /// Remembers a region that crossed in full, in place of the oldest.
+    fn learn(&mut self, r: Region) {
+        self.slots[self.next] = Some(r);
+        self.next = (self.next + 1) % MEMO_SLOTS;
     }
 }
 
@@ -551,7 +569,7 @@ impl Writer<'_> {
                 self.u64(r.offset);
                 return;
             }
-            memo.last = Some(*r);
+            memo.learn(*r);
         }
         self.u8(REGION_FULL);
         self.bytes(&r.handle);
@@ -621,7 +639,7 @@ impl<'a> Reader<'a> {
                     buffer_id: self.u64()?,
                 };
                 if let Some(memo) = self.memo.as_deref_mut() {
-                    memo.last = Some(r);
+                    memo.learn(r);
                 }
                 r
             }
@@ -629,7 +647,7 @@ impl<'a> Reader<'a> {
                 let (buffer_id, offset) = (self.u64()?, self.u64()?);
                 // Without a memo, or one of another allocation, the short form names
                 // nothing this end knows.
-                let known = self.memo.as_deref().and_then(|m| m.last).filter(|m| m.buffer_id == buffer_id);
+                let known = self.memo.as_deref().and_then(|m| m.find(buffer_id));
                 let last = known.ok_or(DecodeError::Field { field: "region.buffer_id", value: buffer_id })?;
                 Region { offset, ..last }
             }
@@ -755,30 +773,40 @@ mod tests {
     }
 
     #[test]
-    fn memo_shortens_regions_of_the_last_allocation_and_both_ends_agree() {
+    fn memo_shortens_regions_of_remembered_allocations_and_both_ends_agree() {
         let (mut tx, mut rx) = (RegionMemo::default(), RegionMemo::default());
         let rtr = |dst| Packet::Rtr { recv: 5, expect: 12, tag: -1, len: 8, dst };
+        let rts = |src| Packet::Rts { msg: 1, tag: 2, len: 3, src: MemDesc::Device(src) };
         let full = rtr(alloc_region(1, 0)).encoded_len();
+        let full_rts = rts(alloc_region(1, 0)).encoded_len();
         // (packet, whether its region crosses in short form)
         let seq = [
             (rtr(alloc_region(1, 0)), false),
             (rtr(alloc_region(1, 64)), true),
-            (Packet::Rts { msg: 1, tag: 2, len: 3, src: MemDesc::Device(alloc_region(1, 128)) }, true),
+            (rts(alloc_region(1, 128)), true),
             (Packet::Cts { msg: 1, mode: CtsMode::Put, dst: Some(alloc_region(2, 0)), split: 0 }, false),
             (rtr(alloc_region(2, 8)), true),
             (Packet::Done { msg: 1, dir: Dir::ToSender }, false),
+            // Both allocations stay remembered: a send buffer and a receive buffer in turn.
+            (rtr(alloc_region(1, 0)), true),
+            (rts(alloc_region(2, 4)), true),
+            (rts(alloc_region(3, 0)), false),
+            (rtr(alloc_region(4, 0)), false),
+            // A fifth allocation takes the oldest slot (allocation 1's).
+            (rtr(alloc_region(5, 0)), false),
+            (rtr(alloc_region(2, 0)), true),
             (rtr(alloc_region(1, 0)), false),
-            (Packet::Cts { msg: 2, mode: CtsMode::Coop, dst: Some(alloc_region(1, 4)), split: 1 }, true),
         ];
         for (p, short) in seq {
             let (len, got) = hop(&p, &mut tx, &mut rx);
             assert_eq!(got.as_ref(), Ok(&p));
-            if matches!(p, Packet::Rtr { .. }) {
-                assert_eq!(len < full, short, "{p:?}");
+            match p {
+                Packet::Rtr { .. } => assert_eq!(len < full, short, "{p:?}"),
+                Packet::Rts { .. } => assert_eq!(len < full_rts, short, "{p:?}"),
+                _ => {}
             }
         }
         // A short RTR and its ring slot header fit one cache line.
-        let _ = hop(&rtr(alloc_region(3, 0)), &mut tx, &mut rx);
         let (len, _) = hop(&rtr(alloc_region(3, 512)), &mut tx, &mut rx);
         assert!(len + 8 <= 64, "short RTR is {len} bytes");
     }
@@ -796,7 +824,8 @@ mod tests {
         let _ = Packet::decode_with(&Packet::Rtr { recv: 1, expect: 0, tag: 0, len: 8, dst: alloc_region(2, 0) }.to_vec(), Some(&mut other));
         assert_eq!(Packet::decode_with(&short, Some(&mut other)), bad_id);
         // An offset past the remembered allocation is refused as in the full form.
-        let mut rx = RegionMemo { last: Some(alloc_region(1, 0)) };
+        let mut rx = RegionMemo::default();
+        rx.learn(alloc_region(1, 0));
         let past = Packet::Rtr { recv: 2, expect: 1, tag: 0, len: 8, dst: alloc_region(1, (1 << 20) + 1) }.to_vec_with(Some(&mut tx));
         assert!(matches!(Packet::decode_with(&past, Some(&mut rx)), Err(DecodeError::Field { field: "region.offset", .. })));
         let mut v = short.clone();
@@ -816,12 +845,12 @@ mod tests {
         }
 
         /// Any sequence of packets with regions of a few allocations crosses a memo pair
-        /// unchanged, each region short exactly when the previous full one was of its
-        /// allocation.
+        /// unchanged, each region short exactly when its allocation is among the last
+        /// MEMO_SLOTS that crossed in full.
         #[test]
-        fn memo_pairs_carry_any_sequence(seq in proptest::collection::vec((0u8..4, 0u8..3, 0u64..4096), 1..40)) {
+        fn memo_pairs_carry_any_sequence(seq in proptest::collection::vec((0u8..4, 0u8..7, 0u64..4096), 1..60)) {
             let (mut tx, mut rx) = (RegionMemo::default(), RegionMemo::default());
-            let mut last_full: Option<u8> = None;
+            let mut fulls: Vec<u8> = Vec::new();
             for (kind, alloc, offset) in seq {
                 let r = alloc_region(alloc, offset);
                 let p = match kind {
@@ -833,9 +862,11 @@ mod tests {
                 let (len, got) = hop(&p, &mut tx, &mut rx);
                 prop_assert_eq!(got, Ok(p.clone()));
                 if kind < 3 {
-                    let short = last_full == Some(alloc);
+                    let short = fulls.iter().rev().take(MEMO_SLOTS).any(|&a| a == alloc);
                     prop_assert_eq!(len < p.encoded_len(), short);
-                    last_full = Some(alloc);
+                    if !short {
+                        fulls.push(alloc);
+                    }
                 }
             }
         }
