@@ -103,6 +103,24 @@ fn spin_event(e: sys::CUevent) {
     }
 }
 
+/// Calls `query` until it answers success, timing each call: the successful one's time
+/// goes to `ready`, the others' to `not_ready`. Returns when the successful one began.
+fn timed_poll(what: &str, mut query: impl FnMut() -> CUresult, ready: &mut Vec<f64>, not_ready: &mut Vec<f64>) -> Instant {
+    loop {
+        let x = Instant::now();
+        let r = query();
+        let took = x.elapsed().as_secs_f64() * 1e6;
+        match r {
+            CUresult::CUDA_SUCCESS => {
+                ready.push(took);
+                return x;
+            }
+            CUresult::CUDA_ERROR_NOT_READY => not_ready.push(took),
+            r => ck(what, r),
+        }
+    }
+}
+
 /// Copy-then-complete variants on `d`'s stream, `d`'s context current.
 fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
     let (dst, src) = (dst as CUdeviceptr, src as CUdeviceptr);
@@ -164,39 +182,15 @@ fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
         for _ in 0..REPS {
             ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
             let issued = Instant::now();
-            loop {
-                let x = Instant::now();
-                let r = sys::cuStreamQuery(d.stream);
-                let took = x.elapsed().as_secs_f64() * 1e6;
-                match r {
-                    CUresult::CUDA_SUCCESS => {
-                        ready.push(took);
-                        ready_begins.push((x - issued).as_secs_f64() * 1e6);
-                        break;
-                    }
-                    CUresult::CUDA_ERROR_NOT_READY => not_ready.push(took),
-                    r => ck("cuStreamQuery", r),
-                }
-            }
+            let began = timed_poll("cuStreamQuery", || sys::cuStreamQuery(d.stream), &mut ready, &mut not_ready);
+            ready_begins.push((began - issued).as_secs_f64() * 1e6);
         }
         let mut ev_ready = Vec::with_capacity(REPS);
         let mut ev_not_ready = Vec::with_capacity(REPS * 32);
         for _ in 0..REPS {
             ck("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, d.stream));
             ck("cuEventRecord", sys::cuEventRecord(d.event, d.stream));
-            loop {
-                let x = Instant::now();
-                let r = sys::cuEventQuery(d.event);
-                let took = x.elapsed().as_secs_f64() * 1e6;
-                match r {
-                    CUresult::CUDA_SUCCESS => {
-                        ev_ready.push(took);
-                        break;
-                    }
-                    CUresult::CUDA_ERROR_NOT_READY => ev_not_ready.push(took),
-                    r => ck("cuEventQuery", r),
-                }
-            }
+            timed_poll("cuEventQuery", || sys::cuEventQuery(d.event), &mut ev_ready, &mut ev_not_ready);
         }
         // Completion seen through cuEventElapsedTime between a timed event long complete
         // and a timed event recorded behind the copy: NOT_READY until the copy is done.
@@ -215,20 +209,8 @@ fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
             let x = Instant::now();
             ck("cuEventRecord", sys::cuEventRecord(t1, d.stream));
             el_record.push(x.elapsed().as_secs_f64() * 1e6);
-            loop {
-                let x = Instant::now();
-                let mut ms = 0f32;
-                let r = sys::cuEventElapsedTime_v2(&mut ms, t0, t1);
-                let took = x.elapsed().as_secs_f64() * 1e6;
-                match r {
-                    CUresult::CUDA_SUCCESS => {
-                        el_ready.push(took);
-                        break;
-                    }
-                    CUresult::CUDA_ERROR_NOT_READY => el_not_ready.push(took),
-                    r => ck("cuEventElapsedTime", r),
-                }
-            }
+            let mut ms = 0f32;
+            timed_poll("cuEventElapsedTime", || sys::cuEventElapsedTime_v2(&mut ms, t0, t1), &mut el_ready, &mut el_not_ready);
             el_total.push(start.elapsed().as_secs_f64() * 1e6);
         }
         for e in [t0, t1] {
