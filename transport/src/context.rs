@@ -128,8 +128,8 @@ pub struct Context {
     /// Views of the rings from each peer to us and from us to each peer.
     pub(crate) rx: Vec<PacketRing>,
     pub(crate) tx: Vec<PacketRing>,
-    /// Per peer, each ring end's memory of the last region it carried in full, so that
-    /// a region of the same allocation crosses in one cache line (see `RegionMemo`).
+    /// Per peer, each ring end's memory of the allocations whose regions it carried in
+    /// full, so that a later region of one crosses in one cache line (see `RegionMemo`).
     pub(crate) rx_memo: Vec<RegionMemo>,
     pub(crate) tx_memo: Vec<RegionMemo>,
     pub(crate) stats: Stats,
