@@ -43,9 +43,10 @@ impl Region {
 /// One end's memory of the last [`MEMO_SLOTS`] allocations whose regions crossed one
 /// ordered channel (one direction of one pair's ring) in full. A region of a remembered
 /// allocation then crosses as its buffer id and offset, 17 bytes instead of 101: an RTR or
-/// RTS fits one cache line. Several slots because one direction carries the sender's
-/// buffers (RTS) and the receiver's (CTS, RTR) in turn. Both ends update their memo packet
-/// by packet in channel order (a full region takes the oldest slot), so they agree; the
+/// RTS fits one cache line. Every region on a channel is a buffer of its sending rank;
+/// several slots because that rank's send buffers (its RTSs) and receive buffers (its
+/// CTSs and RTRs) cross in turn. Both ends update their memo packet by packet in channel
+/// order (a full region takes its buffer id's slot, else the oldest), so they agree; the
 /// buffer id in the short form guards the rest (a memo that disagrees makes the packet
 /// undecodable, never maps another allocation). Channels that do not keep order, or whose
 /// ends keep no memo, encode and decode with `None`: always in full.
@@ -62,9 +63,13 @@ pub const MEMO_SLOTS: usize = 4;
 impl RegionMemo {
     /// Whether `r` lies in a remembered allocation.
     fn knows(&self, r: &Region) -> bool {
+        // Field by field, the buffer id first: no copies of the handle on the send path.
         self.slots.iter().flatten().any(|m| {
             m.buffer_id == r.buffer_id
-                && (m.handle, m.alloc_size, m.device, m.node) == (r.handle, r.alloc_size, r.device, r.node)
+                && m.alloc_size == r.alloc_size
+                && m.device == r.device
+                && m.node == r.node
+                && m.handle == r.handle
         })
     }
 
@@ -73,8 +78,14 @@ impl RegionMemo {
         self.slots.iter().flatten().find(|m| m.buffer_id == buffer_id).copied()
     }
 
-    /// Remembers a region that crossed in full, in place of the oldest.
+    /// Remembers a region that crossed in full: in place of one with its buffer id (ids
+    /// never repeat for a correct peer, but the two ends must never hold two entries for
+    /// one id), else of the oldest.
     fn learn(&mut self, r: Region) {
+        if let Some(same) = self.slots.iter_mut().flatten().find(|m| m.buffer_id == r.buffer_id) {
+            *same = r;
+            return;
+        }
         self.slots[self.next] = Some(r);
         self.next = (self.next + 1) % MEMO_SLOTS;
     }
@@ -832,6 +843,22 @@ mod tests {
         let form_at = v.len() - 17;
         v[form_at] = 7;
         assert_eq!(Packet::decode_with(&v, Some(&mut rx)), Err(DecodeError::Field { field: "region.form", value: 7 }));
+    }
+
+    #[test]
+    fn a_changed_region_under_a_known_buffer_id_replaces_it() {
+        let (mut tx, mut rx) = (RegionMemo::default(), RegionMemo::default());
+        let rtr = |dst| Packet::Rtr { recv: 1, expect: 0, tag: 0, len: 8, dst };
+        let old = alloc_region(1, 0);
+        let new = Region { handle: [0xee; HANDLE_BYTES], alloc_size: 4096, ..old };
+        let full = rtr(old).encoded_len();
+        for (r, short) in [(old, false), (new, false), (Region { offset: 8, ..new }, true)] {
+            let (len, got) = hop(&rtr(r), &mut tx, &mut rx);
+            assert_eq!(got, Ok(rtr(r)), "decoded from the entry that replaced the old one");
+            assert_eq!(len < full, short);
+        }
+        assert_eq!(tx.slots.iter().flatten().count(), 1);
+        assert_eq!(rx.slots.iter().flatten().count(), 1);
     }
 
     proptest! {
