@@ -314,9 +314,11 @@ impl Context {
         let direct = self.direct_ring(t);
         let memo = &mut self.tx_memo[t];
         let pushed = direct.map_or(Ok(false), |ring| {
-            ring.try_push_with(p.encoded_len_with(Some(memo)), |slot| {
-                p.encode_with(slot, Some(memo));
+            // The full form's length bounds what the memo may shorten.
+            ring.try_push_upto(p.encoded_len(), |slot| {
+                let n = p.encode_with(slot, Some(memo));
                 kind = slot[1];
+                n
             })
         });
         match pushed {

@@ -248,7 +248,19 @@ impl PacketRing {
     /// intermediate copy). `fill` is called only if there is room; `Ok(false)` if full.
     /// If `fill` panics nothing is published.
     pub fn try_push_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<bool, RingError> {
-        let max = self.max_payload();
+        self.try_push_upto(len, |slot| {
+            fill(slot);
+            len
+        })
+    }
+
+    /// Pushes a packet of at most `max_len` bytes that `fill` writes in place and whose
+    /// length it returns: for encoders that learn the length by encoding.
+    ///
+    /// # Panics
+    /// If `fill` returns more than `max_len` (nothing is published then).
+    pub fn try_push_upto(&self, max_len: usize, fill: impl FnOnce(&mut [u8]) -> usize) -> Result<bool, RingError> {
+        let (max, len) = (self.max_payload(), max_len);
         if len > max {
             return Err(RingError::TooLarge { len, max });
         }
@@ -275,8 +287,9 @@ impl PacketRing {
         // SAFETY: the slot is ours until we stamp it (the consumer reads only stamped
         // slots), and slot_size = SLOT_HEADER + max >= SLOT_HEADER + len bytes.
         unsafe {
-            slot.cast::<u32>().write(len as u32);
-            fill(std::slice::from_raw_parts_mut(slot.add(SLOT_HEADER), len));
+            let written = fill(std::slice::from_raw_parts_mut(slot.add(SLOT_HEADER), len));
+            assert!(written <= len, "ring fill wrote {written} bytes into {len}");
+            slot.cast::<u32>().write(written as u32);
         }
         // Release: publishes the slot's length and payload before the consumer can see
         // the stamp. The stamp differs from the slot's previous one (index - slots + 1)
@@ -386,6 +399,18 @@ pub(crate) mod tests {
         assert!(PacketRing::check_geometry(4, 68).is_err());
         assert!(PacketRing::check_geometry(4, 64).is_ok());
         assert_eq!(PacketRing::bytes_needed(4, 64), 2 * INDEX_BYTES + 256);
+    }
+
+    #[test]
+    fn push_upto_publishes_the_length_the_fill_wrote() {
+        let buf = Buf::new(PacketRing::bytes_needed(4, 32));
+        let r = ring(&buf, 4, 32);
+        assert_eq!(r.try_push_upto(24, |d| { d[..5].copy_from_slice(b"short"); 5 }), Ok(true));
+        assert_eq!(r.try_push_upto(25, |_| 0), Err(RingError::TooLarge { len: 25, max: 24 }));
+        let over = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.try_push_upto(8, |_| 9)));
+        assert!(over.is_err(), "a fill claiming more than it was given panics");
+        assert_eq!(r.try_pop(|p| p.to_vec()), Ok(Some(b"short".to_vec())));
+        assert_eq!(r.try_pop(|p| p.to_vec()), Ok(None), "the overlong fill published nothing");
     }
 
     #[test]
