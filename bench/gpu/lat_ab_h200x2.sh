@@ -3,7 +3,8 @@
 # Carried binaries: one folder per set under .gpu (each with osu_latency and gpulmt-run;
 # `bin` is this commit's, from prepare.sh), and .gpu/anatomy (this commit built with the
 # transport's `anatomy` feature). Runs: the anchors' small-copy latency, copy_probe 8,
-# each set's osu_latency 8 B D D and H H in turn (ROUNDS rounds), then two anatomy runs
+# each round copy_pingpong 8 B (the copy-engine ping-pong floor) and each set's
+# osu_latency 8 B D D and H H in turn (ROUNDS rounds), then two anatomy runs
 # (GPULMT_ANATOMY_OUT logs, lined up by bench/gpu/anatomy.py; OSU_ANATOMY beside them).
 # Usage: SETS="old bin" ROUNDS=6 HRANGE=8:8 bash bench/gpu/lat_ab_h200x2.sh OUTDIR   (packs OUTDIR.tgz)
 # (HRANGE: the H H sizes, OSU -m; D D is always 8 B.)
@@ -18,6 +19,7 @@ lat() { # set placement
 }
 for i in $(seq "${ROUNDS:-6}"); do
   log round $i
+  .gpu/bin/copy_pingpong -m 8:8 -i 20000 | tail -n +2 >> "$out/floor.csv" 2>> "$out/log.txt"
   for s in $sets; do lat $s D; lat $s H; done
 done
 for i in 1 2; do
@@ -30,6 +32,7 @@ done
 log done
 tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
 grep ce_latency "$out/anchors.csv"
+echo "floor.csv $(cut -d, -f4 "$out/floor.csv" | tr '\n' ' ')"
 for f in "$out"/lat_*_DD.csv; do printf '%s ' "$(basename "$f")"; tail -n +2 "$f" | cut -d, -f6 | tr '\n' ' '; echo; done
 python3 - "$out" <<'PY' # H H: per set and size, the median over rounds
 import csv, glob, os, statistics, sys

@@ -75,6 +75,8 @@ bash .gpu/tools/staged_mpi.sh 67108864 > "$out/staged_mpi.csv" 2> "$out/staged_m
 log mpi_sm
 mpicc -O2 bench/anchors/mpi_pingpong.c -o /tmp/mpi_pingpong && \
   mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 /tmp/mpi_pingpong 8192 100000 > "$out/mpi_sm.csv" 2>&1
+log copy_pingpong
+$bin/copy_pingpong -m 1:64K -i 20000 > "$out/copy_pingpong.csv" 2>> "$out/log.txt"
 
 csv="$out/gpulmt.csv"
 rm -f "$csv"

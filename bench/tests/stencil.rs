@@ -9,43 +9,20 @@
 //! (the tests say so when it is missing). Jobs take the same file lock as
 //! gpulmt-tests', so that busy-polling ranks of two jobs never share the cores.
 
-use std::fs::File;
-use std::os::fd::AsRawFd;
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use common::{job_lock, profile_dir};
+
 const STENCIL: &str = env!("CARGO_BIN_EXE_stencil2d");
 const MODES: [&str; 3] = ["staged", "inter-k", "inter-k-overlap"];
-
-/// `target/<profile>/`, from this test executable (`target/<profile>/deps/...`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().expect("the test executable has a directory");
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.parent().expect("deps has a parent").to_path_buf()
-    } else {
-        dir.to_path_buf()
-    }
-}
 
 fn launcher() -> PathBuf {
     let p = profile_dir().join("gpulmt-run");
     assert!(p.is_file(), "the launcher {} is missing: run `cargo build --workspace --bins` first", p.display());
     p
-}
-
-/// Serializes jobs across test threads and test processes (see the module docs).
-struct JobLock(#[allow(dead_code)] File);
-
-fn job_lock() -> JobLock {
-    let path = profile_dir().join("gpulmt-tests.lock");
-    let f = File::options().create(true).append(true).open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    // SAFETY: a valid open descriptor; flock has no memory-safety preconditions.
-    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        let e = std::io::Error::last_os_error();
-        assert_eq!(e.raw_os_error(), Some(libc::EINTR), "flock {}: {e}", path.display());
-    }
-    JobLock(f)
 }
 
 struct Output {

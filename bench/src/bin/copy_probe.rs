@@ -13,6 +13,10 @@
 //! and the same GET driven by the *source's* engine from the receiving process (the mapping
 //! opened in the source device's context, the copy on a stream of that device: a push
 //! issued by the receiver), which is what a small GET would do to get the push's latency.
+//! Then the same copies made by a one-block kernel instead of the copy engine
+//! (`kernel_*`): the kernel loads and stores through the peer mapping, fences system-wide
+//! and writes a sequence number into pinned host memory that the host polls with plain
+//! loads, so no driver query reports the completion; and the cost of `cuLaunchKernel` alone.
 //! Needs two CUDA devices with peer access. Prints CSV `probe,variant,median_us,mean_us,p90_us`.
 //! Run: `copy_probe [bytes]` (default 8).
 
@@ -237,6 +241,89 @@ fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
     }
 }
 
+/// A one-block copy kernel: each thread moves its bytes, fences at system scope, and after
+/// the block barrier thread 0 stores `seq` into the host-mapped word.
+const KERNEL_SOURCE: &str = r#"
+extern "C" __global__ void small_copy(unsigned char* dst, const unsigned char* src,
+                                      unsigned long long len, volatile unsigned int* flag,
+                                      unsigned int seq) {
+    for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = seq;
+}
+"#;
+
+/// The copy kernel loaded in a context.
+struct Kernel(sys::CUfunction);
+
+fn kernel(d: &Dev) -> Kernel {
+    let ptx = cudarc::nvrtc::compile_ptx(KERNEL_SOURCE).unwrap_or_else(|e| {
+        eprintln!("copy_probe: NVRTC: {e:?}");
+        std::process::exit(1);
+    });
+    let image = std::ffi::CString::new(ptx.to_src()).unwrap();
+    unsafe {
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d.ctx));
+        let mut module = ptr::null_mut();
+        ck("cuModuleLoadData", sys::cuModuleLoadData(&mut module, image.as_ptr().cast()));
+        let mut f = ptr::null_mut();
+        ck("cuModuleGetFunction", sys::cuModuleGetFunction(&mut f, module, c"small_copy".as_ptr()));
+        Kernel(f)
+    }
+}
+
+/// Copies made by the kernel on `d`'s stream, completed by the host-mapped word (and, for
+/// comparison, by a stream query).
+fn kernel_variants(tag: &str, d: &Dev, k: &Kernel, dst: usize, src: usize, len: usize) {
+    let (mut dst, mut src, mut n) = (dst as CUdeviceptr, src as CUdeviceptr, len as u64);
+    let mut flag = d.word.1;
+    let mut seq = unsafe { d.word.0.read_volatile() };
+    let threads = (len as u32).clamp(1, 256);
+    let launch = |seq: &mut u32, dst: &mut CUdeviceptr, src: &mut CUdeviceptr, n: &mut u64, flag: &mut CUdeviceptr| {
+        *seq += 1;
+        let mut args: [*mut std::ffi::c_void; 5] = [
+            (dst as *mut CUdeviceptr).cast(),
+            (src as *mut CUdeviceptr).cast(),
+            (n as *mut u64).cast(),
+            (flag as *mut CUdeviceptr).cast(),
+            (seq as *mut u32).cast(),
+        ];
+        ck("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(k.0, 1, 1, 1, threads, 1, 1, 0, d.stream, args.as_mut_ptr(), ptr::null_mut())
+        });
+    };
+    unsafe { ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d.ctx)) };
+    measure(&format!("{tag}_kernel_word"), || {
+        launch(&mut seq, &mut dst, &mut src, &mut n, &mut flag);
+        while unsafe { d.word.0.read_volatile() } != seq {
+            std::hint::spin_loop();
+        }
+    });
+    measure(&format!("{tag}_kernel_streamquery"), || {
+        launch(&mut seq, &mut dst, &mut src, &mut n, &mut flag);
+        spin_stream(d.stream);
+    });
+    let mut issue = Vec::with_capacity(REPS);
+    let mut seen = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let x = Instant::now();
+        launch(&mut seq, &mut dst, &mut src, &mut n, &mut flag);
+        issue.push(x.elapsed().as_secs_f64() * 1e6);
+        let y = Instant::now();
+        while unsafe { d.word.0.read_volatile() } != seq {
+            std::hint::spin_loop();
+        }
+        seen.push(y.elapsed().as_secs_f64() * 1e6);
+    }
+    for (name, mut v) in [("call_launchkernel", issue), ("kernel_word_seen_after_issue", seen)] {
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        v.sort_by(f64::total_cmp);
+        println!("copy_probe,{tag}_{name},{:.3},{mean:.3},{:.3}", v[v.len() / 2], v[v.len() * 9 / 10]);
+    }
+    unsafe { ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream)) };
+}
+
 fn backend_variant(tag: &str, b: &CudaBackend, engine: u32, dst: usize, src: usize, len: usize) {
     measure(&format!("{tag}_gpulmt_copy_async_poll"), || {
         let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
@@ -299,6 +386,16 @@ fn main() {
     backend_variant("push", &b, 0, a1, a0, len);
     backend_variant("pull", &b, 1, a1, a0, len);
     backend_variant("local", &b, 0, a0b, a0, len);
+    let (k0, k1) = (kernel(&d0), kernel(&d1));
+    unsafe {
+        ck("cuMemsetD8", sys::cuMemsetD8_v2(a1 as CUdeviceptr, 0, bytes));
+        ck("cuMemsetD8", sys::cuMemsetD8_v2(a0b as CUdeviceptr, 0, bytes));
+    }
+    kernel_variants("push", &d0, &k0, a1, a0, len);
+    check_landed("kernel_push", &d1, a1, len);
+    kernel_variants("pull", &d1, &k1, a1, a0, len);
+    kernel_variants("local", &d0, &k0, a0b, a0, len);
+    check_landed("kernel_local", &d0, a0b, len);
 
     // A GET: the receiving process pulls from the sender's allocation through an IPC mapping.
     let handle = b.export_handle(a0).expect("export");
@@ -336,6 +433,10 @@ fn child(b: &CudaBackend, hex: &str, len: usize) {
     variants("ipc_pull", &d1, local, m.ptr, len);
     backend_variant("ipc_pull", b, 1, local, m.ptr, len);
     check_landed("ipc_pull", &d1, local, len);
+    unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len)) };
+    let k1 = kernel(&d1);
+    kernel_variants("ipc_pull", &d1, &k1, local, m.ptr, len);
+    check_landed("ipc_kernel_pull", &d1, local, len);
     // Can device 0's engine use the mapping device 1's context opened? (One try, not fatal.)
     unsafe {
         ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len));
@@ -353,6 +454,10 @@ fn child(b: &CudaBackend, hex: &str, len: usize) {
     variants("ipc_push", &d0, local, m0.ptr, len);
     backend_variant("ipc_push", b, 0, local, m0.ptr, len);
     check_landed("ipc_push", &d1, local, len);
+    unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len)) };
+    let k0 = kernel(&d0);
+    kernel_variants("ipc_push", &d0, &k0, local, m0.ptr, len);
+    check_landed("ipc_kernel_push", &d1, local, len);
     b.close_handle(m0).expect("close_handle");
     b.free(local).unwrap();
 }

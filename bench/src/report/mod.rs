@@ -281,7 +281,7 @@ pub fn load(dir: &Path) -> Result<Inputs, ReportError> {
         return Err(ReportError(format!("{}: no benchmark rows", gp.display())));
     }
     let mut anchors = Anchors::default();
-    for name in ["anchors.csv", "staged_mpi.csv", "mpi_sm.csv"] {
+    for name in ["anchors.csv", "staged_mpi.csv", "mpi_sm.csv", "copy_pingpong.csv"] {
         let path = dir.join(name);
         match read_optional(&path)? {
             Some(t) => {

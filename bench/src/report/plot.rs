@@ -164,6 +164,13 @@ pub fn latency_plot(inputs: &Inputs) -> Plot {
         RGBColor(188, 189, 34),
     ));
     series.push(anchor(inputs, "ce_latency", "peer_us", "cudaMemcpyPeer latency (copy engine)", RED));
+    series.push(anchor(
+        inputs,
+        "copy_pingpong",
+        "half_rtt_us",
+        "copy-engine ping-pong floor (half RTT)",
+        RGBColor(140, 86, 75),
+    ));
     Plot {
         title: format!("osu_latency, D D: gpulmt vs anchors ({})", inputs.source),
         x: XAxis::Bytes,

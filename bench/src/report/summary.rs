@@ -5,8 +5,9 @@
 //! - osu_bw D D, any protocol: ce_peer GBps at the same size; protocol shm also
 //!   staging d2h_GBps at the largest size at or below (a second row);
 //! - osu_bibw D D: ce_peer_bi GBps at the same size;
-//! - osu_latency D D: nccl half_rtt_us at the same size, and ce_latency peer_us at the
-//!   same size (it is measured at 8 B only);
+//! - osu_latency D D: nccl half_rtt_us at the same size, ce_latency peer_us at the
+//!   same size (it is measured at 8 B only), and copy_pingpong half_rtt_us at the same
+//!   size (the floor of a copy-engine ping-pong, from copy_pingpong.csv);
 //! - osu_latency H H: mpi_sm half_rtt_us at the same size (8 B, and the other sizes
 //!   mpi_sm.csv has).
 //!
@@ -66,7 +67,11 @@ fn rules(p: &Point) -> Vec<(&'static str, &'static str, Lookup)> {
         }
         ("osu_bibw", "D D") => vec![("ce_peer_bi", "GBps", Lookup::Exact)],
         ("osu_latency", "D D") => {
-            vec![("nccl", "half_rtt_us", Lookup::Exact), ("ce_latency", "peer_us", Lookup::Exact)]
+            vec![
+                ("nccl", "half_rtt_us", Lookup::Exact),
+                ("ce_latency", "peer_us", Lookup::Exact),
+                ("copy_pingpong", "half_rtt_us", Lookup::Exact),
+            ]
         }
         ("osu_latency", "H H") => vec![("mpi_sm", "half_rtt_us", Lookup::Exact)],
         _ => Vec::new(),
@@ -286,6 +291,7 @@ nccl,half_rtt_us,4,21.595
 staging,d2h_GBps,1048576,41.743
 staging,d2h_GBps,16777216,54.626
 mpi_sm,half_rtt_us,8,0.411
+copy_pingpong,half_rtt_us,8,7.405
 ";
 
     fn rows() -> Vec<SummaryRow> {
@@ -349,13 +355,14 @@ mpi_sm,half_rtt_us,8,0.411
     }
 
     #[test]
-    fn latency_rows_compare_with_nccl_ce_latency_and_mpi_sm() {
+    fn latency_rows_compare_with_nccl_ce_latency_copy_pingpong_and_mpi_sm() {
         let rows = rows();
         let r8 = find(&rows, "osu_latency", "auto", 8);
         let dd: Vec<_> = r8.iter().filter(|r| r.placement == "D D").collect();
-        assert_eq!(dd.len(), 1, "no nccl at 8 B, so only ce_latency");
-        assert_eq!(dd[0].metric, "us");
-        assert_eq!(dd[0].anchor.as_ref().unwrap().name, "ce_latency");
+        let names: Vec<_> = dd.iter().map(|r| r.anchor.as_ref().unwrap().name.as_str()).collect();
+        assert_eq!(names, ["ce_latency", "copy_pingpong"], "no nccl at 8 B");
+        assert!(dd.iter().all(|r| r.metric == "us"));
+        assert!((dd[1].ratio().unwrap() - 10.305 / 7.405).abs() < 1e-12);
         let r4 = find(&rows, "osu_latency", "put", 4);
         assert_eq!(r4[0].anchor.as_ref().unwrap().name, "nccl");
         assert!((r4[0].ratio().unwrap() - 10.2 / 21.595).abs() < 1e-12);

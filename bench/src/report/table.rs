@@ -59,6 +59,7 @@ fn keys(rows: &[SummaryRow]) -> Vec<Key> {
     };
     vec![
         key("latency D D (us)", "osu_latency", "D D", "auto", "ce_latency", vec![8], true),
+        key("latency D D (us)", "osu_latency", "D D", "auto", "copy_pingpong", vec![8], true),
         key("latency D D (us)", "osu_latency", "D D", "auto", "nccl", vec![8], true),
         key("osu_bw D D (GB/s)", "osu_bw", "D D", "auto", "ce_peer", big.to_vec(), false),
         key("osu_bibw D D (GB/s)", "osu_bibw", "D D", "auto", "ce_peer_bi", big.to_vec(), false),
