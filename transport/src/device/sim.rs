@@ -27,7 +27,8 @@
 //!
 //! Configuration comes from the environment ([`SimConfig::from_env`]):
 //! `GPULMT_SIM_DEVICES` (default 2), `GPULMT_SIM_PEER` (`all` | `none` | `0-1,2-3`,
-//! default `all`) and `GPULMT_SIM_IPC_OPEN_US` (default 0).
+//! default `all`), `GPULMT_SIM_IPC_OPEN_US` (default 0) and `GPULMT_SIM_COPY` (`thread`,
+//! the default, or `inline`: copies made inside `copy_async`, to measure host paths).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
@@ -51,6 +52,9 @@ pub const ENV_DEVICES: &str = "GPULMT_SIM_DEVICES";
 pub const ENV_PEER: &str = "GPULMT_SIM_PEER";
 /// Environment variable: time in microseconds that opening an IPC handle takes.
 pub const ENV_IPC_OPEN_US: &str = "GPULMT_SIM_IPC_OPEN_US";
+/// Environment variable: `thread` (default; each device's copies run on its engine
+/// thread) or `inline` (each copy is made inside `copy_async`).
+pub const ENV_COPY: &str = "GPULMT_SIM_COPY";
 
 /// Prefix of every shared-memory object of this backend, as it appears in `/dev/shm`.
 pub const SHM_PREFIX: &str = "gpulmt-sim-";
@@ -171,6 +175,11 @@ pub struct SimConfig {
     /// How long [`DeviceBackend::open_handle`] sleeps, in microseconds, to model the
     /// real driver's cost of opening an IPC handle.
     pub ipc_open_us: u64,
+    /// Copies made inside `copy_async`, finished when it returns: an engine that takes no
+    /// time, so that what a benchmark measures is the host path of the protocols alone
+    /// (what gpulmt adds to a copy ping-pong; `copy_pingpong` on the same setting is the
+    /// floor). Copies then never overlap the caller's work.
+    pub copy_inline: bool,
 }
 
 impl Default for SimConfig {
@@ -179,6 +188,7 @@ impl Default for SimConfig {
             devices: 2,
             peer: PeerMatrix::All,
             ipc_open_us: 0,
+            copy_inline: false,
         }
     }
 }
@@ -232,6 +242,13 @@ impl SimConfig {
                     "a whole number of microseconds, e.g. 930 (default 0)",
                 )
             })?;
+        }
+        if let Some(v) = get(ENV_COPY) {
+            cfg.copy_inline = match v.trim() {
+                "thread" => false,
+                "inline" => true,
+                _ => return Err(bad(ENV_COPY, &v, "`thread` (default) or `inline`")),
+            };
         }
         cfg.validate()?;
         Ok(cfg)
@@ -1145,6 +1162,15 @@ impl DeviceBackend for SimBackend {
                 st.check_range("copy_async", dst, len)?;
                 st.check_range("copy_async", src, len)?;
             }
+            if self.cfg.copy_inline {
+                // SAFETY: as in engine_main; the caller keeps both ranges valid until the
+                // copy is observed complete, which here is at once.
+                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+                done.store(true, Ordering::Release);
+                let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+                lock(&self.tickets).insert(id, done);
+                return Ok(CopyTicket(id));
+            }
             // Lanes are accepted and ignored: one FIFO per device keeps each lane's
             // order trivially and serialises lanes, which the trait allows (lanes *may*
             // run concurrently) and which makes contention on one engine visible.
@@ -1395,6 +1421,7 @@ mod tests {
             devices,
             peer,
             ipc_open_us,
+            copy_inline: false,
         })
         .expect("valid config")
     }
@@ -1810,6 +1837,26 @@ mod tests {
     }
 
     #[test]
+    fn inline_copies_are_done_when_started() {
+        let b = SimBackend::new(SimConfig { copy_inline: true, ..Default::default() }).unwrap();
+        let len = 1 << 16;
+        let (d0, d1) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
+        let src: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+        let mut dst = vec![0u8; len];
+        for (to, from) in [(d0, src.as_ptr() as usize), (d1, d0), (dst.as_mut_ptr() as usize, d1)] {
+            let t = b.copy_async(1, 0, to, from, len).unwrap();
+            assert!(b.copy_poll(t).unwrap(), "an inline copy is finished when copy_async returns");
+            assert!(b.copy_poll(t).is_err(), "and its ticket consumed by that poll");
+        }
+        assert!(dst == src);
+        // The driver's rules still hold, and no engine thread was started.
+        assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
+        assert!(b.engines.iter().all(|e| lock(e).is_none()));
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
+
+    #[test]
     fn register_host_ranges() {
         let b = two();
         let buf = vec![0u8; 8192];
@@ -1865,6 +1912,7 @@ mod tests {
             (ENV_DEVICES, "4"),
             (ENV_PEER, "none"),
             (ENV_IPC_OPEN_US, "930"),
+            (ENV_COPY, "inline"),
         ]))
         .unwrap();
         assert_eq!(
@@ -1872,9 +1920,11 @@ mod tests {
             SimConfig {
                 devices: 4,
                 peer: PeerMatrix::NoPeers,
-                ipc_open_us: 930
+                ipc_open_us: 930,
+                copy_inline: true,
             }
         );
+        assert!(!SimConfig::from_lookup(env(&[(ENV_COPY, "thread")])).unwrap().copy_inline);
         let c =
             SimConfig::from_lookup(env(&[(ENV_DEVICES, "4"), (ENV_PEER, " 1-0, 2-3 ")])).unwrap();
         assert_eq!(c.peer, PeerMatrix::Pairs(vec![(0, 1), (2, 3)]));
@@ -1910,6 +1960,7 @@ mod tests {
         rejected(&[(ENV_DEVICES, "0")], ENV_DEVICES);
         rejected(&[(ENV_DEVICES, "-1")], ENV_DEVICES);
         rejected(&[(ENV_IPC_OPEN_US, "1ms")], ENV_IPC_OPEN_US);
+        rejected(&[(ENV_COPY, "sync")], ENV_COPY);
         assert!(SimBackend::new(SimConfig {
             devices: 0,
             ..Default::default()
