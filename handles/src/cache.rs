@@ -47,7 +47,7 @@
 //! a lock, and keep one cache per process and local device, since the driver's
 //! "open once" rule is per process.
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 use std::fmt::Debug;
 use std::time::Instant;
 
@@ -245,7 +245,9 @@ pub struct HandleCache<O: MappingOpener> {
     in_use: HashMap<O::Key, Entry<O::Mapping>>,
     /// Entries without leases, least recently released first. Unbounded: the
     /// limits count in-use entries too, so `trim` enforces them, not `lru`.
-    idle: LruCache<O::Key, Entry<O::Mapping>>,
+    /// With Fx hashing, as `in_use`: keys are this job's own (peer, buffer id), and every
+    /// copy moves its entry out of this map and back.
+    idle: LruCache<O::Key, Entry<O::Mapping>, FxBuildHasher>,
     bytes: u64,
     hits: u64,
     misses: u64,
@@ -275,7 +277,7 @@ impl<O: MappingOpener> HandleCache<O> {
             opener,
             limits,
             in_use: HashMap::default(),
-            idle: LruCache::unbounded(),
+            idle: LruCache::unbounded_with_hasher(FxBuildHasher),
             bytes: 0,
             hits: 0,
             misses: 0,

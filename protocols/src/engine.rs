@@ -449,6 +449,13 @@ impl Engine {
         Some((req, buf, eager_result(from, tag, len, buf.len)))
     }
 
+    /// Whether an action waits: lets a transport skip the loop that takes them (most
+    /// passes of a poll loop have none).
+    #[inline]
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// Next action for the transport to perform.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()

@@ -194,8 +194,17 @@ impl Context {
         }
     }
 
-    /// Executes the engine's actions until it has none.
+    /// Executes the engine's actions until it has none. Inlined down to the check, which
+    /// is all that most passes of a poll loop do here; the loop itself stays out of line.
+    #[inline]
     pub(crate) fn run_actions(&mut self) {
+        if self.engine.has_actions() {
+            self.run_pending_actions();
+        }
+    }
+
+    #[inline(never)]
+    fn run_pending_actions(&mut self) {
         while let Some(a) = self.engine.poll_action() {
             match a {
                 Action::Send { to, packet } => self.send_packet(to, packet),
