@@ -4,11 +4,9 @@
 //! and a mismatch would fail the run), and it fails fast, naming the cause, when the two
 //! devices cannot reach each other.
 
-mod common;
-
 use std::process::{Command, Output};
 
-use common::job_lock;
+use gpulmt_tests::job_lock;
 
 fn run(envs: &[(&str, &str)], args: &[&str]) -> (Output, String) {
     let _lock = job_lock();

@@ -9,21 +9,12 @@
 //! (the tests say so when it is missing). Jobs take the same file lock as
 //! gpulmt-tests', so that busy-polling ranks of two jobs never share the cores.
 
-mod common;
-
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use common::{job_lock, profile_dir};
+use gpulmt_tests::{job_lock, launcher};
 
 const STENCIL: &str = env!("CARGO_BIN_EXE_stencil2d");
 const MODES: [&str; 3] = ["staged", "inter-k", "inter-k-overlap"];
-
-fn launcher() -> PathBuf {
-    let p = profile_dir().join("gpulmt-run");
-    assert!(p.is_file(), "the launcher {} is missing: run `cargo build --workspace --bins` first", p.display());
-    p
-}
 
 struct Output {
     what: String,
