@@ -128,7 +128,7 @@ struct Side {
 }
 
 impl Side {
-    fn new(rank: usize, shared: &'static Shared, max: usize) -> (Side, usize) {
+    fn new(rank: usize, shared: &'static Shared, max: usize) -> Side {
         let b = device::select(Config::from_env().unwrap_or_else(|e| die(e)).device).unwrap_or_else(|e| die(e));
         if b.device_count() < 1 {
             die("no device");
@@ -140,7 +140,7 @@ impl Side {
         // (the child before child_ready, the parent before spawning the child).
         unsafe { std::ptr::write_volatile(shared.handle[rank].as_ptr() as *mut [u8; IPC_HANDLE_BYTES], h.0) };
         let placeholder = Mapping { ptr: 0, size: 0 };
-        (Side { rank, dev, b, shared, send, recv, peer: placeholder }, recv)
+        Side { rank, dev, b, shared, send, recv, peer: placeholder }
     }
 
     fn open_peer(&mut self) {
@@ -243,7 +243,7 @@ fn main() {
         if let Ok(cpu) = std::env::var(CHILD_CPU_ENV) {
             bind(cpu.parse().unwrap_or_else(|_| die(format!("{CHILD_CPU_ENV}={cpu:?} is not a CPU number"))));
         }
-        let (mut side, _) = Side::new(1, shared, max);
+        let mut side = Side::new(1, shared, max);
         side.open_peer();
         shared.child_ready.store(1, Ordering::Release);
         side.run(&sizes, args.warmup, args.iters);
@@ -261,7 +261,7 @@ fn main() {
     if let Some(c) = &cpus {
         bind(c[0]);
     }
-    let (mut side, _) = Side::new(0, shared, max);
+    let mut side = Side::new(0, shared, max);
     let exe = std::env::current_exe().unwrap_or_else(|e| die(e));
     let mut child = Command::new(exe);
     if let Some(c) = &cpus {
