@@ -35,6 +35,20 @@ impl Placement {
     }
 }
 
+/// The sizes of a `-m` range: 0 (if in range), then powers of two from max(min,1) to max.
+pub fn sizes_in((lo, hi): (usize, usize)) -> Vec<usize> {
+    let mut v = Vec::new();
+    if lo == 0 {
+        v.push(0);
+    }
+    let mut s = lo.max(1);
+    while s <= hi {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
 fn parse_placement(s: &str) -> Result<Placement, String> {
     match s {
         "H" | "h" => Ok(Placement::Host),
@@ -43,7 +57,8 @@ fn parse_placement(s: &str) -> Result<Placement, String> {
     }
 }
 
-fn parse_range(s: &str) -> Result<(usize, usize), String> {
+/// Parses OSU's `-m` value: `min:max` or `max` (min 0), sizes like `4K` or `1M`.
+pub fn parse_range(s: &str) -> Result<(usize, usize), String> {
     let size = |t: &str| gpulmt::config::parse_size(t).map(|v| v as usize).ok_or(format!("bad size '{t}'"));
     match s.split_once(':') {
         Some((a, b)) => {
@@ -108,19 +123,9 @@ impl Options {
         o
     }
 
-    /// Sizes to run: 0 (if in range), then powers of two from max(min,1) to max.
+    /// Sizes to run: see [`sizes_in`].
     pub fn sizes(&self) -> Vec<usize> {
-        let (lo, hi) = self.range;
-        let mut v = Vec::new();
-        if lo == 0 {
-            v.push(0);
-        }
-        let mut s = lo.max(1);
-        while s <= hi {
-            v.push(s);
-            s *= 2;
-        }
-        v
+        sizes_in(self.range)
     }
 
     /// Iterations and warm-up for a size, bounded by the byte budget so that

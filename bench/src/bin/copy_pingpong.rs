@@ -44,9 +44,10 @@ fn bind(cpu: usize) {
 #[derive(Parser, Debug)]
 #[command(about = "Copy-engine ping-pong floor between two processes (an anchor for osu_latency D D)")]
 struct Args {
-    /// Sizes as MIN:MAX in bytes, powers of two between them (K and M suffixes accepted).
-    #[arg(short = 'm', long, default_value = "8:8")]
-    sizes: String,
+    /// Sizes as MIN:MAX (OSU -m), powers of two between them (K and M suffixes
+    /// accepted); a zero size is left out (no copy to time).
+    #[arg(short = 'm', long, value_parser = gpulmt_bench::parse_range, default_value = "8:8")]
+    sizes: (usize, usize),
     /// Timed round trips per size.
     #[arg(short = 'i', long, default_value_t = 20000)]
     iters: u64,
@@ -80,22 +81,6 @@ struct Seq(AtomicU64);
 fn die(what: impl std::fmt::Display) -> ! {
     eprintln!("copy_pingpong: {what}");
     std::process::exit(1);
-}
-
-fn parse_size(s: &str) -> u64 {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().unwrap_or_else(|_| die(format!("bad size {s:?}: expected bytes, like 8, 4K or 1M"))) * mul
-}
-
-fn sizes(spec: &str) -> Vec<usize> {
-    let (lo, hi) = spec.split_once(':').unwrap_or((spec, spec));
-    let (lo, hi) = (parse_size(lo).max(1), parse_size(hi));
-    std::iter::successors(Some(lo), |s| Some(s * 2)).take_while(|&s| s <= hi).map(|s| s as usize).collect()
 }
 
 /// Maps the shared file (created and sized by the parent).
@@ -235,7 +220,7 @@ impl Side {
 
 fn main() {
     let args = Args::parse();
-    let sizes = sizes(&args.sizes);
+    let sizes: Vec<usize> = gpulmt_bench::sizes_in(args.sizes).into_iter().filter(|&s| s > 0).collect();
     let max = sizes.iter().copied().max().unwrap_or(1);
     if let Ok(path) = std::env::var(CHILD_ENV) {
         let file = OpenOptions::new().read(true).write(true).open(&path).unwrap_or_else(|e| die(format!("{path}: {e}")));
