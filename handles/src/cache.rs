@@ -47,7 +47,7 @@
 //! a lock, and keep one cache per process and local device, since the driver's
 //! "open once" rule is per process.
 
-use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
+use rustc_hash::FxBuildHasher;
 use std::fmt::Debug;
 use std::time::Instant;
 
@@ -240,14 +240,17 @@ struct Entry<M> {
 pub struct HandleCache<O: MappingOpener> {
     opener: O,
     limits: CacheLimits,
-    /// Entries with leases. Kept out of the LRU list so eviction never has to
-    /// skip over them.
-    in_use: HashMap<O::Key, Entry<O::Mapping>>,
-    /// Entries without leases, least recently released first. Unbounded: the
-    /// limits count in-use entries too, so `trim` enforces them, not `lru`.
-    /// With Fx hashing, as `in_use`: keys are this job's own (peer, buffer id), and every
-    /// copy moves its entry out of this map and back.
-    idle: LruCache<O::Key, Entry<O::Mapping>, FxBuildHasher>,
+    /// Every open entry, in use or idle, most recently acquired or released first, so
+    /// that idle entries are in the order of their last release. One map, so that a copy's
+    /// acquire and release are one lookup each and allocate nothing (an entry moving
+    /// between an in-use map and an idle list cost two lookups, an allocation and a free
+    /// per copy, on the path of every small message). Eviction skips in-use entries,
+    /// which an acquire has just moved to the front. Unbounded: the limits count in-use
+    /// entries too, so `trim` enforces them, not `lru`. Fx hashing: keys are this job's
+    /// own (peer, buffer id).
+    entries: LruCache<O::Key, Entry<O::Mapping>, FxBuildHasher>,
+    /// Entries with at least one lease.
+    in_use: usize,
     bytes: u64,
     hits: u64,
     misses: u64,
@@ -276,8 +279,8 @@ impl<O: MappingOpener> HandleCache<O> {
         HandleCache {
             opener,
             limits,
-            in_use: HashMap::default(),
-            idle: LruCache::unbounded_with_hasher(FxBuildHasher),
+            entries: LruCache::unbounded_with_hasher(FxBuildHasher),
+            in_use: 0,
             bytes: 0,
             hits: 0,
             misses: 0,
@@ -333,23 +336,20 @@ impl<O: MappingOpener> HandleCache<O> {
         handle: &O::Handle,
         bytes: u64,
     ) -> Result<O::Mapping, CacheErrorOf<O>> {
-        if let Some(entry) = self.in_use.get_mut(key) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            // Doomed entries are in use: an idle one is closed when doomed.
             if entry.doomed {
                 return Err(CacheError::Doomed {
                     key: key.clone(),
                     users: entry.users,
                 });
             }
+            if entry.users == 0 {
+                self.in_use += 1;
+            }
             entry.users += 1;
             self.hits += 1;
             return Ok(entry.mapping);
-        }
-        if let Some((key, mut entry)) = self.idle.pop_entry(key) {
-            entry.users = 1;
-            let mapping = entry.mapping;
-            self.in_use.insert(key, entry);
-            self.hits += 1;
-            return Ok(mapping);
         }
 
         self.misses += 1;
@@ -364,7 +364,8 @@ impl<O: MappingOpener> HandleCache<O> {
         })?;
         self.opens += 1;
         self.bytes = self.bytes.saturating_add(bytes);
-        self.in_use.insert(
+        self.in_use += 1;
+        self.entries.push(
             key.clone(),
             Entry {
                 mapping,
@@ -389,27 +390,27 @@ impl<O: MappingOpener> HandleCache<O> {
     /// Failed evictions of other entries go to
     /// [`take_close_errors`](Self::take_close_errors).
     pub fn release(&mut self, key: &O::Key) -> Result<(), CacheErrorOf<O>> {
-        let users = match self.in_use.get_mut(key) {
-            Some(entry) => {
-                entry.users -= 1;
-                entry.users
-            }
-            None => return Err(CacheError::NotHeld { key: key.clone() }),
+        // Moved to the front: the most recently released idle entry is evicted last.
+        let entry = match self.entries.get_mut(key) {
+            Some(entry) if entry.users > 0 => entry,
+            _ => return Err(CacheError::NotHeld { key: key.clone() }),
         };
-        if users > 0 {
+        entry.users -= 1;
+        if entry.users > 0 {
             return Ok(());
         }
-        let Some((key, entry)) = self.in_use.remove_entry(key) else {
-            return Ok(()); // unreachable: found just above
-        };
+        self.in_use -= 1;
         if entry.doomed || !self.limits.enabled {
+            let Some((key, entry)) = self.entries.pop_entry(key) else {
+                return Ok(()); // unreachable: found just above
+            };
             return self
                 .close_entry(key, entry)
                 .map_err(|(key, source)| CacheError::Close { key, source });
         }
-        // Most recently used: evicted last.
-        self.idle.push(key, entry);
-        self.trim();
+        if self.over_limits(0, 0) {
+            self.trim();
+        }
         Ok(())
     }
 
@@ -421,11 +422,14 @@ impl<O: MappingOpener> HandleCache<O> {
     /// [`CacheError::Close`] if closing an idle entry failed; the entry is
     /// forgotten anyway.
     pub fn invalidate(&mut self, key: &O::Key) -> Result<Invalidation, CacheErrorOf<O>> {
-        if let Some(entry) = self.in_use.get_mut(key) {
-            entry.doomed = true;
-            return Ok(Invalidation::Doomed { users: entry.users });
+        match self.entries.peek_mut(key) {
+            Some(entry) if entry.users > 0 => {
+                entry.doomed = true;
+                return Ok(Invalidation::Doomed { users: entry.users });
+            }
+            _ => {}
         }
-        match self.idle.pop_entry(key) {
+        match self.entries.pop_entry(key) {
             Some((key, entry)) => {
                 self.close_entry(key, entry)
                     .map_err(|(key, source)| CacheError::Close { key, source })?;
@@ -440,20 +444,20 @@ impl<O: MappingOpener> HandleCache<O> {
     /// [`take_close_errors`](Self::take_close_errors).
     pub fn invalidate_where(&mut self, mut pred: impl FnMut(&O::Key) -> bool) -> InvalidateSummary {
         let mut summary = InvalidateSummary::default();
-        for (key, entry) in self.in_use.iter_mut() {
-            if pred(key) {
+        let mut idle = Vec::new();
+        for (key, entry) in self.entries.iter_mut() {
+            if !pred(key) {
+                continue;
+            }
+            if entry.users > 0 {
                 entry.doomed = true;
                 summary.doomed += 1;
+            } else {
+                idle.push(key.clone());
             }
         }
-        let idle: Vec<O::Key> = self
-            .idle
-            .iter()
-            .filter(|(key, _)| pred(key))
-            .map(|(key, _)| key.clone())
-            .collect();
         for key in idle {
-            if let Some((key, entry)) = self.idle.pop_entry(&key) {
+            if let Some((key, entry)) = self.entries.pop_entry(&key) {
                 summary.closed += 1;
                 if let Err(failed) = self.close_entry(key, entry) {
                     summary.close_failures += 1;
@@ -471,15 +475,18 @@ impl<O: MappingOpener> HandleCache<O> {
     /// shrink at a quiet moment.
     pub fn trim(&mut self) -> usize {
         let mut evicted = 0;
-        while !self.idle.is_empty()
-            && (!self.limits.enabled
-                || self.len() > self.limits.max_entries
-                || self.bytes > self.limits.max_bytes)
-        {
-            self.evict_one();
+        while self.over_limits(0, 0) && self.evict_one() {
             evicted += 1;
         }
         evicted
+    }
+
+    /// Whether the entries, with `more` entries of `more_bytes` in all added, exceed the
+    /// limits (a disabled cache keeps no idle entry: it is always over).
+    fn over_limits(&self, more: usize, more_bytes: u64) -> bool {
+        !self.limits.enabled
+            || self.len() + more > self.limits.max_entries
+            || self.bytes.saturating_add(more_bytes) > self.limits.max_bytes
     }
 
     /// Closes every idle entry (counted as evictions). Returns how many.
@@ -500,13 +507,13 @@ impl<O: MappingOpener> HandleCache<O> {
     /// [`take_close_errors`](Self::take_close_errors).
     pub fn close_all(&mut self) -> Result<(), CacheErrorOf<O>> {
         let mut failed = std::mem::take(&mut self.close_errors);
-        while let Some((key, entry)) = self.idle.pop_lru() {
+        while let Some((key, entry)) = self.pop_lru_idle() {
             if let Err(f) = self.close_entry(key, entry) {
                 failed.push(f);
             }
         }
         let in_use: Vec<(O::Key, usize)> = self
-            .in_use
+            .entries
             .iter_mut()
             .map(|(key, entry)| {
                 entry.doomed = true;
@@ -528,33 +535,30 @@ impl<O: MappingOpener> HandleCache<O> {
 
     /// True when no lease is outstanding.
     pub fn is_idle(&self) -> bool {
-        self.in_use.is_empty()
+        self.in_use == 0
     }
 
     /// True while `key` has an open mapping (in use, idle or doomed). After
     /// invalidating, wait for this to turn false before telling the owner the
     /// memory may be freed.
     pub fn is_open(&self, key: &O::Key) -> bool {
-        self.in_use.contains_key(key) || self.idle.contains(key)
+        self.entries.contains(key)
     }
 
     /// How many open mappings (in use or idle) have a key `pred` accepts; lets a
     /// caller wait until every mapping it invalidated has really closed.
     pub fn count_open_where(&self, mut pred: impl FnMut(&O::Key) -> bool) -> usize {
-        self.in_use.keys().filter(|k| pred(k)).count() + self.idle.iter().filter(|(k, _)| pred(k)).count()
+        self.entries.iter().filter(|(k, _)| pred(k)).count()
     }
 
     /// Leases on `key`: `None` if not open, `Some(0)` if idle.
     pub fn users(&self, key: &O::Key) -> Option<usize> {
-        match self.in_use.get(key) {
-            Some(entry) => Some(entry.users),
-            None => self.idle.peek(key).map(|_| 0),
-        }
+        self.entries.peek(key).map(|entry| entry.users)
     }
 
     /// Entries open now, in use or idle.
     pub fn len(&self) -> usize {
-        self.in_use.len() + self.idle.len()
+        self.entries.len()
     }
 
     /// True when nothing is open.
@@ -578,27 +582,32 @@ impl<O: MappingOpener> HandleCache<O> {
             closes: self.closes,
             close_failures: self.close_failures,
             open_nanos: self.open_nanos,
-            in_use: self.in_use.len(),
-            leases: self.in_use.values().map(|e| e.users).sum(),
+            in_use: self.in_use,
+            leases: self.entries.iter().map(|(_, e)| e.users).sum(),
             entries: self.len(),
             bytes: self.bytes,
-            doomed: self.in_use.values().filter(|e| e.doomed).count(),
+            doomed: self.entries.iter().filter(|(_, e)| e.doomed).count(),
         }
     }
 
     /// Room for one more entry of `bytes`, taken from idle entries only.
     fn make_room(&mut self, bytes: u64) {
-        while !self.idle.is_empty()
-            && (self.len() >= self.limits.max_entries
-                || self.bytes.saturating_add(bytes) > self.limits.max_bytes)
-        {
-            self.evict_one();
+        while self.over_limits(1, bytes) && self.evict_one() {}
+    }
+
+    /// Takes the least recently released idle entry out of the cache. In-use entries are
+    /// skipped; acquires move them to the front, so few lie behind the idle ones.
+    fn pop_lru_idle(&mut self) -> Option<(O::Key, Entry<O::Mapping>)> {
+        if self.entries.len() == self.in_use {
+            return None;
         }
+        let key = self.entries.iter().rev().find(|(_, e)| e.users == 0).map(|(k, _)| k.clone())?;
+        self.entries.pop_entry(&key)
     }
 
     /// Closes the least recently used idle entry; false if none.
     fn evict_one(&mut self) -> bool {
-        let Some((key, entry)) = self.idle.pop_lru() else {
+        let Some((key, entry)) = self.pop_lru_idle() else {
             return false;
         };
         self.evictions += 1;
@@ -608,7 +617,7 @@ impl<O: MappingOpener> HandleCache<O> {
         true
     }
 
-    /// Closes an entry already taken out of both maps.
+    /// Closes an entry already taken out of the map.
     fn close_entry(
         &mut self,
         key: O::Key,
