@@ -28,7 +28,9 @@
 //! Configuration comes from the environment ([`SimConfig::from_env`]):
 //! `GPULMT_SIM_DEVICES` (default 2), `GPULMT_SIM_PEER` (`all` | `none` | `0-1,2-3`,
 //! default `all`), `GPULMT_SIM_IPC_OPEN_US` (default 0) and `GPULMT_SIM_COPY` (`thread`,
-//! the default, or `inline`: copies made inside `copy_async`, to measure host paths).
+//! the default, or `inline`: copies made inside `copy_async`, to measure host paths;
+//! `inline:NS` also reports each copy finished only NS ns after its issue, so the host
+//! paths overlap a copy as they do on a GPU).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
@@ -37,7 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -53,7 +55,8 @@ pub const ENV_PEER: &str = "GPULMT_SIM_PEER";
 /// Environment variable: time in microseconds that opening an IPC handle takes.
 pub const ENV_IPC_OPEN_US: &str = "GPULMT_SIM_IPC_OPEN_US";
 /// Environment variable: `thread` (default; each device's copies run on its engine
-/// thread) or `inline` (each copy is made inside `copy_async`).
+/// thread), `inline` (each copy is made inside `copy_async`) or `inline:NS` (made there,
+/// and seen finished NS nanoseconds after its issue).
 pub const ENV_COPY: &str = "GPULMT_SIM_COPY";
 
 /// Prefix of every shared-memory object of this backend, as it appears in `/dev/shm`.
@@ -180,6 +183,11 @@ pub struct SimConfig {
     /// (what gpulmt adds to a copy ping-pong; `copy_pingpong` on the same setting is the
     /// floor). Copies then never overlap the caller's work.
     pub copy_inline: bool,
+    /// With `copy_inline`: an inline copy is reported finished only this many nanoseconds
+    /// after its issue (its bytes have landed at once), so that the host paths of both
+    /// ranks overlap a copy's time as they do on a GPU (an 8 B peer copy is seen done
+    /// about 6.5 us after its issue began on 2x H200).
+    pub copy_done_ns: u64,
 }
 
 impl Default for SimConfig {
@@ -189,6 +197,7 @@ impl Default for SimConfig {
             peer: PeerMatrix::All,
             ipc_open_us: 0,
             copy_inline: false,
+            copy_done_ns: 0,
         }
     }
 }
@@ -244,10 +253,14 @@ impl SimConfig {
             })?;
         }
         if let Some(v) = get(ENV_COPY) {
-            cfg.copy_inline = match v.trim() {
-                "thread" => false,
-                "inline" => true,
-                _ => return Err(bad(ENV_COPY, &v, "`thread` (default) or `inline`")),
+            let accepted = "`thread` (default), `inline` or `inline:NS` (NS: nanoseconds from a copy's issue to its completion)";
+            (cfg.copy_inline, cfg.copy_done_ns) = match v.trim() {
+                "thread" => (false, 0),
+                "inline" => (true, 0),
+                other => match other.strip_prefix("inline:").map(|ns| ns.trim().parse::<u64>()) {
+                    Some(Ok(ns)) => (true, ns),
+                    _ => return Err(bad(ENV_COPY, &v, accepted)),
+                },
             };
         }
         cfg.validate()?;
@@ -660,7 +673,9 @@ pub struct SimBackend {
     /// One copy engine per device, started on first use.
     engines: Vec<Mutex<Option<Engine>>>,
     next_ticket: AtomicU64,
-    tickets: Mutex<std::collections::HashMap<u64, Arc<AtomicBool>>>,
+    /// Copies in flight: their done flag, and for inline copies with a completion time
+    /// (`copy_done_ns`), when they may be seen finished.
+    tickets: Mutex<std::collections::HashMap<u64, (Arc<AtomicBool>, Option<Instant>)>>,
 }
 
 // The backend is shared between the progress engine and user threads.
@@ -1168,7 +1183,9 @@ impl DeviceBackend for SimBackend {
                 unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
                 done.store(true, Ordering::Release);
                 let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-                lock(&self.tickets).insert(id, done);
+                let seen_at = (self.cfg.copy_done_ns > 0)
+                    .then(|| Instant::now() + Duration::from_nanos(self.cfg.copy_done_ns));
+                lock(&self.tickets).insert(id, (done, seen_at));
                 return Ok(CopyTicket(id));
             }
             // Lanes are accepted and ignored: one FIFO per device keeps each lane's
@@ -1189,13 +1206,13 @@ impl DeviceBackend for SimBackend {
                 })?;
         }
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        lock(&self.tickets).insert(id, done);
+        lock(&self.tickets).insert(id, (done, None));
         Ok(CopyTicket(id))
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
         let mut tickets = lock(&self.tickets);
-        let Some(flag) = tickets.get(&ticket.0) else {
+        let Some((flag, seen_at)) = tickets.get(&ticket.0) else {
             return Err(DeviceError::Driver {
                 call: "copy_poll",
                 code: CUDA_ERROR_INVALID_HANDLE,
@@ -1205,6 +1222,9 @@ impl DeviceBackend for SimBackend {
                 ),
             });
         };
+        if seen_at.is_some_and(|t| Instant::now() < t) {
+            return Ok(false);
+        }
         // Acquire: pairs with the engine's Release store, so once this reads true the
         // copied bytes are visible to this thread.
         if flag.load(Ordering::Acquire) {
@@ -1422,6 +1442,7 @@ mod tests {
             peer,
             ipc_open_us,
             copy_inline: false,
+            copy_done_ns: 0,
         })
         .expect("valid config")
     }
@@ -1922,9 +1943,12 @@ mod tests {
                 peer: PeerMatrix::NoPeers,
                 ipc_open_us: 930,
                 copy_inline: true,
+                copy_done_ns: 0,
             }
         );
         assert!(!SimConfig::from_lookup(env(&[(ENV_COPY, "thread")])).unwrap().copy_inline);
+        let c = SimConfig::from_lookup(env(&[(ENV_COPY, "inline:6500")])).unwrap();
+        assert!(c.copy_inline && c.copy_done_ns == 6500);
         let c =
             SimConfig::from_lookup(env(&[(ENV_DEVICES, "4"), (ENV_PEER, " 1-0, 2-3 ")])).unwrap();
         assert_eq!(c.peer, PeerMatrix::Pairs(vec![(0, 1), (2, 3)]));
@@ -1961,6 +1985,7 @@ mod tests {
         rejected(&[(ENV_DEVICES, "-1")], ENV_DEVICES);
         rejected(&[(ENV_IPC_OPEN_US, "1ms")], ENV_IPC_OPEN_US);
         rejected(&[(ENV_COPY, "sync")], ENV_COPY);
+        rejected(&[(ENV_COPY, "inline:soon")], ENV_COPY);
         assert!(SimBackend::new(SimConfig {
             devices: 0,
             ..Default::default()
