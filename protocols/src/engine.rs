@@ -228,6 +228,13 @@ impl Default for RtrPeer {
     }
 }
 
+/// A posted receive that has not matched: its buffer, and its offer if it was offered.
+#[derive(Clone, Copy, Debug)]
+struct PostedRecv {
+    buf: BufDesc,
+    offer: Option<Offered>,
+}
+
 /// A receive of ours offered to its sender by RTR, not matched yet.
 #[derive(Clone, Copy, Debug)]
 struct Offered {
@@ -342,6 +349,46 @@ enum CopyOwner {
     Recv { from: Rank, msg: MsgId, chunk: Option<u32> },
 }
 
+/// The copies in flight, by id. Ids are issued in sequence and copies finish in about that
+/// order, so a window that starts at the oldest unfinished copy serves as the map, with no
+/// hashing on the path of every copy. A copy that finishes late keeps the window open
+/// behind it (a slot per later copy) until it does; every copy issued is reported done,
+/// failed ones included, so the window always closes.
+#[derive(Debug, Default)]
+struct CopyWindow {
+    /// Id of `slots[0]`.
+    base: u64,
+    slots: VecDeque<Option<CopyOwner>>,
+    live: usize,
+}
+
+impl CopyWindow {
+    /// Adds the copy with the next id in sequence.
+    fn insert(&mut self, id: CopyId, owner: CopyOwner) {
+        if self.slots.is_empty() {
+            self.base = id.0;
+        }
+        debug_assert_eq!(id.0, self.base + self.slots.len() as u64, "copy ids are inserted in sequence");
+        self.slots.push_back(Some(owner));
+        self.live += 1;
+    }
+
+    fn remove(&mut self, id: CopyId) -> Option<CopyOwner> {
+        let i = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
+        let owner = self.slots.get_mut(i)?.take()?;
+        self.live -= 1;
+        while matches!(self.slots.front(), Some(None)) {
+            self.slots.pop_front();
+            self.base += 1;
+        }
+        Some(owner)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+}
+
 /// Completion of an eager message of `msg_len` bytes into a `buf_len`-byte buffer.
 fn eager_result(from: Rank, tag: Tag, msg_len: u64, buf_len: u64) -> Result<Status, ProtoError> {
     if msg_len > buf_len {
@@ -358,11 +405,12 @@ pub struct Engine {
     next_msg: MsgId,
     next_copy: u64,
     matcher: Matcher<Unexpected>,
-    /// Posted receives that have not matched, with their buffers.
-    posted: HashMap<ReqId, BufDesc>,
+    /// Posted receives that have not matched, with their buffers and offers (one map:
+    /// posting, pushing into and matching a receive each look it up once).
+    posted: HashMap<ReqId, PostedRecv>,
     sends: HashMap<MsgId, SendXfer>,
     recvs: HashMap<(Rank, MsgId), RecvXfer>,
-    copies: HashMap<CopyId, CopyOwner>,
+    copies: CopyWindow,
     /// Per destination: the staging ring and the SHM sends that use it.
     shm_rings: HashMap<Rank, ShmRing>,
     /// The latest SHM receives that failed while their sender lived: CHUNKs it sent
@@ -374,8 +422,6 @@ pub struct Engine {
     sends_to: Vec<u32>,
     /// Per peer: message counts and offers for RTR.
     rtr: Vec<RtrPeer>,
-    /// Our receives offered by RTR and not matched yet.
-    offered: HashMap<ReqId, Offered>,
     actions: VecDeque<Action>,
 }
 
@@ -394,13 +440,12 @@ impl Engine {
             posted: HashMap::default(),
             sends: HashMap::default(),
             recvs: HashMap::default(),
-            copies: HashMap::default(),
+            copies: CopyWindow::default(),
             shm_rings: HashMap::default(),
             failed_shm_recvs: VecDeque::new(),
             dead,
             sends_to,
             rtr: (0..n).map(|_| RtrPeer::default()).collect(),
-            offered: HashMap::default(),
             actions: VecDeque::new(),
         }
     }
@@ -444,8 +489,7 @@ impl Engine {
     ) -> Option<(ReqId, BufDesc, Result<Status, ProtoError>)> {
         let req = self.matcher.take_posted(from, tag)?;
         self.rtr[from as usize].arrived += 1;
-        self.offered.remove(&req);
-        let buf = self.posted.remove(&req).expect("posted receive has a buffer");
+        let buf = self.posted.remove(&req).expect("posted receive has a buffer").buf;
         Some((req, buf, eager_result(from, tag, len, buf.len)))
     }
 
@@ -552,26 +596,26 @@ impl Engine {
                         return self.complete(req, Err(ProtoError::PeerFailed { rank: s }));
                     }
                 }
-                self.posted.insert(req, buf);
-                self.offer_rtr(req, source, tag, &buf);
+                let offer = self.offer_rtr(req, source, tag, &buf);
+                self.posted.insert(req, PostedRecv { buf, offer });
             }
         }
     }
 
     /// Offers a just-posted receive to its sender (RTR) where nothing can take the
     /// sender's next message first: one source and tag, no earlier posted receive for
-    /// them, an exported device buffer.
-    fn offer_rtr(&mut self, req: ReqId, source: Option<Rank>, tag: Option<Tag>, buf: &BufDesc) {
-        let (Some(from), Some(tag), Some(dst)) = (source, tag, buf.region) else { return };
+    /// them, an exported device buffer. Returns the offer made, if any.
+    fn offer_rtr(&mut self, req: ReqId, source: Option<Rank>, tag: Option<Tag>, buf: &BufDesc) -> Option<Offered> {
+        let (Some(from), Some(tag), Some(dst)) = (source, tag, buf.region) else { return None };
         if self.cfg.rtr_put_max == 0 || from == self.cfg.rank || buf.device.is_none() || buf.len == 0 {
-            return; // Nothing can push into it.
+            return None; // Nothing can push into it.
         }
         if self.matcher.first_posted(from, tag) != Some(req) {
-            return;
+            return None;
         }
-        self.offered.insert(req, Offered { to: from, tag, cancelling: false });
         let expect = self.rtr[from as usize].arrived;
         self.send(from, Packet::Rtr { recv: req.0, expect, tag, len: buf.len, dst });
+        Some(Offered { to: from, tag, cancelling: false })
     }
 
     /// Whether a send of `buf` to `to` is of the kind an RTR can carry: device memory, not
@@ -672,7 +716,7 @@ impl Engine {
     /// into it (RTR_REVOKED); should the sender have pushed already, it completes as
     /// received instead (as an MPI cancel that lost the race with a match).
     pub fn cancel_recv(&mut self, req: ReqId) -> bool {
-        if let Some(o) = self.offered.get_mut(&req) {
+        if let Some(o) = self.posted.get_mut(&req).and_then(|p| p.offer.as_mut()) {
             if !o.cancelling {
                 o.cancelling = true;
                 let to = o.to;
@@ -906,8 +950,7 @@ impl Engine {
             Packet::RtrRevoked { recv } => {
                 let req = ReqId(recv);
                 // Not offered any more: an RTR_PUT or another message took it first.
-                if matches!(self.offered.get(&req), Some(o) if o.to == from && o.cancelling) {
-                    self.offered.remove(&req);
+                if matches!(self.posted.get(&req).and_then(|p| p.offer), Some(o) if o.to == from && o.cancelling) {
                     self.matcher.cancel(req);
                     self.posted.remove(&req);
                     self.complete(req, Err(ProtoError::Cancelled));
@@ -948,9 +991,7 @@ impl Engine {
 
     /// The peer pushes its next message into a receive this rank offered.
     fn on_rtr_put(&mut self, from: Rank, msg: MsgId, tag: Tag, len: u64, req: ReqId) {
-        let offered = self.offered.get(&req).copied();
-        let buf = self.posted.get(&req).copied();
-        let (Some(o), Some(buf)) = (offered, buf) else {
+        let Some(PostedRecv { buf, offer: Some(o) }) = self.posted.get(&req).copied() else {
             // The sender writes into a buffer that was never offered to it.
             self.violation(from, format!("RTR_PUT {msg} into receive {} that was not offered", req.0));
             return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
@@ -959,7 +1000,6 @@ impl Engine {
             self.violation(from, format!("RTR_PUT {msg} of {len} bytes, tag {tag}, does not fit receive {}", req.0));
             return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToSender });
         }
-        self.offered.remove(&req);
         self.matcher.cancel(req);
         self.posted.remove(&req);
         let choice = ProtocolChoice { protocol: Protocol::Put, reason: "offered by RTR: the sender's engine pushed at once" };
@@ -1018,8 +1058,7 @@ impl Engine {
     fn arrive(&mut self, from: Rank, tag: Tag, u: Unexpected) {
         if let Some((req, u)) = self.matcher.arrive(from, tag, u) {
             // Matched as usual: any RTR for it is stale (this was the message it named).
-            self.offered.remove(&req);
-            let buf = self.posted.remove(&req).expect("posted receive has a buffer");
+            let buf = self.posted.remove(&req).expect("posted receive has a buffer").buf;
             self.start_recv(req, from, tag, buf, u);
         }
     }
@@ -1202,7 +1241,7 @@ impl Engine {
 
     /// A copy finished (Err carries the transport's description of the failure).
     pub fn on_copy_done(&mut self, id: CopyId, result: Result<(), String>) {
-        let Some(owner) = self.copies.remove(&id) else {
+        let Some(owner) = self.copies.remove(id) else {
             return self.violation(self.cfg.rank, format!("completion of unknown copy {id:?}"));
         };
         match owner {
@@ -1386,7 +1425,11 @@ impl Engine {
         self.dead[peer as usize] = true;
         // No offers from it or waits for them; its counts no longer matter.
         self.rtr[peer as usize] = RtrPeer { credit: 0, ..RtrPeer::default() };
-        self.offered.retain(|_, o| o.to != peer);
+        for p in self.posted.values_mut() {
+            if p.offer.is_some_and(|o| o.to == peer) {
+                p.offer = None;
+            }
+        }
         let err = ProtoError::PeerFailed { rank: peer };
         let sends: Vec<MsgId> = self.sends.iter().filter(|(_, s)| s.to == peer).map(|(m, _)| *m).collect();
         self.shm_rings.remove(&peer);
@@ -1419,5 +1462,49 @@ impl Engine {
     /// Whether a peer was declared failed.
     pub fn is_peer_failed(&self, peer: Rank) -> bool {
         self.dead.get(peer as usize).copied().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(msg: MsgId) -> CopyOwner {
+        CopyOwner::Send { msg, chunk: None }
+    }
+
+    fn msg_of(o: Option<CopyOwner>) -> Option<MsgId> {
+        match o {
+            Some(CopyOwner::Send { msg, .. }) => Some(msg),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn copy_window_finds_copies_finished_in_any_order() {
+        let mut w = CopyWindow::default();
+        for id in 10..20 {
+            w.insert(CopyId(id), owner(id));
+        }
+        // Out of order: the window stays open behind the oldest copy.
+        for id in [12, 19, 15] {
+            assert_eq!(msg_of(w.remove(CopyId(id))), Some(id));
+        }
+        assert_eq!(w.slots.len(), 10);
+        assert!(w.remove(CopyId(12)).is_none(), "each copy is reported once");
+        assert!(w.remove(CopyId(9)).is_none() && w.remove(CopyId(20)).is_none(), "ids outside the window");
+        for id in [10, 11, 13, 14] {
+            assert_eq!(msg_of(w.remove(CopyId(id))), Some(id));
+        }
+        // The oldest four and the holes behind them are gone.
+        assert_eq!((w.base, w.slots.len(), w.live), (16, 4, 3));
+        for id in [16, 17, 18] {
+            assert_eq!(msg_of(w.remove(CopyId(id))), Some(id));
+        }
+        assert!(w.is_empty() && w.slots.is_empty());
+        // Empty, it starts again at the next id issued.
+        w.insert(CopyId(40), owner(40));
+        assert_eq!(msg_of(w.remove(CopyId(40))), Some(40));
+        assert!(w.is_empty());
     }
 }
