@@ -398,6 +398,22 @@ impl Context {
             return Ok(Request(req.0));
         }
         let desc = self.describe(info, ptr, len, !eager)?;
+        let payload = if eager {
+            let mut v = vec![0u8; len];
+            if len > 0 {
+                match kind {
+                    MemoryKind::Host => v.copy_from_slice(std::slice::from_raw_parts(buf, len)),
+                    MemoryKind::Device(_) => self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)?,
+                }
+            }
+            Some(v)
+        } else {
+            None
+        };
+        // The request exists before any wait for an offer below: once the offer is in, all
+        // that is left before the copy's issue is the engine's decision.
+        let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
+        let req = self.new_request(ptr, len, kind, span);
         if !eager && self.engine.rtr_eligible(dst, &desc) {
             // An RTR the peer sent for this message may be waiting in its ring, or be
             // about to arrive (see `Engine::rtr_wait_begin`): pushing into it as soon as it
@@ -420,20 +436,6 @@ impl Context {
             }
             anatomy::mark(Point::Probe, probe::SEND_OFFER_WAITED);
         }
-        let payload = if eager {
-            let mut v = vec![0u8; len];
-            if len > 0 {
-                match kind {
-                    MemoryKind::Host => v.copy_from_slice(std::slice::from_raw_parts(buf, len)),
-                    MemoryKind::Device(_) => self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)?,
-                }
-            }
-            Some(v)
-        } else {
-            None
-        };
-        let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
-        let req = self.new_request(ptr, len, kind, span);
         self.engine.post_send(req, dst, tag, desc, payload);
         anatomy::mark(Point::Probe, probe::SEND_POSTED);
         self.run_actions();

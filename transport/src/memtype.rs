@@ -13,19 +13,22 @@ const WAYS: usize = 16;
 pub struct HostRangeCache {
     ranges: [(usize, usize); WAYS],
     next: usize,
+    /// Ways in use: only they are scanned (a device buffer, which misses, is then checked
+    /// against the few host ranges a job uses instead of all the ways).
+    filled: usize,
 }
 
 impl HostRangeCache {
     /// An empty cache (`const`: usable in a static, as the PMPI shim's is).
     pub const fn new() -> HostRangeCache {
-        HostRangeCache { ranges: [(0, 0); WAYS], next: 0 }
+        HostRangeCache { ranges: [(0, 0); WAYS], next: 0, filled: 0 }
     }
 
     /// Whether `[ptr, ptr+len)` lies inside a range known to be host memory.
     #[inline]
     pub fn contains(&self, ptr: usize, len: usize) -> bool {
         let end = ptr.saturating_add(len);
-        self.ranges.iter().any(|&(b, e)| b <= ptr && end <= e && b < e)
+        self.ranges[..self.filled].iter().any(|&(b, e)| b <= ptr && end <= e && b < e)
     }
 
     /// Forgets every range.
@@ -40,6 +43,7 @@ impl HostRangeCache {
         }
         self.ranges[self.next] = (ptr, ptr.saturating_add(len));
         self.next = (self.next + 1) % WAYS;
+        self.filled = (self.filled + 1).min(WAYS);
     }
 }
 
