@@ -4,27 +4,14 @@
 //! and a mismatch would fail the run), and it fails fast, naming the cause, when the two
 //! devices cannot reach each other.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use gpulmt_tests::job_lock;
+use gpulmt_tests::run_program;
 
 fn run(envs: &[(&str, &str)], args: &[&str]) -> (Output, String) {
-    let _lock = job_lock();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_copy_pingpong"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("GPULMT_DEVICE", "sim").envs(envs.iter().copied()).args(args);
-    let out = cmd.output().expect("start copy_pingpong");
-    let text = format!(
-        "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out, text)
+    let mut all = vec![("GPULMT_DEVICE", "sim")];
+    all.extend_from_slice(envs);
+    run_program(env!("CARGO_BIN_EXE_copy_pingpong"), &all, args)
 }
 
 /// (bytes, half round trip) of each row, after checking the header.

@@ -2,26 +2,12 @@
 //! size with a positive cost for each placement, the received bytes checked (a mismatch
 //! fails the run), and bad placements refused with the reason.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use gpulmt_tests::job_lock;
+use gpulmt_tests::run_program;
 
 fn run(args: &[&str]) -> (Output, String) {
-    let _lock = job_lock();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hostpath_cost"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd.args(args).output().expect("start hostpath_cost");
-    let text = format!(
-        "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out, text)
+    run_program(env!("CARGO_BIN_EXE_hostpath_cost"), &[], args)
 }
 
 #[test]

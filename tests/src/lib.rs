@@ -64,6 +64,27 @@ pub fn check_program(from_cargo: Option<&str>) -> PathBuf {
     p
 }
 
+/// Runs a benchmark program to its end under the job lock, with no `GPULMT_*` variable of
+/// the test's own environment but `envs`, and returns its output with a text of its exit
+/// code, stdout and stderr for assertion messages.
+pub fn run_program(program: &str, envs: &[(&str, &str)], args: &[&str]) -> (std::process::Output, String) {
+    let _lock = job_lock();
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.envs(envs.iter().copied()).args(args).output().unwrap_or_else(|e| panic!("start {program}: {e}"));
+    let text = format!(
+        "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, text)
+}
+
 /// Holds the lock that serializes jobs (see the module documentation).
 pub struct JobLock(#[allow(dead_code)] File);
 
