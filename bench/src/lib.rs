@@ -49,7 +49,8 @@ pub fn sizes_in((lo, hi): (usize, usize)) -> Vec<usize> {
     v
 }
 
-fn parse_placement(s: &str) -> Result<Placement, String> {
+/// Parses a buffer placement argument: D (device) or H (host), either case.
+pub fn parse_placement(s: &str) -> Result<Placement, String> {
     match s {
         "H" | "h" => Ok(Placement::Host),
         "D" | "d" => Ok(Placement::Device),

@@ -35,5 +35,5 @@ fn a_row_per_size_and_placement() {
 fn a_bad_placement_is_refused() {
     let (out, text) = run(&["-i", "10", "D", "X"]);
     assert!(!out.status.success(), "{text}");
-    assert!(text.contains("placement \"X\""), "{text}");
+    assert!(text.contains("placement 'X'"), "{text}");
 }

@@ -408,9 +408,7 @@ impl<O: MappingOpener> HandleCache<O> {
                 .close_entry(key, entry)
                 .map_err(|(key, source)| CacheError::Close { key, source });
         }
-        if self.over_limits(0, 0) {
-            self.trim();
-        }
+        self.trim();
         Ok(())
     }
 

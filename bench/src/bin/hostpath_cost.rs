@@ -22,6 +22,7 @@ use std::time::Instant;
 use clap::Parser;
 use gpulmt::config::Config;
 use gpulmt::{Context, JobInfo, Request};
+use gpulmt_bench::{parse_placement, Buffer, Placement};
 
 #[derive(Parser, Debug)]
 #[command(about = "CPU cost of gpulmt's host path per ping-pong leg (both ranks in one thread, sim inline copies)")]
@@ -35,9 +36,12 @@ struct Args {
     /// Repetitions; the fastest is printed.
     #[arg(long, default_value_t = 5)]
     reps: u32,
-    /// Send and receive buffers' placement: D (device) or H (host), as osu_latency's.
-    #[arg(default_values_t = [String::from("D"), String::from("D")], num_args = 0..=2)]
-    placement: Vec<String>,
+    /// Send buffer placement: D (device) or H (host), as osu_latency's.
+    #[arg(value_parser = parse_placement, default_value = "D")]
+    send: Placement,
+    /// Receive buffer placement.
+    #[arg(value_parser = parse_placement, default_value = "D")]
+    recv: Placement,
 }
 
 fn die(msg: impl std::fmt::Display) -> ! {
@@ -48,20 +52,8 @@ fn die(msg: impl std::fmt::Display) -> ! {
 /// One rank's context and its send and receive buffers.
 struct Rank {
     ctx: Context,
-    send: usize,
-    recv: usize,
-    _host: Vec<Vec<u8>>,
-}
-
-impl Rank {
-    fn buffer(ctx: &mut Context, host: &mut Vec<Vec<u8>>, device: bool, len: usize) -> usize {
-        if device {
-            ctx.mem_alloc(len.max(1)).unwrap_or_else(|e| die(format!("device allocation: {e}")))
-        } else {
-            host.push(vec![0u8; len.max(1)]);
-            host.last().expect("pushed").as_ptr() as usize
-        }
-    }
+    send: Buffer,
+    recv: Buffer,
 }
 
 /// Drives a request to completion without blocking on the other rank: both are polled,
@@ -84,37 +76,16 @@ fn finish(req: Request, me: &mut Context, other: &mut Context) {
 fn leg(from: &mut Rank, to: &mut Rank, len: usize, tag: i32) {
     let src = from.ctx.rank();
     // SAFETY: the buffers live as long as the ranks and each is used by one request at a time.
-    let r = unsafe { to.ctx.irecv(to.recv as *mut u8, len, Some(src), Some(tag)) }
+    let r = unsafe { to.ctx.irecv(to.recv.ptr as *mut u8, len, Some(src), Some(tag)) }
         .unwrap_or_else(|e| die(format!("irecv: {e}")));
-    let s = unsafe { from.ctx.isend(from.send as *const u8, len, to.ctx.rank(), tag) }
+    let s = unsafe { from.ctx.isend(from.send.ptr as *const u8, len, to.ctx.rank(), tag) }
         .unwrap_or_else(|e| die(format!("isend: {e}")));
     finish(s, &mut from.ctx, &mut to.ctx);
     finish(r, &mut to.ctx, &mut from.ctx);
 }
 
-fn fill(ctx: &Context, buf: usize, len: usize, seed: u8) {
-    let pattern: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
-    ctx.copy_sync(buf, pattern.as_ptr() as usize, len).unwrap_or_else(|e| die(format!("filling a buffer: {e}")));
-}
-
-fn check(ctx: &Context, buf: usize, len: usize, seed: u8, what: &str) {
-    let mut got = vec![0u8; len];
-    ctx.copy_sync(got.as_mut_ptr() as usize, buf, len).unwrap_or_else(|e| die(format!("reading a buffer: {e}")));
-    if got.iter().enumerate().any(|(i, &b)| b != (i as u8).wrapping_mul(31).wrapping_add(seed)) {
-        die(format!("{what}: the received bytes differ from those sent"));
-    }
-}
-
 fn main() {
     let args = Args::parse();
-    let device: Vec<bool> = match args.placement.as_slice() {
-        [s, r] => [s, r].iter().map(|p| match p.as_str() {
-            "D" => true,
-            "H" => false,
-            other => die(format!("placement {other:?}: expected D or H")),
-        }).collect(),
-        _ => die("give both placements (e.g. D D) or none"),
-    };
     // SAFETY: set before any thread of ours exists (the contexts start none).
     unsafe {
         std::env::set_var("GPULMT_DEVICE", "sim");
@@ -123,26 +94,25 @@ fn main() {
     let cfg = Config::from_env().unwrap_or_else(|e| die(e));
     let job = format!("hostpath{}", std::process::id());
     let (lo, hi) = args.sizes;
-    let max = hi.max(1);
     // Rank 0 creates the job's segment and waits in a barrier for rank 1: start it aside.
     let cfg1 = cfg.clone();
     let job1 = job.clone();
     let one = std::thread::spawn(move || Context::init_with(cfg1, JobInfo { job: job1, rank: 1, size: 2 }));
     let ctx0 = Context::init_with(cfg, JobInfo { job, rank: 0, size: 2 }).unwrap_or_else(|e| die(format!("rank 0: {e}")));
     let ctx1 = one.join().expect("rank 1's start").unwrap_or_else(|e| die(format!("rank 1: {e}")));
+    let buffer = |ctx: &mut Context, p| Buffer::new(ctx, p, hi).unwrap_or_else(|e| die(format!("allocating a buffer: {e}")));
     let mut ranks = [ctx0, ctx1].map(|mut ctx| {
-        let mut host = Vec::new();
-        let send = Rank::buffer(&mut ctx, &mut host, device[0], max);
-        let recv = Rank::buffer(&mut ctx, &mut host, device[1], max);
-        Rank { ctx, send, recv, _host: host }
+        let (send, recv) = (buffer(&mut ctx, args.send), buffer(&mut ctx, args.recv));
+        Rank { ctx, send, recv }
     });
-    let placement = format!("{} {}", args.placement[0], args.placement[1]);
+    let placement = format!("{} {}", args.send.letter(), args.recv.letter());
     eprintln!("# gpulmt host path cost per leg (both ranks in one thread, sim inline copies), {placement}");
     println!("anchor,metric,bytes,value");
     for len in gpulmt_bench::sizes_in((lo, hi)) {
         let [a, b] = &mut ranks;
-        fill(&a.ctx, a.send, len, 1);
-        fill(&b.ctx, b.send, len, 2);
+        for (r, seed) in [(&*a, 1), (&*b, 2)] {
+            r.send.fill(&r.ctx, len, seed).unwrap_or_else(|e| die(format!("filling a send buffer: {e}")));
+        }
         let mut best = f64::INFINITY;
         for rep in 0..=args.reps {
             let legs = if rep == 0 { args.iters / 10 + 1 } else { args.iters };
@@ -158,8 +128,12 @@ fn main() {
                 best = best.min(ns);
             }
         }
-        check(&b.ctx, b.recv, len, 1, "rank 1's receive");
-        check(&a.ctx, a.recv, len, 2, "rank 0's receive");
+        // Each receive holds the other rank's pattern.
+        for (r, seed) in [(&*b, 1), (&*a, 2)] {
+            if let Err(e) = r.recv.check(&r.ctx, len, seed) {
+                die(format!("rank {}'s receive of {len} bytes: {e}", r.ctx.rank()));
+            }
+        }
         println!("hostpath_cost,ns_per_leg,{len},{best:.1}");
     }
     // Finalize's barrier needs both ranks at once.
