@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::matching::{Matcher, Selector};
-use crate::policy::{self, PolicyConfig, Protocol, ProtocolChoice};
+use crate::policy::{self, PeerLoad, PolicyConfig, Protocol, ProtocolChoice};
 use crate::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet, Region};
 use crate::{CopyId, MsgId, ProtoError, Rank, ReqId, Tag};
 
@@ -420,6 +420,10 @@ pub struct Engine {
     /// Per peer: rendezvous sends to it not finished yet (its engine may be
     /// moving them: the policy avoids loading it further).
     sends_to: Vec<u32>,
+    /// Per peer: its messages our engine is pulling (GET) and its engine is pushing
+    /// here (PUT, RTR), unfinished: the policy's balance spreads windows by them.
+    pulling: Vec<u32>,
+    pushing: Vec<u32>,
     /// Per peer: message counts and offers for RTR.
     rtr: Vec<RtrPeer>,
     actions: VecDeque<Action>,
@@ -445,6 +449,8 @@ impl Engine {
             failed_shm_recvs: VecDeque::new(),
             dead,
             sends_to,
+            pulling: vec![0; n],
+            pushing: vec![0; n],
             rtr: (0..n).map(|_| RtrPeer::default()).collect(),
             actions: VecDeque::new(),
         }
@@ -758,8 +764,9 @@ impl Engine {
             ProtocolChoice { protocol: Protocol::SelfCopy, reason: "sender and receiver are the same rank" }
         } else {
             let cfg = &self.cfg;
-            let busy = self.sends_to[from as usize] > 0;
-            policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, busy, |a, b| cfg.can_access(a, b))
+            let f = from as usize;
+            let load = PeerLoad { sender_busy: self.sends_to[f] > 0, pulling: self.pulling[f], pushing: self.pushing[f] };
+            policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, load, |a, b| cfg.can_access(a, b))
         };
         let mut choice = choice;
         let split = self.coop_split(len);
@@ -832,7 +839,24 @@ impl Engine {
                 x.shm = Some(ShmState::new(len, self.cfg.chunk_size));
             }
         }
-        self.recvs.insert((from, msg), x);
+        self.insert_recv((from, msg), x);
+    }
+
+    /// Starts tracking a receive, counted in its sender's engine load.
+    fn insert_recv(&mut self, key: (Rank, MsgId), x: RecvXfer) {
+        if let Some(n) = self.load_of(key.0, x.proto) {
+            *n += 1;
+        }
+        self.recvs.insert(key, x);
+    }
+
+    /// The per-peer count a receive by `proto` is part of, if any.
+    fn load_of(&mut self, from: Rank, proto: Protocol) -> Option<&mut u32> {
+        match proto {
+            Protocol::Get => Some(&mut self.pulling[from as usize]),
+            Protocol::Put => Some(&mut self.pushing[from as usize]),
+            _ => None,
+        }
     }
 
     /// Where COOPERATE splits a message: the sender's share, aligned down to 4 KiB
@@ -1004,7 +1028,7 @@ impl Engine {
         self.posted.remove(&req);
         let choice = ProtocolChoice { protocol: Protocol::Put, reason: "offered by RTR: the sender's engine pushed at once" };
         self.emit(Action::Chose { req, peer: from, len, choice });
-        self.recvs.insert(
+        self.insert_recv(
             (from, msg),
             RecvXfer { req, tag, len, buf, proto: Protocol::Put, pending: 0, part_done: false, shm: None, error: None },
         );
@@ -1379,6 +1403,9 @@ impl Engine {
             return;
         }
         let r = self.recvs.remove(&key).expect("live receive");
+        if let Some(n) = self.load_of(key.0, r.proto) {
+            *n -= 1;
+        }
         if r.proto == Protocol::Shm && r.error.is_some() && !self.dead[key.0 as usize] {
             // The sender may have announced chunks before it learnt of the failure.
             if self.failed_shm_recvs.len() == FAILED_SHM_MEMORY {

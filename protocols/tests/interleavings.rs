@@ -73,6 +73,9 @@ impl World {
                 c.policy.coop_min = coop_min;
                 if mode == ProtocolOverride::Auto {
                     c.rtr_put_max = 40_000;
+                    // Windows from one sender spread over both engines (a lone
+                    // message still takes GET, which `expected` relies on).
+                    c.policy.balance_max = 40_000;
                 }
                 if !peer {
                     c.peer_access = (0..devices * devices).map(|i| i / devices == i % devices).collect();
@@ -400,6 +403,47 @@ fn coop_auto_threshold_and_same_device() {
     w.run();
     assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Coop);
     assert_eq!(&w.user(1, ReqId(1))[..300_000], &data[..]);
+}
+
+#[test]
+fn balance_spreads_a_window_over_both_engines_and_leaves_lone_messages() {
+    for balance in [false, true] {
+        let mut w = World::new(2, 9, ProtocolOverride::Auto, u64::MAX, 2, true);
+        if !balance {
+            let mut c = w.engines[1].config().clone();
+            c.policy.balance_max = 0;
+            w.engines[1] = Engine::new(c);
+        }
+        // Six RTSs wait at rank 1 before its receives match them: a window.
+        let msgs: Vec<Vec<u8>> = (0..6).map(|k| pattern(k, 20_000)).collect();
+        for (k, data) in msgs.iter().enumerate() {
+            w.send(0, ReqId(k as u64 + 1), 1, 7, data.clone(), Some(0));
+        }
+        w.deliver(0, 1);
+        for k in 0..6 {
+            w.recv(1, ReqId(k + 1), Some(0), Some(7), 20_000, Some(1));
+        }
+        w.run();
+        w.assert_quiet();
+        let chosen: Vec<Protocol> = (1..=6).map(|k| w.chosen[&(1, ReqId(k))]).collect();
+        let want = if balance {
+            vec![Protocol::Get, Protocol::Put, Protocol::Get, Protocol::Put, Protocol::Get, Protocol::Put]
+        } else {
+            vec![Protocol::Get; 6]
+        };
+        assert_eq!(chosen, want, "balance {balance}");
+        for (k, data) in msgs.iter().enumerate() {
+            assert!(w.user(1, ReqId(k as u64 + 1))[..20_000] == data[..], "message {k}");
+            assert!(w.done[&(0, ReqId(k as u64 + 1))].is_ok());
+        }
+        // With nothing in flight, a lone message keeps the receiver's engine.
+        w.send(0, ReqId(7), 1, 7, pattern(7, 20_000), Some(0));
+        w.run();
+        w.recv(1, ReqId(7), Some(0), Some(7), 20_000, Some(1));
+        w.run();
+        assert_eq!(w.chosen[&(1, ReqId(7))], Protocol::Get);
+        assert!(w.user(1, ReqId(7))[..20_000] == pattern(7, 20_000)[..]);
+    }
 }
 
 /// A rank-1 receive of `len` device bytes from rank 0 with tag 7, offered by RTR, and the

@@ -326,6 +326,20 @@ fn window_non_overtaking_and_shm_queueing() {
     window("D D", true, &[("GPULMT_PROTOCOL", "put")]);
 }
 
+/// With GPULMT_BALANCE_MAX a window's messages are split between GET and PUT (which
+/// one depends on how many are in flight when each RTS is read; the engine's tests pin
+/// the alternation down): every byte still lands in the right buffer, each message
+/// once.
+#[test]
+fn balanced_window_moves_every_message_once() {
+    for same_tag in [true, false] {
+        let env = [("GPULMT_BALANCE_MAX", "2M"), ("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never")];
+        let out = window("D D", same_tag, &env);
+        let p = out.protocols(1);
+        assert_eq!(p["get"] + p["put"], 10, "{}", out.dump());
+    }
+}
+
 /// Cache limits: a one-entry cache evicts idle mappings, a one-byte cache keeps none;
 /// data and two-phase free stay right.
 #[test]

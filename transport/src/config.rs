@@ -25,6 +25,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_COOP_MIN", "2M", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large, unless the sender's engine is busy with traffic the other way (`never` to disable; 2 MiB measured on 2x H200)"),
     ("GPULMT_PUT_MIN", "512K", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large, unless traffic flows both ways (`never` to disable; measured on 2x H200)"),
     ("GPULMT_BIDIR_PUT_MIN", "512K", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; on 2x H200 with GPULMT_PROGRESS_ON_POST=1, osu_bibw PUT beat GET from 256 KiB: 603 vs 484 GB/s at 4 MiB)"),
+    ("GPULMT_BALANCE_MAX", "0", "below GPULMT_COOP_MIN, `auto` spreads a window of messages under this size from one sender over both engines (GET or PUT, whichever engine has fewer of that sender's messages in flight; a lone message keeps its usual engine), so both processes issue copies (0: off; not yet measured on GPUs)"),
     ("GPULMT_RTR_PUT_MAX", "64K", "`auto`: a receive posted for one source and tag into a device buffer, with no earlier receive for them, is offered to its sender (RTR); a device send of at most this size that is the sender's next message to that rank is then pushed at once by the sender's engine, with no RTS or CTS (0 to disable)"),
     ("GPULMT_RTR_WAIT_NS", "2000", "how long a send that could use an RTR waits for it when the peer's last offer arrived just too late (a blocking ping-pong offers each receive only once its previous send completed); each wait in vain costs one of four credits and each offer used gives one back; without credit only one such send in 64 waits (0: never wait)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
@@ -68,6 +69,7 @@ pub struct Config {
     pub coop_min: u64,
     pub put_min: u64,
     pub bidir_put_min: u64,
+    pub balance_max: u64,
     pub rtr_put_max: u64,
     pub rtr_wait_ns: u64,
     pub coop_sender_permille: u32,
@@ -100,6 +102,7 @@ impl Default for Config {
             coop_min: 2 << 20,
             put_min: 512 << 10,
             bidir_put_min: 512 << 10,
+            balance_max: 0,
             rtr_put_max: 64 << 10,
             rtr_wait_ns: 2000,
             coop_sender_permille: 500,
@@ -200,6 +203,7 @@ impl Config {
                 _ => size(var, dst)?,
             }
         }
+        size("GPULMT_BALANCE_MAX", &mut c.balance_max)?;
         size("GPULMT_RTR_PUT_MAX", &mut c.rtr_put_max)?;
         size("GPULMT_RTR_WAIT_NS", &mut c.rtr_wait_ns)?;
         num("GPULMT_COOP_SENDER_SHARE", &mut c.coop_sender_permille, 1, 999)?;
@@ -290,6 +294,7 @@ mod tests {
         assert_eq!(c.chunk_size, 256 << 10);
         assert_eq!(c.coop_min, 4 << 20);
         assert!(!cfg(&[("GPULMT_PROGRESS_ON_POST", "0")]).unwrap().progress_on_post);
+        assert_eq!(cfg(&[("GPULMT_BALANCE_MAX", "2M")]).unwrap().balance_max, 2 << 20);
     }
 
     #[test]
@@ -311,6 +316,7 @@ mod tests {
             ("GPULMT_HANDLE_CACHE", "maybe"),
             ("GPULMT_CHUNK_SIZE", "0"),
             ("GPULMT_PROGRESS_ON_POST", "2"),
+            ("GPULMT_BALANCE_MAX", "lots"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err();
             assert_eq!(e.var, k, "{e}");

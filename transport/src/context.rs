@@ -218,6 +218,7 @@ impl Context {
             coop_min: cfg.coop_min,
             put_min: cfg.put_min,
             bidir_put_min: cfg.bidir_put_min,
+            balance_max: cfg.balance_max,
         };
         // A forced protocol is the one that runs: no RTR offers then.
         ecfg.rtr_put_max = if cfg.protocol == ProtocolOverride::Auto { cfg.rtr_put_max } else { 0 };
