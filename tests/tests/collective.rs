@@ -340,6 +340,29 @@ fn balanced_window_moves_every_message_once() {
     }
 }
 
+/// With GPULMT_POLL_NEWEST a long copy queue is asked newest first and the copy found
+/// done is reported ahead of older ones. Every message is cut into 4 KiB pieces on one
+/// lane, so the queues are long: on the copy-engine threads (which finish when they
+/// do) every byte still lands where it belongs, GET, PUT and balanced alike; with
+/// copies that land at once the probes must find them.
+#[test]
+fn polling_newest_first_keeps_every_message_whole() {
+    for (copies, protocol) in [("thread", "get"), ("thread", "put"), ("thread", "auto"), ("inline", "get"), ("inline", "auto")] {
+        let env = [
+            ("GPULMT_SIM_COPY", copies),
+            ("GPULMT_POLL_NEWEST", "1"),
+            ("GPULMT_COPY_SPLIT", "4K"),
+            ("GPULMT_PROTOCOL", protocol),
+            ("GPULMT_BALANCE_MAX", "2M"),
+        ];
+        let out = window("D D", true, &env);
+        let probed: u64 = (0..2).map(|r| out.counters(r, "packets")["probed"]).sum();
+        if copies == "inline" {
+            assert!(probed > 0, "GPULMT_PROTOCOL={protocol}: no copy found by probing newest first\n{}", out.dump());
+        }
+    }
+}
+
 /// Cache limits: a one-entry cache evicts idle mappings, a one-byte cache keeps none;
 /// data and two-phase free stay right.
 #[test]

@@ -30,6 +30,8 @@ pub struct Stats {
     /// Packets dropped as malformed or out of protocol.
     pub violations: u64,
     pub copies: u64,
+    /// Copies found finished by asking a queue's newest first (`GPULMT_POLL_NEWEST`).
+    pub probed: u64,
     pub cache: CacheStats,
 }
 
@@ -55,6 +57,11 @@ struct InflightCopy {
     ticket: CopyTicket,
     lease: Option<PeerBufferKey>,
 }
+
+/// Copies a queue must hold before `GPULMT_POLL_NEWEST` asks its newest first: shorter
+/// queues (a lone copy, a trickle) are served as well oldest first, without the extra
+/// "not yet" answers.
+const PROBE_MIN_QUEUE: usize = 4;
 
 /// The copies in flight on one lane of one engine, oldest first.
 pub(crate) struct CopyQueue {
@@ -162,10 +169,14 @@ impl Context {
     ///
     /// A lane runs its copies in order, so polling stops at the first unfinished
     /// copy of each queue: with a window of 64 copies in flight a progress call
-    /// costs one driver query per lane, not 64.
+    /// costs one driver query per lane, not 64. With `GPULMT_POLL_NEWEST` a long
+    /// queue's newest copies are asked first (see [`probe_newest`](Self::probe_newest)).
     fn poll_copies(&mut self) -> bool {
         let mut did = false;
         for q in 0..self.inflight.len() {
+            if self.cfg.poll_newest && self.inflight[q].copies.len() >= PROBE_MIN_QUEUE {
+                did |= self.probe_newest(q);
+            }
             while let Some(c) = self.inflight[q].copies.front() {
                 anatomy::poll();
                 let result = match self.backend.copy_poll(c.ticket) {
@@ -173,17 +184,46 @@ impl Context {
                     Ok(true) => Ok(()),
                     Err(e) => Err(e.to_string()),
                 };
-                anatomy::mark(Point::CopyDone, anatomy::take_polls());
                 let c = self.inflight[q].copies.pop_front().expect("front exists");
-                self.engine.on_copy_done(c.id, result);
-                // What the copy ends (a GET's DONE, a completion) goes out before anything
-                // else is polled: a peer may be waiting for it.
-                self.run_actions();
-                self.release_lease(c.lease);
+                self.copy_finished(c, result);
                 did = true;
             }
         }
         did
+    }
+
+    /// Asks whether the newest or the second newest copy of queue `q` is done, and
+    /// retires the first that is. Every older copy of the queue is then done too, and
+    /// the oldest-first loop that follows retires them without driver queries (the
+    /// CUDA backend remembers how far each stream has finished). One answer "done"
+    /// then serves a whole window: on H200 such an answer costs 1.3-1.5 us of CPU,
+    /// against 0.15 us for "not yet", while a 64 KiB copy takes 0.2 us of engine time.
+    /// The second newest is asked because the newest was usually queued just before.
+    fn probe_newest(&mut self, q: usize) -> bool {
+        let n = self.inflight[q].copies.len();
+        for i in [n - 1, n - 2] {
+            let result = match self.backend.copy_poll(self.inflight[q].copies[i].ticket) {
+                Ok(false) => continue,
+                Ok(true) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            };
+            // Reported before the older copies: the engine takes completions in any order.
+            let c = self.inflight[q].copies.remove(i).expect("index within the queue");
+            self.stats.probed += 1;
+            self.copy_finished(c, result);
+            return true;
+        }
+        false
+    }
+
+    /// Reports a copy that left its queue to the engine and releases its mapping lease.
+    fn copy_finished(&mut self, c: InflightCopy, result: std::result::Result<(), String>) {
+        anatomy::mark(Point::CopyDone, anatomy::take_polls());
+        self.engine.on_copy_done(c.id, result);
+        // What the copy ends (a GET's DONE, a completion) goes out before anything
+        // else is polled: a peer may be waiting for it.
+        self.run_actions();
+        self.release_lease(c.lease);
     }
 
     fn release_lease(&mut self, lease: Option<PeerBufferKey>) {

@@ -496,8 +496,8 @@ fn print_stats(ctx: &Context) {
         c.opens, c.closes, c.hits, c.misses, c.entries, c.evictions
     );
     println!(
-        "rank={r} packets sent={} received={} violations={} backpressure={} copies={}",
-        s.packets_sent, s.packets_received, s.violations, s.backpressure, s.copies
+        "rank={r} packets sent={} received={} violations={} backpressure={} copies={} probed={}",
+        s.packets_sent, s.packets_received, s.violations, s.backpressure, s.copies, s.probed
     );
 }
 

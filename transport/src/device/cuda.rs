@@ -299,8 +299,9 @@ struct Device {
 #[derive(Clone, Copy)]
 struct Pending {
     dev: DevId,
-    /// The stream it runs on; None for a zero-length copy (nothing to wait for).
-    stream: Option<Stream>,
+    /// The stream it runs on and its slot; None for a zero-length copy (nothing to wait
+    /// for).
+    stream: Option<(Stream, usize)>,
     event: Option<Event>,
 }
 
@@ -312,6 +313,12 @@ struct Tickets {
     pending: FxHashMap<u64, Pending>,
     /// (device, stream slot) -> the newest copy issued there, which has no event.
     bare: FxHashMap<(DevId, usize), u64>,
+    /// (device, stream slot) -> the newest ticket seen finished there. Tickets of one
+    /// stream increase in issue order (they are drawn under this lock) and a stream
+    /// runs its copies in order, so every ticket of the stream up to it is finished
+    /// too: polling one of those needs no driver call (a query that answers "done"
+    /// costs 1.3-1.5 us of CPU on H200, so a window polled newest first pays once).
+    finished: FxHashMap<(DevId, usize), u64>,
 }
 
 struct OpenMapping {
@@ -709,8 +716,8 @@ impl DeviceBackend for CudaBackend {
         len: usize,
     ) -> Result<CopyTicket, DeviceError> {
         let d = self.device(engine)?;
-        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         if len == 0 {
+            let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
             let done = Pending { dev: engine, stream: None, event: None };
             lock(&self.tickets).pending.insert(id, done);
             return Ok(CopyTicket(id));
@@ -719,8 +726,10 @@ impl DeviceBackend for CudaBackend {
         let _current = self.enter(engine)?;
         let stream = Self::stream(d, slot)?;
         // Held across the driver calls, so that the copy that gets an event below is still
-        // the newest on the stream when the next one is queued behind it.
+        // the newest on the stream when the next one is queued behind it, and so that the
+        // tickets of one stream increase in the order its copies are queued.
         let mut tickets = lock(&self.tickets);
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let t = &mut *tickets;
         if let Some(prev) = t.bare.remove(&(engine, slot)) {
             if let Some(p) = t.pending.get_mut(&prev) {
@@ -736,19 +745,24 @@ impl DeviceBackend for CudaBackend {
             }
         }
         cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
-        t.pending.insert(id, Pending { dev: engine, stream: Some(Stream(stream)), event: None });
+        t.pending.insert(id, Pending { dev: engine, stream: Some((Stream(stream), slot)), event: None });
         t.bare.insert((engine, slot), id);
         Ok(CopyTicket(id))
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
-        let pending = lock(&self.tickets).pending.get(&ticket.0).copied().ok_or(DeviceError::InvalidPointer {
-            op: "copy_poll",
-            ptr: ticket.0 as usize,
-            expected: "a copy ticket in flight (already completed, or never issued)",
-        })?;
+        let (pending, known) = {
+            let t = lock(&self.tickets);
+            let p = t.pending.get(&ticket.0).copied().ok_or(DeviceError::InvalidPointer {
+                op: "copy_poll",
+                ptr: ticket.0 as usize,
+                expected: "a copy ticket in flight (already completed, or never issued)",
+            })?;
+            let known = p.stream.is_some_and(|(_, slot)| t.finished.get(&(p.dev, slot)).is_some_and(|&f| f >= ticket.0));
+            (p, known)
+        };
         // A zero-length copy has no stream: nothing to wait for.
-        if let Some(stream) = pending.stream {
+        if let (Some((stream, slot)), false) = (pending.stream, known) {
             let _current = self.enter(pending.dev)?;
             // An idle stream means the copy is done even if a newer copy gave it an event
             // meanwhile; a busy one may only mean that newer copy runs: ask again later.
@@ -761,6 +775,9 @@ impl DeviceBackend for CudaBackend {
                 Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
                 Err(f) => return Err(f.into()),
             }
+            let mut t = lock(&self.tickets);
+            let f = t.finished.entry((pending.dev, slot)).or_insert(0);
+            *f = (*f).max(ticket.0);
         }
         // Only the poller that removes the ticket recycles its event (the one it holds now:
         // a newer copy may have given it one since it was read): two threads polling the
@@ -1211,11 +1228,15 @@ mod tests {
             let empty = b.copy_async(engine, 0, dsts[0], srcs[0], 0).unwrap();
             assert!(b.copy_poll(empty).unwrap(), "a zero-length copy is done at once");
             let mut left = order.to_vec();
+            // The newest copy of the stream seen done so far: every older one is done too.
+            let mut newest_done = None;
             while !left.is_empty() {
                 left.retain(|&k| {
                     if !b.copy_poll(tickets[k]).unwrap() {
+                        assert!(newest_done.is_none_or(|n| n < k), "{name}: copy {k} not done after copy {newest_done:?}");
                         return true;
                     }
+                    newest_done = newest_done.max(Some(k));
                     let mut back = vec![0u8; len];
                     b.copy_sync(back.as_mut_ptr() as usize, dsts[k], len).unwrap();
                     assert!(back == pattern(len, k as u8 + 11), "{name}: copy {k} reported done before it landed");
