@@ -47,6 +47,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_SIM_PEER", "all", "sim backend: peer-accessible pairs: `all`, `none`, or pairs like `0-1,2-3`"),
     ("GPULMT_SIM_IPC_OPEN_US", "0", "sim backend: cost of opening an IPC handle in microseconds (H200: about 930)"),
     ("GPULMT_SIM_COPY", "thread", "sim backend: `thread` (each device's copies run on a copy-engine thread) or `inline` (made inside the call that starts them: a zero-time engine, to measure the host path alone) or `inline:NS` (made there, seen finished NS ns after their issue: the host paths overlap a copy as on a GPU)"),
+    ("GPULMT_SIM_DRIVER_NS", "unset", "sim backend: `ISSUE,DONE,NOT_READY` nanoseconds of CPU that starting a copy, a poll answering done and one answering not yet spin for, a model of the CUDA driver's calls (2x H200: about `1600,1400,150`) under which small-message bandwidth is bound by driver calls as on GPUs; polls the CUDA backend answers without the driver cost nothing"),
     ("GPULMT_LOG", "warn", "log filter (tracing `EnvFilter` syntax, e.g. `gpulmt=debug`)"),
 ];
 

@@ -628,6 +628,13 @@ impl Context {
 
     fn shutdown(&mut self) -> Result<()> {
         anatomy::dump(self.rank());
+        let (s, p) = (&self.stats, self.stats.protocols);
+        tracing::info!(
+            get = p[0], put = p[1], coop = p[2], shm = p[3], self_copies = p[4],
+            copies = s.copies, probed = s.probed, packets_sent = s.packets_sent,
+            packets_received = s.packets_received, backpressure = s.backpressure,
+            violations = s.violations, "traffic of this rank"
+        );
         if !self.reqs.is_empty() {
             tracing::warn!(pending = self.reqs.len(), "finalize with requests not waited for");
         }

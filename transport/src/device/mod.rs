@@ -11,7 +11,10 @@
 //! - [`cuda`]: NVIDIA driver API through cudarc, loaded at run time.
 
 pub mod cuda;
+mod finished;
 pub mod sim;
+
+pub(crate) use finished::FinishedThrough;
 
 use std::fmt;
 use std::sync::Arc;

@@ -30,7 +30,9 @@
 //! default `all`), `GPULMT_SIM_IPC_OPEN_US` (default 0) and `GPULMT_SIM_COPY` (`thread`,
 //! the default, or `inline`: copies made inside `copy_async`, to measure host paths;
 //! `inline:NS` also reports each copy finished only NS ns after its issue, so the host
-//! paths overlap a copy as they do on a GPU).
+//! paths overlap a copy as they do on a GPU) and `GPULMT_SIM_DRIVER_NS`
+//! (`ISSUE,DONE,NOT_READY`: CPU time a copy's issue and a poll's answers spin for, as
+//! the CUDA driver's calls take; unset: none).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
@@ -44,8 +46,8 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::{
-    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind,
-    PointerInfo, IPC_HANDLE_BYTES,
+    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, IpcHandle, Mapping,
+    MemoryKind, PointerInfo, IPC_HANDLE_BYTES,
 };
 
 /// Environment variable: number of simulated devices.
@@ -58,6 +60,9 @@ pub const ENV_IPC_OPEN_US: &str = "GPULMT_SIM_IPC_OPEN_US";
 /// thread), `inline` (each copy is made inside `copy_async`) or `inline:NS` (made there,
 /// and seen finished NS nanoseconds after its issue).
 pub const ENV_COPY: &str = "GPULMT_SIM_COPY";
+/// Environment variable: `ISSUE,DONE,NOT_READY` nanoseconds of CPU that starting a copy,
+/// a poll answering "done" and one answering "not yet" spin for.
+pub const ENV_DRIVER_NS: &str = "GPULMT_SIM_DRIVER_NS";
 
 /// Prefix of every shared-memory object of this backend, as it appears in `/dev/shm`.
 pub const SHM_PREFIX: &str = "gpulmt-sim-";
@@ -188,6 +193,21 @@ pub struct SimConfig {
     /// ranks overlap a copy's time as they do on a GPU (an 8 B peer copy is seen done
     /// about 6.5 us after its issue began on 2x H200).
     pub copy_done_ns: u64,
+    /// CPU time the driver's copy calls take, modelled by spinning (None: no cost).
+    pub driver: Option<DriverCost>,
+}
+
+/// CPU time of the driver calls of a copy, in nanoseconds. On 2x H200 (copy_probe):
+/// `cuMemcpyAsync` of a peer copy 1560-2000, a query answering "done" 1380-1460 (even for
+/// a copy long finished), one answering "not yet" 150. Bandwidth of small messages is
+/// bound by these, not by NVLink, so modelling them lets the sim rank policies that
+/// spread or save driver calls (a poll the backend answers from what it already knows
+/// costs nothing, as in the CUDA backend).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverCost {
+    pub issue_ns: u64,
+    pub done_ns: u64,
+    pub not_ready_ns: u64,
 }
 
 impl Default for SimConfig {
@@ -198,6 +218,7 @@ impl Default for SimConfig {
             ipc_open_us: 0,
             copy_inline: false,
             copy_done_ns: 0,
+            driver: None,
         }
     }
 }
@@ -261,6 +282,13 @@ impl SimConfig {
                     Some(Ok(ns)) => (true, ns),
                     _ => return Err(bad(ENV_COPY, &v, accepted)),
                 },
+            };
+        }
+        if let Some(v) = get(ENV_DRIVER_NS) {
+            let ns: Vec<Option<u64>> = v.split(',').map(|x| x.trim().parse().ok()).collect();
+            cfg.driver = match ns[..] {
+                [Some(issue_ns), Some(done_ns), Some(not_ready_ns)] => Some(DriverCost { issue_ns, done_ns, not_ready_ns }),
+                _ => return Err(bad(ENV_DRIVER_NS, &v, "three whole numbers of nanoseconds `ISSUE,DONE,NOT_READY`, e.g. 1600,1400,150")),
             };
         }
         cfg.validate()?;
@@ -675,7 +703,31 @@ pub struct SimBackend {
     next_ticket: AtomicU64,
     /// Copies in flight: their done flag, and for inline copies with a completion time
     /// (`copy_done_ns`), when they may be seen finished.
-    tickets: Mutex<std::collections::HashMap<u64, (Arc<AtomicBool>, Option<Instant>)>>,
+    tickets: Mutex<Tickets>,
+}
+
+/// A copy in flight.
+struct SimTicket {
+    done: Arc<AtomicBool>,
+    /// For inline copies with `copy_done_ns`: when it may be seen finished.
+    seen_at: Option<Instant>,
+    engine: DevId,
+}
+
+#[derive(Default)]
+struct Tickets {
+    pending: std::collections::HashMap<u64, SimTicket>,
+    /// Per engine (one in-order queue each): how far polls have seen it finished, so
+    /// that the driver cost model charges nothing for what a poll already knows.
+    finished: FinishedThrough<DevId>,
+}
+
+/// Spins for `ns` nanoseconds: the CPU time a driver call takes.
+fn spin_ns(ns: u64) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_nanos(ns) {
+        std::hint::spin_loop();
+    }
 }
 
 // The backend is shared between the progress engine and user threads.
@@ -1177,6 +1229,9 @@ impl DeviceBackend for SimBackend {
                 st.check_range("copy_async", dst, len)?;
                 st.check_range("copy_async", src, len)?;
             }
+            if let Some(d) = self.cfg.driver {
+                spin_ns(d.issue_ns);
+            }
             if self.cfg.copy_inline {
                 // SAFETY: as in engine_main; the caller keeps both ranges valid until the
                 // copy is observed complete, which here is at once.
@@ -1185,7 +1240,7 @@ impl DeviceBackend for SimBackend {
                 let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
                 let seen_at = (self.cfg.copy_done_ns > 0)
                     .then(|| Instant::now() + Duration::from_nanos(self.cfg.copy_done_ns));
-                lock(&self.tickets).insert(id, (done, seen_at));
+                lock(&self.tickets).pending.insert(id, SimTicket { done, seen_at, engine });
                 return Ok(CopyTicket(id));
             }
             // Lanes are accepted and ignored: one FIFO per device keeps each lane's
@@ -1206,13 +1261,13 @@ impl DeviceBackend for SimBackend {
                 })?;
         }
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        lock(&self.tickets).insert(id, (done, None));
+        lock(&self.tickets).pending.insert(id, SimTicket { done, seen_at: None, engine });
         Ok(CopyTicket(id))
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
         let mut tickets = lock(&self.tickets);
-        let Some((flag, seen_at)) = tickets.get(&ticket.0) else {
+        let Some(t) = tickets.pending.get(&ticket.0) else {
             return Err(DeviceError::Driver {
                 call: "copy_poll",
                 code: CUDA_ERROR_INVALID_HANDLE,
@@ -1222,17 +1277,24 @@ impl DeviceBackend for SimBackend {
                 ),
             });
         };
-        if seen_at.is_some_and(|t| Instant::now() < t) {
-            return Ok(false);
-        }
         // Acquire: pairs with the engine's Release store, so once this reads true the
         // copied bytes are visible to this thread.
-        if flag.load(Ordering::Acquire) {
-            tickets.remove(&ticket.0);
-            Ok(true)
-        } else {
-            Ok(false)
+        let finished = t.seen_at.is_none_or(|at| Instant::now() >= at) && t.done.load(Ordering::Acquire);
+        // The answer is always the copy's own state; the cost model charges a driver
+        // query only where the CUDA backend would make one.
+        if let Some(d) = self.cfg.driver {
+            let engine = t.engine;
+            if !tickets.finished.covers(&engine, ticket.0) {
+                spin_ns(if finished { d.done_ns } else { d.not_ready_ns });
+                if finished {
+                    tickets.finished.saw(engine, ticket.0);
+                }
+            }
         }
+        if finished {
+            tickets.pending.remove(&ticket.0);
+        }
+        Ok(finished)
     }
 
     fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
@@ -1443,6 +1505,7 @@ mod tests {
             ipc_open_us,
             copy_inline: false,
             copy_done_ns: 0,
+            driver: None,
         })
         .expect("valid config")
     }
@@ -1858,6 +1921,26 @@ mod tests {
     }
 
     #[test]
+    fn driver_cost_model_leaves_the_answers_alone() {
+        // Copies seen done 1 ms after issue, polled newest first: with the cost model the
+        // answers are each copy's own state, and an older copy polled after a newer one
+        // was seen done is done (as the CUDA backend answers it without a query).
+        let driver = Some(DriverCost { issue_ns: 1000, done_ns: 500, not_ready_ns: 100 });
+        let b = SimBackend::new(SimConfig { copy_inline: true, copy_done_ns: 1_000_000, driver, ..Default::default() }).unwrap();
+        let len = 4096;
+        let (d0, d1) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
+        let t: Vec<CopyTicket> = (0..4).map(|_| b.copy_async(1, 0, d1, d0, len).unwrap()).collect();
+        assert!(!b.copy_poll(t[3]).unwrap(), "not seen done before its time");
+        while !b.copy_poll(t[3]).unwrap() {}
+        for &old in &t[..3] {
+            assert!(b.copy_poll(old).unwrap());
+            assert!(b.copy_poll(old).is_err(), "a ticket is reported done once");
+        }
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
+
+    #[test]
     fn inline_copies_are_done_when_started() {
         let b = SimBackend::new(SimConfig { copy_inline: true, ..Default::default() }).unwrap();
         let len = 1 << 16;
@@ -1944,11 +2027,14 @@ mod tests {
                 ipc_open_us: 930,
                 copy_inline: true,
                 copy_done_ns: 0,
+                driver: None,
             }
         );
         assert!(!SimConfig::from_lookup(env(&[(ENV_COPY, "thread")])).unwrap().copy_inline);
         let c = SimConfig::from_lookup(env(&[(ENV_COPY, "inline:6500")])).unwrap();
         assert!(c.copy_inline && c.copy_done_ns == 6500);
+        let c = SimConfig::from_lookup(env(&[(ENV_DRIVER_NS, "1600, 1400,150")])).unwrap();
+        assert_eq!(c.driver, Some(DriverCost { issue_ns: 1600, done_ns: 1400, not_ready_ns: 150 }));
         let c =
             SimConfig::from_lookup(env(&[(ENV_DEVICES, "4"), (ENV_PEER, " 1-0, 2-3 ")])).unwrap();
         assert_eq!(c.peer, PeerMatrix::Pairs(vec![(0, 1), (2, 3)]));
@@ -1986,6 +2072,8 @@ mod tests {
         rejected(&[(ENV_IPC_OPEN_US, "1ms")], ENV_IPC_OPEN_US);
         rejected(&[(ENV_COPY, "sync")], ENV_COPY);
         rejected(&[(ENV_COPY, "inline:soon")], ENV_COPY);
+        rejected(&[(ENV_DRIVER_NS, "1600,1400")], ENV_DRIVER_NS);
+        rejected(&[(ENV_DRIVER_NS, "1600,1400,fast")], ENV_DRIVER_NS);
         assert!(SimBackend::new(SimConfig {
             devices: 0,
             ..Default::default()
