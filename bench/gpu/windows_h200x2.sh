@@ -15,10 +15,13 @@
 # Rows go to OUTDIR/windows.csv as `variant,round,bench,bytes,metric,value`; the table
 # printed last holds each cell's median, its ratio to the best variant of that cell and
 # to the anchor (ce_peer / ce_peer_bi / the anchors' 8 B copy-and-wait).
-# Usage: [VARIANTS=...] [ROUNDS=3] bash bench/gpu/windows_h200x2.sh OUTDIR   (after prepare.sh; carry .gpu)
+# QUICK=1 skips the unit tests, checks and anchors; MPS=1 runs the rounds under NVIDIA MPS
+# (two ranks on one GPU are time-sliced without it).
+# Usage: [VARIANTS=...] [ROUNDS=3] [QUICK=1] [MPS=1] bash bench/gpu/windows_h200x2.sh OUTDIR   (after prepare.sh; carry .gpu)
 source "$(dirname "$0")/preamble.sh"
 variants=${VARIANTS:-auto:X=1 newest:GPULMT_POLL_NEWEST=1 bal2m:GPULMT_BALANCE_MAX=2M bal512k:GPULMT_BALANCE_MAX=512K both:GPULMT_POLL_NEWEST=1,GPULMT_BALANCE_MAX=2M get:GPULMT_PROTOCOL=get put:GPULMT_PROTOCOL=put}
 nvidia-smi > "$out/host.txt" 2>&1
+if [ "${QUICK:-0}" != 1 ]; then
 log unit
 $bin/gpulmt-unit --ignored --test-threads=1 device::cuda > "$out/unit.txt" 2>&1
 log checks
@@ -37,6 +40,15 @@ check pingpong_both "$both" pingpong --placement "D D" --sizes 1,4096,65536,6553
 check alltoall_both "$both" alltoall --iters 20
 log anchors
 bash .gpu/tools/anchors.sh 4194304 > "$out/anchors.csv" 2> "$out/anchors.err"
+fi
+[ -f "$out/anchors.csv" ] || echo "anchor,metric,bytes,value" > "$out/anchors.csv"
+mps=0
+if [ "${MPS:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d 2>/dev/null && mps=1
+fi
+echo "mps=$mps" > "$out/env.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/windows.csv"
 one() { # variant round env-assignments(comma-separated) bench args...
   local v=$1 r=$2 envs=${3//,/ }; shift 3
@@ -57,7 +69,8 @@ for r in $(seq "${ROUNDS:-3}"); do
   done
 done
 log done
-cat "$out/checks.txt"
+[ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
+cat "$out/env.txt" "$out/checks.txt" 2>/dev/null
 grep -E "test result" "$out/unit.txt" | tail -3
 for f in "$out"/stats_*.txt; do echo "$(basename "$f" .txt): $(grep -m2 "osu_bw" "$f" | grep -oE " (get|put|copies|probed)=[0-9]+" | tr '\n' ' ')"; done
 python3 - "$out/windows.csv" "$out/anchors.csv" > "$out/windows_table.csv" <<'PY'
@@ -86,4 +99,4 @@ for bench, size in sorted({(b, s) for b, s, _ in cell}):
         print(f"{bench},{size},{v},{m:.3f},{vb:.3f},{a},{av if av else ''},{va:.3f},{vals}")
 PY
 tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
-column -s, -t < "$out/windows_table.csv" | cut -c1-110
+cut -d, -f1-5,8 "$out/windows_table.csv"
