@@ -19,7 +19,7 @@
 # (two ranks on one GPU are time-sliced without it).
 # Usage: [VARIANTS=...] [ROUNDS=3] [QUICK=1] [MPS=1] bash bench/gpu/windows_h200x2.sh OUTDIR   (after prepare.sh; carry .gpu)
 source "$(dirname "$0")/preamble.sh"
-variants=${VARIANTS:-auto:X=1 newest:GPULMT_POLL_NEWEST=1 bal2m:GPULMT_BALANCE_MAX=2M bal512k:GPULMT_BALANCE_MAX=512K both:GPULMT_POLL_NEWEST=1,GPULMT_BALANCE_MAX=2M get:GPULMT_PROTOCOL=get put:GPULMT_PROTOCOL=put}
+variants=${VARIANTS:-auto:X=1 oldest:GPULMT_POLL_NEWEST=0 bal2m:GPULMT_BALANCE_MAX=2M bal512k:GPULMT_BALANCE_MAX=512K both:GPULMT_POLL_NEWEST=1,GPULMT_BALANCE_MAX=2M get:GPULMT_PROTOCOL=get put:GPULMT_PROTOCOL=put}
 nvidia-smi > "$out/host.txt" 2>&1
 if [ "${QUICK:-0}" != 1 ]; then
 log unit

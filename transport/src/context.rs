@@ -208,6 +208,10 @@ impl Context {
                 return Err(Error::Bootstrap(format!("rank {r} runs on another node: gpulmt-run starts local ranks only")));
             }
         }
+        let rank_devices: Vec<u32> = (0..info.size as usize).map(|r| seg.rank_device(r)).collect();
+        if let Some(w) = device::time_slicing_warning(me, device, &rank_devices, backend.mps_enabled(device)) {
+            tracing::warn!("{w}");
+        }
 
         let mut ecfg = EngineConfig::new(info.rank, info.size, ndev);
         ecfg.node = node;

@@ -48,6 +48,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDeviceGetCount",
     "cuDeviceGet",
     "cuDeviceCanAccessPeer",
+    "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxGetCurrent",
@@ -591,6 +592,14 @@ impl DeviceBackend for CudaBackend {
         let n = self.devices.len();
         let (from, to) = (from as usize, to as usize);
         from < n && to < n && self.peer[from * n + to]
+    }
+
+    fn mps_enabled(&self, dev: DevId) -> Option<bool> {
+        let d = self.devices.get(dev as usize)?;
+        let mut v: c_int = 0;
+        // A driver too old to know the attribute refuses it: then it is unknown.
+        let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED;
+        cu!(cuDeviceGetAttribute(&mut v, attr, d.cu)).ok().map(|()| v != 0)
     }
 
     fn alloc(&self, dev: DevId, bytes: usize) -> Result<usize, DeviceError> {

@@ -12,9 +12,11 @@
 
 pub mod cuda;
 mod finished;
+mod sharing;
 pub mod sim;
 
 pub(crate) use finished::FinishedThrough;
+pub(crate) use sharing::time_slicing_warning;
 
 use std::fmt;
 use std::sync::Arc;
@@ -134,6 +136,13 @@ pub trait DeviceBackend: Send + Sync {
     /// Whether the copy engine of device `from` can read and write memory of device `to`
     /// through a peer mapping (true when `from == to`).
     fn can_access_peer(&self, from: DevId, to: DevId) -> bool;
+
+    /// Whether contexts that processes create on `dev` are shared through NVIDIA MPS, so
+    /// that ranks on one device run at once instead of being time-sliced; None where the
+    /// backend cannot tell or the question does not apply (the sim).
+    fn mps_enabled(&self, _dev: DevId) -> Option<bool> {
+        None
+    }
 
     /// Allocates `bytes` of memory on `dev`; returns its address.
     fn alloc(&self, dev: DevId, bytes: usize) -> Result<usize, DeviceError>;

@@ -1,0 +1,38 @@
+//! Ranks that share a GPU: without NVIDIA MPS the driver time-slices their contexts.
+//!
+//! Two processes on one H200 without MPS read 145 us for an 8 B D-D ping-pong, under MPS
+//! 10.2-10.4 us (bench/results/h200x1/windows2_*): every copy waits for the GPU to switch
+//! to its context. gpulmt cannot start MPS itself (it is a node service started before
+//! the job), so it says so once at start-up.
+
+/// The warning for rank `me`, bound to `device`, given every rank's device
+/// (`rank_devices[r]`) and whether MPS serves `device` (None: unknown, no warning).
+/// Only the lowest rank of a shared device warns, so a job logs it once per device.
+pub(crate) fn time_slicing_warning(me: usize, device: u32, rank_devices: &[u32], mps: Option<bool>) -> Option<String> {
+    let sharing: Vec<usize> = (0..rank_devices.len()).filter(|&r| rank_devices[r] == device).collect();
+    if mps != Some(false) || sharing.len() < 2 || sharing[0] != me {
+        return None;
+    }
+    Some(format!(
+        "ranks {sharing:?} share GPU {device} without NVIDIA MPS: the driver time-slices their contexts, \
+         so each copy waits for a context switch (8 B latency 145 us against 10 us under MPS on H200); \
+         start the MPS control daemon (`nvidia-cuda-mps-control -d`) before the job, or give each rank its own GPU"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warns_once_per_shared_device_without_mps() {
+        let devices = [0, 0, 1, 1, 0];
+        let w = time_slicing_warning(0, 0, &devices, Some(false)).expect("ranks 0, 1 and 4 share GPU 0");
+        assert!(w.contains("[0, 1, 4]") && w.contains("GPU 0") && w.contains("nvidia-cuda-mps-control"), "{w}");
+        assert_eq!(time_slicing_warning(1, 0, &devices, Some(false)), None, "only the lowest rank warns");
+        assert!(time_slicing_warning(2, 1, &devices, Some(false)).is_some());
+        assert_eq!(time_slicing_warning(0, 0, &devices, Some(true)), None, "MPS serves it");
+        assert_eq!(time_slicing_warning(0, 0, &devices, None), None, "unknown (sim, old driver)");
+        assert_eq!(time_slicing_warning(0, 0, &[0, 1], Some(false)), None, "a GPU of its own");
+    }
+}
