@@ -768,7 +768,7 @@ impl DeviceBackend for CudaBackend {
             (p, known)
         };
         // A zero-length copy has no stream: nothing to wait for.
-        if let (Some((stream, slot)), false) = (pending.stream, known) {
+        if let (Some((stream, _)), false) = (pending.stream, known) {
             let _current = self.enter(pending.dev)?;
             // An idle stream means the copy is done even if a newer copy gave it an event
             // meanwhile; a busy one may only mean that newer copy runs: ask again later.
@@ -781,12 +781,17 @@ impl DeviceBackend for CudaBackend {
                 Err(f) if f.code == CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
                 Err(f) => return Err(f.into()),
             }
-            lock(&self.tickets).finished.saw((pending.dev, slot), ticket.0);
         }
         // Only the poller that removes the ticket recycles its event (the one it holds now:
         // a newer copy may have given it one since it was read): two threads polling the
         // same ticket must not put one event in the pool twice.
-        let removed = lock(&self.tickets).pending.remove(&ticket.0);
+        let removed = {
+            let mut t = lock(&self.tickets);
+            if let (Some((_, slot)), false) = (pending.stream, known) {
+                t.finished.saw((pending.dev, slot), ticket.0);
+            }
+            t.pending.remove(&ticket.0)
+        };
         if let Some(Pending { dev, event: Some(ev), .. }) = removed {
             lock(&self.devices[dev as usize].events).push(ev);
         }
