@@ -26,7 +26,7 @@ one() { # variant round set env-assignments(comma-separated) bench args...
   rm -f /tmp/ab.csv
   env $envs ".gpu/$set/gpulmt-run" -n 2 --timeout 120 -- ".gpu/$set/$@" --csv /tmp/ab.csv --stats D D >> "$out/stats_$v.txt" 2>> "$out/log.txt" \
     || echo "$v round $r failed" >> "$out/log.txt"
-  tail -n +2 /tmp/ab.csv 2>/dev/null | cut -d, -f1,4- | sed "s/^/$v,$r,/" >> "$out/ab.csv"
+  append_rows "$v" "$r" /tmp/ab.csv "$out/ab.csv"
 }
 read -r -a lat <<< "$lat_variants"
 for r in $(seq "${ROUNDS:-5}"); do

@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts (`source "$(dirname "$0")/preamble.sh"`, arguments passed on):
 # strict mode, $out from the first argument (created, with the commit of the carried
 # binaries), $bin, the CUDA backend for every gpulmt run, `log` (to stderr and
-# $out/log.txt) and `small_copy_baselines`.
+# $out/log.txt), `small_copy_baselines` and `append_rows`.
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
@@ -17,4 +17,10 @@ small_copy_baselines() {
   bash .gpu/tools/anchors.sh 8 > "$out/anchors.csv" 2> "$out/anchors.err"
   log copy_probe
   $bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
+}
+# Appends the rows of an osu benchmark's --csv file ($3) to $4 as
+# `variant,round,bench,bytes,metric,value` (variant $1, round $2; its header, placement
+# and protocol columns dropped).
+append_rows() {
+  tail -n +2 "$3" 2>/dev/null | cut -d, -f1,4- | sed "s/^/$1,$2,/" >> "$4"
 }

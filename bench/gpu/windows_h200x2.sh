@@ -56,7 +56,7 @@ one() { # variant round env-assignments(comma-separated) bench args...
   env GPULMT_LOG=gpulmt=info $envs $bin/gpulmt-run -n 2 --timeout 120 -- "$bin/$@" --csv /tmp/windows.csv D D \
     > /dev/null 2> >(grep -E "traffic of this rank|ERROR|WARN" | sed "s/^/round $r $1: /" >> "$out/stats_$v.txt") \
     || echo "$v round $r $1 failed" >> "$out/log.txt"
-  tail -n +2 /tmp/windows.csv 2>/dev/null | cut -d, -f1,4- | sed "s/^/$v,$r,/" >> "$out/windows.csv"
+  append_rows "$v" "$r" /tmp/windows.csv "$out/windows.csv"
 }
 read -r -a vs <<< "$variants"
 for r in $(seq "${ROUNDS:-3}"); do
