@@ -151,13 +151,16 @@ pub fn choose(
         }
         ProtocolOverride::Auto => {
             let sender_busy = load.sender_busy;
-            if s == d {
+            // Both processes issue copies, so a window is queued by two CPUs, not one: the
+            // driver's CPU cost per copy, not the engine, bounds a window of small messages.
+            let balance = coop_ok && len < cfg.balance_max && !sender_busy;
+            if s == d && !balance {
                 pick(Protocol::Get, "same device: one engine copies within it")
-            } else if coop_ok && len >= cfg.coop_min && !sender_busy {
+            } else if s != d && coop_ok && len >= cfg.coop_min && !sender_busy {
                 pick(Protocol::Coop, "peer-accessible and large: both engines move a part")
-            } else if coop_ok && len < cfg.balance_max && !sender_busy {
+            } else if balance {
                 // The preferred engine, unless the other has fewer of this sender's messages.
-                if len >= cfg.put_min {
+                if s != d && len >= cfg.put_min {
                     if load.pulling < load.pushing {
                         pick(Protocol::Get, "window of messages: receiver's engine takes this one")
                     } else {
@@ -254,6 +257,14 @@ mod tests {
         assert_eq!(p(64 << 10, load(0, 1), |a, b| a == 0 && b == 1), Protocol::Put);
         // COOPERATE above its threshold, whatever the load.
         assert_eq!(p(4 << 20, load(0, 5), all), Protocol::Coop);
+        // On one device both processes' streams reach it: the window is spread too, and a
+        // lone message stays a GET, whatever put_min says.
+        let same = |len, l| choose(&c, &dev(0), Some(0), true, len, l, all).protocol;
+        assert_eq!(same(1 << 20, load(0, 0)), Protocol::Get);
+        assert_eq!(same(1 << 20, load(1, 0)), Protocol::Put);
+        assert_eq!(same(1 << 20, load(1, 1)), Protocol::Get);
+        assert_eq!(same(2 << 20, load(1, 0)), Protocol::Get, "from balance_max one engine");
+        assert_eq!(choose(&c, &dev(0), Some(0), false, 64 << 10, load(1, 0), all).protocol, Protocol::Get, "PUT needs the receiver's buffer exported");
         // Off by default.
         let off = PolicyConfig::default();
         assert_eq!(choose(&off, &dev(0), Some(1), true, 64 << 10, load(5, 0), all).protocol, Protocol::Get);

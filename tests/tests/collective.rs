@@ -337,6 +337,11 @@ fn balanced_window_moves_every_message_once() {
         let out = window("D D", same_tag, &env);
         let p = out.protocols(1);
         assert_eq!(p["get"] + p["put"], 10, "{}", out.dump());
+        // Both ranks on one device: the window is spread over the two processes too.
+        let one_device = [env.as_slice(), &[("GPULMT_SIM_DEVICES", "1")]].concat();
+        let out = window("D D", same_tag, &one_device);
+        let p = out.protocols(1);
+        assert_eq!(p["get"] + p["put"], 10, "{}", out.dump());
     }
 }
 
