@@ -208,6 +208,8 @@ fn cache_window(protocol: &str, recv_opens: u64, send_opens: u64, rtr_put_max: &
         ("GPULMT_PROTOCOL", protocol),
         ("GPULMT_SIM_IPC_OPEN_US", "930"),
         ("GPULMT_RTR_PUT_MAX", rtr_put_max),
+        // Each message's protocol must be the one asked for: no window spread over both.
+        ("GPULMT_BALANCE_MAX", "0"),
     ])
     .timeout_s(30)
     .run();
@@ -311,7 +313,7 @@ fn window_non_overtaking_and_shm_queueing() {
         let out = window("H H", same_tag, &[]);
         // Host sender: 7 of the 12 sizes are above the eager limit.
         assert_eq!(out.protocols(1)["shm"], 7, "{}", out.dump());
-        let out = window("D D", same_tag, &[("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never")]);
+        let out = window("D D", same_tag, &[("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never"), ("GPULMT_BALANCE_MAX", "0")]);
         // Device sender: every non-empty message is a rendezvous.
         assert_eq!(out.protocols(1)["get"], 10, "{}", out.dump());
         let out = window(

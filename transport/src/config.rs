@@ -25,7 +25,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_COOP_MIN", "2M", "`auto` uses COOPERATE between peer-accessible GPUs for messages at least this large, unless the sender's engine is busy with traffic the other way (`never` to disable; 2 MiB measured on 2x H200)"),
     ("GPULMT_PUT_MIN", "512K", "below GPULMT_COOP_MIN, `auto` uses PUT (sender's engine pushes) between peer-accessible GPUs for messages at least this large, unless traffic flows both ways (`never` to disable; measured on 2x H200)"),
     ("GPULMT_BIDIR_PUT_MIN", "512K", "with traffic both ways between two ranks, `auto` uses PUT (each engine pushes its own data) for messages at least this large (`never` to disable; on 2x H200 with GPULMT_PROGRESS_ON_POST=1, osu_bibw PUT beat GET from 256 KiB: 603 vs 484 GB/s at 4 MiB)"),
-    ("GPULMT_BALANCE_MAX", "0", "below GPULMT_COOP_MIN, `auto` spreads a window of messages under this size from one sender over both engines (GET or PUT, whichever engine has fewer of that sender's messages in flight; a lone message keeps its usual engine), so both processes issue copies (0: off; not yet measured on GPUs)"),
+    ("GPULMT_BALANCE_MAX", "2M", "`auto` spreads a window of messages under this size from one sender over both engines (GET or PUT, whichever engine has fewer of that sender's messages in flight; a lone message keeps its usual engine), so both processes issue copies: one CPU issues a copy in 2-4 us, slower than the engine moves 64 KiB - 1 MiB (0: off; two ranks on one H200 under MPS, osu_bw +65-78 % from 64 KiB to 1 MiB)"),
     ("GPULMT_RTR_PUT_MAX", "64K", "`auto`: a receive posted for one source and tag into a device buffer, with no earlier receive for them, is offered to its sender (RTR); a device send of at most this size that is the sender's next message to that rank is then pushed at once by the sender's engine, with no RTS or CTS (0 to disable)"),
     ("GPULMT_RTR_WAIT_NS", "2000", "how long a send that could use an RTR waits for it when the peer's last offer arrived just too late (a blocking ping-pong offers each receive only once its previous send completed); each wait in vain costs one of four credits and each offer used gives one back; without credit only one such send in 64 waits (0: never wait)"),
     ("GPULMT_COOP_SENDER_SHARE", "500", "COOPERATE: the sender's share of the bytes, in thousandths"),
@@ -105,7 +105,7 @@ impl Default for Config {
             coop_min: 2 << 20,
             put_min: 512 << 10,
             bidir_put_min: 512 << 10,
-            balance_max: 0,
+            balance_max: 2 << 20,
             rtr_put_max: 64 << 10,
             rtr_wait_ns: 2000,
             coop_sender_permille: 500,
@@ -298,7 +298,7 @@ mod tests {
         assert_eq!(c.chunk_size, 256 << 10);
         assert_eq!(c.coop_min, 4 << 20);
         assert!(!cfg(&[("GPULMT_PROGRESS_ON_POST", "0")]).unwrap().progress_on_post);
-        assert_eq!(cfg(&[("GPULMT_BALANCE_MAX", "2M")]).unwrap().balance_max, 2 << 20);
+        assert_eq!(cfg(&[("GPULMT_BALANCE_MAX", "512K")]).unwrap().balance_max, 512 << 10);
         assert!(!cfg(&[("GPULMT_POLL_NEWEST", "0")]).unwrap().poll_newest);
     }
 
