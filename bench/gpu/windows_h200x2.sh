@@ -6,7 +6,11 @@
 #   GPULMT_POLL_NEWEST=1    a long copy queue is asked newest first, so one "done" retires
 #                           a window (the CUDA backend answers older tickets from memory);
 #   GPULMT_BALANCE_MAX=SIZE a window from one sender is spread over both engines, so both
-#                           processes issue copies.
+#                           processes issue copies (default 2M since one H200 under MPS
+#                           read +65-78 % in osu_bw: h200x1/windows3_mps_balance);
+#   GPULMT_BIDIR_PUT_MIN    64K by default since PUT beat GET in osu_bibw at 64-256 KiB in
+#                           runs 13-16; `bidir512k` is the old default.
+# The default variants set each back to its old value, one at a time, against auto.
 # In one call: the CUDA backend's GPU unit tests (the window test checks the newest-first
 # answers), correctness checks with both settings on, the anchors up to 4 MiB, then ROUNDS
 # rotated rounds of osu_bw and osu_bibw 64 KiB - 4 MiB and osu_latency 8 B D D per variant
@@ -19,7 +23,7 @@
 # (two ranks on one GPU are time-sliced without it).
 # Usage: [VARIANTS=...] [ROUNDS=3] [QUICK=1] [MPS=1] bash bench/gpu/windows_h200x2.sh OUTDIR   (after prepare.sh; carry .gpu)
 source "$(dirname "$0")/preamble.sh"
-variants=${VARIANTS:-auto:X=1 oldest:GPULMT_POLL_NEWEST=0 bal2m:GPULMT_BALANCE_MAX=2M bal512k:GPULMT_BALANCE_MAX=512K both:GPULMT_POLL_NEWEST=1,GPULMT_BALANCE_MAX=2M get:GPULMT_PROTOCOL=get put:GPULMT_PROTOCOL=put}
+variants=${VARIANTS:-auto:X=1 nobal:GPULMT_BALANCE_MAX=0 bal512k:GPULMT_BALANCE_MAX=512K bidir512k:GPULMT_BIDIR_PUT_MIN=512K oldest:GPULMT_POLL_NEWEST=0 get:GPULMT_PROTOCOL=get put:GPULMT_PROTOCOL=put}
 nvidia-smi > "$out/host.txt" 2>&1
 if [ "${QUICK:-0}" != 1 ]; then
 log unit
