@@ -125,6 +125,36 @@ fn timed_poll(what: &str, mut query: impl FnMut() -> CUresult, ready: &mut Vec<f
     }
 }
 
+/// What the PMPI shim pays per device buffer before gpulmt touches it, on device 0 with
+/// nothing queued anywhere: asking whether the application's legacy default stream has
+/// work pending (gpulmt's `wait_app_default_stream`, one `cuStreamQuery`), the same of an
+/// idle non-blocking stream, ordering a stream after the legacy one on the GPU instead
+/// (`cuEventRecord` + `cuStreamWaitEvent`, no host wait), and the pointer query that
+/// classifies a buffer (`pointer_info`).
+fn settle_probes(b: &CudaBackend) {
+    const LEGACY: sys::CUstream = 1usize as sys::CUstream;
+    let a = b.alloc(0, 64).expect("alloc");
+    let d = dev(0);
+    unsafe {
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d.ctx));
+        measure("settle_legacy_query_unused", || ck("cuStreamQuery", sys::cuStreamQuery(LEGACY)));
+        ck("cuMemsetD8Async", sys::cuMemsetD8Async(a as CUdeviceptr, 0, 64, LEGACY));
+        ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY));
+        measure("settle_legacy_query_idle", || ck("cuStreamQuery", sys::cuStreamQuery(LEGACY)));
+        measure("settle_nonblocking_query_idle", || ck("cuStreamQuery", sys::cuStreamQuery(d.stream)));
+        measure("settle_event_record_legacy_wait", || {
+            ck("cuEventRecord", sys::cuEventRecord(d.event, LEGACY));
+            ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(d.stream, d.event, 0));
+        });
+        ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream));
+    }
+    measure("settle_backend_wait_app_default_stream", || b.wait_app_default_stream(0).expect("wait_app_default_stream"));
+    measure("settle_backend_pointer_info", || {
+        b.pointer_info(a).expect("pointer_info");
+    });
+    b.free(a).expect("free");
+}
+
 /// Copy-then-complete variants on `d`'s stream, `d`'s context current.
 fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
     let (dst, src) = (dst as CUdeviceptr, src as CUdeviceptr);
@@ -363,8 +393,10 @@ fn main() {
     if let Ok(hex) = std::env::var(CHILD_ENV) {
         return child(&b, &hex, len);
     }
+    println!("probe,variant,median_us,mean_us,p90_us");
+    settle_probes(&b);
     if b.device_count() < 2 || !b.can_access_peer(0, 1) {
-        eprintln!("copy_probe: needs two devices with peer access");
+        eprintln!("copy_probe: the copy probes need two devices with peer access");
         std::process::exit(1);
     }
     let bytes = len.max(64);
@@ -372,7 +404,6 @@ fn main() {
     let (d0, d1) = (dev(0), dev(1));
     // The IPC half checks that what it moved is this pattern.
     unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(a0 as CUdeviceptr, PATTERN, bytes)) };
-    println!("probe,variant,median_us,mean_us,p90_us");
     unsafe {
         ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx));
         measure("push_memcpypeer_streamsync", || {

@@ -229,6 +229,9 @@ pub struct Shim {
     last_device: Option<(usize, u32)>,
     /// Device messages below this many bytes are staged (`GPULMT_MPI_LMT_MIN`).
     lmt_min: usize,
+    /// Whether device buffers wait for the application's legacy default stream first
+    /// (`GPULMT_MPI_SETTLE`).
+    settle: bool,
     pub counters: gpulmt_mpi_counters,
 }
 
@@ -284,12 +287,17 @@ impl Shim {
 
         let outgoing: BlobQueue = Arc::default();
         let queue = Arc::clone(&outgoing);
-        let made = (|| -> Result<(Context, usize), String> {
+        let made = (|| -> Result<(Context, usize, bool), String> {
             let lmt_min = match std::env::var("GPULMT_MPI_LMT_MIN") {
                 Ok(v) if !v.trim().is_empty() => gpulmt::config::parse_size(v.trim())
                     .ok_or_else(|| format!("GPULMT_MPI_LMT_MIN={v:?} is not a size (like 1, 64K, 1M)"))?
                     as usize,
                 _ => 1,
+            };
+            let settle = match std::env::var("GPULMT_MPI_SETTLE").as_deref().map(str::trim) {
+                Err(_) | Ok("") | Ok("default-stream") => true,
+                Ok("none") => false,
+                Ok(v) => return Err(format!("GPULMT_MPI_SETTLE={v:?} is neither `default-stream` nor `none`")),
             };
             let cfg = Config::from_env().map_err(|e| e.to_string())?;
             let info = JobInfo { job: job.clone(), rank: lrank as u32, size: lsize as u32 };
@@ -297,7 +305,7 @@ impl Shim {
                 queue.lock().unwrap_or_else(PoisonError::into_inner).push_back((to, blob.to_vec()));
             });
             let ctx = Context::init_plugin(cfg, info, send).map_err(|e| e.to_string())?;
-            Ok((ctx, lmt_min.max(1)))
+            Ok((ctx, lmt_min.max(1), settle))
         })();
         // Every local rank must have joined, or none uses gpulmt.
         let mine = c_int::from(made.is_ok());
@@ -316,7 +324,7 @@ impl Shim {
             }
             Err(why)
         };
-        let (ctx, lmt_min) = match made {
+        let (ctx, lmt_min, settle) = match made {
             Err(why) => return fail(why, None),
             Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
@@ -348,6 +356,7 @@ impl Shim {
             allocations: Vec::new(),
             last_device: None,
             lmt_min,
+            settle,
             counters: gpulmt_mpi_counters::default(),
         })
     }
@@ -444,6 +453,9 @@ impl Shim {
     /// gpulmt reads or writes that device buffer: an application may fill or clear it
     /// with a `cudaMemcpy` from pageable memory, which returns before its DMA lands.
     fn settle_app_writes(&self, ptr: usize) {
+        if !self.settle {
+            return;
+        }
         let backend = self.ctx.backend();
         // The caller has just asked is_device about this buffer: no second query.
         let dev = match self.last_device {

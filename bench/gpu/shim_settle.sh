@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Where the PMPI shim's 8 B D D latency goes beyond gpulmt's own: in one call,
+# copy_probe's settle rows (what asking about the application's legacy default stream
+# and classifying a pointer cost on this driver), then ROUNDS rotated rounds of
+# ffi/shim/examples/cuda_osu.c's 8 B D D ping-pong under the shim with the default-stream
+# wait (GPULMT_MPI_SETTLE=default-stream, the default) and without it (none), and
+# gpulmt's own osu_latency D D 8 B beside them.
+# On one GPU (nvidia-h200) both ranks share it; MPS=1 starts the MPS daemon first.
+# Usage: [ROUNDS=5] [MPS=1] bash bench/gpu/shim_settle.sh OUTDIR   (after prepare.sh; carry .gpu)
+source "$(dirname "$0")/preamble.sh"
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+shim="-x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda"
+nvidia-smi > "$out/host.txt" 2>&1
+if [ "${MPS:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && log "MPS started"
+fi
+log copy_probe
+$bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
+mpicc -O2 -I$CUDA/include ffi/shim/examples/cuda_osu.c -L$CUDA/lib64 -lcudart -Wl,-rpath,$CUDA/lib64 -o /tmp/cuda_osu
+echo "variant,round,us" > "$out/shim_settle.csv"
+shim_lat() { # variant round env...
+  local v=$1 r=$2; shift 2
+  local x=""
+  for e in "$@"; do x="$x -x $e"; done
+  timeout 120 $mpirun -np 2 $shim $x /tmp/cuda_osu 1048576 > /tmp/cuda_osu.out 2>> "$out/log.txt"
+  grep -q ",check,.*,ok,0" /tmp/cuda_osu.out && log "$v: a byte check failed" && cat /tmp/cuda_osu.out >> "$out/log.txt"
+  echo "$v,$r,$(grep ',lat,D D,8,' /tmp/cuda_osu.out | cut -d, -f6)" >> "$out/shim_settle.csv"
+}
+native_lat() { # round
+  $bin/gpulmt-run -n 2 --timeout 60 -- $bin/osu_latency -m 8:8 -i 20000 --csv /tmp/native.csv D D > /dev/null 2>> "$out/log.txt"
+  echo "native,$1,$(tail -n 1 /tmp/native.csv | cut -d, -f6)" >> "$out/shim_settle.csv"
+}
+for i in $(seq "${ROUNDS:-5}"); do
+  log round $i
+  case $((i % 3)) in
+    0) shim_lat settle $i X=1; shim_lat none $i GPULMT_MPI_SETTLE=none; native_lat $i ;;
+    1) shim_lat none $i GPULMT_MPI_SETTLE=none; native_lat $i; shim_lat settle $i X=1 ;;
+    2) native_lat $i; shim_lat settle $i X=1; shim_lat none $i GPULMT_MPI_SETTLE=none ;;
+  esac
+done
+if [ "${MPS:-0}" = 1 ]; then echo quit | nvidia-cuda-mps-control; fi
+log done
+grep settle_ "$out/copy_probe_8.csv"
+python3 - "$out/shim_settle.csv" <<'PY'
+import csv, statistics, sys
+v = {}
+for r in csv.DictReader(open(sys.argv[1])):
+    if r["us"]: v.setdefault(r["variant"], []).append(float(r["us"]))
+for k, x in v.items():
+    print(f"{k}: median {statistics.median(x):.2f} us  runs {' '.join(f'{y:.2f}' for y in x)}")
+PY
