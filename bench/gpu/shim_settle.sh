@@ -4,7 +4,8 @@
 # and classifying a pointer cost on this driver), then ROUNDS rotated rounds of
 # ffi/shim/examples/cuda_osu.c's 8 B D D ping-pong under the shim with the default-stream
 # wait (GPULMT_MPI_SETTLE=default-stream, the default) and without it (none), and
-# gpulmt's own osu_latency D D 8 B beside them.
+# gpulmt's own osu_latency D D 8 B beside them, with RTR offers (native) and without
+# (native_nortr: GET, as under the shim, whose own matching never offers).
 # On one GPU (nvidia-h200) both ranks share it; MPS=1 starts the MPS daemon first.
 # Usage: [ROUNDS=5] [MPS=1] bash bench/gpu/shim_settle.sh OUTDIR   (after prepare.sh; carry .gpu)
 source "$(dirname "$0")/preamble.sh"
@@ -29,9 +30,11 @@ shim_lat() { # variant round env...
   grep -q ",check,.*,ok,0" /tmp/cuda_osu.out && log "$v: a byte check failed" && cat /tmp/cuda_osu.out >> "$out/log.txt"
   echo "$v,$r,$(grep ',lat,D D,8,' /tmp/cuda_osu.out | cut -d, -f6)" >> "$out/shim_settle.csv"
 }
-native_lat() { # round
+native_lat() { # round; then with RTR offers off (GET, as the shim's own matching has it)
   $bin/gpulmt-run -n 2 --timeout 60 -- $bin/osu_latency -m 8:8 -i 20000 --csv /tmp/native.csv D D > /dev/null 2>> "$out/log.txt"
   echo "native,$1,$(tail -n 1 /tmp/native.csv | cut -d, -f6)" >> "$out/shim_settle.csv"
+  GPULMT_RTR_PUT_MAX=0 $bin/gpulmt-run -n 2 --timeout 60 -- $bin/osu_latency -m 8:8 -i 20000 --csv /tmp/native.csv D D > /dev/null 2>> "$out/log.txt"
+  echo "native_nortr,$1,$(tail -n 1 /tmp/native.csv | cut -d, -f6)" >> "$out/shim_settle.csv"
 }
 for i in $(seq "${ROUNDS:-5}"); do
   log round $i

@@ -147,6 +147,47 @@ fn settle_probes(b: &CudaBackend) {
             ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(d.stream, d.event, 0));
         });
         ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream));
+        // As in a ping-pong: a copy of gpulmt's has just been seen finished, then the next
+        // message's settle asks about the legacy stream (timed alone).
+        let a2 = b.alloc(0, 64).expect("alloc");
+        let after = |what: &str, stream: sys::CUstream, mut settle: Box<dyn FnMut() + '_>| {
+            let mut t = Vec::with_capacity(REPS);
+            for i in 0..WARM + REPS {
+                ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, stream));
+                spin_stream(stream);
+                let x = Instant::now();
+                settle();
+                if i >= WARM {
+                    t.push(x.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            t.sort_by(f64::total_cmp);
+            let mean = t.iter().sum::<f64>() / t.len() as f64;
+            println!("copy_probe,{what},{:.3},{mean:.3},{:.3}", t[t.len() / 2], t[t.len() * 9 / 10]);
+        };
+        after("settle_legacy_query_after_copy", d.stream, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(LEGACY))));
+        after("settle_nonblocking_query_after_copy", d.stream, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(d.stream))));
+        after(
+            "settle_event_record_legacy_wait_after_copy",
+            d.stream,
+            Box::new(|| {
+                ck("cuEventRecord", sys::cuEventRecord(d.event, LEGACY));
+                ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(d.stream, d.event, 0));
+            }),
+        );
+        // A blocking stream (ordered after the legacy stream by the driver, no call at all):
+        // what its copy and wait cost beside the non-blocking stream's.
+        let mut blocking = ptr::null_mut();
+        ck("cuStreamCreate", sys::cuStreamCreate(&mut blocking, sys::CUstream_flags::CU_STREAM_DEFAULT as c_uint));
+        after("settle_legacy_query_after_blocking_copy", blocking, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(LEGACY))));
+        for (what, s) in [("local_copy_streamquery_nonblocking", d.stream), ("local_copy_streamquery_blocking", blocking)] {
+            measure(what, || {
+                ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, s));
+                spin_stream(s);
+            });
+        }
+        ck("cuStreamDestroy", sys::cuStreamDestroy_v2(blocking));
+        b.free(a2).expect("free");
     }
     measure("settle_backend_wait_app_default_stream", || b.wait_app_default_stream(0).expect("wait_app_default_stream"));
     measure("settle_backend_pointer_info", || {
