@@ -34,7 +34,8 @@ const WARM: usize = 200;
 const REPS: usize = 2000;
 
 const SERVER_SOURCE: &str = r#"
-extern "C" __global__ void copy_server(const volatile unsigned long long* desc, unsigned int* done) {
+extern "C" __global__ void copy_server(const volatile unsigned long long* desc, unsigned int* done,
+                                       int fence_all, unsigned long long* gpu_ns) {
     __shared__ unsigned long long s_seq, s_dst, s_src, s_len;
     unsigned long long last = 0;
     for (;;) {
@@ -44,6 +45,9 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
                 asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(s) : "l"(desc) : "memory");
             } while (s == last);
             s_seq = s;
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            gpu_ns[0] = t;
             s_dst = desc[1];
             s_src = desc[2];
             s_len = desc[3];
@@ -61,9 +65,14 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
             const unsigned char* x = (const unsigned char*)s_src;
             for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = x[i];
         }
-        __threadfence_system();
+        // Without fence_all, the barrier orders every thread's stores before thread 0's
+        // system-scope release (cumulativity), which publishes them with the word.
+        if (fence_all) __threadfence_system();
         __syncthreads();
         if (threadIdx.x == 0) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            gpu_ns[1] = t;
             asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(done), "r"((unsigned int)s) : "memory");
         }
         last = s;
@@ -107,6 +116,8 @@ struct Server {
     desc: (*mut u64, CUdeviceptr),
     /// Pinned completion word.
     done: (*mut u32, CUdeviceptr),
+    /// Pinned GPU timestamps (ns): descriptor seen, copy done (before the word's store).
+    gpu_ns: *mut u64,
     seq: u64,
 }
 
@@ -122,7 +133,7 @@ fn pinned(bytes: usize) -> (*mut u8, CUdeviceptr) {
 }
 
 impl Server {
-    fn start(ordinal: i32, image: &std::ffi::CStr) -> Server {
+    fn start(ordinal: i32, image: &std::ffi::CStr, fence_all: bool) -> Server {
         unsafe {
             let mut cu = 0;
             ck("cuDeviceGet", sys::cuDeviceGet(&mut cu, ordinal));
@@ -139,10 +150,16 @@ impl Server {
             ck("cuModuleGetFunction", sys::cuModuleGetFunction(&mut f, module, c"copy_server".as_ptr()));
             let (d, dd) = pinned(64);
             let (w, wd) = pinned(64);
-            let (mut a0, mut a1) = (dd, wd);
-            let mut args: [*mut std::ffi::c_void; 2] = [(&mut a0 as *mut CUdeviceptr).cast(), (&mut a1 as *mut CUdeviceptr).cast()];
+            let (t, td) = pinned(64);
+            let (mut a0, mut a1, mut a2, mut a3) = (dd, wd, i32::from(fence_all), td);
+            let mut args: [*mut std::ffi::c_void; 4] = [
+                (&mut a0 as *mut CUdeviceptr).cast(),
+                (&mut a1 as *mut CUdeviceptr).cast(),
+                (&mut a2 as *mut i32).cast(),
+                (&mut a3 as *mut CUdeviceptr).cast(),
+            ];
             ck("cuLaunchKernel", sys::cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, server_stream, args.as_mut_ptr(), ptr::null_mut()));
-            Server { ctx, stream, server_stream, desc: (d.cast(), dd), done: (w.cast(), wd), seq: 0 }
+            Server { ctx, stream, server_stream, desc: (d.cast(), dd), done: (w.cast(), wd), gpu_ns: t.cast(), seq: 0 }
         }
     }
 
@@ -199,7 +216,13 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, dst: usize, src: usize, 
         spin_stream(stream);
     }));
     b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
-    row(&format!("server_{name}_{len}"), timed(|| s.copy(dst, src, len)));
+    let mut on_gpu = Vec::with_capacity(REPS);
+    row(&format!("server_{name}_{len}"), timed(|| {
+        s.copy(dst, src, len);
+        // SAFETY: the server wrote both stamps before the word just seen.
+        on_gpu.push(unsafe { s.gpu_ns.add(1).read_volatile().wrapping_sub(s.gpu_ns.read_volatile()) } as f64 / 1e3);
+    }));
+    row(&format!("server_{name}_{len}_gpu_seen_to_store"), on_gpu.split_off(WARM));
     let mut got = vec![0u8; len];
     b.copy_sync(got.as_mut_ptr() as usize, dst, len).expect("read back");
     println!("server_probe,check_{name}_{len},{},,", if got == want { "ok" } else { "FAILED" });
@@ -224,8 +247,12 @@ fn main() {
     let a0b = b.alloc(0, max).unwrap();
     let a1 = if two { b.alloc(1, max).unwrap() } else { 0 };
     println!("probe,variant,median_us,mean_us,p90_us");
-    let mut s0 = Server::start(0, &image);
-    let mut s1 = two.then(|| Server::start(1, &image));
+    // SERVER_FENCE_ALL=1: every thread fences system-wide before the word (the stricter
+    // pattern) instead of relying on the barrier and thread 0's release.
+    let fence_all = std::env::var("SERVER_FENCE_ALL").is_ok_and(|v| v == "1");
+    println!("server_probe,fence_all,{fence_all},,");
+    let mut s0 = Server::start(0, &image, fence_all);
+    let mut s1 = two.then(|| Server::start(1, &image, fence_all));
     for (i, &len) in sizes.iter().enumerate() {
         let seed = i as u8 * 3;
         variant(&b, "local", &mut s0, a0b, a0, len, seed);
