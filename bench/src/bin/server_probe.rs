@@ -34,28 +34,39 @@ const WARM: usize = 200;
 const REPS: usize = 2000;
 
 const SERVER_SOURCE: &str = r#"
+// desc: [dst, src, len, tag] in pinned host memory, tag = seq ^ dst ^ src ^ len, written
+// last. Lanes 0-3 of warp 0 read the four words in one coalesced load (one PCIe read, not
+// four); the tag proves the words belong together, so a read torn against the host's
+// writes is simply repeated. len = ~0 stops the server.
 extern "C" __global__ void copy_server(const volatile unsigned long long* desc, unsigned int* done,
                                        int fence_all, unsigned long long* gpu_ns) {
-    __shared__ unsigned long long s_seq, s_dst, s_src, s_len;
-    unsigned long long last = 0;
+    __shared__ unsigned long long s_dst, s_src, s_len;
+    unsigned long long seq = 0;
     for (;;) {
-        if (threadIdx.x == 0) {
-            unsigned long long s;
-            do {
-                asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(s) : "l"(desc) : "memory");
-            } while (s == last);
-            s_seq = s;
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            gpu_ns[0] = t;
-            s_dst = desc[1];
-            s_src = desc[2];
-            s_len = desc[3];
+        seq += 1;
+        if (threadIdx.x < 32) {
+            for (;;) {
+                unsigned long long v = threadIdx.x < 4 ? desc[threadIdx.x] : 0;
+                unsigned long long dst = __shfl_sync(0xffffffffu, v, 0);
+                unsigned long long src = __shfl_sync(0xffffffffu, v, 1);
+                unsigned long long len = __shfl_sync(0xffffffffu, v, 2);
+                unsigned long long tag = __shfl_sync(0xffffffffu, v, 3);
+                if ((tag ^ dst ^ src ^ len) == seq) {
+                    if (threadIdx.x == 0) {
+                        unsigned long long t;
+                        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                        gpu_ns[0] = t;
+                        s_dst = dst;
+                        s_src = src;
+                        s_len = len;
+                    }
+                    break;
+                }
+            }
         }
         __syncthreads();
-        unsigned long long s = s_seq;
-        if (s == ~0ull) return;
         unsigned long long len = s_len;
+        if (len == ~0ull) return;
         if (((s_dst | s_src | len) & 15) == 0) {
             uint4* d = (uint4*)s_dst;
             const uint4* x = (const uint4*)s_src;
@@ -73,9 +84,8 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
             unsigned long long t;
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
             gpu_ns[1] = t;
-            asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(done), "r"((unsigned int)s) : "memory");
+            asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(done), "r"((unsigned int)seq) : "memory");
         }
-        last = s;
         __syncthreads();
     }
 }
@@ -112,7 +122,7 @@ struct Server {
     ctx: sys::CUcontext,
     stream: sys::CUstream,
     server_stream: sys::CUstream,
-    /// Pinned descriptor `[seq, dst, src, len]` (host view) and its device address.
+    /// Pinned descriptor `[dst, src, len, tag]` (host view) and its device address.
     desc: (*mut u64, CUdeviceptr),
     /// Pinned completion word.
     done: (*mut u32, CUdeviceptr),
@@ -165,14 +175,8 @@ impl Server {
 
     /// Has the server copy `len` bytes and waits until it reports them landed.
     fn copy(&mut self, dst: usize, src: usize, len: usize) {
-        self.seq += 1;
+        self.post(dst as u64, src as u64, len as u64);
         unsafe {
-            self.desc.0.add(1).write_volatile(dst as u64);
-            self.desc.0.add(2).write_volatile(src as u64);
-            self.desc.0.add(3).write_volatile(len as u64);
-            // The fields before the sequence number (x86 keeps stores in order).
-            compiler_fence(Ordering::Release);
-            self.desc.0.write_volatile(self.seq);
             while self.done.0.read_volatile() != self.seq as u32 {
                 std::hint::spin_loop();
             }
@@ -180,9 +184,22 @@ impl Server {
         compiler_fence(Ordering::Acquire);
     }
 
-    fn stop(self) {
+    /// Writes the next descriptor: the fields, then the tag that makes them valid.
+    fn post(&mut self, dst: u64, src: u64, len: u64) {
+        self.seq += 1;
         unsafe {
-            self.desc.0.write_volatile(u64::MAX);
+            self.desc.0.write_volatile(dst);
+            self.desc.0.add(1).write_volatile(src);
+            self.desc.0.add(2).write_volatile(len);
+            // The fields before the tag (x86 keeps stores in order).
+            compiler_fence(Ordering::Release);
+            self.desc.0.add(3).write_volatile(self.seq ^ dst ^ src ^ len);
+        }
+    }
+
+    fn stop(mut self) {
+        self.post(0, 0, u64::MAX);
+        unsafe {
             ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(self.ctx));
             ck("cuStreamSynchronize", sys::cuStreamSynchronize(self.server_stream));
         }
