@@ -41,6 +41,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_MEMTYPE_CACHE", "1", "remember recently used host buffers to skip the driver's pointer query on the eager path (`0` to disable)"),
     ("GPULMT_PROGRESS_ON_POST", "1", "a rendezvous isend also makes one progress pass, so the peer's answers start copies while an application is still posting a window of sends (`0`: progress only in test/wait; on 2x H200 osu_bibw 4 MiB 596 vs 530 GB/s, 8 B latency 9.2 vs 10.1 us)"),
     ("GPULMT_POLL_NEWEST", "1", "with 4 or more copies in flight on one copy queue, ask whether its newest (then second newest) is done before the oldest: a queue finishes in order, so one driver answer \"done\" (1.3-1.5 us of CPU on H200) retires a window instead of one copy each (two ranks on one H200, medians of 3-5 rounds: osu_bw D D +5 to +18 % from 64 KiB to 2 MiB, osu_bibw up to +14 %, 8 B latency unchanged; not yet measured across two GPUs) (`0`: oldest first)"),
+    ("GPULMT_COPY_SERVER_MAX", "0", "CUDA: copies between device memory of at most this many bytes are made by a copy server, one block of a kernel resident on the rank's GPU that polls a descriptor ring in pinned memory, instead of the copy engine: no driver call to issue a copy or to see it finished (one H200: 8 B 3.1 vs 11.4 us, 64 KiB 4.5 vs 11.3 us, server_probe) (0: off; not measured across two GPUs yet; off where ranks share a GPU without MPS, whose time-slicing would stall it)"),
+    ("GPULMT_COPY_SERVER_IDLE_US", "100", "a copy server exits after this long without a copy and the next copy starts it again (about 3 us): an application's cudaDeviceSynchronize waits for a running server, so at most this long after gpulmt's last small copy"),
     ("GPULMT_INIT_TIMEOUT_MS", "30000", "how long a rank waits for the others to join the job"),
     ("GPULMT_LIVENESS_MS", "20", "how often a waiting rank checks that its peers are alive"),
     ("GPULMT_SIM_DEVICES", "2", "sim backend: number of devices"),
@@ -89,6 +91,8 @@ pub struct Config {
     pub memtype_cache: bool,
     pub progress_on_post: bool,
     pub poll_newest: bool,
+    pub copy_server_max: u64,
+    pub copy_server_idle_us: u64,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -123,6 +127,8 @@ impl Default for Config {
             memtype_cache: true,
             progress_on_post: true,
             poll_newest: true,
+            copy_server_max: 0,
+            copy_server_idle_us: 100,
         }
     }
 }
@@ -208,6 +214,8 @@ impl Config {
             }
         }
         size("GPULMT_BALANCE_MAX", &mut c.balance_max)?;
+        size("GPULMT_COPY_SERVER_MAX", &mut c.copy_server_max)?;
+        size("GPULMT_COPY_SERVER_IDLE_US", &mut c.copy_server_idle_us)?;
         size("GPULMT_RTR_PUT_MAX", &mut c.rtr_put_max)?;
         size("GPULMT_RTR_WAIT_NS", &mut c.rtr_wait_ns)?;
         num("GPULMT_COOP_SENDER_SHARE", &mut c.coop_sender_permille, 1, 999)?;
@@ -300,6 +308,8 @@ mod tests {
         assert!(!cfg(&[("GPULMT_PROGRESS_ON_POST", "0")]).unwrap().progress_on_post);
         assert_eq!(cfg(&[("GPULMT_BALANCE_MAX", "512K")]).unwrap().balance_max, 512 << 10);
         assert!(!cfg(&[("GPULMT_POLL_NEWEST", "0")]).unwrap().poll_newest);
+        let c = cfg(&[("GPULMT_COPY_SERVER_MAX", "64K"), ("GPULMT_COPY_SERVER_IDLE_US", "500")]).unwrap();
+        assert_eq!((c.copy_server_max, c.copy_server_idle_us), (64 << 10, 500));
     }
 
     #[test]

@@ -95,6 +95,19 @@ impl JobInfo {
     }
 }
 
+/// Starts the copy server of this rank's device (`GPULMT_COPY_SERVER_MAX`); where it
+/// cannot run, small copies keep using the copy engine.
+fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device: DevId) {
+    let idle = Duration::from_micros(cfg.copy_server_idle_us);
+    match backend.enable_copy_server(device, cfg.copy_server_max as usize, idle) {
+        Ok(()) => tracing::info!(device, max = cfg.copy_server_max, idle_us = cfg.copy_server_idle_us, "copy server enabled"),
+        Err(device::DeviceError::Unsupported { backend, .. }) => {
+            tracing::info!(?backend, "GPULMT_COPY_SERVER_MAX ignored: this backend has no copy server")
+        }
+        Err(e) => tracing::warn!(device, error = %e, "copy server not started; small copies use the copy engine"),
+    }
+}
+
 fn now_nanos() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
@@ -209,8 +222,15 @@ impl Context {
             }
         }
         let rank_devices: Vec<u32> = (0..info.size as usize).map(|r| seg.rank_device(r)).collect();
-        if let Some(w) = device::time_slicing_warning(me, device, &rank_devices, backend.mps_enabled(device)) {
+        let mps = backend.mps_enabled(device);
+        if let Some(w) = device::time_slicing_warning(me, device, &rank_devices, mps) {
             tracing::warn!("{w}");
+        }
+        if cfg.copy_server_max > 0 {
+            match device::copy_server_refusal(device, &rank_devices, mps) {
+                Some(why) => tracing::warn!("GPULMT_COPY_SERVER_MAX ignored: {why}"),
+                None => enable_copy_server(&*backend, &cfg, device),
+            }
         }
 
         let mut ecfg = EngineConfig::new(info.rank, info.size, ndev);

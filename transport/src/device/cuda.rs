@@ -18,12 +18,13 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use rustc_hash::FxHashMap;
 
+use super::copy_server::CopyServer;
 use super::{
     BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, IpcHandle, Mapping,
     MemoryKind, PointerInfo, IPC_HANDLE_BYTES,
@@ -74,6 +75,14 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyAsync",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
+    // The copy server (copy_server.rs).
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemFreeHost",
 ];
 
 /// Where container runtimes mount the driver library. Loading it by path makes cudarc's later
@@ -104,12 +113,12 @@ const LEGACY_STREAM: sys::CUstream = 1usize as sys::CUstream;
 /// A failed driver call, kept cheap (no string) until it becomes a [`DeviceError`], so that
 /// expected codes such as `CUDA_ERROR_NOT_READY` cost nothing on the polling path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct CuFailure {
-    call: &'static str,
-    code: CUresult,
+pub(super) struct CuFailure {
+    pub(super) call: &'static str,
+    pub(super) code: CUresult,
 }
 
-fn check(call: &'static str, code: CUresult) -> Result<(), CuFailure> {
+pub(super) fn check(call: &'static str, code: CUresult) -> Result<(), CuFailure> {
     if code == CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -291,6 +300,10 @@ struct Device {
     streams: Mutex<Vec<Option<Stream>>>,
     /// Events whose copies have completed, ready to be recorded again.
     events: Mutex<Vec<Event>>,
+    /// The copy server, once enabled ([`DeviceBackend::enable_copy_server`]).
+    server: Mutex<Option<CopyServer>>,
+    /// Largest copy the server takes (0 while it is off): read without the lock.
+    server_max: AtomicUsize,
 }
 
 /// A copy in flight. The newest copy on a stream has no event: it is finished when its
@@ -301,9 +314,11 @@ struct Device {
 struct Pending {
     dev: DevId,
     /// The stream it runs on and its slot; None for a zero-length copy (nothing to wait
-    /// for).
+    /// for) or one the copy server makes.
     stream: Option<(Stream, usize)>,
     event: Option<Event>,
+    /// The copy server's sequence number for a copy it makes.
+    served: Option<u64>,
 }
 
 /// The copies in flight, and per stream the one copy that has no event yet.
@@ -399,6 +414,8 @@ impl CudaBackend {
                     ctx: OnceLock::new(),
                     streams: Mutex::new(Vec::new()),
                     events: Mutex::new(Vec::new()),
+                    server: Mutex::new(None),
+                    server_max: AtomicUsize::new(0),
                 })
             })
             .collect::<Result<Vec<_>, DeviceError>>()?;
@@ -560,6 +577,19 @@ impl CudaBackend {
             stream
         ))?;
         then(d, stream)
+    }
+
+    /// Posts a copy to `dev`'s copy server if it takes it: both ends in device memory (the
+    /// kernel cannot touch pageable host memory) and room in its ring. Its sequence number.
+    fn serve(&self, dev: DevId, d: &Device, dst: usize, src: usize, len: usize) -> Result<Option<u64>, DeviceError> {
+        let on_device = |p| matches!(self.pointer_info(p), Ok(PointerInfo { kind: MemoryKind::Device(_), .. }));
+        if !(on_device(dst) && on_device(src)) {
+            return Ok(None);
+        }
+        let mut server = lock(&d.server);
+        let Some(server) = server.as_mut() else { return Ok(None) };
+        let _current = self.enter(dev)?;
+        server.post(dst, src, len)
     }
 
     /// The device of the allocation that starts at `ptr`, for operations that need one.
@@ -724,9 +754,17 @@ impl DeviceBackend for CudaBackend {
         let d = self.device(engine)?;
         if len == 0 {
             let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-            let done = Pending { dev: engine, stream: None, event: None };
+            let done = Pending { dev: engine, stream: None, event: None, served: None };
             lock(&self.tickets).pending.insert(id, done);
             return Ok(CopyTicket(id));
+        }
+        if len <= d.server_max.load(Ordering::Relaxed) {
+            if let Some(seq) = self.serve(engine, d, dst, src, len)? {
+                let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+                let p = Pending { dev: engine, stream: None, event: None, served: Some(seq) };
+                lock(&self.tickets).pending.insert(id, p);
+                return Ok(CopyTicket(id));
+            }
         }
         let slot = lane_slot(lane);
         let _current = self.enter(engine)?;
@@ -751,7 +789,7 @@ impl DeviceBackend for CudaBackend {
             }
         }
         cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
-        t.pending.insert(id, Pending { dev: engine, stream: Some((Stream(stream), slot)), event: None });
+        t.pending.insert(id, Pending { dev: engine, stream: Some((Stream(stream), slot)), event: None, served: None });
         t.bare.insert((engine, slot), id);
         Ok(CopyTicket(id))
     }
@@ -767,6 +805,16 @@ impl DeviceBackend for CudaBackend {
             let known = p.stream.is_some_and(|(_, slot)| t.finished.covers(&(p.dev, slot), ticket.0));
             (p, known)
         };
+        if let Some(seq) = pending.served {
+            let dev = pending.dev;
+            let mut server = lock(&self.devices[dev as usize].server);
+            let server = server.as_mut().expect("a served copy's device has a server until the backend drops");
+            if !server.finished(seq, || self.enter(dev))? {
+                return Ok(false);
+            }
+            lock(&self.tickets).pending.remove(&ticket.0);
+            return Ok(true);
+        }
         // A zero-length copy has no stream: nothing to wait for.
         if let (Some((stream, _)), false) = (pending.stream, known) {
             let _current = self.enter(pending.dev)?;
@@ -832,6 +880,17 @@ impl DeviceBackend for CudaBackend {
         }
     }
 
+    fn enable_copy_server(&self, dev: DevId, max_len: usize, idle: std::time::Duration) -> Result<(), DeviceError> {
+        let d = self.device(dev)?;
+        let mut server = lock(&d.server);
+        if server.is_none() {
+            let _current = self.enter(dev)?;
+            *server = Some(CopyServer::new(idle)?);
+        }
+        d.server_max.store(max_len, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
         // PORTABLE: pinned for every context, so any device's engine may DMA it, whichever
         // context registered it.
@@ -879,6 +938,8 @@ impl Drop for CudaBackend {
             let Some(&ctx) = d.ctx.get() else { continue };
             match CtxGuard::enter(ctx) {
                 Ok(_current) => {
+                    // Stops a running server before its context goes.
+                    drop(d.server.get_mut().unwrap_or_else(PoisonError::into_inner).take());
                     let streams = d.streams.get_mut().unwrap_or_else(PoisonError::into_inner);
                     for s in streams.drain(..).flatten() {
                         warn_teardown(cu!(cuStreamDestroy_v2(s.0)));
@@ -1049,12 +1110,15 @@ mod tests {
         ));
     }
 
-    /// Identifiers of driver functions called in this file's code (not in its tests).
+    /// Identifiers of driver functions called in the code (not the tests) of this file and
+    /// of the copy server's.
     fn called_symbols() -> std::collections::BTreeSet<String> {
-        let src = include_str!("cuda.rs");
-        let code = &src[..src.find("#[cfg(test)]").expect("test module")];
         let mut found = std::collections::BTreeSet::new();
-        for marker in ["cu!(", "sys::"] {
+        for (src, marker) in [include_str!("cuda.rs"), include_str!("copy_server.rs")]
+            .into_iter()
+            .flat_map(|src| [(src, "cu!("), (src, "sys::")])
+        {
+            let code = &src[..src.find("#[cfg(test)]").expect("test module")];
             for rest in code.split(marker).skip(1) {
                 let name: String = rest
                     .chars()
@@ -1095,6 +1159,87 @@ mod tests {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect()
+    }
+
+    fn served(b: &CudaBackend, t: CopyTicket) -> bool {
+        lock(&b.tickets).pending.get(&t.0).is_some_and(|p| p.served.is_some())
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_copy_server_makes_small_device_copies() {
+        let b = backend();
+        let idle = std::time::Duration::from_millis(2);
+        b.enable_copy_server(0, 64 << 10, idle).unwrap();
+        let len = 1 << 20;
+        let (p, q) = (b.alloc(0, len).unwrap(), b.alloc(0, len).unwrap());
+        let src = pattern(len, 3);
+        b.copy_sync(p, src.as_ptr() as usize, len).unwrap();
+        let mut back = vec![0u8; len];
+        // Odd sizes and offsets take the byte loop, aligned ones the 16-byte loop.
+        for (n, off) in [(1usize, 0usize), (8, 0), (13, 5), (4096, 0), (4099, 17), (65536, 64), (65536, 3)] {
+            b.copy_sync(q, vec![0u8; len].as_ptr() as usize, len).unwrap();
+            let t = b.copy_async(0, 0, q + off, p + off, n).unwrap();
+            assert!(served(&b, t), "{n} B at +{off} went to the server");
+            poll_until_done(&b, t);
+            b.copy_sync(back.as_mut_ptr() as usize, q, len).unwrap();
+            assert!(back[off..off + n] == src[off..off + n], "{n} B at +{off}");
+            assert!(back[..off].iter().chain(&back[off + n..]).all(|&x| x == 0), "{n} B at +{off}: nothing else written");
+        }
+        // Above the limit, or from host memory: the copy engine.
+        let t = b.copy_async(0, 0, q, p, (64 << 10) + 1).unwrap();
+        assert!(!served(&b, t));
+        poll_until_done(&b, t);
+        let t = b.copy_async(0, 0, q, src.as_ptr() as usize, 64).unwrap();
+        assert!(!served(&b, t));
+        poll_until_done(&b, t);
+        // A window larger than the ring: the overflow goes to the engine; every byte lands.
+        b.copy_sync(q, vec![0u8; len].as_ptr() as usize, len).unwrap();
+        let tickets: Vec<CopyTicket> = (0..256).map(|i| b.copy_async(0, 0, q + i * 4096, p + i * 4096, 4096).unwrap()).collect();
+        let by_server = tickets.iter().filter(|&&t| served(&b, t)).count();
+        // How many find room in the ring depends on how fast the server drains it.
+        assert!(by_server >= 1, "{by_server} of 256 served");
+        for t in tickets {
+            poll_until_done(&b, t);
+        }
+        b.copy_sync(back.as_mut_ptr() as usize, q, len).unwrap();
+        assert!(back == src, "window of 256");
+        // After the server timed out, the next copy starts one again.
+        for round in 0..3 {
+            std::thread::sleep(idle * 3);
+            let t = b.copy_async(0, 0, q, p + 8 * round, 8).unwrap();
+            assert!(served(&b, t));
+            poll_until_done(&b, t);
+            b.copy_sync(back.as_mut_ptr() as usize, q, 8).unwrap();
+            assert_eq!(back[..8], src[8 * round..8 * round + 8], "after idle {round}");
+        }
+        // Between devices: device 0's server writes device 1's memory (peer access).
+        if b.device_count() > 1 && b.can_access_peer(0, 1) {
+            let r = b.alloc(1, len).unwrap();
+            let t = b.copy_async(0, 0, r + 8, p + 8, 4096).unwrap();
+            assert!(served(&b, t));
+            poll_until_done(&b, t);
+            b.copy_sync(back.as_mut_ptr() as usize, r + 8, 4096).unwrap();
+            assert!(back[..4096] == src[8..4104], "peer write");
+            b.free(r).unwrap();
+        }
+        b.free(q).unwrap();
+        b.free(p).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_backend_with_a_running_copy_server_drops() {
+        let b = backend();
+        b.enable_copy_server(0, 4096, std::time::Duration::from_secs(3600)).unwrap();
+        let (p, q) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
+        let t = b.copy_async(0, 0, q, p, 64).unwrap();
+        assert!(served(&b, t));
+        poll_until_done(&b, t);
+        // The server would idle for an hour: dropping the backend must stop it, not wait.
+        let started = std::time::Instant::now();
+        drop(b);
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
     }
 
     #[test]

@@ -10,13 +10,14 @@
 //!   device, configurable peer topology; for CI and machines without a GPU.
 //! - [`cuda`]: NVIDIA driver API through cudarc, loaded at run time.
 
+mod copy_server;
 pub mod cuda;
 mod finished;
 mod sharing;
 pub mod sim;
 
 pub(crate) use finished::FinishedThrough;
-pub(crate) use sharing::time_slicing_warning;
+pub(crate) use sharing::{copy_server_refusal, time_slicing_warning};
 
 use std::fmt;
 use std::sync::Arc;
@@ -190,6 +191,16 @@ pub trait DeviceBackend: Send + Sync {
     fn wait_app_default_stream(&self, dev: DevId) -> Result<(), DeviceError> {
         let _ = dev;
         Ok(())
+    }
+
+    /// Lets a kernel resident on `dev` (a copy server) make the copies of at most `max_len`
+    /// bytes between device memory that [`copy_async`](Self::copy_async) starts on `dev`,
+    /// instead of its copy engine: no driver call per copy. The server exits after `idle`
+    /// without work (an application's device-wide synchronize waits for it until then) and
+    /// is started again by the next copy. Backends without one answer `Unsupported`.
+    fn enable_copy_server(&self, dev: DevId, max_len: usize, idle: std::time::Duration) -> Result<(), DeviceError> {
+        let _ = (dev, max_len, idle);
+        Err(DeviceError::Unsupported { op: "enable_copy_server", backend: self.kind() })
     }
 
     /// Pins and registers host memory so device engines can DMA it (shared staging

@@ -20,9 +20,33 @@ pub(crate) fn time_slicing_warning(me: usize, device: u32, rank_devices: &[u32],
     ))
 }
 
+/// Why a copy server (a kernel resident on the GPU) must not run on `device`, if it must
+/// not: other ranks share the device and MPS is not known to serve it, so the driver
+/// time-slices their contexts and a resident kernel would hold the GPU for its whole slice.
+pub(crate) fn copy_server_refusal(device: u32, rank_devices: &[u32], mps: Option<bool>) -> Option<String> {
+    let sharers = rank_devices.iter().filter(|&&d| d == device).count();
+    (sharers > 1 && mps != Some(true)).then(|| {
+        format!(
+            "{sharers} ranks share GPU {device} without NVIDIA MPS (or MPS is not known to serve it): \
+             a resident copy server would stall the others' time slices; small copies use the copy engine"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_server_needs_its_own_gpu_or_mps() {
+        assert_eq!(copy_server_refusal(0, &[0, 1], Some(false)), None);
+        assert_eq!(copy_server_refusal(1, &[0, 1], None), None);
+        assert_eq!(copy_server_refusal(0, &[0, 0], Some(true)), None);
+        for mps in [Some(false), None] {
+            let why = copy_server_refusal(0, &[0, 1, 0], mps).expect("refused");
+            assert!(why.contains("2 ranks share GPU 0"), "{why}");
+        }
+    }
 
     #[test]
     fn warns_once_per_shared_device_without_mps() {

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The copy server (GPULMT_COPY_SERVER_MAX) against the copy engine, in one call: the CUDA
+# backend's GPU unit tests, server_probe (a resident kernel's copy beside the engine's),
+# correctness checks with the server on (ping-pong 1 B - 64 KiB at odd sizes and offsets,
+# a window of 64, all-to-all), then ROUNDS rotated rounds of osu_latency, osu_bw and
+# osu_bibw D D from 1 B to 64 KiB per variant (`off` = engine, `on` = server up to 64 KiB),
+# and with two GPUs the anchors up to 64 KiB. MPS=1 starts the MPS daemon (two ranks on
+# one GPU: the server is refused without it, since time-slicing would stall it).
+# Usage: [ROUNDS=3] [MPS=1] [VARIANTS="off:X=1 on:GPULMT_COPY_SERVER_MAX=64K"] bash bench/gpu/copy_server.sh OUTDIR
+source "$(dirname "$0")/preamble.sh"
+variants=${VARIANTS:-off:X=1 on:GPULMT_COPY_SERVER_MAX=64K}
+nvidia-smi > "$out/host.txt" 2>&1
+ngpu=$(nvidia-smi -L | wc -l)
+log unit
+$bin/gpulmt-unit --ignored --test-threads=1 device::cuda > "$out/unit.txt" 2>&1
+log server_probe
+$bin/server_probe 8 4096 65536 > "$out/server_probe.csv" 2>> "$out/log.txt"
+if [ "$ngpu" -ge 2 ]; then
+  log anchors
+  bash .gpu/tools/anchors.sh 65536 > "$out/anchors.csv" 2> "$out/anchors.err"
+  $bin/copy_pingpong -m 1:64K -i 20000 > "$out/floor.csv" 2>> "$out/log.txt"
+fi
+mps=0
+if [ "${MPS:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d 2>/dev/null && mps=1
+fi
+echo "mps=$mps gpus=$ngpu" > "$out/env.txt"
+log checks
+check() { # name gpulmt-check args...
+  local name=$1; shift
+  if GPULMT_COPY_SERVER_MAX=64K GPULMT_LOG=gpulmt=info $bin/gpulmt-run -n 2 --timeout 120 -- $bin/gpulmt-check "$@" > "$out/check_$name.txt" 2>&1; then
+    echo "check $name: ok" >> "$out/checks.txt"
+  else
+    echo "check $name: FAILED" >> "$out/checks.txt"
+  fi
+}
+check pingpong pingpong --placement "D D" --sizes 1,7,8,4096,4099,65536,65537,1048576 --offset 4096
+check pingpong_offset pingpong --placement "D D" --sizes 1,13,4096,65535 --offset 3
+check window window --placement "D D" --count 64 --sizes 8,4096,65536 --same-tag
+check alltoall alltoall --iters 20
+grep -h "copy server" "$out"/check_*.txt | sort | uniq -c | head -5 >> "$out/checks.txt"
+echo "variant,round,bench,bytes,metric,value" > "$out/server.csv"
+one() { # variant round env-assignments(comma-separated) bench args...
+  local v=$1 r=$2 envs=${3//,/ }; shift 3
+  rm -f /tmp/server.csv
+  env $envs $bin/gpulmt-run -n 2 --timeout 120 -- "$bin/$@" --csv /tmp/server.csv D D > /dev/null 2>> "$out/log.txt" \
+    || echo "$v round $r $1 failed" >> "$out/log.txt"
+  append_rows "$v" "$r" /tmp/server.csv "$out/server.csv"
+}
+read -r -a vs <<< "$variants"
+for r in $(seq "${ROUNDS:-3}"); do
+  log "round $r"
+  for k in $(seq 0 $(( ${#vs[@]} - 1 ))); do
+    IFS=: read -r name envs <<< "${vs[$(( (k + r) % ${#vs[@]} ))]}"
+    one "$name" "$r" "$envs" osu_latency -m 1:64K -i 10000
+    one "$name" "$r" "$envs" osu_bw -m 1:64K
+    one "$name" "$r" "$envs" osu_bibw -m 1:64K
+  done
+done
+log done
+[ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
+cat "$out/env.txt" "$out/checks.txt"
+grep -E "test result|FAILED|panicked" "$out/unit.txt" | tail -4
+grep -E "server_(local|push|pull)_[0-9]+,|engine_" "$out/server_probe.csv" | cut -d, -f2,3 | tr '\n' ' '; echo
+python3 - "$out/server.csv" > "$out/server_table.csv" <<'PY'
+import csv, statistics, sys
+v = {}
+for r in csv.DictReader(open(sys.argv[1])):
+    v.setdefault((r["bench"], int(r["bytes"])), {}).setdefault(r["variant"], []).append(float(r["value"]))
+names = sorted({n for d in v.values() for n in d})
+print("bench,bytes," + ",".join(names))
+for (b, n), d in sorted(v.items()):
+    print(f"{b},{n}," + ",".join(f"{statistics.median(d[k]):.3f}" if k in d else "" for k in names))
+PY
+cat "$out/server_table.csv"
