@@ -7,6 +7,7 @@
 # and with two GPUs the anchors up to 64 KiB. MPS=1 starts the MPS daemon (two ranks on
 # one GPU: the server is refused without it, since time-slicing would stall it).
 # Usage: [ROUNDS=3] [MPS=1] [VARIANTS="off:X=1 on:GPULMT_COPY_SERVER_MAX=64K"] bash bench/gpu/copy_server.sh OUTDIR
+# (packs OUTDIR.tgz: copy that to $OUT, the device tool returns at most 8 files)
 source "$(dirname "$0")/preamble.sh"
 variants=${VARIANTS:-off:X=1 on:GPULMT_COPY_SERVER_MAX=64K}
 nvidia-smi > "$out/host.txt" 2>&1
@@ -59,6 +60,21 @@ for r in $(seq "${ROUNDS:-3}"); do
     one "$name" "$r" "$envs" osu_bibw -m 1:64K
   done
 done
+# The PMPI shim's 8 B D D (ffi/shim/examples/cuda_osu.c) with and without the server.
+if command -v mpicc > /dev/null; then
+  log shim
+  CUDA=${CUDA_HOME:-/usr/local/cuda}
+  mpicc -O2 -I$CUDA/include ffi/shim/examples/cuda_osu.c -L$CUDA/lib64 -lcudart -Wl,-rpath,$CUDA/lib64 -o /tmp/cuda_osu
+  for r in $(seq "${ROUNDS:-3}"); do
+    for v in off on; do
+      x="-x X=1"; [ $v = on ] && x="-x GPULMT_COPY_SERVER_MAX=64K"
+      timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so \
+        -x GPULMT_DEVICE=cuda $x /tmp/cuda_osu 1048576 > /tmp/cuda_osu.out 2>> "$out/log.txt"
+      grep -q ",check,.*,ok,0" /tmp/cuda_osu.out && echo "shim $v round $r: a byte check failed" >> "$out/checks.txt"
+      echo "shim_$v,$r,cuda_osu_lat,8,us,$(grep ',lat,D D,8,' /tmp/cuda_osu.out | cut -d, -f6)" >> "$out/server.csv"
+    done
+  done
+fi
 log done
 [ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
 cat "$out/env.txt" "$out/checks.txt"
@@ -75,3 +91,4 @@ for (b, n), d in sorted(v.items()):
     print(f"{b},{n}," + ",".join(f"{statistics.median(d[k]):.3f}" if k in d else "" for k in names))
 PY
 cat "$out/server_table.csv"
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -579,11 +579,17 @@ impl CudaBackend {
         then(d, stream)
     }
 
-    /// Posts a copy to `dev`'s copy server if it takes it: both ends in device memory (the
-    /// kernel cannot touch pageable host memory) and room in its ring. Its sequence number.
+    /// Posts a copy to `dev`'s copy server if it takes it: both ends in device memory `dev`
+    /// reaches (the kernel cannot touch pageable host memory) and room in its ring. Its
+    /// sequence number.
     fn serve(&self, dev: DevId, d: &Device, dst: usize, src: usize, len: usize) -> Result<Option<u64>, DeviceError> {
-        let on_device = |p| matches!(self.pointer_info(p), Ok(PointerInfo { kind: MemoryKind::Device(_), .. }));
-        if !(on_device(dst) && on_device(src)) {
+        // Device memory this device's kernels reach: its own, or a peer's with access
+        // enabled. (A kernel's bad access would end the context; the engine's is an error.)
+        let reachable = |p| match self.pointer_info(p) {
+            Ok(PointerInfo { kind: MemoryKind::Device(on), .. }) => self.can_access_peer(dev, on),
+            _ => false,
+        };
+        if !(reachable(dst) && reachable(src)) {
             return Ok(None);
         }
         let mut server = lock(&d.server);
