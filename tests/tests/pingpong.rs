@@ -225,3 +225,19 @@ fn split_copies_over_lanes() {
         );
     }
 }
+
+/// `GPULMT_COPY_SERVER_MAX` names a CUDA feature; on the sim (no resident kernels) it is
+/// reported as ignored and every copy still runs, checked byte for byte.
+#[test]
+fn copy_server_setting_on_the_sim_is_reported_and_harmless() {
+    let out = Job::new(CHECK, 2, &["pingpong", "--placement", "D D", "--sizes", "1,4096,65537", "--offset", "3"])
+        .envs(&[("GPULMT_COPY_SERVER_MAX", "64K"), ("GPULMT_LOG", "gpulmt=info")])
+        .run();
+    out.assert_ok(2, "pingpong");
+    assert_eq!(
+        out.stderr.matches("GPULMT_COPY_SERVER_MAX ignored: this backend has no copy server").count(),
+        2,
+        "each rank says why\n{}",
+        out.dump()
+    );
+}
