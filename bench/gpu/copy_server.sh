@@ -79,7 +79,7 @@ log done
 [ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
 cat "$out/env.txt" "$out/checks.txt"
 grep -E "test result|FAILED|panicked" "$out/unit.txt" | tail -4
-grep -E "server_(local|push|pull)_[0-9]+,|engine_" "$out/server_probe.csv" | cut -d, -f2,3 | tr '\n' ' '; echo
+grep -E "(server|gpulmt)_(local|push|pull)_[0-9]+,|engine_" "$out/server_probe.csv" | cut -d, -f2,3 | tr '\n' ' '; echo
 python3 - "$out/server.csv" > "$out/server_table.csv" <<'PY'
 import csv, statistics, sys
 v = {}

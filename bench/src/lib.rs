@@ -5,6 +5,7 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 
+pub mod driver;
 pub mod pair;
 pub mod stencil;
 pub mod window;

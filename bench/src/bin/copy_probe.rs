@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use gpulmt::device::cuda::CudaBackend;
+use gpulmt_bench::driver::{ck, event, pinned, primary_context, spin_stream};
 use gpulmt::device::{DeviceBackend, IpcHandle, IPC_HANDLE_BYTES};
 
 const WARM: usize = 200;
@@ -35,12 +36,6 @@ const REPS: usize = 2000;
 const CHILD_ENV: &str = "GPULMT_COPY_PROBE_HANDLE";
 const PATTERN: u8 = 0x5a;
 
-fn ck(what: &str, r: CUresult) {
-    if r != CUresult::CUDA_SUCCESS {
-        eprintln!("copy_probe: {what} failed: {r:?}");
-        std::process::exit(1);
-    }
-}
 
 /// Times `op` (which must finish its copy before returning) and prints its row.
 fn measure(variant: &str, mut op: impl FnMut()) {
@@ -68,34 +63,11 @@ struct Dev {
 /// The primary context of `ordinal` (gpulmt's backend has retained it and enabled peer
 /// access), with a non-blocking stream and a timing-free event of its own.
 fn dev(ordinal: i32) -> Dev {
-    unsafe {
-        let mut cu = 0;
-        ck("cuDeviceGet", sys::cuDeviceGet(&mut cu, ordinal));
-        let mut ctx = ptr::null_mut();
-        ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, cu));
-        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
-        let mut stream = ptr::null_mut();
-        ck("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint));
-        let mut event = ptr::null_mut();
-        ck("cuEventCreate", sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint));
-        let mut host = ptr::null_mut();
-        ck("cuMemHostAlloc", sys::cuMemHostAlloc(&mut host, 64, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP));
-        host.cast::<u32>().write_volatile(0);
-        let mut word_dev = 0;
-        ck("cuMemHostGetDevicePointer", sys::cuMemHostGetDevicePointer_v2(&mut word_dev, host, 0));
-        Dev { ctx, stream, event, word: (host.cast(), word_dev) }
-    }
+    let (ctx, stream) = primary_context(ordinal);
+    let (host, word_dev) = pinned(64);
+    Dev { ctx, stream, event: event(), word: (host.cast(), word_dev) }
 }
 
-fn spin_stream(s: sys::CUstream) {
-    loop {
-        match unsafe { sys::cuStreamQuery(s) } {
-            CUresult::CUDA_SUCCESS => return,
-            CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
-            r => ck("cuStreamQuery", r),
-        }
-    }
-}
 
 fn spin_event(e: sys::CUevent) {
     loop {

@@ -14,6 +14,8 @@
 //!
 //! - `engine_<where>`: `cuMemcpyAsync` + `cuStreamQuery` until done (the baseline);
 //! - `server_<where>`: the server's copy, descriptor written to completion word seen;
+//! - `gpulmt_<where>`: gpulmt's own copy server (`GPULMT_COPY_SERVER_MAX`) through the
+//!   backend, `copy_async` + `copy_poll` until done: the path the transport takes;
 //! - `<where>`: `local` (within device 0), and with two peer-accessible devices `push`
 //!   (device 0's server writes device 1's memory) and `pull` (device 1's server reads
 //!   device 0's).
@@ -21,13 +23,13 @@
 //! The data of every server copy is checked at the end of each variant. Run:
 //! `server_probe [bytes...]` (default 8 4096 65536).
 
-use std::ffi::c_uint;
 use std::ptr;
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::time::Instant;
 
-use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
+use cudarc::driver::sys::{self, CUdeviceptr};
 use gpulmt::device::cuda::CudaBackend;
+use gpulmt_bench::driver::{ck, nonblocking_stream, pinned, primary_context, spin_stream};
 use gpulmt::device::DeviceBackend;
 
 const WARM: usize = 200;
@@ -91,12 +93,6 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
 }
 "#;
 
-fn ck(what: &str, r: CUresult) {
-    if r != CUresult::CUDA_SUCCESS {
-        eprintln!("server_probe: {what} failed: {r:?}");
-        std::process::exit(1);
-    }
-}
 
 fn row(variant: &str, mut t: Vec<f64>) {
     let mean = t.iter().sum::<f64>() / t.len() as f64;
@@ -131,29 +127,12 @@ struct Server {
     seq: u64,
 }
 
-fn pinned(bytes: usize) -> (*mut u8, CUdeviceptr) {
-    unsafe {
-        let mut host = ptr::null_mut();
-        ck("cuMemHostAlloc", sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP));
-        ptr::write_bytes(host.cast::<u8>(), 0, bytes);
-        let mut dev = 0;
-        ck("cuMemHostGetDevicePointer", sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0));
-        (host.cast(), dev)
-    }
-}
 
 impl Server {
     fn start(ordinal: i32, image: &std::ffi::CStr, fence_all: bool) -> Server {
         unsafe {
-            let mut cu = 0;
-            ck("cuDeviceGet", sys::cuDeviceGet(&mut cu, ordinal));
-            let mut ctx = ptr::null_mut();
-            ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, cu));
-            ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
-            let mut stream = ptr::null_mut();
-            ck("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint));
-            let mut server_stream = ptr::null_mut();
-            ck("cuStreamCreate", sys::cuStreamCreate(&mut server_stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint));
+            let (ctx, stream) = primary_context(ordinal);
+            let server_stream = nonblocking_stream();
             let mut module = ptr::null_mut();
             ck("cuModuleLoadData", sys::cuModuleLoadData(&mut module, image.as_ptr().cast()));
             let mut f = ptr::null_mut();
@@ -206,22 +185,16 @@ impl Server {
     }
 }
 
-fn spin_stream(s: sys::CUstream) {
-    loop {
-        match unsafe { sys::cuStreamQuery(s) } {
-            CUresult::CUDA_SUCCESS => return,
-            CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
-            r => ck("cuStreamQuery", r),
-        }
-    }
-}
 
 /// Fills `src` with a pattern for `len`, clears `dst`; after the copies, checks `dst`.
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-fn variant(b: &CudaBackend, name: &str, s: &mut Server, dst: usize, src: usize, len: usize, seed: u8) {
+/// The engine's copy, the probe server's and gpulmt's own copy server's (through the
+/// backend: `copy_async` on device `engine` + `copy_poll`), each checked.
+#[allow(clippy::too_many_arguments)]
+fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize, src: usize, len: usize, seed: u8) {
     let want = pattern(seed, len);
     b.copy_sync(src, want.as_ptr() as usize, len).expect("fill");
     let zero = vec![0u8; len];
@@ -240,9 +213,20 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, dst: usize, src: usize, 
         on_gpu.push(unsafe { s.gpu_ns.add(1).read_volatile().wrapping_sub(s.gpu_ns.read_volatile()) } as f64 / 1e3);
     }));
     row(&format!("server_{name}_{len}_gpu_seen_to_store"), on_gpu.split_off(WARM));
-    let mut got = vec![0u8; len];
-    b.copy_sync(got.as_mut_ptr() as usize, dst, len).expect("read back");
-    println!("server_probe,check_{name}_{len},{},,", if got == want { "ok" } else { "FAILED" });
+    let check = |what: &str| {
+        let mut got = vec![0u8; len];
+        b.copy_sync(got.as_mut_ptr() as usize, dst, len).expect("read back");
+        println!("server_probe,check_{what}_{name}_{len},{},,", if got == want { "ok" } else { "FAILED" });
+        b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
+    };
+    check("probe");
+    row(&format!("gpulmt_{name}_{len}"), timed(|| {
+        let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
+        while !b.copy_poll(t).expect("copy_poll") {
+            std::hint::spin_loop();
+        }
+    }));
+    check("gpulmt");
 }
 
 fn main() {
@@ -268,14 +252,19 @@ fn main() {
     // pattern) instead of relying on the barrier and thread 0's release.
     let fence_all = std::env::var("SERVER_FENCE_ALL").is_ok_and(|v| v == "1");
     println!("server_probe,fence_all,{fence_all},,");
+    // gpulmt's copy servers, idle long enough not to exit between the rows.
+    let idle = std::time::Duration::from_secs(1);
+    for dev in 0..if two { 2 } else { 1 } {
+        b.enable_copy_server(dev, max, idle).expect("enable_copy_server");
+    }
     let mut s0 = Server::start(0, &image, fence_all);
     let mut s1 = two.then(|| Server::start(1, &image, fence_all));
     for (i, &len) in sizes.iter().enumerate() {
         let seed = i as u8 * 3;
-        variant(&b, "local", &mut s0, a0b, a0, len, seed);
+        variant(&b, "local", &mut s0, 0, a0b, a0, len, seed);
         if let Some(s1) = s1.as_mut() {
-            variant(&b, "push", &mut s0, a1, a0, len, seed + 1);
-            variant(&b, "pull", s1, a1, a0, len, seed + 2);
+            variant(&b, "push", &mut s0, 0, a1, a0, len, seed + 1);
+            variant(&b, "pull", s1, 1, a1, a0, len, seed + 2);
         }
     }
     s0.stop();

@@ -14,20 +14,13 @@
 //! Prints CSV `probe,route,variant,bytes,window,issue_us_per_copy,gbps` (medians of the reps).
 //! Run: `window_probe [--reps 50]`.
 
-use std::ffi::c_uint;
-use std::ptr;
 use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use gpulmt::device::cuda::CudaBackend;
+use gpulmt_bench::driver::{ck, event, primary_context};
 use gpulmt::device::DeviceBackend;
 
-fn ck(what: &str, r: CUresult) {
-    if r != CUresult::CUDA_SUCCESS {
-        eprintln!("window_probe: {what} failed: {r:?}");
-        std::process::exit(1);
-    }
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -49,18 +42,8 @@ struct Setup {
 }
 
 fn setup(ordinal: i32) -> Setup {
-    unsafe {
-        let mut cu = 0;
-        ck("cuDeviceGet", sys::cuDeviceGet(&mut cu, ordinal));
-        let mut ctx = ptr::null_mut();
-        ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, cu));
-        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx));
-        let mut stream = ptr::null_mut();
-        ck("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint));
-        let mut event = ptr::null_mut();
-        ck("cuEventCreate", sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint));
-        Setup { ctx, stream, event, device: ordinal }
-    }
+    let (ctx, stream) = primary_context(ordinal);
+    Setup { ctx, stream, event: event(), device: ordinal }
 }
 
 /// Queues `n` copies of `len` bytes (copy i from `src + i*len` to `dst + i*len`) the way
