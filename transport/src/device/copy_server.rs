@@ -238,14 +238,16 @@ impl CopyServer {
     }
 
     /// Posts a copy; returns its sequence number, or None when the ring is full (the caller
-    /// uses the copy engine).
-    pub fn post(&mut self, dst: usize, src: usize, len: usize) -> Result<Option<u64>, DeviceError> {
+    /// uses the copy engine). `enter` makes the device's context current, which only a
+    /// launch needs.
+    pub fn post<G>(&mut self, dst: usize, src: usize, len: usize, enter: impl FnOnce() -> Result<G, DeviceError>) -> Result<Option<u64>, DeviceError> {
         if self.next - 1 - self.done() >= SLOTS {
             return Ok(None);
         }
         // A server idle for half its timeout by our clock (its own idle time is shorter: it
         // began when it finished our last copy) may exit before it sees this one.
         if self.last_post.is_none_or(|t| t.elapsed() >= self.idle / 2) {
+            let _current = enter()?;
             self.launch()?;
         }
         let seq = self.next;
