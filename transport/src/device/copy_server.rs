@@ -12,8 +12,10 @@
 //! Protocol, all in one pinned host allocation:
 //! - a ring of [`SLOTS`] descriptors `[dst, src, len, tag]`; `tag` is a hash of the
 //!   sequence number and the three fields and is written last, so the block, which reads
-//!   the four words in one coalesced load, takes a descriptor only when the words belong
-//!   together (a read torn against the host's writes fails the hash and is repeated);
+//!   the next 8 slots in one coalesced load (a read of host memory from the GPU costs about
+//!   a microsecond: one per descriptor would bound a window), takes the leading run of
+//!   slots whose words belong together (a slot torn against the host's writes, or not yet
+//!   written, fails the hash and is read again);
 //! - the completion word: the sequence number of the last copy made, stored with
 //!   system-scope release after the block's barrier, so every thread's stores (to local or
 //!   peer memory over NVLink) are visible before it.
@@ -66,56 +68,69 @@ __device__ __forceinline__ unsigned long long now_ns() {
 extern "C" __global__ void gpulmt_copy_server(const volatile unsigned long long* ring,
                                               unsigned long long* done,
                                               unsigned long long idle_ns) {
-    __shared__ unsigned long long s_dst, s_src, s_len;
-    __shared__ int s_quit;
-    unsigned long long seq;
+    const unsigned int full = 0xffffffffu;
+    // Up to 8 descriptors taken per read of the ring: one PCIe read brings 8 slots.
+    __shared__ unsigned long long s_dst[8], s_src[8], s_len[8];
+    __shared__ int s_n;
+    unsigned long long seq;  // the next sequence number to serve
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(seq) : "l"(done) : "memory");
-    for (seq += 1;; seq += 1) {
+    seq += 1;
+    for (;;) {
         if (threadIdx.x < 32) {
-            const volatile unsigned long long* d = ring + 4 * (seq % 64);  // SLOTS
+            // Lane l reads word l % 4 of slot seq + l / 4: the warp's load covers 8 slots.
+            const unsigned int lane = threadIdx.x, g = lane / 4;
             unsigned long long since = now_ns();
             for (;;) {
-                unsigned long long v = threadIdx.x < 4 ? d[threadIdx.x] : 0;
-                unsigned long long dst = __shfl_sync(0xffffffffu, v, 0);
-                unsigned long long src = __shfl_sync(0xffffffffu, v, 1);
-                unsigned long long len = __shfl_sync(0xffffffffu, v, 2);
-                unsigned long long tag = __shfl_sync(0xffffffffu, v, 3);
-                int quit = 0;
-                if (threadIdx.x == 0) quit = now_ns() - since > idle_ns;
-                quit = __shfl_sync(0xffffffffu, quit, 0);
-                if (tag == mix(seq ^ mix(dst ^ mix(src ^ mix(len))))) {
-                    if (threadIdx.x == 0) {
-                        s_dst = dst;
-                        s_src = src;
-                        s_len = len;
-                        s_quit = len == ~0ull;
+                unsigned long long v = ring[4 * ((seq + g) % 64) + lane % 4];  // 64: SLOTS
+                unsigned long long dst = __shfl_sync(full, v, 4 * g);
+                unsigned long long src = __shfl_sync(full, v, 4 * g + 1);
+                unsigned long long len = __shfl_sync(full, v, 4 * g + 2);
+                unsigned long long tag = __shfl_sync(full, v, 4 * g + 3);
+                unsigned int ok = __ballot_sync(full, tag == mix((seq + g) ^ mix(dst ^ mix(src ^ mix(len)))));
+                unsigned int groups = 0;
+                for (int k = 0; k < 8; k++) groups |= ((ok >> (4 * k)) & 1u) << k;
+                // The leading run of valid slots: later ones wait for the next read.
+                int n = __ffs(~groups) - 1;
+                if (n > 0) {
+                    if (lane % 4 == 0 && (int)g < n) {
+                        s_dst[g] = dst;
+                        s_src[g] = src;
+                        s_len[g] = len;
                     }
+                    if (lane == 0) s_n = n;
                     break;
                 }
-                if (quit) {
-                    if (threadIdx.x == 0) s_quit = 1;
+                int quit = 0;
+                if (lane == 0) quit = now_ns() - since > idle_ns;
+                if (__shfl_sync(full, quit, 0)) {
+                    if (lane == 0) s_n = -1;
                     break;
                 }
             }
         }
         __syncthreads();
-        if (s_quit) return;
-        unsigned long long len = s_len;
-        if (((s_dst | s_src | len) & 15) == 0) {
-            uint4* d = (uint4*)s_dst;
-            const uint4* x = (const uint4*)s_src;
-            for (unsigned long long i = threadIdx.x; i < len / 16; i += blockDim.x) d[i] = x[i];
-        } else {
-            unsigned char* d = (unsigned char*)s_dst;
-            const unsigned char* x = (const unsigned char*)s_src;
-            for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = x[i];
+        int n = s_n;
+        if (n < 0) return;
+        for (int k = 0; k < n; k++) {
+            unsigned long long len = s_len[k];
+            if (len == ~0ull) return;  // the host's stop; those before it are served
+            if (((s_dst[k] | s_src[k] | len) & 15) == 0) {
+                uint4* d = (uint4*)s_dst[k];
+                const uint4* x = (const uint4*)s_src[k];
+                for (unsigned long long i = threadIdx.x; i < len / 16; i += blockDim.x) d[i] = x[i];
+            } else {
+                unsigned char* d = (unsigned char*)s_dst[k];
+                const unsigned char* x = (const unsigned char*)s_src[k];
+                for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = x[i];
+            }
+            // The barrier orders every thread's stores before thread 0's system-scope
+            // release (cumulativity), which publishes them with the completion word.
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(done), "l"(seq + k) : "memory");
+            }
         }
-        // The barrier orders every thread's stores before thread 0's system-scope release
-        // (cumulativity), which publishes them with the completion word.
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(done), "l"(seq) : "memory");
-        }
+        seq += n;
         __syncthreads();
     }
 }
@@ -352,7 +367,7 @@ mod tests {
 
     #[test]
     fn kernel_ring_size_is_slots() {
-        assert!(SOURCE.contains(&format!("seq % {SLOTS})")));
+        assert!(SOURCE.contains(&format!("% {SLOTS}) + lane % 4];  // {SLOTS}: SLOTS")));
     }
 
     #[test]
