@@ -579,6 +579,34 @@ impl CudaBackend {
         then(d, stream)
     }
 
+    /// Queues a copy on stream `slot` of `engine`'s device (its context current).
+    fn engine_copy(&self, engine: DevId, d: &Device, slot: usize, dst: usize, src: usize, len: usize) -> Result<CopyTicket, DeviceError> {
+        let stream = Self::stream(d, slot)?;
+        // Held across the driver calls, so that the copy that gets an event below is still
+        // the newest on the stream when the next one is queued behind it, and so that the
+        // tickets of one stream increase in the order its copies are queued.
+        let mut tickets = lock(&self.tickets);
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let t = &mut *tickets;
+        if let Some(prev) = t.bare.remove(&(engine, slot)) {
+            if let Some(p) = t.pending.get_mut(&prev) {
+                // The event completes when every copy queued so far on the stream has, which
+                // is when `prev`, the newest of them, has.
+                let ev = Self::take_event(d)?;
+                if let Err(f) = cu!(cuEventRecord(ev.0, stream)) {
+                    lock(&d.events).push(ev);
+                    t.bare.insert((engine, slot), prev);
+                    return Err(f.into());
+                }
+                p.event = Some(ev);
+            }
+        }
+        cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
+        t.pending.insert(id, Pending { dev: engine, stream: Some((Stream(stream), slot)), event: None, served: None });
+        t.bare.insert((engine, slot), id);
+        Ok(CopyTicket(id))
+    }
+
     /// Posts a copy to `dev`'s copy server if it takes it: both ends in device memory `dev`
     /// reaches (the kernel cannot touch pageable host memory) and room in its ring. Its
     /// sequence number.
@@ -594,7 +622,7 @@ impl CudaBackend {
         }
         let mut server = lock(&d.server);
         let Some(server) = server.as_mut() else { return Ok(None) };
-        server.post(dst, src, len, || self.enter(dev))
+        Ok(server.post(dst, src, len))
     }
 
     /// The device of the allocation that starts at `ptr`, for operations that need one.
@@ -763,7 +791,8 @@ impl DeviceBackend for CudaBackend {
             lock(&self.tickets).pending.insert(id, done);
             return Ok(CopyTicket(id));
         }
-        if len <= d.server_max.load(Ordering::Relaxed) {
+        let server_may_take = len <= d.server_max.load(Ordering::Relaxed);
+        if server_may_take {
             if let Some(seq) = self.serve(engine, d, dst, src, len)? {
                 let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
                 let p = Pending { dev: engine, stream: None, event: None, served: Some(seq) };
@@ -773,30 +802,18 @@ impl DeviceBackend for CudaBackend {
         }
         let slot = lane_slot(lane);
         let _current = self.enter(engine)?;
-        let stream = Self::stream(d, slot)?;
-        // Held across the driver calls, so that the copy that gets an event below is still
-        // the newest on the stream when the next one is queued behind it, and so that the
-        // tickets of one stream increase in the order its copies are queued.
-        let mut tickets = lock(&self.tickets);
-        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let t = &mut *tickets;
-        if let Some(prev) = t.bare.remove(&(engine, slot)) {
-            if let Some(p) = t.pending.get_mut(&prev) {
-                // The event completes when every copy queued so far on the stream has, which
-                // is when `prev`, the newest of them, has.
-                let ev = Self::take_event(d)?;
-                if let Err(f) = cu!(cuEventRecord(ev.0, stream)) {
-                    lock(&d.events).push(ev);
-                    t.bare.insert((engine, slot), prev);
-                    return Err(f.into());
+        let ticket = self.engine_copy(engine, d, slot, dst, src, len)?;
+        if server_may_take {
+            // The copy runs; starting a server (if the declined copy asked for one) now
+            // overlaps its launch with it.
+            if let Some(server) = lock(&d.server).as_mut() {
+                // Not the copy's failure: it runs, and later ones use the engine.
+                if let Err(e) = server.launch_if_wanted() {
+                    tracing::warn!(device = engine, error = %e, "copy server launch failed; small copies use the copy engine");
                 }
-                p.event = Some(ev);
             }
         }
-        cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
-        t.pending.insert(id, Pending { dev: engine, stream: Some((Stream(stream), slot)), event: None, served: None });
-        t.bare.insert((engine, slot), id);
-        Ok(CopyTicket(id))
+        Ok(ticket)
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
@@ -1170,6 +1187,22 @@ mod tests {
         lock(&b.tickets).pending.get(&t.0).is_some_and(|p| p.served.is_some())
     }
 
+    /// Copies until the copy server of `engine` takes one (the first after it was enabled
+    /// or went idle goes to the engine and starts it), waiting for each; fails after 2 s.
+    fn copy_by_server(b: &CudaBackend, engine: DevId, dst: usize, src: usize, len: usize) {
+        let start = std::time::Instant::now();
+        loop {
+            let t = b.copy_async(engine, 0, dst, src, len).unwrap();
+            let by_server = served(b, t);
+            poll_until_done(b, t);
+            if by_server {
+                return;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(2), "the copy server never took a copy");
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn gpu_copy_server_makes_small_device_copies() {
@@ -1184,9 +1217,7 @@ mod tests {
         // Odd sizes and offsets take the byte loop, aligned ones the 16-byte loop.
         for (n, off) in [(1usize, 0usize), (8, 0), (13, 5), (4096, 0), (4099, 17), (65536, 64), (65536, 3)] {
             b.copy_sync(q, vec![0u8; len].as_ptr() as usize, len).unwrap();
-            let t = b.copy_async(0, 0, q + off, p + off, n).unwrap();
-            assert!(served(&b, t), "{n} B at +{off} went to the server");
-            poll_until_done(&b, t);
+            copy_by_server(&b, 0, q + off, p + off, n);
             b.copy_sync(back.as_mut_ptr() as usize, q, len).unwrap();
             assert!(back[off..off + n] == src[off..off + n], "{n} B at +{off}");
             assert!(back[..off].iter().chain(&back[off + n..]).all(|&x| x == 0), "{n} B at +{off}: nothing else written");
@@ -1199,6 +1230,7 @@ mod tests {
         assert!(!served(&b, t));
         poll_until_done(&b, t);
         // A window larger than the ring: the overflow goes to the engine; every byte lands.
+        copy_by_server(&b, 0, q, p, 8);
         b.copy_sync(q, vec![0u8; len].as_ptr() as usize, len).unwrap();
         let tickets: Vec<CopyTicket> = (0..256).map(|i| b.copy_async(0, 0, q + i * 4096, p + i * 4096, 4096).unwrap()).collect();
         let by_server = tickets.iter().filter(|&&t| served(&b, t)).count();
@@ -1209,21 +1241,23 @@ mod tests {
         }
         b.copy_sync(back.as_mut_ptr() as usize, q, len).unwrap();
         assert!(back == src, "window of 256");
-        // After the server timed out, the next copy starts one again.
+        // After the server timed out, the next copy goes to the engine, which is not kept
+        // waiting for a server to start, and starts one; a later copy finds it running.
         for round in 0..3 {
             std::thread::sleep(idle * 3);
             let t = b.copy_async(0, 0, q, p + 8 * round, 8).unwrap();
-            assert!(served(&b, t));
+            assert!(!served(&b, t), "after idle {round}: the engine takes the first copy");
             poll_until_done(&b, t);
             b.copy_sync(back.as_mut_ptr() as usize, q, 8).unwrap();
             assert_eq!(back[..8], src[8 * round..8 * round + 8], "after idle {round}");
+            copy_by_server(&b, 0, q + 64, p + 64 + 8 * round, 8);
+            b.copy_sync(back.as_mut_ptr() as usize, q + 64, 8).unwrap();
+            assert_eq!(back[..8], src[64 + 8 * round..72 + 8 * round], "after idle {round}, by the server");
         }
         // Between devices: device 0's server writes device 1's memory (peer access).
         if b.device_count() > 1 && b.can_access_peer(0, 1) {
             let r = b.alloc(1, len).unwrap();
-            let t = b.copy_async(0, 0, r + 8, p + 8, 4096).unwrap();
-            assert!(served(&b, t));
-            poll_until_done(&b, t);
+            copy_by_server(&b, 0, r + 8, p + 8, 4096);
             b.copy_sync(back.as_mut_ptr() as usize, r + 8, 4096).unwrap();
             assert!(back[..4096] == src[8..4104], "peer write");
             b.free(r).unwrap();
@@ -1238,9 +1272,7 @@ mod tests {
         let b = backend();
         b.enable_copy_server(0, 4096, std::time::Duration::from_secs(3600)).unwrap();
         let (p, q) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
-        let t = b.copy_async(0, 0, q, p, 64).unwrap();
-        assert!(served(&b, t));
-        poll_until_done(&b, t);
+        copy_by_server(&b, 0, q, p, 64);
         // The server would idle for an hour: dropping the backend must stop it, not wait.
         let started = std::time::Instant::now();
         drop(b);
