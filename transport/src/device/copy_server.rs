@@ -28,22 +28,26 @@
 //! never run at once, so no copy is made twice (which could overwrite a buffer the
 //! application reused after its copy completed).
 //!
-//! The host posts a copy only to a server it knows runs and will not time out first: the
-//! latest launch has stored its generation in the *started* word, and the host was active
-//! less than `idle / 2` ago (the server's own idle time is shorter: it began after the
-//! host's last post). Otherwise the copy engine takes the copy and, if the server may be
-//! gone, a new one is launched after that copy was issued ([`CopyServer::launch_if_wanted`]).
-//! So no copy ever waits for a server to start, which the application's kernels may delay
-//! for as long as they fill the GPU (Stencil2D ran 14 % slower when each iteration's first
-//! halo waited for a relaunch). A copy posted to a server that nonetheless exits (the host
-//! thread stalled between its check and its post) is found by `finished`, which launches a
-//! new one when the server's stream is idle.
+//! The host posts a copy only to a server that runs: the latest launch stored its
+//! generation in the *started* word when it started, and stores it with [`EXITED`] when it
+//! leaves. A server that times out first announces its exit, fences, and reads the ring
+//! once more; the host, after posting, fences and reads the started word: of two such
+//! sequentially consistent fences at least one side sees the other's store, so either the
+//! server takes the copy, or the host sees the announcement and launches the next server,
+//! which the copy then waits for (it starts at the completion word + 1, so nothing is
+//! served twice). Otherwise, with no server running or one still starting, the copy engine
+//! takes the copy and, if the last server has left, the next is launched once that copy is
+//! issued ([`CopyServer::launch_if_wanted`]). So a copy waits for a server's start only in
+//! that race, not whenever the host was idle: a start may wait as long as the application's
+//! kernels fill the GPU (Stencil2D ran 14 % slower when each iteration's first halo waited
+//! for a relaunch). `finished` remains a safety net: a copy that stalls while the server's
+//! stream is idle gets a new server.
 
 use std::ffi::{c_uint, c_void, CString};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
@@ -57,6 +61,9 @@ pub const SLOTS: u64 = 64;
 /// Threads of the server's block: enough to move 64 KiB in 1-2 us, one SM's share.
 const THREADS: c_uint = 512;
 
+/// The started word's mark of a server that has left (or is leaving: see the kernel).
+const EXITED: u64 = 1 << 63;
+
 /// Polls of an unfinished copy between two checks that a server is running.
 const POLLS_PER_LIVENESS_CHECK: u32 = 1024;
 
@@ -67,6 +74,8 @@ __device__ __forceinline__ unsigned long long mix(unsigned long long x) {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
+
+#define EXITED (1ull << 63)
 
 __device__ __forceinline__ unsigned long long now_ns() {
     unsigned long long t;
@@ -95,6 +104,7 @@ extern "C" __global__ void gpulmt_copy_server(const volatile unsigned long long*
             // Lane l reads word l % 4 of slot seq + l / 4: the warp's load covers 8 slots.
             const unsigned int lane = threadIdx.x, g = lane / 4;
             unsigned long long since = now_ns();
+            int announced = 0;
             for (;;) {
                 unsigned long long v = ring[4 * ((seq + g) % 64) + lane % 4];  // 64: SLOTS
                 unsigned long long dst = __shfl_sync(full, v, 4 * g);
@@ -107,6 +117,10 @@ extern "C" __global__ void gpulmt_copy_server(const volatile unsigned long long*
                 // The leading run of valid slots: later ones wait for the next read.
                 int n = __ffs(~groups) - 1;
                 if (n > 0) {
+                    if (announced && lane == 0) {
+                        // A copy came after all: withdraw the exit.
+                        asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(started), "l"(generation) : "memory");
+                    }
                     if (lane % 4 == 0 && (int)g < n) {
                         s_dst[g] = dst;
                         s_src[g] = src;
@@ -118,8 +132,19 @@ extern "C" __global__ void gpulmt_copy_server(const volatile unsigned long long*
                 int quit = 0;
                 if (lane == 0) quit = now_ns() - since > idle_ns;
                 if (__shfl_sync(full, quit, 0)) {
-                    if (lane == 0) s_n = -1;
-                    break;
+                    if (announced) {
+                        if (lane == 0) s_n = -1;
+                        break;
+                    }
+                    // Announce the exit, then read the ring once more: a host that posted
+                    // before the announcement is seen by that read, one that posts after it
+                    // sees the announcement (both sides fence sequentially consistently).
+                    if (lane == 0) {
+                        asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(started), "l"(generation | EXITED) : "memory");
+                        asm volatile("fence.sc.sys;" ::: "memory");
+                    }
+                    __syncwarp();
+                    announced = 1;
                 }
             }
         }
@@ -189,9 +214,8 @@ pub struct CopyServer {
     device: CUdeviceptr,
     /// The next sequence number to post (the first is 1).
     next: u64,
-    /// When the host last posted or launched: a server idle for `idle` has exited.
-    last_active: Option<Instant>,
-    /// The latest launch's number (0: none yet); the kernel stores it in the started word.
+    /// The latest launch's number (0: none yet); the kernel stores it in the started word
+    /// when it starts, with [`EXITED`] when it leaves.
     generation: u64,
     /// A copy found the server possibly gone: launch one once that copy is issued.
     launch_wanted: bool,
@@ -225,7 +249,6 @@ impl CopyServer {
             host: ptr::null_mut(),
             device: 0,
             next: 1,
-            last_active: None,
             generation: 0,
             launch_wanted: false,
             idle,
@@ -261,11 +284,10 @@ impl CopyServer {
         self.done_word().load(Ordering::Acquire)
     }
 
-    /// Whether the latest launch has started (it stored its generation).
-    fn started(&self) -> bool {
-        // SAFETY: an aligned word of the pinned allocation, as `done_word`.
-        let word = unsafe { AtomicU64::from_ptr(self.host.add(STARTED_WORD)) };
-        self.generation > 0 && word.load(Ordering::Acquire) == self.generation
+    fn started_word(&self) -> &AtomicU64 {
+        // SAFETY: an aligned word of the pinned allocation, as `done_word`; the kernel
+        // stores to it with system-scope release.
+        unsafe { AtomicU64::from_ptr(self.host.add(STARTED_WORD)) }
     }
 
     fn launch(&mut self) -> Result<(), DeviceError> {
@@ -283,7 +305,6 @@ impl CopyServer {
             sys::cuLaunchKernel(self.func, 1, 1, 1, THREADS, 1, 1, 0, self.stream, args.as_mut_ptr(), ptr::null_mut())
         }))?;
         self.generation = generation;
-        self.last_active = Some(Instant::now());
         self.launches += 1;
         Ok(())
     }
@@ -298,20 +319,22 @@ impl CopyServer {
     }
 
     /// Posts a copy to a server that runs; returns its sequence number, or None when the
-    /// caller must use the copy engine: the ring is full, or no server is known to run (then
-    /// [`launch_if_wanted`](Self::launch_if_wanted) starts one, unless one is starting).
-    pub fn post(&mut self, dst: usize, src: usize, len: usize) -> Option<u64> {
+    /// caller must use the copy engine: the ring is full, no server has been launched, the
+    /// latest has not started yet, or it has left (then
+    /// [`launch_if_wanted`](Self::launch_if_wanted) starts the next). `enter` makes the
+    /// device's context current, which only the rare launch below needs.
+    pub fn post<G>(&mut self, dst: usize, src: usize, len: usize, enter: impl FnOnce() -> Result<G, DeviceError>) -> Result<Option<u64>, DeviceError> {
         if self.next - 1 - self.done() >= SLOTS {
-            return None;
+            return Ok(None);
         }
-        if self.last_active.is_none_or(|t| t.elapsed() >= self.idle / 2) {
-            // The server may exit before it sees a copy posted now, or has.
+        let word = self.started_word().load(Ordering::Acquire);
+        if self.generation == 0 || word == self.generation | EXITED {
             self.launch_wanted = true;
-            return None;
+            return Ok(None);
         }
-        if !self.started() {
-            // Launched less than idle / 2 ago and not started yet.
-            return None;
+        if word != self.generation {
+            // Launched, not started: its start may wait for the application's kernels.
+            return Ok(None);
         }
         let seq = self.next;
         let (dst, src, len) = (dst as u64, src as u64, len as u64);
@@ -326,8 +349,15 @@ impl CopyServer {
             AtomicU64::from_ptr(slot.add(3)).store(tag(seq, dst, src, len), Ordering::Release);
         }
         self.next += 1;
-        self.last_active = Some(Instant::now());
-        Some(seq)
+        // SeqCst, against the kernel's announcement of its exit and its fence.sc.sys: either
+        // its last read of the ring saw this copy, or this load sees the announcement.
+        fence(Ordering::SeqCst);
+        if self.started_word().load(Ordering::Relaxed) != self.generation {
+            // It may have left without this copy, which now waits for the next server.
+            let _current = enter()?;
+            self.launch()?;
+        }
+        Ok(Some(seq))
     }
 
     /// Whether copy `seq` has finished. Never blocks; a copy that waits long while no

@@ -622,7 +622,7 @@ impl CudaBackend {
         }
         let mut server = lock(&d.server);
         let Some(server) = server.as_mut() else { return Ok(None) };
-        Ok(server.post(dst, src, len))
+        server.post(dst, src, len, || self.enter(dev))
     }
 
     /// The device of the allocation that starts at `ptr`, for operations that need one.
