@@ -1,7 +1,7 @@
-//! Raw CUDA driver helpers shared by the probes (`copy_probe`, `window_probe`,
-//! `server_probe`), which time single driver calls and so call the driver directly
-//! rather than through gpulmt's backend. Each exits the program on a failed call,
-//! naming it: a probe has nothing to recover.
+//! Helpers shared by the probes (`copy_probe`, `window_probe`, `server_probe`), which
+//! time single driver calls and so call the driver directly rather than through gpulmt's
+//! backend: raw driver calls, each exiting the program on failure with the call's name (a
+//! probe has nothing to recover), and the timing of an operation into a CSV row.
 
 use std::ffi::c_uint;
 use std::ptr;
@@ -72,4 +72,24 @@ pub fn spin_stream(s: sys::CUstream) {
             r => ck("cuStreamQuery", r),
         }
     }
+}
+
+/// Runs `op` `warm + reps` times; the host-timed microseconds of the last `reps`.
+pub fn timed(warm: usize, reps: usize, mut op: impl FnMut()) -> Vec<f64> {
+    let mut t = Vec::with_capacity(reps);
+    for i in 0..warm + reps {
+        let x = std::time::Instant::now();
+        op();
+        if i >= warm {
+            t.push(x.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    t
+}
+
+/// Prints `probe,variant,median,mean,p90` of the samples (microseconds).
+pub fn print_row(probe: &str, variant: &str, mut t: Vec<f64>) {
+    let mean = t.iter().sum::<f64>() / t.len() as f64;
+    t.sort_by(f64::total_cmp);
+    println!("{probe},{variant},{:.3},{mean:.3},{:.3}", t[t.len() / 2], t[t.len() * 9 / 10]);
 }

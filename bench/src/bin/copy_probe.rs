@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use gpulmt::device::cuda::CudaBackend;
-use gpulmt_bench::driver::{ck, event, pinned, primary_context, spin_stream};
+use gpulmt_bench::driver::{ck, event, pinned, primary_context, print_row, spin_stream, timed};
 use gpulmt::device::{DeviceBackend, IpcHandle, IPC_HANDLE_BYTES};
 
 const WARM: usize = 200;
@@ -38,18 +38,8 @@ const PATTERN: u8 = 0x5a;
 
 
 /// Times `op` (which must finish its copy before returning) and prints its row.
-fn measure(variant: &str, mut op: impl FnMut()) {
-    let mut t = Vec::with_capacity(REPS);
-    for i in 0..WARM + REPS {
-        let x = Instant::now();
-        op();
-        if i >= WARM {
-            t.push(x.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    let mean = t.iter().sum::<f64>() / t.len() as f64;
-    t.sort_by(f64::total_cmp);
-    println!("copy_probe,{variant},{:.3},{mean:.3},{:.3}", t[t.len() / 2], t[t.len() * 9 / 10]);
+fn measure(variant: &str, op: impl FnMut()) {
+    print_row("copy_probe", variant, timed(WARM, REPS, op));
 }
 
 struct Dev {

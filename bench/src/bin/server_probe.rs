@@ -25,11 +25,10 @@
 
 use std::ptr;
 use std::sync::atomic::{compiler_fence, Ordering};
-use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
 use gpulmt::device::cuda::CudaBackend;
-use gpulmt_bench::driver::{ck, nonblocking_stream, pinned, primary_context, spin_stream};
+use gpulmt_bench::driver::{ck, nonblocking_stream, pinned, primary_context, print_row, spin_stream};
 use gpulmt::device::DeviceBackend;
 
 const WARM: usize = 200;
@@ -94,22 +93,12 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
 "#;
 
 
-fn row(variant: &str, mut t: Vec<f64>) {
-    let mean = t.iter().sum::<f64>() / t.len() as f64;
-    t.sort_by(f64::total_cmp);
-    println!("server_probe,{variant},{:.3},{mean:.3},{:.3}", t[t.len() / 2], t[t.len() * 9 / 10]);
+fn row(variant: &str, t: Vec<f64>) {
+    print_row("server_probe", variant, t);
 }
 
-fn timed(mut op: impl FnMut()) -> Vec<f64> {
-    let mut t = Vec::with_capacity(REPS);
-    for i in 0..WARM + REPS {
-        let x = Instant::now();
-        op();
-        if i >= WARM {
-            t.push(x.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    t
+fn timed(op: impl FnMut()) -> Vec<f64> {
+    gpulmt_bench::driver::timed(WARM, REPS, op)
 }
 
 /// A device's primary context (retained by the backend, peer access enabled) with a
