@@ -141,9 +141,10 @@ extern "C" __global__ void gpulmt_copy_server(const volatile unsigned long long*
                     // sees the announcement (both sides fence sequentially consistently).
                     if (lane == 0) {
                         asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(started), "l"(generation | EXITED) : "memory");
-                        asm volatile("fence.sc.sys;" ::: "memory");
                     }
                     __syncwarp();
+                    // Every lane that reads the ring again orders that read after the store.
+                    asm volatile("fence.sc.sys;" ::: "memory");
                     announced = 1;
                 }
             }
