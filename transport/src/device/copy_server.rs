@@ -39,9 +39,8 @@
 //! takes the copy and, if the last server has left, the next is launched once that copy is
 //! issued ([`CopyServer::launch_if_wanted`]). So a copy waits for a server's start only in
 //! that race, not whenever the host was idle: a start may wait as long as the application's
-//! kernels fill the GPU (Stencil2D ran 14 % slower when each iteration's first halo waited
-//! for a relaunch). `finished` remains a safety net: a copy that stalls while the server's
-//! stream is idle gets a new server.
+//! kernels fill the GPU. `finished` remains a safety net: a copy that stalls while the
+//! server's stream is idle gets a new server.
 
 use std::ffi::{c_uint, c_void, CString};
 use std::ptr;
