@@ -43,21 +43,14 @@ check window window --placement "D D" --count 64 --sizes 8,4096,65536 --same-tag
 check alltoall alltoall --iters 20
 grep -h "copy server" "$out"/check_*.txt | sort | uniq -c | head -5 >> "$out/checks.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/server.csv"
-one() { # variant round env-assignments(comma-separated) bench args...
-  local v=$1 r=$2 envs=${3//,/ }; shift 3
-  rm -f /tmp/server.csv
-  env $envs $bin/gpulmt-run -n 2 --timeout 120 -- "$bin/$@" --csv /tmp/server.csv D D > /dev/null 2>> "$out/log.txt" \
-    || echo "$v round $r $1 failed" >> "$out/log.txt"
-  append_rows "$v" "$r" /tmp/server.csv "$out/server.csv"
-}
 read -r -a vs <<< "$variants"
 for r in $(seq "${ROUNDS:-3}"); do
   log "round $r"
   for k in $(seq 0 $(( ${#vs[@]} - 1 ))); do
     IFS=: read -r name envs <<< "${vs[$(( (k + r) % ${#vs[@]} ))]}"
-    one "$name" "$r" "$envs" osu_latency -m 1:64K -i 10000
-    one "$name" "$r" "$envs" osu_bw -m 1:64K
-    one "$name" "$r" "$envs" osu_bibw -m 1:64K
+    osu_rows "$name" "$r" "$envs" "$out/server.csv" osu_latency -m 1:64K -i 10000
+    osu_rows "$name" "$r" "$envs" "$out/server.csv" osu_bw -m 1:64K
+    osu_rows "$name" "$r" "$envs" "$out/server.csv" osu_bibw -m 1:64K
   done
 done
 # The PMPI shim's 8 B D D (ffi/shim/examples/cuda_osu.c) with and without the server.

@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts (`source "$(dirname "$0")/preamble.sh"`, arguments passed on):
 # strict mode, $out from the first argument (created, with the commit of the carried
 # binaries), $bin, the CUDA backend for every gpulmt run, `log` (to stderr and
-# $out/log.txt), `small_copy_baselines` and `append_rows`.
+# $out/log.txt), `small_copy_baselines`, `append_rows` and `osu_rows`.
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
@@ -23,4 +23,15 @@ small_copy_baselines() {
 # and protocol columns dropped).
 append_rows() {
   tail -n +2 "$3" 2>/dev/null | cut -d, -f1,4- | sed "s/^/$1,$2,/" >> "$4"
+}
+# Runs an osu benchmark ($5, arguments after it) D D on two ranks with the comma-separated
+# variable assignments $3, appends its rows to $4 as variant $1, round $2 (see
+# append_rows), and keeps the ranks' traffic counters and warnings in $out/stats_$1.txt.
+osu_rows() {
+  local v=$1 r=$2 envs=${3//,/ } csv=$4; shift 4
+  rm -f /tmp/osu_rows.csv
+  env GPULMT_LOG=gpulmt=info $envs $bin/gpulmt-run -n 2 --timeout 120 -- "$bin/$@" --csv /tmp/osu_rows.csv D D \
+    > /dev/null 2> >(grep -E "traffic of this rank|ERROR|WARN" | sed "s/^/round $r $1: /" >> "$out/stats_$v.txt") \
+    || echo "$v round $r $1 failed" >> "$out/log.txt"
+  append_rows "$v" "$r" /tmp/osu_rows.csv "$csv"
 }

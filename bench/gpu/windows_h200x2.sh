@@ -54,22 +54,14 @@ if [ "${MPS:-0}" = 1 ]; then
 fi
 echo "mps=$mps" > "$out/env.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/windows.csv"
-one() { # variant round env-assignments(comma-separated) bench args...
-  local v=$1 r=$2 envs=${3//,/ }; shift 3
-  rm -f /tmp/windows.csv
-  env GPULMT_LOG=gpulmt=info $envs $bin/gpulmt-run -n 2 --timeout 120 -- "$bin/$@" --csv /tmp/windows.csv D D \
-    > /dev/null 2> >(grep -E "traffic of this rank|ERROR|WARN" | sed "s/^/round $r $1: /" >> "$out/stats_$v.txt") \
-    || echo "$v round $r $1 failed" >> "$out/log.txt"
-  append_rows "$v" "$r" /tmp/windows.csv "$out/windows.csv"
-}
 read -r -a vs <<< "$variants"
 for r in $(seq "${ROUNDS:-3}"); do
   log "round $r"
   for k in $(seq 0 $(( ${#vs[@]} - 1 ))); do
     IFS=: read -r name envs <<< "${vs[$(( (k + r) % ${#vs[@]} ))]}"
-    one "$name" "$r" "$envs" osu_bw -m 64K:4M
-    one "$name" "$r" "$envs" osu_bibw -m 64K:4M
-    one "$name" "$r" "$envs" osu_latency -m 8:8 -i 20000
+    osu_rows "$name" "$r" "$envs" "$out/windows.csv" osu_bw -m 64K:4M
+    osu_rows "$name" "$r" "$envs" "$out/windows.csv" osu_bibw -m 64K:4M
+    osu_rows "$name" "$r" "$envs" "$out/windows.csv" osu_latency -m 8:8 -i 20000
   done
 done
 log done
