@@ -21,12 +21,7 @@ if [ "$ngpu" -ge 2 ]; then
   bash .gpu/tools/anchors.sh 65536 > "$out/anchors.csv" 2> "$out/anchors.err"
   $bin/copy_pingpong -m 1:64K -i 20000 > "$out/floor.csv" 2>> "$out/log.txt"
 fi
-mps=0
-if [ "${MPS:-0}" = 1 ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d 2>/dev/null && mps=1
-fi
+start_mps
 echo "mps=$mps gpus=$ngpu" > "$out/env.txt"
 log checks
 check() { # name gpulmt-check args...
@@ -69,7 +64,7 @@ if command -v mpicc > /dev/null; then
   done
 fi
 log done
-[ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
+stop_mps
 cat "$out/env.txt" "$out/checks.txt"
 grep -E "test result|FAILED|panicked" "$out/unit.txt" | tail -4
 grep -E "(server|gpulmt)_(local|push|pull)_[0-9]+,|engine_" "$out/server_probe.csv" | cut -d, -f2,3 | tr '\n' ' '; echo

@@ -6,11 +6,7 @@
 # one GPU need it for the server). Usage: [ROUNDS=3] [MPS=1] [SIZES="2048 4096"]
 # bash bench/gpu/copy_server_stencil.sh OUTDIR   (after prepare.sh; carry .gpu)
 source "$(dirname "$0")/preamble.sh"
-if [ "${MPS:-0}" = 1 ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d 2>/dev/null && log "MPS started"
-fi
+start_mps
 run() { # variant env args...
   local v=$1 e=$2; shift 2
   env $e $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d "$@" > /tmp/stencil.txt 2>&1 || { echo "FAILED: $v $*" | tee -a "$out/log.txt"; tail -3 /tmp/stencil.txt >> "$out/log.txt"; }
@@ -25,7 +21,7 @@ for r in $(seq "${ROUNDS:-3}"); do
     run on GPULMT_COPY_SERVER_MAX=64K --size $s --halo 1 --mode $m --iters 500 --csv "$out/stencil_on.csv"
   done; done
 done
-[ "${MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
+stop_mps
 log done
 head -1 "$out/stencil_check.csv"; cut -d, -f1-12 "$out/stencil_check.csv" | tail -n +2
 for v in off on; do echo "== $v"; head -1 "$out/stencil_$v.csv"; tail -n +2 "$out/stencil_$v.csv"; done

@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts (`source "$(dirname "$0")/preamble.sh"`, arguments passed on):
 # strict mode, $out from the first argument (created, with the commit of the carried
 # binaries), $bin, the CUDA backend for every gpulmt run, `log` (to stderr and
-# $out/log.txt), `small_copy_baselines`, `append_rows` and `osu_rows`.
+# $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows` and `start_mps`/`stop_mps`.
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
@@ -34,4 +34,17 @@ osu_rows() {
     > /dev/null 2> >(grep -E "traffic of this rank|ERROR|WARN" | sed "s/^/round $r $1: /" >> "$out/stats_$v.txt") \
     || echo "$v round $r $1 failed" >> "$out/log.txt"
   append_rows "$v" "$r" /tmp/osu_rows.csv "$csv"
+}
+# With MPS=1, starts NVIDIA MPS, so that ranks sharing a GPU run at once instead of being
+# time-sliced; `mps` says whether it started. stop_mps ends it.
+mps=0
+start_mps() {
+  [ "${MPS:-0}" = 1 ] || return 0
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d 2>/dev/null && mps=1 && log "MPS started"
+}
+stop_mps() {
+  if [ "$mps" = 1 ]; then echo quit | nvidia-cuda-mps-control; fi
+  mps=0
 }

@@ -13,11 +13,7 @@ CUDA=${CUDA_HOME:-/usr/local/cuda}
 mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
 shim="-x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda"
 nvidia-smi > "$out/host.txt" 2>&1
-if [ "${MPS:-0}" = 1 ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d && log "MPS started"
-fi
+start_mps
 log copy_probe
 $bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
 mpicc -O2 -I$CUDA/include ffi/shim/examples/cuda_osu.c -L$CUDA/lib64 -lcudart -Wl,-rpath,$CUDA/lib64 -o /tmp/cuda_osu
@@ -44,7 +40,7 @@ for i in $(seq "${ROUNDS:-5}"); do
     2) native_lat $i; shim_lat settle $i X=1; shim_lat none $i GPULMT_MPI_SETTLE=none ;;
   esac
 done
-if [ "${MPS:-0}" = 1 ]; then echo quit | nvidia-cuda-mps-control; fi
+stop_mps
 log done
 grep settle_ "$out/copy_probe_8.csv"
 python3 - "$out/shim_settle.csv" <<'PY'

@@ -46,12 +46,7 @@ log anchors
 bash .gpu/tools/anchors.sh 4194304 > "$out/anchors.csv" 2> "$out/anchors.err"
 fi
 [ -f "$out/anchors.csv" ] || echo "anchor,metric,bytes,value" > "$out/anchors.csv"
-mps=0
-if [ "${MPS:-0}" = 1 ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/gpulmt-mps CUDA_MPS_LOG_DIRECTORY=/tmp/gpulmt-mpslog
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d 2>/dev/null && mps=1
-fi
+start_mps
 echo "mps=$mps" > "$out/env.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/windows.csv"
 read -r -a vs <<< "$variants"
@@ -65,7 +60,7 @@ for r in $(seq "${ROUNDS:-3}"); do
   done
 done
 log done
-[ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
+stop_mps
 cat "$out/env.txt" "$out/checks.txt" 2>/dev/null
 grep -E "test result" "$out/unit.txt" | tail -3
 for f in "$out"/stats_*.txt; do echo "$(basename "$f" .txt): $(grep -m2 "osu_bw" "$f" | grep -oE " (get|put|copies|probed)=[0-9]+" | tr '\n' ' ')"; done
