@@ -14,6 +14,9 @@
 //!   calling thread already had: the application's own CUDA calls must not land on our device.
 //! - Copies run on non-blocking streams, one per (device, lane), and complete through events
 //!   from a per-device pool, so a copy costs a memcpy, an event record and a map insert.
+//! - With a copy server enabled on a device (`copy_server.rs`), small copies between device
+//!   memory that device reaches are made by a kernel resident on it instead, without a
+//!   driver call; while no server runs, the engine takes them.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
