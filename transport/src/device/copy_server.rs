@@ -428,6 +428,99 @@ fn warn(r: Result<(), CuFailure>) {
 mod tests {
     use super::*;
 
+    /// A server over plain host memory and no driver objects, for the host's side of the
+    /// protocol; the test plays the kernel by writing the completion and started words.
+    /// Must be forgotten, not dropped (its Drop frees through the driver).
+    fn host_only(mem: &mut [u64]) -> CopyServer {
+        assert_eq!(mem.len() * 8, HOST_BYTES);
+        CopyServer {
+            module: ptr::null_mut(),
+            func: ptr::null_mut(),
+            stream: ptr::null_mut(),
+            host: mem.as_mut_ptr(),
+            device: 0,
+            next: 1,
+            generation: 0,
+            launch_wanted: false,
+            idle: Duration::from_micros(100),
+            stalled_polls: 0,
+            launches: 0,
+        }
+    }
+
+    /// No driver here: a call that needs the context fails, which shows it was made.
+    fn no_context() -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported { op: "entering a context", backend: super::super::BackendKind::Sim })
+    }
+
+    /// What the kernel would take from slot `seq`: its fields if the tag matches.
+    fn kernel_reads(mem: &[u64], seq: u64) -> Option<(u64, u64, u64)> {
+        let w = &mem[4 * (seq % SLOTS) as usize..][..4];
+        (w[3] == tag(seq, w[0], w[1], w[2])).then_some((w[0], w[1], w[2]))
+    }
+
+    #[test]
+    fn copies_go_to_a_server_only_once_it_has_started() {
+        let mut mem = vec![0u64; HOST_BYTES / 8];
+        let mut s = host_only(&mut mem);
+        // None launched yet: the engine takes the copy and one is wanted.
+        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), None);
+        assert!(std::mem::take(&mut s.launch_wanted));
+        // Launched (generation 1), not started: the engine again, and no second launch.
+        s.generation = 1;
+        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), None);
+        assert!(!s.launch_wanted);
+        // Started: the copy goes to the ring, where the kernel finds it whole.
+        s.started_word().store(1, Ordering::Release);
+        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), Some(1));
+        let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
+        assert_eq!(kernel_reads(ring, 1), Some((0x1000, 0x2000, 8)));
+        assert_eq!(kernel_reads(ring, 2), None, "the next slot is not valid yet");
+        assert_eq!(kernel_reads(ring, 1 + SLOTS), None, "nor is slot 1 for a later lap");
+        // It left: the engine takes the next copy and a new server is wanted.
+        s.started_word().store(1 | EXITED, Ordering::Release);
+        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), None);
+        assert!(s.launch_wanted);
+        assert_eq!(s.next, 2, "declined copies take no sequence number");
+        std::mem::forget(s);
+    }
+
+    #[test]
+    fn a_full_ring_sends_copies_to_the_engine_until_the_server_catches_up() {
+        let mut mem = vec![0u64; HOST_BYTES / 8];
+        let mut s = host_only(&mut mem);
+        s.generation = 3;
+        s.started_word().store(3, Ordering::Release);
+        for i in 1..=SLOTS {
+            assert_eq!(s.post(0x1000 + i as usize, 0x9000, 8, no_context).unwrap(), Some(i));
+        }
+        assert_eq!(s.post(0x1000, 0x9000, 8, no_context).unwrap(), None, "ring full");
+        assert!(!s.launch_wanted, "a full ring is no reason to launch");
+        // The kernel served copy 1: its slot takes copy SLOTS + 1.
+        s.done_word().store(1, Ordering::Release);
+        assert_eq!(s.post(0x7777, 0x9000, 16, no_context).unwrap(), Some(SLOTS + 1));
+        let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
+        assert_eq!(kernel_reads(ring, SLOTS + 1), Some((0x7777, 0x9000, 16)));
+        assert_eq!(kernel_reads(ring, 2), Some((0x1002, 0x9000, 8)), "unserved copies stay intact");
+        std::mem::forget(s);
+    }
+
+    #[test]
+    fn a_stalled_copy_makes_the_host_check_that_a_server_runs() {
+        let mut mem = vec![0u64; HOST_BYTES / 8];
+        let mut s = host_only(&mut mem);
+        s.generation = 1;
+        s.started_word().store(1, Ordering::Release);
+        let seq = s.post(0x1000, 0x2000, 8, no_context).unwrap().unwrap();
+        for _ in 1..POLLS_PER_LIVENESS_CHECK {
+            assert!(!s.finished(seq, no_context).unwrap(), "polls before the check need no driver");
+        }
+        assert!(s.finished(seq, no_context).is_err(), "the check asks the driver about the server's stream");
+        s.done_word().store(seq, Ordering::Release);
+        assert!(s.finished(seq, no_context).unwrap());
+        std::mem::forget(s);
+    }
+
     #[test]
     fn tag_changes_with_every_field_and_the_sequence() {
         let t = tag(7, 0x1000, 0x2000, 8);
