@@ -63,6 +63,9 @@ pub fn pinned(bytes: usize) -> (*mut u8, CUdeviceptr) {
 }
 
 /// Polls `s` until it is idle.
+// The handle is the driver's, created by the probe and only passed back to it; Rust never
+// dereferences it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn spin_stream(s: sys::CUstream) {
     loop {
         // SAFETY: a stream the caller created.
