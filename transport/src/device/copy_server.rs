@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
-use super::cuda::{check, CuFailure};
+use super::cuda::{check, cu, warn_teardown};
 use super::DeviceError;
 
 /// Descriptors in the ring: copies the server may have queued at once. A copy that finds
@@ -241,7 +241,7 @@ impl CopyServer {
     pub fn new(idle: Duration) -> Result<Self, DeviceError> {
         let image = ptx()?;
         let mut module = ptr::null_mut();
-        cu(check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) }))?;
+        cu!(cuModuleLoadData(&mut module, image.as_ptr().cast()))?;
         let mut s = CopyServer {
             module,
             func: ptr::null_mut(),
@@ -256,18 +256,16 @@ impl CopyServer {
             launches: 0,
         };
         // From here `s`'s Drop releases whatever was made.
-        cu(check("cuModuleGetFunction", unsafe {
-            sys::cuModuleGetFunction(&mut s.func, module, c"gpulmt_copy_server".as_ptr())
-        }))?;
+        cu!(cuModuleGetFunction(&mut s.func, module, c"gpulmt_copy_server".as_ptr()))?;
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
-        cu(check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s.stream, flags) }))?;
+        cu!(cuStreamCreate(&mut s.stream, flags))?;
         let mut host: *mut c_void = ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        cu(check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut host, HOST_BYTES, flags) }))?;
+        cu!(cuMemHostAlloc(&mut host, HOST_BYTES, flags))?;
         // SAFETY: just allocated, HOST_BYTES long.
         unsafe { ptr::write_bytes(host.cast::<u8>(), 0, HOST_BYTES) };
         s.host = host.cast();
-        cu(check("cuMemHostGetDevicePointer_v2", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut s.device, host, 0) }))?;
+        cu!(cuMemHostGetDevicePointer_v2(&mut s.device, host, 0))?;
         Ok(s)
     }
 
@@ -290,6 +288,21 @@ impl CopyServer {
         unsafe { AtomicU64::from_ptr(self.host.add(STARTED_WORD)) }
     }
 
+    /// Writes descriptor `seq`: the fields, then the tag that makes them valid. The caller
+    /// has seen the slot's previous copy (seq - SLOTS) served, so the server no longer
+    /// reads it.
+    fn write_slot(&self, seq: u64, dst: u64, src: u64, len: u64) {
+        // SAFETY: slot `seq % SLOTS` lies in the ring of the pinned allocation.
+        unsafe {
+            let slot = self.host.add(4 * (seq % SLOTS) as usize);
+            slot.write_volatile(dst);
+            slot.add(1).write_volatile(src);
+            slot.add(2).write_volatile(len);
+            // Release: the fields are visible before the tag.
+            AtomicU64::from_ptr(slot.add(3)).store(tag(seq, dst, src, len), Ordering::Release);
+        }
+    }
+
     fn launch(&mut self) -> Result<(), DeviceError> {
         let words = |w: usize| self.device + (w * 8) as u64;
         let (mut ring, mut done, mut started) = (self.device, words(DONE_WORD), words(STARTED_WORD));
@@ -301,9 +314,7 @@ impl CopyServer {
             (&mut generation as *mut u64).cast(),
             (&mut idle as *mut u64).cast(),
         ];
-        cu(check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(self.func, 1, 1, 1, THREADS, 1, 1, 0, self.stream, args.as_mut_ptr(), ptr::null_mut())
-        }))?;
+        cu!(cuLaunchKernel(self.func, 1, 1, 1, THREADS, 1, 1, 0, self.stream, args.as_mut_ptr(), ptr::null_mut()))?;
         self.generation = generation;
         self.launches += 1;
         Ok(())
@@ -338,16 +349,8 @@ impl CopyServer {
         }
         let seq = self.next;
         let (dst, src, len) = (dst as u64, src as u64, len as u64);
-        // SAFETY: slot `seq % SLOTS` lies in the ring; its last copy (seq - SLOTS) was served,
-        // as the check above shows, so the server no longer reads it.
-        unsafe {
-            let slot = self.host.add(4 * (seq % SLOTS) as usize);
-            slot.write_volatile(dst);
-            slot.add(1).write_volatile(src);
-            slot.add(2).write_volatile(len);
-            // Release: the fields are visible before the tag that makes them valid.
-            AtomicU64::from_ptr(slot.add(3)).store(tag(seq, dst, src, len), Ordering::Release);
-        }
+        // Its slot's last copy (seq - SLOTS) was served, as the check above shows.
+        self.write_slot(seq, dst, src, len);
         self.next += 1;
         // SeqCst, against the kernel's announcement of its exit and its fence.sc.sys: either
         // its last read of the ring saw this copy, or this load sees the announcement.
@@ -372,7 +375,7 @@ impl CopyServer {
         if self.stalled_polls >= POLLS_PER_LIVENESS_CHECK {
             self.stalled_polls = 0;
             let _current = enter()?;
-            match check("cuStreamQuery", unsafe { sys::cuStreamQuery(self.stream) }) {
+            match cu!(cuStreamQuery(self.stream)) {
                 // Idle: the last server exited before it saw this copy.
                 Ok(()) if self.done() < seq => self.launch()?,
                 Ok(()) => return Ok(true),
@@ -391,36 +394,20 @@ impl Drop for CopyServer {
         tracing::info!(copies = self.next - 1, launches = self.launches, "copy server stopped");
         if !self.stream.is_null() && !self.host.is_null() && self.generation > 0 {
             let seq = self.next;
-            // SAFETY: as in `post`; if the ring is full of unserved copies, waiting for the
-            // stream below still ends: the server serves them, then times out.
+            // If the ring is full of unserved copies, waiting for the stream below still
+            // ends: the server serves them, then times out.
             if self.next - 1 - self.done() < SLOTS {
-                unsafe {
-                    let slot = self.host.add(4 * (seq % SLOTS) as usize);
-                    slot.write_volatile(0);
-                    slot.add(1).write_volatile(0);
-                    slot.add(2).write_volatile(u64::MAX);
-                    AtomicU64::from_ptr(slot.add(3)).store(tag(seq, 0, 0, u64::MAX), Ordering::Release);
-                }
+                self.write_slot(seq, 0, 0, u64::MAX);
             }
-            warn(check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.stream) }));
+            warn_teardown(cu!(cuStreamSynchronize(self.stream)));
         }
         if !self.stream.is_null() {
-            warn(check("cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(self.stream) }));
+            warn_teardown(cu!(cuStreamDestroy_v2(self.stream)));
         }
         if !self.host.is_null() {
-            warn(check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(self.host.cast()) }));
+            warn_teardown(cu!(cuMemFreeHost(self.host.cast())));
         }
-        warn(check("cuModuleUnload", unsafe { sys::cuModuleUnload(self.module) }));
-    }
-}
-
-fn cu(r: Result<(), CuFailure>) -> Result<(), DeviceError> {
-    r.map_err(DeviceError::from)
-}
-
-fn warn(r: Result<(), CuFailure>) {
-    if let Err(f) = r {
-        tracing::warn!("copy server teardown: {}", DeviceError::from(f));
+        warn_teardown(cu!(cuModuleUnload(self.module)));
     }
 }
 

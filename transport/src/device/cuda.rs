@@ -41,6 +41,7 @@ macro_rules! cu {
         check(stringify!($f), unsafe { sys::$f($($arg),*) })
     };
 }
+pub(super) use cu;
 
 /// Driver symbols this file calls (through [`cu!`] or `sys::` directly). cudarc resolves each
 /// lazily and panics if it is missing, so all are checked when the driver is loaded; a unit test
@@ -396,7 +397,7 @@ fn open_error(f: CuFailure) -> DeviceError {
 }
 
 /// Reports a failure during teardown, where there is no caller to return it to.
-fn warn_teardown<E: Into<DeviceError>>(r: Result<(), E>) {
+pub(super) fn warn_teardown<E: Into<DeviceError>>(r: Result<(), E>) {
     if let Err(e) = r {
         tracing::warn!("CUDA backend teardown: {}", e.into());
     }
