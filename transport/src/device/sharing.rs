@@ -5,11 +5,16 @@
 //! to its context. gpulmt cannot start MPS itself (it is a node service started before
 //! the job), so it says so once at start-up.
 
+/// The ranks bound to `device`, given every rank's device.
+fn sharing(device: u32, rank_devices: &[u32]) -> Vec<usize> {
+    (0..rank_devices.len()).filter(|&r| rank_devices[r] == device).collect()
+}
+
 /// The warning for rank `me`, bound to `device`, given every rank's device
 /// (`rank_devices[r]`) and whether MPS serves `device` (None: unknown, no warning).
 /// Only the lowest rank of a shared device warns, so a job logs it once per device.
 pub(crate) fn time_slicing_warning(me: usize, device: u32, rank_devices: &[u32], mps: Option<bool>) -> Option<String> {
-    let sharing: Vec<usize> = (0..rank_devices.len()).filter(|&r| rank_devices[r] == device).collect();
+    let sharing = sharing(device, rank_devices);
     if mps != Some(false) || sharing.len() < 2 || sharing[0] != me {
         return None;
     }
@@ -24,7 +29,7 @@ pub(crate) fn time_slicing_warning(me: usize, device: u32, rank_devices: &[u32],
 /// not: other ranks share the device and MPS is not known to serve it, so the driver
 /// time-slices their contexts and a resident kernel would hold the GPU for its whole slice.
 pub(crate) fn copy_server_refusal(device: u32, rank_devices: &[u32], mps: Option<bool>) -> Option<String> {
-    let sharers = rank_devices.iter().filter(|&&d| d == device).count();
+    let sharers = sharing(device, rank_devices).len();
     (sharers > 1 && mps != Some(true)).then(|| {
         format!(
             "{sharers} ranks share GPU {device} without NVIDIA MPS (or MPS is not known to serve it): \
