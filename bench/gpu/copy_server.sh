@@ -51,15 +51,11 @@ done
 # The PMPI shim's 8 B D D (ffi/shim/examples/cuda_osu.c) with and without the server.
 if command -v mpicc > /dev/null; then
   log shim
-  CUDA=${CUDA_HOME:-/usr/local/cuda}
-  mpicc -O2 -I$CUDA/include ffi/shim/examples/cuda_osu.c -L$CUDA/lib64 -lcudart -Wl,-rpath,$CUDA/lib64 -o /tmp/cuda_osu
+  build_cuda_osu
   for r in $(seq "${ROUNDS:-3}"); do
     for v in off on; do
-      x="-x X=1"; [ $v = on ] && x="-x GPULMT_COPY_SERVER_MAX=64K"
-      timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so \
-        -x GPULMT_DEVICE=cuda $x /tmp/cuda_osu 1048576 > /tmp/cuda_osu.out 2>> "$out/log.txt"
-      grep -q ",check,.*,ok,0" /tmp/cuda_osu.out && echo "shim $v round $r: a byte check failed" >> "$out/checks.txt"
-      echo "shim_$v,$r,cuda_osu_lat,8,us,$(grep ',lat,D D,8,' /tmp/cuda_osu.out | cut -d, -f6)" >> "$out/server.csv"
+      x=X=1; [ $v = on ] && x=GPULMT_COPY_SERVER_MAX=64K
+      echo "shim_$v,$r,cuda_osu_lat,8,us,$(shim_latency "shim $v round $r" $x)" >> "$out/server.csv"
     done
   done
 fi

@@ -1,7 +1,8 @@
 # Sourced by the GPU scripts (`source "$(dirname "$0")/preamble.sh"`, arguments passed on):
 # strict mode, $out from the first argument (created, with the commit of the carried
 # binaries), $bin, the CUDA backend for every gpulmt run, `log` (to stderr and
-# $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows` and `start_mps`/`stop_mps`.
+# $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows`, `start_mps`/`stop_mps`
+# and the PMPI shim's `build_cuda_osu` and `shim_latency`.
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
@@ -47,4 +48,25 @@ start_mps() {
 stop_mps() {
   if [ "$mps" = 1 ]; then echo quit | nvidia-cuda-mps-control; fi
   mps=0
+}
+# Builds the PMPI shim's example application (ffi/shim/examples/cuda_osu.c) with the host's
+# mpicc and CUDA into /tmp/cuda_osu.
+build_cuda_osu() {
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  mpicc -O2 -I$cuda/include ffi/shim/examples/cuda_osu.c -L$cuda/lib64 -lcudart -Wl,-rpath,$cuda/lib64 -o /tmp/cuda_osu
+}
+# Prints cuda_osu's 8 B D D latency (us) on two ranks under the shim, with the variable
+# assignments $2... (one `-x` each); a failed byte check goes to $out/checks.txt and the
+# log, named $1.
+shim_latency() {
+  local name=$1 x="" e; shift
+  for e in "$@"; do x="$x -x $e"; done
+  # shellcheck disable=SC2086
+  timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so \
+    -x GPULMT_DEVICE=cuda $x /tmp/cuda_osu 1048576 > /tmp/cuda_osu.out 2>> "$out/log.txt"
+  if grep -q ",check,.*,ok,0" /tmp/cuda_osu.out; then
+    echo "$name: a byte check failed" | tee -a "$out/checks.txt" >> "$out/log.txt"
+    cat /tmp/cuda_osu.out >> "$out/log.txt"
+  fi
+  grep ',lat,D D,8,' /tmp/cuda_osu.out | cut -d, -f6
 }

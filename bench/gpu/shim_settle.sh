@@ -9,22 +9,14 @@
 # On one GPU (nvidia-h200) both ranks share it; MPS=1 starts the MPS daemon first.
 # Usage: [ROUNDS=5] [MPS=1] bash bench/gpu/shim_settle.sh OUTDIR   (after prepare.sh; carry .gpu)
 source "$(dirname "$0")/preamble.sh"
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
-shim="-x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda"
 nvidia-smi > "$out/host.txt" 2>&1
 start_mps
 log copy_probe
 $bin/copy_probe 8 > "$out/copy_probe_8.csv" 2>> "$out/log.txt"
-mpicc -O2 -I$CUDA/include ffi/shim/examples/cuda_osu.c -L$CUDA/lib64 -lcudart -Wl,-rpath,$CUDA/lib64 -o /tmp/cuda_osu
+build_cuda_osu
 echo "variant,round,us" > "$out/shim_settle.csv"
-shim_lat() { # variant round env...
-  local v=$1 r=$2; shift 2
-  local x=""
-  for e in "$@"; do x="$x -x $e"; done
-  timeout 120 $mpirun -np 2 $shim $x /tmp/cuda_osu 1048576 > /tmp/cuda_osu.out 2>> "$out/log.txt"
-  grep -q ",check,.*,ok,0" /tmp/cuda_osu.out && log "$v: a byte check failed" && cat /tmp/cuda_osu.out >> "$out/log.txt"
-  echo "$v,$r,$(grep ',lat,D D,8,' /tmp/cuda_osu.out | cut -d, -f6)" >> "$out/shim_settle.csv"
+shim_lat() { # variant round assignments...
+  echo "$1,$2,$(shim_latency "$1 round $2" "${@:3}")" >> "$out/shim_settle.csv"
 }
 native_lat() { # round; then with RTR offers off (GET, as the shim's own matching has it)
   $bin/gpulmt-run -n 2 --timeout 60 -- $bin/osu_latency -m 8:8 -i 20000 --csv /tmp/native.csv D D > /dev/null 2>> "$out/log.txt"
