@@ -18,9 +18,8 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use gpulmt::device::cuda::CudaBackend;
-use gpulmt_bench::driver::{ck, event, primary_context};
 use gpulmt::device::DeviceBackend;
-
+use gpulmt_bench::driver::{ck, event, primary_context};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -38,12 +37,11 @@ struct Setup {
     ctx: sys::CUcontext,
     stream: sys::CUstream,
     event: sys::CUevent,
-    device: i32,
 }
 
 fn setup(ordinal: i32) -> Setup {
     let (ctx, stream) = primary_context(ordinal);
-    Setup { ctx, stream, event: event(), device: ordinal }
+    Setup { ctx, stream, event: event() }
 }
 
 /// Queues `n` copies of `len` bytes (copy i from `src + i*len` to `dst + i*len`) the way
@@ -64,7 +62,7 @@ fn issue(s: &Setup, how: Issue, dst: CUdeviceptr, src: CUdeviceptr, len: usize, 
                 let mut dsts: Vec<CUdeviceptr> = (i..i + k).map(|j| dst + (j * len) as CUdeviceptr).collect();
                 let mut srcs: Vec<CUdeviceptr> = (i..i + k).map(|j| src + (j * len) as CUdeviceptr).collect();
                 let mut sizes = vec![len; k];
-                let mut attrs = [batch_attrs(s.device)];
+                let mut attrs = [batch_attrs()];
                 let mut idx = [0usize];
                 ck("cuMemcpyBatchAsync_v2", unsafe {
                     sys::cuMemcpyBatchAsync_v2(
@@ -86,7 +84,7 @@ fn issue(s: &Setup, how: Issue, dst: CUdeviceptr, src: CUdeviceptr, len: usize, 
 }
 
 /// One attribute for every copy of a batch: stream order for the sources, no hints.
-fn batch_attrs(_device: i32) -> sys::CUmemcpyAttributes {
+fn batch_attrs() -> sys::CUmemcpyAttributes {
     // SAFETY: a plain C struct of enums and integers; all-zero is a valid value of each
     // field before the ones that matter are set.
     let mut a: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
