@@ -362,11 +362,14 @@ pub struct CudaBackend {
     /// Copies in flight by ticket.
     tickets: Mutex<Tickets>,
     open: Mutex<OpenHandles>,
-    /// Allocations made by [`alloc`](DeviceBackend::alloc), by base address: their
-    /// attributes are known until [`free`](DeviceBackend::free), so `pointer_info`
-    /// answers them without a driver query (one `cuPointerGetAttributes` per
-    /// message is a large share of the CPU time of a busy bi-directional stream).
-    own: Mutex<std::collections::BTreeMap<usize, PointerInfo>>,
+    /// Allocations made by [`alloc`](DeviceBackend::alloc) and mappings made by
+    /// [`open_handle`](DeviceBackend::open_handle), by base address: their attributes
+    /// hold until [`free`](DeviceBackend::free) or
+    /// [`close_handle`](DeviceBackend::close_handle), which alone can recycle the
+    /// address, so `pointer_info` answers them without a driver query (one
+    /// `cuPointerGetAttributes` per message is a large share of the CPU time of a busy
+    /// bi-directional stream, and of a copy the copy server makes).
+    known: Mutex<std::collections::BTreeMap<usize, PointerInfo>>,
 }
 
 fn to_raw_handle(h: &IpcHandle) -> sys::CUipcMemHandle {
@@ -440,7 +443,7 @@ impl CudaBackend {
             next_ticket: AtomicU64::new(1),
             tickets: Mutex::new(Tickets::default()),
             open: Mutex::new(OpenHandles::default()),
-            own: Mutex::new(std::collections::BTreeMap::new()),
+            known: Mutex::new(std::collections::BTreeMap::new()),
         })
     }
 
@@ -687,7 +690,7 @@ impl DeviceBackend for CudaBackend {
         }
         match self.query_pointer(ptr as usize) {
             Ok(info) => {
-                lock(&self.own).insert(ptr as usize, info);
+                lock(&self.known).insert(ptr as usize, info);
             }
             Err(e) => {
                 warn_teardown(cu!(cuMemFree_v2(ptr)));
@@ -701,12 +704,12 @@ impl DeviceBackend for CudaBackend {
         let dev = self.allocation_device("free", ptr)?;
         let _current = self.enter(dev)?;
         cu!(cuMemFree_v2(ptr as CUdeviceptr))?;
-        lock(&self.own).remove(&ptr);
+        lock(&self.known).remove(&ptr);
         Ok(())
     }
 
     fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError> {
-        if let Some((_, info)) = lock(&self.own).range(..=ptr).next_back() {
+        if let Some((_, info)) = lock(&self.known).range(..=ptr).next_back() {
             if ptr < info.base + info.size {
                 return Ok(*info);
             }
@@ -750,6 +753,19 @@ impl DeviceBackend for CudaBackend {
             return Err(f.into());
         }
         let ptr = ptr as usize;
+        // The mapping's own attributes (the exporter's device, its buffer id), asked once:
+        // the copy server's reachability check asks for them at every copy.
+        match self.query_pointer(ptr) {
+            Ok(info @ PointerInfo { kind: MemoryKind::Device(_), .. }) if info.base == ptr => {
+                lock(&self.known).insert(ptr, info);
+            }
+            // Answered by the driver at each lookup, as before.
+            Ok(_) => {}
+            Err(e) => {
+                warn_teardown(cu!(cuIpcCloseMemHandle(ptr as CUdeviceptr)));
+                return Err(e);
+            }
+        }
         open.by_handle.insert(handle.0, ptr);
         open.by_ptr.insert(
             ptr,
@@ -775,6 +791,7 @@ impl DeviceBackend for CudaBackend {
             let _current = self.enter(on)?;
             cu!(cuIpcCloseMemHandle(mapping.ptr as CUdeviceptr))?;
         }
+        lock(&self.known).remove(&mapping.ptr);
         open.by_ptr.remove(&mapping.ptr);
         open.by_handle.remove(&handle);
         Ok(())
@@ -1547,10 +1564,11 @@ mod tests {
             b.open_handle(&handle, on),
             Err(DeviceError::DoubleOpen { .. })
         ));
-        println!(
-            "mapped on device {on}: {:?}",
-            b.pointer_info(m.ptr).unwrap()
-        );
+        let info = b.pointer_info(m.ptr).unwrap();
+        println!("mapped on device {on}: {info:?}");
+        // The answer kept for the mapping's lifetime is the driver's.
+        assert_eq!(info, b.query_pointer(m.ptr + 1).unwrap());
+        assert_eq!(info.base, m.ptr);
         let mut back = vec![0u8; len];
         let t = b
             .copy_async(on, 0, back.as_mut_ptr() as usize, m.ptr, len)
@@ -1558,6 +1576,8 @@ mod tests {
         poll_until_done(&b, t);
         assert!(back == pattern(len, 11), "data through the IPC mapping");
         b.close_handle(m).unwrap();
+        // Forgotten with the mapping: the address is nobody's now.
+        assert_eq!(b.pointer_info(m.ptr).unwrap().kind, MemoryKind::Host);
         assert!(matches!(
             b.close_handle(m),
             Err(DeviceError::InvalidPointer { .. })
