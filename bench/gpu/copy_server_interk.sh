@@ -10,8 +10,10 @@
 #                       queue (a resident kernel blocks what queues behind it in one)
 #   off_tl / on_tl      --timeline (CUDA events at each batch's marks; prints GPU times)
 # then one --host-intervals run each of off and on (their distributions into the log).
-# MPS=1 starts MPS (two ranks on one GPU need it for the server).
-# Usage: [ROUNDS=6] [MPS=1] [SIZES="2048 4096"] bash bench/gpu/copy_server_interk.sh OUTDIR
+# VARIANTS="name:VAR=1,VAR2=2:--arg ..." replaces that list. Each run's copy-server totals
+# (copies, declined to the engine, launches) go to notes.txt. MPS=1 starts MPS (two ranks
+# on one GPU need it for the server).
+# Usage: [ROUNDS=6] [MPS=1] [SIZES="2048 4096"] [VARIANTS=...] bash bench/gpu/copy_server_interk.sh OUTDIR
 source "$(dirname "$0")/preamble.sh"
 start_mps
 echo "mps=$mps" > "$out/env.txt"
@@ -26,15 +28,16 @@ variants=(
   "off_tl:X=1:--timeline"
   "on_tl:$on:--timeline"
 )
+if [ -n "${VARIANTS:-}" ]; then read -r -a variants <<< "$VARIANTS"; fi
 echo "variant,round,size,time_per_iter_us,comm_share_pct" > "$out/interk.csv"
 stencil() { # variant envs extra-args size
   local v=$1 envs=${2//,/ } extra=$3 s=$4
   rm -f /tmp/interk.csv
   # shellcheck disable=SC2086
-  env GPULMT_LOG=gpulmt=warn $envs $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 \
+  env GPULMT_LOG=gpulmt=warn,gpulmt::device::copy_server=info $envs $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 \
     --mode inter-k --iters 500 --csv /tmp/interk.csv $extra > /tmp/interk.txt 2>&1 \
     || { echo "FAILED: $v $s" >> "$out/log.txt"; tail -3 /tmp/interk.txt >> "$out/log.txt"; }
-  grep -h "timeline:\|WARN\|ERROR" /tmp/interk.txt | sed "s/^/$v $s: /" >> "$out/notes.txt"
+  grep -h "timeline:\|copy server stopped\|WARN\|ERROR" /tmp/interk.txt | sed "s/^/$v $s: /" >> "$out/notes.txt"
 }
 for r in $(seq "${ROUNDS:-6}"); do
   log "round $r"

@@ -221,8 +221,10 @@ pub struct CopyServer {
     launch_wanted: bool,
     idle: Duration,
     stalled_polls: u32,
-    /// Kernels launched, for the log at teardown.
+    /// Kernels launched, and copies sent to the copy engine because no server ran or
+    /// the ring was full, for the log at teardown.
     launches: u64,
+    declined: u64,
 }
 
 // SAFETY: the raw pointers are a pinned allocation and driver handles owned by this
@@ -254,6 +256,7 @@ impl CopyServer {
             idle,
             stalled_polls: 0,
             launches: 0,
+            declined: 0,
         };
         // From here `s`'s Drop releases whatever was made.
         cu!(cuModuleGetFunction(&mut s.func, module, c"gpulmt_copy_server".as_ptr()))?;
@@ -336,15 +339,18 @@ impl CopyServer {
     /// device's context current, which only the rare launch below needs.
     pub fn post<G>(&mut self, dst: usize, src: usize, len: usize, enter: impl FnOnce() -> Result<G, DeviceError>) -> Result<Option<u64>, DeviceError> {
         if self.next - 1 - self.done() >= SLOTS {
+            self.declined += 1;
             return Ok(None);
         }
         let word = self.started_word().load(Ordering::Acquire);
         if self.generation == 0 || word == self.generation | EXITED {
             self.launch_wanted = true;
+            self.declined += 1;
             return Ok(None);
         }
         if word != self.generation {
             // Launched, not started: its start may wait for the application's kernels.
+            self.declined += 1;
             return Ok(None);
         }
         let seq = self.next;
@@ -391,7 +397,7 @@ impl CopyServer {
 impl Drop for CopyServer {
     /// Stops a running server (a descriptor of length `~0`) and waits for its stream.
     fn drop(&mut self) {
-        tracing::info!(copies = self.next - 1, launches = self.launches, "copy server stopped");
+        tracing::info!(copies = self.next - 1, declined = self.declined, launches = self.launches, "copy server stopped");
         if !self.stream.is_null() && !self.host.is_null() && self.generation > 0 {
             let seq = self.next;
             // If the ring is full of unserved copies, waiting for the stream below still
@@ -432,6 +438,7 @@ mod tests {
             idle: Duration::from_micros(100),
             stalled_polls: 0,
             launches: 0,
+            declined: 0,
         }
     }
 
@@ -469,6 +476,7 @@ mod tests {
         assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), None);
         assert!(s.launch_wanted);
         assert_eq!(s.next, 2, "declined copies take no sequence number");
+        assert_eq!(s.declined, 3, "none launched, one not started, one left");
         std::mem::forget(s);
     }
 
@@ -483,6 +491,7 @@ mod tests {
         }
         assert_eq!(s.post(0x1000, 0x9000, 8, no_context).unwrap(), None, "ring full");
         assert!(!s.launch_wanted, "a full ring is no reason to launch");
+        assert_eq!(s.declined, 1);
         // The kernel served copy 1: its slot takes copy SLOTS + 1.
         s.done_word().store(1, Ordering::Release);
         assert_eq!(s.post(0x7777, 0x9000, 16, no_context).unwrap(), Some(SLOTS + 1));
