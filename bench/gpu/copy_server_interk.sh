@@ -11,7 +11,8 @@
 #   off_tl / on_tl      --timeline (CUDA events at each batch's marks; prints GPU times)
 # then one --host-intervals run each of off and on (their distributions into the log).
 # VARIANTS="name:VAR=1,VAR2=2:--arg ..." replaces that list. Each run's copy-server totals
-# (copies, declined to the engine, launches) go to notes.txt. MPS=1 starts MPS (two ranks
+# (copies, declined to the engine, launches) go to notes.txt, the first round's outputs to
+# output_VARIANT_SIZE.txt. MPS=1 starts MPS (two ranks
 # on one GPU need it for the server).
 # Usage: [ROUNDS=6] [MPS=1] [SIZES="2048 4096"] [VARIANTS=...] bash bench/gpu/copy_server_interk.sh OUTDIR
 source "$(dirname "$0")/preamble.sh"
@@ -45,6 +46,7 @@ for r in $(seq "${ROUNDS:-6}"); do
     IFS=: read -r v envs extra <<< "${variants[$(( (k + r) % ${#variants[@]} ))]}"
     for s in ${SIZES:-2048 4096}; do
       stencil "$v" "$envs" "$extra" "$s"
+      [ "$r" = 1 ] && cp /tmp/interk.txt "$out/output_${v}_$s.txt"
       t=$(grep ",time_per_iter_us," /tmp/interk.csv | cut -d, -f8)
       c=$(grep ",comm_share_pct," /tmp/interk.csv | cut -d, -f8)
       echo "$v,$r,$s,$t,$c" >> "$out/interk.csv"

@@ -46,7 +46,7 @@ use std::ffi::{c_uint, c_void, CString};
 use std::ptr;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
@@ -65,6 +65,19 @@ const EXITED: u64 = 1 << 63;
 
 /// Polls of an unfinished copy between two checks that a server is running.
 const POLLS_PER_LIVENESS_CHECK: u32 = 1024;
+
+/// Copies a server must have made before it left for the next to be launched when a copy
+/// asks: fewer mean the application's small copies come further apart than the idle
+/// timeout, so each server would cost a launch (3 us of CPU) and an SM while the copies it
+/// serves are few (Stencil2D with a step longer than the timeout: relaunched every step,
+/// nearly every copy declined to the engine, steps 6-10 % longer than with no server).
+const USEFUL_COPIES: u64 = 8;
+
+/// After a server that was not useful, copies use the engine for this long before a
+/// launch is tried again; doubled after each such server, up to [`MAX_BACKOFF`], and
+/// forgotten after a useful one.
+const FIRST_BACKOFF: Duration = Duration::from_millis(1);
+const MAX_BACKOFF: Duration = Duration::from_millis(128);
 
 const SOURCE: &str = r#"
 __device__ __forceinline__ unsigned long long mix(unsigned long long x) {
@@ -225,6 +238,13 @@ pub struct CopyServer {
     /// the ring was full, for the log at teardown.
     launches: u64,
     declined: u64,
+    /// Copies posted to the latest launch, judged when it is seen to have left.
+    posted: u64,
+    /// The launch last judged (so each is judged once).
+    judged: u64,
+    /// While a backoff runs, a declined copy launches nothing before this instant.
+    launch_not_before: Option<Instant>,
+    backoff: Duration,
 }
 
 // SAFETY: the raw pointers are a pinned allocation and driver handles owned by this
@@ -257,6 +277,10 @@ impl CopyServer {
             stalled_polls: 0,
             launches: 0,
             declined: 0,
+            posted: 0,
+            judged: 0,
+            launch_not_before: None,
+            backoff: Duration::ZERO,
         };
         // From here `s`'s Drop releases whatever was made.
         cu!(cuModuleGetFunction(&mut s.func, module, c"gpulmt_copy_server".as_ptr()))?;
@@ -320,6 +344,7 @@ impl CopyServer {
         cu!(cuLaunchKernel(self.func, 1, 1, 1, THREADS, 1, 1, 0, self.stream, args.as_mut_ptr(), ptr::null_mut()))?;
         self.generation = generation;
         self.launches += 1;
+        self.posted = 0;
         Ok(())
     }
 
@@ -335,17 +360,26 @@ impl CopyServer {
     /// Posts a copy to a server that runs; returns its sequence number, or None when the
     /// caller must use the copy engine: the ring is full, no server has been launched, the
     /// latest has not started yet, or it has left (then
-    /// [`launch_if_wanted`](Self::launch_if_wanted) starts the next). `enter` makes the
-    /// device's context current, which only the rare launch below needs.
-    pub fn post<G>(&mut self, dst: usize, src: usize, len: usize, enter: impl FnOnce() -> Result<G, DeviceError>) -> Result<Option<u64>, DeviceError> {
+    /// [`launch_if_wanted`](Self::launch_if_wanted) starts the next, unless the servers
+    /// before made too few copies to pay: see [`USEFUL_COPIES`]). `enter` makes the
+    /// device's context current, which only the rare launch below needs; `now` is the
+    /// clock, read only when a copy is declined.
+    pub fn post<G>(
+        &mut self,
+        (dst, src, len): (usize, usize, usize),
+        enter: impl FnOnce() -> Result<G, DeviceError>,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Option<u64>, DeviceError> {
         if self.next - 1 - self.done() >= SLOTS {
             self.declined += 1;
             return Ok(None);
         }
         let word = self.started_word().load(Ordering::Acquire);
         if self.generation == 0 || word == self.generation | EXITED {
-            self.launch_wanted = true;
             self.declined += 1;
+            if self.may_launch(now()) {
+                self.launch_wanted = true;
+            }
             return Ok(None);
         }
         if word != self.generation {
@@ -358,6 +392,7 @@ impl CopyServer {
         // Its slot's last copy (seq - SLOTS) was served, as the check above shows.
         self.write_slot(seq, dst, src, len);
         self.next += 1;
+        self.posted += 1;
         // SeqCst, against the kernel's announcement of its exit and its fence.sc.sys: either
         // its last read of the ring saw this copy, or this load sees the announcement.
         fence(Ordering::SeqCst);
@@ -367,6 +402,23 @@ impl CopyServer {
             self.launch()?;
         }
         Ok(Some(seq))
+    }
+
+    /// Whether a declined copy may launch a server at `now`: judges the server that left
+    /// (once), and says no while the backoff its predecessors earned runs.
+    fn may_launch(&mut self, now: Instant) -> bool {
+        if self.generation != 0 && self.judged != self.generation {
+            self.judged = self.generation;
+            if self.posted < USEFUL_COPIES {
+                self.backoff = (self.backoff * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+                self.launch_not_before = Some(now + self.backoff);
+                tracing::debug!(copies = self.posted, backoff_us = self.backoff.as_micros() as u64, "copy server left after few copies: small copies use the engine meanwhile");
+            } else {
+                self.backoff = Duration::ZERO;
+                self.launch_not_before = None;
+            }
+        }
+        self.launch_not_before.is_none_or(|t| now >= t)
     }
 
     /// Whether copy `seq` has finished. Never blocks; a copy that waits long while no
@@ -439,6 +491,10 @@ mod tests {
             stalled_polls: 0,
             launches: 0,
             declined: 0,
+            posted: 0,
+            judged: 0,
+            launch_not_before: None,
+            backoff: Duration::ZERO,
         }
     }
 
@@ -458,25 +514,76 @@ mod tests {
         let mut mem = vec![0u64; HOST_BYTES / 8];
         let mut s = host_only(&mut mem);
         // None launched yet: the engine takes the copy and one is wanted.
-        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), None);
+        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
         assert!(std::mem::take(&mut s.launch_wanted));
         // Launched (generation 1), not started: the engine again, and no second launch.
         s.generation = 1;
-        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), None);
+        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
         assert!(!s.launch_wanted);
         // Started: the copy goes to the ring, where the kernel finds it whole.
         s.started_word().store(1, Ordering::Release);
-        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), Some(1));
+        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), Some(1));
         let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
         assert_eq!(kernel_reads(ring, 1), Some((0x1000, 0x2000, 8)));
         assert_eq!(kernel_reads(ring, 2), None, "the next slot is not valid yet");
         assert_eq!(kernel_reads(ring, 1 + SLOTS), None, "nor is slot 1 for a later lap");
-        // It left: the engine takes the next copy and a new server is wanted.
+        // It left after one copy: the engine takes the next, and (see the backoff test) a
+        // new server is wanted only once the backoff that earned has run.
         s.started_word().store(1 | EXITED, Ordering::Release);
-        assert_eq!(s.post(0x1000, 0x2000, 8, no_context).unwrap(), None);
+        let t0 = Instant::now();
+        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0).unwrap(), None);
+        assert!(!s.launch_wanted);
+        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + FIRST_BACKOFF).unwrap(), None);
         assert!(s.launch_wanted);
         assert_eq!(s.next, 2, "declined copies take no sequence number");
-        assert_eq!(s.declined, 3, "none launched, one not started, one left");
+        assert_eq!(s.declined, 4, "none launched, one not started, two after it left");
+        std::mem::forget(s);
+    }
+
+    /// Plays a server of generation `g` that starts, is posted `copies` copies, serves
+    /// them and leaves.
+    fn serve_and_leave(s: &mut CopyServer, g: u64, copies: u64) {
+        s.generation = g;
+        s.posted = 0;
+        s.started_word().store(g, Ordering::Release);
+        for _ in 0..copies {
+            assert!(s.post((0x1000, 0x2000, 8), no_context, || unreachable!("no copy is declined")).unwrap().is_some());
+            s.done_word().store(s.next - 1, Ordering::Release);
+        }
+        s.started_word().store(g | EXITED, Ordering::Release);
+    }
+
+    #[test]
+    fn servers_that_make_few_copies_are_relaunched_after_a_growing_backoff() {
+        let mut mem = vec![0u64; HOST_BYTES / 8];
+        let mut s = host_only(&mut mem);
+        let t0 = Instant::now();
+        let mut declined_at = |s: &mut CopyServer, t: Duration| {
+            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + t).unwrap(), None);
+            std::mem::take(&mut s.launch_wanted)
+        };
+        // A useful server: its successor is launched at the first copy that finds it gone.
+        serve_and_leave(&mut s, 1, USEFUL_COPIES);
+        assert!(declined_at(&mut s, Duration::ZERO));
+        // Servers that made too few copies: 1 ms, then 2, 4, ... up to the cap, each
+        // counted from the copy that found the server gone.
+        let mut expected = FIRST_BACKOFF;
+        let mut t = Duration::ZERO;
+        for g in 2..12 {
+            serve_and_leave(&mut s, g, USEFUL_COPIES - 1);
+            assert!(!declined_at(&mut s, t), "generation {g}: launched with no backoff");
+            assert!(!declined_at(&mut s, t + expected - Duration::from_micros(1)), "generation {g}: backoff shorter than {expected:?}");
+            assert!(declined_at(&mut s, t + expected), "generation {g}: backoff longer than {expected:?}");
+            t += expected;
+            expected = (expected * 2).min(MAX_BACKOFF);
+        }
+        assert_eq!(s.backoff, MAX_BACKOFF);
+        // A useful server again: no backoff after it, and the next useless one starts over.
+        serve_and_leave(&mut s, 12, USEFUL_COPIES);
+        assert!(declined_at(&mut s, t));
+        serve_and_leave(&mut s, 13, 0);
+        assert!(!declined_at(&mut s, t));
+        assert!(declined_at(&mut s, t + FIRST_BACKOFF));
         std::mem::forget(s);
     }
 
@@ -487,14 +594,14 @@ mod tests {
         s.generation = 3;
         s.started_word().store(3, Ordering::Release);
         for i in 1..=SLOTS {
-            assert_eq!(s.post(0x1000 + i as usize, 0x9000, 8, no_context).unwrap(), Some(i));
+            assert_eq!(s.post((0x1000 + i as usize, 0x9000, 8), no_context, Instant::now).unwrap(), Some(i));
         }
-        assert_eq!(s.post(0x1000, 0x9000, 8, no_context).unwrap(), None, "ring full");
+        assert_eq!(s.post((0x1000, 0x9000, 8), no_context, Instant::now).unwrap(), None, "ring full");
         assert!(!s.launch_wanted, "a full ring is no reason to launch");
         assert_eq!(s.declined, 1);
         // The kernel served copy 1: its slot takes copy SLOTS + 1.
         s.done_word().store(1, Ordering::Release);
-        assert_eq!(s.post(0x7777, 0x9000, 16, no_context).unwrap(), Some(SLOTS + 1));
+        assert_eq!(s.post((0x7777, 0x9000, 16), no_context, Instant::now).unwrap(), Some(SLOTS + 1));
         let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
         assert_eq!(kernel_reads(ring, SLOTS + 1), Some((0x7777, 0x9000, 16)));
         assert_eq!(kernel_reads(ring, 2), Some((0x1002, 0x9000, 8)), "unserved copies stay intact");
@@ -507,7 +614,7 @@ mod tests {
         let mut s = host_only(&mut mem);
         s.generation = 1;
         s.started_word().store(1, Ordering::Release);
-        let seq = s.post(0x1000, 0x2000, 8, no_context).unwrap().unwrap();
+        let seq = s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap().unwrap();
         for _ in 1..POLLS_PER_LIVENESS_CHECK {
             assert!(!s.finished(seq, no_context).unwrap(), "polls before the check need no driver");
         }

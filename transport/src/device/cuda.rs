@@ -629,7 +629,7 @@ impl CudaBackend {
         }
         let mut server = lock(&d.server);
         let Some(server) = server.as_mut() else { return Ok(None) };
-        server.post(dst, src, len, || self.enter(dev))
+        server.post((dst, src, len), || self.enter(dev), std::time::Instant::now)
     }
 
     /// The device of the allocation that starts at `ptr`, for operations that need one.
@@ -1264,6 +1264,8 @@ mod tests {
         assert!(back == src, "window of 256");
         // After the server timed out, the next copy goes to the engine, which is not kept
         // waiting for a server to start, and starts one; a later copy finds it running.
+        // (These servers make one copy each, so from the second round on the launch waits
+        // for a backoff of 1, then 2 ms, which copy_by_server waits out.)
         for round in 0..3 {
             std::thread::sleep(idle * 3);
             let t = b.copy_async(0, 0, q, p + 8 * round, 8).unwrap();
