@@ -22,6 +22,10 @@
 //!
 //! The data of every server copy is checked at the end of each variant. Run:
 //! `server_probe [bytes...]` (default 8 4096 65536).
+//!
+//! `SERVER_HOLD_MS=N server_probe` instead keeps gpulmt's copy server resident (polling,
+//! idle) on device 0 for N ms and exits: run beside another program, it shows what a
+//! resident server costs that program's kernels.
 
 use std::ptr;
 use std::sync::atomic::{compiler_fence, Ordering};
@@ -218,6 +222,24 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
     check("gpulmt");
 }
 
+/// Launches gpulmt's copy server on device 0 (copies for 20 ms: the first starts it, later
+/// ones go to it) and keeps it resident, idle, for `time`; dropping the backend then stops
+/// it (with `GPULMT_LOG=info` its teardown line counts the copies it made).
+fn hold(b: &CudaBackend, time: std::time::Duration) {
+    b.enable_copy_server(0, 64, time * 2).expect("enable_copy_server");
+    let (p, q) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_millis(20) {
+        let t = b.copy_async(0, 0, q, p, 64).expect("copy_async");
+        while !b.copy_poll(t).expect("copy_poll") {
+            std::hint::spin_loop();
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+    eprintln!("server_probe: holding the copy server on device 0 for {time:?}");
+    std::thread::sleep(time);
+}
+
 fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("bytes")).collect();
     let sizes = if sizes.is_empty() { vec![8, 4096, 65536] } else { sizes };
@@ -225,6 +247,10 @@ fn main() {
         eprintln!("server_probe: needs the CUDA backend: {e}");
         std::process::exit(1);
     });
+    if let Ok(ms) = std::env::var("SERVER_HOLD_MS") {
+        hold(&b, std::time::Duration::from_millis(ms.parse().expect("SERVER_HOLD_MS: milliseconds")));
+        return;
+    }
     let opts = cudarc::nvrtc::CompileOptions { arch: Some("compute_80"), ..Default::default() };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(SERVER_SOURCE, opts).unwrap_or_else(|e| {
         eprintln!("server_probe: NVRTC: {e:?}");

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# What a resident, idle copy server costs another program's kernels on the same GPU: Stencil2D
+# without exchanges (--no-exchange: kernels and stream waits only, no gpulmt copies) on two
+# ranks at SIZES per rank, alone and beside one or two processes that each hold gpulmt's copy
+# server resident (`SERVER_HOLD_MS=... server_probe`), in ROUNDS rotated rounds. Needs MPS
+# (MPS=1) where the GPU is shared. Asks whether Stencil2D's inter-k at 4096² ran 5 % slower
+# with a server that never left (h200x1/interk3) because of the server's mere presence.
+# Usage: [ROUNDS=4] [MPS=1] [SIZES="2048 4096"] bash bench/gpu/resident_cost.sh OUTDIR
+source "$(dirname "$0")/preamble.sh"
+start_mps
+echo "mps=$mps" > "$out/env.txt"
+echo "variant,round,size,time_per_iter_us" > "$out/resident.csv"
+holders() { # count: starts them, waits until each says it holds its server
+  local k
+  for k in $(seq "$1"); do
+    SERVER_HOLD_MS=4000 GPULMT_LOG=gpulmt=info $bin/server_probe 2> "/tmp/hold$k.txt" &
+  done
+  for k in $(seq "$1"); do
+    for _ in $(seq 100); do grep -q holding "/tmp/hold$k.txt" && break; sleep 0.05; done
+  done
+}
+variants=(none:0 hold1:1 hold2:2)
+for r in $(seq "${ROUNDS:-4}"); do
+  log "round $r"
+  for k in 0 1 2; do
+    IFS=: read -r v n <<< "${variants[$(( (k + r) % 3 ))]}"
+    [ "$n" -gt 0 ] && holders "$n"
+    for s in ${SIZES:-2048 4096}; do
+      rm -f /tmp/resident.csv
+      $bin/gpulmt-run -n 2 --timeout 60 -- $bin/stencil2d --size "$s" --halo 1 --mode inter-k --iters 500 \
+        --no-exchange --csv /tmp/resident.csv > /tmp/resident.txt 2>&1 || { echo "FAILED: $v $s" >> "$out/log.txt"; tail -3 /tmp/resident.txt >> "$out/log.txt"; }
+      echo "$v,$r,$s,$(grep ",time_per_iter_us," /tmp/resident.csv | cut -d, -f8)" >> "$out/resident.csv"
+    done
+    wait
+    [ "$n" -gt 0 ] && grep -h "holding\|copy server stopped" /tmp/hold*.txt | sed "s/^/round $r $v: /" >> "$out/holders.txt"
+    rm -f /tmp/hold*.txt
+  done
+done
+stop_mps
+log done
+python3 - "$out/resident.csv" <<'EOF' | tee "$out/resident_table.txt"
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+sizes = sorted({r["size"] for r in rows}, key=int)
+print("variant," + ",".join(f"{s} us/step" for s in sizes))
+for v in dict.fromkeys(r["variant"] for r in rows):
+    cells = []
+    for s in sizes:
+        x = [float(r["time_per_iter_us"]) for r in rows if r["variant"] == v and r["size"] == s and r["time_per_iter_us"]]
+        cells.append(f"{statistics.median(x):.1f}" if x else "nan")
+    print(v + "," + ",".join(cells))
+EOF
