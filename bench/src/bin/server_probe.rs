@@ -222,21 +222,25 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
     check("gpulmt");
 }
 
-/// Launches gpulmt's copy server on device 0 (copies for 20 ms: the first starts it, later
-/// ones go to it) and keeps it resident, idle, for `time`; dropping the backend then stops
-/// it (with `GPULMT_LOG=info` its teardown line counts the copies it made).
+/// Launches gpulmt's copy server on device 0 (copies until it takes one: the first starts
+/// it) and keeps it resident, idle, for `time`; dropping the backend then stops it.
 fn hold(b: &CudaBackend, time: std::time::Duration) {
     b.enable_copy_server(0, 64, time * 2).expect("enable_copy_server");
     let (p, q) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
     let started = std::time::Instant::now();
-    while started.elapsed() < std::time::Duration::from_millis(20) {
+    for copies in 1.. {
         let t = b.copy_async(0, 0, q, p, 64).expect("copy_async");
+        let served = b.copy_served(t);
         while !b.copy_poll(t).expect("copy_poll") {
             std::hint::spin_loop();
         }
+        if served {
+            eprintln!("server_probe: holding the copy server on device 0 for {time:?} (it took copy {copies})");
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "server_probe: the copy server never started");
         std::thread::sleep(std::time::Duration::from_micros(50));
     }
-    eprintln!("server_probe: holding the copy server on device 0 for {time:?}");
     std::thread::sleep(time);
 }
 

@@ -558,7 +558,7 @@ mod tests {
         let mut mem = vec![0u64; HOST_BYTES / 8];
         let mut s = host_only(&mut mem);
         let t0 = Instant::now();
-        let mut declined_at = |s: &mut CopyServer, t: Duration| {
+        let declined_at = |s: &mut CopyServer, t: Duration| {
             assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + t).unwrap(), None);
             std::mem::take(&mut s.launch_wanted)
         };

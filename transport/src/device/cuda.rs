@@ -447,6 +447,12 @@ impl CudaBackend {
         })
     }
 
+    /// Whether the copy server, not the copy engine, makes the copy of `ticket` (false
+    /// once the ticket has completed): for diagnostics and tests.
+    pub fn copy_served(&self, ticket: CopyTicket) -> bool {
+        lock(&self.tickets).pending.get(&ticket.0).is_some_and(|p| p.served.is_some())
+    }
+
     fn device(&self, dev: DevId) -> Result<&Device, DeviceError> {
         self.devices
             .get(dev as usize)
@@ -1204,17 +1210,13 @@ mod tests {
             .collect()
     }
 
-    fn served(b: &CudaBackend, t: CopyTicket) -> bool {
-        lock(&b.tickets).pending.get(&t.0).is_some_and(|p| p.served.is_some())
-    }
-
     /// Copies until the copy server of `engine` takes one (the first after it was enabled
     /// or went idle goes to the engine and starts it), waiting for each; fails after 2 s.
     fn copy_by_server(b: &CudaBackend, engine: DevId, dst: usize, src: usize, len: usize) {
         let start = std::time::Instant::now();
         loop {
             let t = b.copy_async(engine, 0, dst, src, len).unwrap();
-            let by_server = served(b, t);
+            let by_server = b.copy_served(t);
             poll_until_done(b, t);
             if by_server {
                 return;
@@ -1245,16 +1247,16 @@ mod tests {
         }
         // Above the limit, or from host memory: the copy engine.
         let t = b.copy_async(0, 0, q, p, (64 << 10) + 1).unwrap();
-        assert!(!served(&b, t));
+        assert!(!b.copy_served(t));
         poll_until_done(&b, t);
         let t = b.copy_async(0, 0, q, src.as_ptr() as usize, 64).unwrap();
-        assert!(!served(&b, t));
+        assert!(!b.copy_served(t));
         poll_until_done(&b, t);
         // A window larger than the ring: the overflow goes to the engine; every byte lands.
         copy_by_server(&b, 0, q, p, 8);
         b.copy_sync(q, vec![0u8; len].as_ptr() as usize, len).unwrap();
         let tickets: Vec<CopyTicket> = (0..256).map(|i| b.copy_async(0, 0, q + i * 4096, p + i * 4096, 4096).unwrap()).collect();
-        let by_server = tickets.iter().filter(|&&t| served(&b, t)).count();
+        let by_server = tickets.iter().filter(|&&t| b.copy_served(t)).count();
         // How many find room in the ring depends on how fast the server drains it.
         assert!(by_server >= 1, "{by_server} of 256 served");
         for t in tickets {
@@ -1269,7 +1271,7 @@ mod tests {
         for round in 0..3 {
             std::thread::sleep(idle * 3);
             let t = b.copy_async(0, 0, q, p + 8 * round, 8).unwrap();
-            assert!(!served(&b, t), "after idle {round}: the engine takes the first copy");
+            assert!(!b.copy_served(t), "after idle {round}: the engine takes the first copy");
             poll_until_done(&b, t);
             b.copy_sync(back.as_mut_ptr() as usize, q, 8).unwrap();
             assert_eq!(back[..8], src[8 * round..8 * round + 8], "after idle {round}");
