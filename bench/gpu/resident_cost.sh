@@ -5,6 +5,10 @@
 # server resident (`SERVER_HOLD_MS=... server_probe`), in ROUNDS rotated rounds. Needs MPS
 # (MPS=1) where the GPU is shared. Asks whether Stencil2D's inter-k at 4096² ran 5 % slower
 # with a server that never left (h200x1/interk3) because of the server's mere presence.
+# Then the other way round: server_probe's copies (engine, probe server, gpulmt's server)
+# on an idle GPU and beside one rank of Stencil2D at 8192² (memory-bound kernels back to
+# back), ROUNDS/2 rounds each: whether a busy GPU slows the server's copies more than the
+# engine's.
 # Usage: [ROUNDS=4] [MPS=1] [SIZES="2048 4096"] bash bench/gpu/resident_cost.sh OUTDIR
 source "$(dirname "$0")/preamble.sh"
 start_mps
@@ -36,8 +40,18 @@ for r in $(seq "${ROUNDS:-4}"); do
     rm -f /tmp/hold*.txt
   done
 done
+log "copies on a busy GPU"
+for r in $(seq $(( (${ROUNDS:-4} + 1) / 2 ))); do
+  $bin/server_probe 8 16384 2>> "$out/log.txt" | sed "s/^server_probe,/idle,$r,/" | grep -v "^probe" >> "$out/loaded.csv"
+  $bin/gpulmt-run -n 1 --timeout 60 -- $bin/stencil2d --size 8192 --halo 1 --mode inter-k --iters 20000 --no-exchange > /tmp/busy.txt 2>&1 &
+  sleep 1.5
+  $bin/server_probe 8 16384 2>> "$out/log.txt" | sed "s/^server_probe,/busy,$r,/" | grep -v "^probe" >> "$out/loaded.csv"
+  pgrep -f "stencil2d --size 8192" > /dev/null || echo "round $r: the stencil had ended before the probe did" >> "$out/log.txt"
+  kill %1 2>/dev/null; wait
+done
 stop_mps
 log done
+grep -E "_(8|16384)," "$out/loaded.csv" | grep -v check | cut -d, -f1-5 | sort -t, -k3,3 -k1,1 | tee "$out/loaded_table.txt"
 python3 - "$out/resident.csv" <<'EOF' | tee "$out/resident_table.txt"
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
