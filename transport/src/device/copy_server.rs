@@ -40,7 +40,10 @@
 //! issued ([`CopyServer::launch_if_wanted`]). So a copy waits for a server's start only in
 //! that race, not whenever the host was idle: a start may wait as long as the application's
 //! kernels fill the GPU. `finished` remains a safety net: a copy that stalls while the
-//! server's stream is idle gets a new server.
+//! server's stream is idle gets a new server. A server that left after fewer than
+//! [`USEFUL_COPIES`] copies shows that the application's small copies come further apart
+//! than the idle timeout; then declined copies launch no server until a backoff has run,
+//! so such a pattern costs what the engine alone would, not a launch per copy.
 
 use std::ffi::{c_uint, c_void, CString};
 use std::ptr;
