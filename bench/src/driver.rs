@@ -40,6 +40,20 @@ pub fn nonblocking_stream() -> sys::CUstream {
     stream
 }
 
+/// A new non-blocking stream in the current context at its greatest priority: the block
+/// scheduler dispatches its work ahead of pending blocks of normal-priority kernels.
+pub fn high_priority_stream() -> sys::CUstream {
+    let (mut least, mut greatest) = (0, 0);
+    let mut stream = ptr::null_mut();
+    // SAFETY: out-pointers are locals.
+    unsafe {
+        ck("cuCtxGetStreamPriorityRange", sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest));
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+        ck("cuStreamCreateWithPriority", sys::cuStreamCreateWithPriority(&mut stream, flags, greatest));
+    }
+    stream
+}
+
 /// A timing-free event in the current context.
 pub fn event() -> sys::CUevent {
     let mut event = ptr::null_mut();

@@ -13,6 +13,7 @@
 //! `probe,variant,median_us,mean_us,p90_us`):
 //!
 //! - `engine_<where>`: `cuMemcpyAsync` + `cuStreamQuery` until done (the baseline);
+//! - `engine_hi_<where>`: the same on a stream of the context's greatest priority;
 //! - `server_<where>`: the server's copy, descriptor written to completion word seen;
 //! - `gpulmt_<where>`: gpulmt's own copy server (`GPULMT_COPY_SERVER_MAX`) through the
 //!   backend, `copy_async` + `copy_poll` until done: the path the transport takes;
@@ -32,7 +33,7 @@ use std::sync::atomic::{compiler_fence, Ordering};
 
 use cudarc::driver::sys::{self, CUdeviceptr};
 use gpulmt::device::cuda::CudaBackend;
-use gpulmt_bench::driver::{ck, nonblocking_stream, pinned, primary_context, print_row, spin_stream};
+use gpulmt_bench::driver::{ck, high_priority_stream, nonblocking_stream, pinned, primary_context, print_row, spin_stream};
 use gpulmt::device::DeviceBackend;
 
 const WARM: usize = 200;
@@ -110,6 +111,8 @@ fn timed(op: impl FnMut()) -> Vec<f64> {
 struct Server {
     ctx: sys::CUcontext,
     stream: sys::CUstream,
+    /// A stream of the greatest priority, for the `engine_hi` rows.
+    hi_stream: sys::CUstream,
     server_stream: sys::CUstream,
     /// Pinned descriptor `[dst, src, len, tag]` (host view) and its device address.
     desc: (*mut u64, CUdeviceptr),
@@ -126,6 +129,7 @@ impl Server {
         unsafe {
             let (ctx, stream) = primary_context(ordinal);
             let server_stream = nonblocking_stream();
+            let hi_stream = high_priority_stream();
             let mut module = ptr::null_mut();
             ck("cuModuleLoadData", sys::cuModuleLoadData(&mut module, image.as_ptr().cast()));
             let mut f = ptr::null_mut();
@@ -141,7 +145,7 @@ impl Server {
                 (&mut a3 as *mut CUdeviceptr).cast(),
             ];
             ck("cuLaunchKernel", sys::cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, server_stream, args.as_mut_ptr(), ptr::null_mut()));
-            Server { ctx, stream, server_stream, desc: (d.cast(), dd), done: (w.cast(), wd), gpu_ns: t.cast(), seq: 0 }
+            Server { ctx, stream, hi_stream, server_stream, desc: (d.cast(), dd), done: (w.cast(), wd), gpu_ns: t.cast(), seq: 0 }
         }
     }
 
@@ -197,6 +201,11 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
     row(&format!("engine_{name}_{len}"), timed(|| {
         ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream) });
         spin_stream(stream);
+    }));
+    let hi = s.hi_stream;
+    row(&format!("engine_hi_{name}_{len}"), timed(|| {
+        ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, hi) });
+        spin_stream(hi);
     }));
     b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
     let mut on_gpu = Vec::with_capacity(REPS);
