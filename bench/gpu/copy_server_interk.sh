@@ -14,7 +14,8 @@
 # (copies, declined to the engine, launches) go to notes.txt, the first round's outputs to
 # output_VARIANT_SIZE.txt. MPS=1 starts MPS (two ranks
 # on one GPU need it for the server).
-# Usage: [ROUNDS=6] [MPS=1] [SIZES="2048 4096"] [VARIANTS=...] bash bench/gpu/copy_server_interk.sh OUTDIR
+# MODE=inter-k-overlap runs that mode instead.
+# Usage: [ROUNDS=6] [MPS=1] [SIZES="2048 4096"] [VARIANTS=...] [MODE=inter-k] bash bench/gpu/copy_server_interk.sh OUTDIR
 source "$(dirname "$0")/preamble.sh"
 start_mps
 echo "mps=$mps" > "$out/env.txt"
@@ -36,7 +37,7 @@ stencil() { # variant envs extra-args size
   rm -f /tmp/interk.csv
   # shellcheck disable=SC2086
   env GPULMT_LOG=gpulmt=warn,gpulmt::device::copy_server=info $envs $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 \
-    --mode inter-k --iters 500 --csv /tmp/interk.csv $extra > /tmp/interk.txt 2>&1 \
+    --mode "${MODE:-inter-k}" --iters 500 --csv /tmp/interk.csv $extra > /tmp/interk.txt 2>&1 \
     || { echo "FAILED: $v $s" >> "$out/log.txt"; tail -3 /tmp/interk.txt >> "$out/log.txt"; }
   grep -h "timeline:\|copy server stopped\|WARN\|ERROR" /tmp/interk.txt | sed "s/^/$v $s: /" >> "$out/notes.txt"
 }

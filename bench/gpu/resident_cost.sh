@@ -43,11 +43,13 @@ done
 log "copies on a busy GPU"
 for r in $(seq $(( (${ROUNDS:-4} + 1) / 2 ))); do
   $bin/server_probe 8 16384 2>> "$out/log.txt" | sed "s/^server_probe,/idle,$r,/" | grep -v "^probe" >> "$out/loaded.csv"
-  $bin/gpulmt-run -n 1 --timeout 60 -- $bin/stencil2d --size 8192 --halo 1 --mode inter-k --iters 20000 --no-exchange > /tmp/busy.txt 2>&1 &
+  # Long enough (about 6 s) to outlast the probe; left to end by itself: killing an MPS
+  # client in the middle of a kernel once left the next client a sticky launch failure.
+  $bin/gpulmt-run -n 1 --timeout 60 -- $bin/stencil2d --size 8192 --halo 1 --mode inter-k --iters 24000 --no-exchange > /tmp/busy.txt 2>&1 &
   sleep 1.5
   $bin/server_probe 8 16384 2>> "$out/log.txt" | sed "s/^server_probe,/busy,$r,/" | grep -v "^probe" >> "$out/loaded.csv"
   pgrep -f "stencil2d --size 8192" > /dev/null || echo "round $r: the stencil had ended before the probe did" >> "$out/log.txt"
-  kill %1 2>/dev/null; wait
+  wait
 done
 stop_mps
 log done

@@ -226,6 +226,11 @@ impl Context {
         if let Some(w) = device::time_slicing_warning(me, device, &rank_devices, mps) {
             tracing::warn!("{w}");
         }
+        match backend.set_copy_priority(cfg.high_priority_copies) {
+            Ok(()) => tracing::debug!(high = cfg.high_priority_copies, "copy stream priority"),
+            Err(device::DeviceError::Unsupported { .. }) => {}
+            Err(e) => tracing::warn!(error = %e, "copy stream priority not set; copies use the default"),
+        }
         if cfg.copy_server_max > 0 {
             match device::copy_server_refusal(device, &rank_devices, mps) {
                 Some(why) => tracing::warn!("GPULMT_COPY_SERVER_MAX ignored: {why}"),

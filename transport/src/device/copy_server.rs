@@ -45,7 +45,7 @@
 //! than the idle timeout; then declined copies launch no server until a backoff has run,
 //! so such a pattern costs what the engine alone would, not a launch per copy.
 
-use std::ffi::{c_uint, c_void, CString};
+use std::ffi::{c_int, c_uint, c_void, CString};
 use std::ptr;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -261,9 +261,10 @@ const STARTED_WORD: usize = DONE_WORD + 8;
 const HOST_BYTES: usize = (STARTED_WORD + 8) * 8;
 
 impl CopyServer {
-    /// Loads the kernel into the current context and allocates the ring. Launches nothing:
-    /// the first copy does.
-    pub fn new(idle: Duration) -> Result<Self, DeviceError> {
+    /// Loads the kernel into the current context and allocates the ring; the server's
+    /// stream gets `priority` (a high one lets a launch start ahead of blocks that the
+    /// application's kernels have still to run). Launches nothing: the first copy does.
+    pub fn new(idle: Duration, priority: c_int) -> Result<Self, DeviceError> {
         let image = ptx()?;
         let mut module = ptr::null_mut();
         cu!(cuModuleLoadData(&mut module, image.as_ptr().cast()))?;
@@ -288,7 +289,7 @@ impl CopyServer {
         // From here `s`'s Drop releases whatever was made.
         cu!(cuModuleGetFunction(&mut s.func, module, c"gpulmt_copy_server".as_ptr()))?;
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
-        cu!(cuStreamCreate(&mut s.stream, flags))?;
+        cu!(cuStreamCreateWithPriority(&mut s.stream, flags, priority))?;
         let mut host: *mut c_void = ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         cu!(cuMemHostAlloc(&mut host, HOST_BYTES, flags))?;

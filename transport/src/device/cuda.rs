@@ -67,7 +67,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",
     "cuMemGetAddressRange_v2",
-    "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuCtxGetStreamPriorityRange",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
     "cuStreamQuery",
@@ -308,6 +309,9 @@ struct Device {
     server: Mutex<Option<CopyServer>>,
     /// Largest copy the server takes (0 while it is off): read without the lock.
     server_max: AtomicUsize,
+    /// Streams made from now on get the context's greatest priority
+    /// ([`DeviceBackend::set_copy_priority`]).
+    high_priority: AtomicBool,
 }
 
 /// A copy in flight. The newest copy on a stream has no event: it is finished when its
@@ -423,6 +427,7 @@ impl CudaBackend {
                     events: Mutex::new(Vec::new()),
                     server: Mutex::new(None),
                     server_max: AtomicUsize::new(0),
+                    high_priority: AtomicBool::new(false),
                 })
             })
             .collect::<Result<Vec<_>, DeviceError>>()?;
@@ -530,6 +535,17 @@ impl CudaBackend {
             .unwrap_or(0) as DevId
     }
 
+    /// The priority of `d`'s new streams: the context's greatest, or the default (0);
+    /// `d`'s context must be current.
+    fn stream_priority(d: &Device) -> Result<c_int, DeviceError> {
+        if !d.high_priority.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
+        cu!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest))?;
+        Ok(greatest)
+    }
+
     /// The stream in `slot` of `d`, created on first use; `d`'s context must be current.
     fn stream(d: &Device, slot: usize) -> Result<sys::CUstream, DeviceError> {
         let mut streams = lock(&d.streams);
@@ -537,10 +553,8 @@ impl CudaBackend {
             return Ok(s.0);
         }
         let mut s: sys::CUstream = ptr::null_mut();
-        cu!(cuStreamCreate(
-            &mut s,
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint
-        ))?;
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+        cu!(cuStreamCreateWithPriority(&mut s, flags, Self::stream_priority(d)?))?;
         if streams.len() <= slot {
             streams.resize_with(slot + 1, || None);
         }
@@ -934,9 +948,16 @@ impl DeviceBackend for CudaBackend {
         let mut server = lock(&d.server);
         if server.is_none() {
             let _current = self.enter(dev)?;
-            *server = Some(CopyServer::new(idle)?);
+            *server = Some(CopyServer::new(idle, Self::stream_priority(d)?)?);
         }
         d.server_max.store(max_len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn set_copy_priority(&self, high: bool) -> Result<(), DeviceError> {
+        for d in &self.devices {
+            d.high_priority.store(high, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -1287,6 +1308,30 @@ mod tests {
             assert!(back[..4096] == src[8..4104], "peer write");
             b.free(r).unwrap();
         }
+        b.free(q).unwrap();
+        b.free(p).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_copies_at_high_priority_land() {
+        let b = backend();
+        b.set_copy_priority(true).unwrap();
+        let len = 1 << 16;
+        let (p, q) = (b.alloc(0, len).unwrap(), b.alloc(0, len).unwrap());
+        let src = pattern(len, 9);
+        b.copy_sync(p, src.as_ptr() as usize, len).unwrap();
+        let t = b.copy_async(0, 1, q, p, len).unwrap();
+        poll_until_done(&b, t);
+        let mut back = vec![0u8; len];
+        b.copy_sync(back.as_mut_ptr() as usize, q, len).unwrap();
+        assert!(back == src, "engine copy on a high-priority stream");
+        // The server's stream is made at enable time, with the priority set above.
+        b.enable_copy_server(0, len, std::time::Duration::from_millis(5)).unwrap();
+        b.copy_sync(q, vec![0u8; len].as_ptr() as usize, len).unwrap();
+        copy_by_server(&b, 0, q, p, len);
+        b.copy_sync(back.as_mut_ptr() as usize, q, len).unwrap();
+        assert!(back == src, "server copy launched on a high-priority stream");
         b.free(q).unwrap();
         b.free(p).unwrap();
     }
