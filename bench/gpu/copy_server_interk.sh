@@ -61,18 +61,4 @@ for v in off on; do
 done
 stop_mps
 log done
-# Medians per variant and size.
-python3 - "$out/interk.csv" <<'EOF' | tee "$out/interk_table.txt"
-import csv, statistics, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-sizes = sorted({r["size"] for r in rows}, key=int)
-print("variant," + ",".join(f"{s} us/step,{s} comm %" for s in sizes))
-for v in dict.fromkeys(r["variant"] for r in rows):
-    cells = []
-    for s in sizes:
-        sel = [r for r in rows if r["variant"] == v and r["size"] == s and r["time_per_iter_us"]]
-        t = statistics.median(float(r["time_per_iter_us"]) for r in sel) if sel else float("nan")
-        c = statistics.median(float(r["comm_share_pct"]) for r in sel) if sel else float("nan")
-        cells += [f"{t:.1f}", f"{c:.1f}"]
-    print(v + "," + ",".join(cells))
-EOF
+median_table "$out/interk.csv" time_per_iter_us comm_share_pct | tee "$out/interk_table.txt"

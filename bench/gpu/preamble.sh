@@ -1,8 +1,8 @@
 # Sourced by the GPU scripts (`source "$(dirname "$0")/preamble.sh"`, arguments passed on):
 # strict mode, $out from the first argument (created, with the commit of the carried
 # binaries), $bin, the CUDA backend for every gpulmt run, `log` (to stderr and
-# $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows`, `start_mps`/`stop_mps`
-# and the PMPI shim's `build_cuda_osu` and `shim_latency`.
+# $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows`, `median_table`,
+# `start_mps`/`stop_mps` and the PMPI shim's `build_cuda_osu` and `shim_latency`.
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
@@ -35,6 +35,24 @@ osu_rows() {
     > /dev/null 2> >(grep -E "traffic of this rank|ERROR|WARN" | sed "s/^/round $r $1: /" >> "$out/stats_$v.txt") \
     || echo "$v round $r $1 failed" >> "$out/log.txt"
   append_rows "$v" "$r" /tmp/osu_rows.csv "$csv"
+}
+# Prints, from CSV $1 with columns `variant` and `size` and the value columns named after it,
+# the median of each value per variant (a row each, in order of first appearance) and size.
+median_table() {
+  python3 - "$@" <<'EOF'
+import csv, statistics, sys
+path, cols = sys.argv[1], sys.argv[2:]
+rows = list(csv.DictReader(open(path)))
+sizes = sorted({r["size"] for r in rows}, key=int)
+print("variant," + ",".join(f"{s} {c}" for s in sizes for c in cols))
+for v in dict.fromkeys(r["variant"] for r in rows):
+    cells = []
+    for s in sizes:
+        for c in cols:
+            x = [float(r[c]) for r in rows if r["variant"] == v and r["size"] == s and r[c]]
+            cells.append(f"{statistics.median(x):.1f}" if x else "nan")
+    print(v + "," + ",".join(cells))
+EOF
 }
 # With MPS=1, starts NVIDIA MPS, so that ranks sharing a GPU run at once instead of being
 # time-sliced; `mps` says whether it started. stop_mps ends it.

@@ -54,15 +54,4 @@ done
 stop_mps
 log done
 grep -E "_(8|16384)," "$out/loaded.csv" | grep -v check | cut -d, -f1-5 | sort -t, -k3,3 -k1,1 | tee "$out/loaded_table.txt"
-python3 - "$out/resident.csv" <<'EOF' | tee "$out/resident_table.txt"
-import csv, statistics, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-sizes = sorted({r["size"] for r in rows}, key=int)
-print("variant," + ",".join(f"{s} us/step" for s in sizes))
-for v in dict.fromkeys(r["variant"] for r in rows):
-    cells = []
-    for s in sizes:
-        x = [float(r["time_per_iter_us"]) for r in rows if r["variant"] == v and r["size"] == s and r["time_per_iter_us"]]
-        cells.append(f"{statistics.median(x):.1f}" if x else "nan")
-    print(v + "," + ",".join(cells))
-EOF
+median_table "$out/resident.csv" time_per_iter_us | tee "$out/resident_table.txt"
