@@ -15,6 +15,15 @@ pub enum DeviceChoice {
     Sim,
 }
 
+/// The priority of gpulmt's copy streams (`GPULMT_COPY_PRIORITY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyPriority {
+    /// High where other ranks of the node share this rank's GPU, normal otherwise.
+    Auto,
+    High,
+    Normal,
+}
+
 /// Every setting: (variable, default, meaning).
 pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_DEVICE", "auto", "device backend: `cuda`, `sim`, or `auto` (CUDA when a driver and a GPU are present, else sim); the choice is logged"),
@@ -43,7 +52,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GPULMT_POLL_NEWEST", "1", "with 4 or more copies in flight on one copy queue, ask whether its newest (then second newest) is done before the oldest: a queue finishes in order, so one driver answer \"done\" (1.3-1.5 us of CPU on H200) retires a window instead of one copy each (two ranks on one H200, medians of 3-5 rounds: osu_bw D D +5 to +18 % from 64 KiB to 2 MiB, osu_bibw up to +14 %, 8 B latency unchanged; not yet measured across two GPUs) (`0`: oldest first)"),
     ("GPULMT_COPY_SERVER_MAX", "0", "CUDA: copies between device memory of at most this many bytes are made by a copy server, one block of a kernel resident on the rank's GPU that polls a descriptor ring in pinned memory, instead of the copy engine: no driver call to issue a copy or to see it finished (two ranks on one H200 under MPS: osu_latency D D 8 B 4.5 vs 11.6 us, osu_bw 64 KiB 57 vs 17 GB/s; Stencil2D overlapped 14-35 % faster, inter-k see `GPULMT_COPY_SERVER_IDLE_US`) (0: off, the default: not measured across two GPUs yet, and cudaDeviceSynchronize waits for a running server; refused where ranks share a GPU without MPS, whose time-slicing would stall it)"),
     ("GPULMT_COPY_SERVER_IDLE_US", "100", "a copy server exits after this long without a copy and the next copy starts it again (about 3 us): an application's cudaDeviceSynchronize waits for a running server, so at most this long after gpulmt's last small copy. A server pays only where small copies come closer together than this (README, Running on GPUs); one that leaves after fewer than 8 copies is relaunched only after a backoff (1 ms, doubling to 128 ms)"),
-    ("GPULMT_COPY_PRIORITY", "high", "CUDA: priority of gpulmt's copy streams and copy server: `high` (the device's greatest) or `normal`. Two ranks on one H200 under MPS: at normal, a copy within the GPU waited for the kernels running there, the other rank's too (259 us beside Stencil2D's 258 us steps, 11 us at high), and Stencil2D with overlapped exchanges took 54.3 / 151.3 us per step (2048² / 4096²) against 34.8 / 128.3 at high; on an idle GPU osu_latency D D read up to 1.7 us more at high in 2 of 4 rounds and within 0.5 us in the others"),
+    ("GPULMT_COPY_PRIORITY", "auto", "CUDA: priority of gpulmt's copy streams and copy server: `high` (the device's greatest), `normal`, or `auto` (high where other ranks of the node share this rank's GPU, normal otherwise). Two ranks on one H200 under MPS: at normal, a copy within the GPU waited for the kernels running there, the other rank's too (259 us beside Stencil2D's 258 us steps, 11 us at high), and Stencil2D with overlapped exchanges took 54.3 / 151.3 us per step (2048² / 4096²) against 34.8 / 128.3 at high; on an idle GPU a lone copy and wait took 0.0-0.4 us longer at high (4 runs), osu_latency D D showed no difference beyond its spread"),
     ("GPULMT_INIT_TIMEOUT_MS", "30000", "how long a rank waits for the others to join the job"),
     ("GPULMT_LIVENESS_MS", "20", "how often a waiting rank checks that its peers are alive"),
     ("GPULMT_SIM_DEVICES", "2", "sim backend: number of devices"),
@@ -92,8 +101,7 @@ pub struct Config {
     pub memtype_cache: bool,
     pub progress_on_post: bool,
     pub poll_newest: bool,
-    /// `GPULMT_COPY_PRIORITY=high`.
-    pub high_priority_copies: bool,
+    pub copy_priority: CopyPriority,
     pub copy_server_max: u64,
     pub copy_server_idle_us: u64,
 }
@@ -130,7 +138,7 @@ impl Default for Config {
             memtype_cache: true,
             progress_on_post: true,
             poll_newest: true,
-            high_priority_copies: true,
+            copy_priority: CopyPriority::Auto,
             copy_server_max: 0,
             copy_server_idle_us: 100,
         }
@@ -193,10 +201,11 @@ impl Config {
             };
         }
         if let Some(v) = get("GPULMT_COPY_PRIORITY") {
-            c.high_priority_copies = match v.trim().to_ascii_lowercase().as_str() {
-                "high" => true,
-                "normal" => false,
-                _ => return Err(err("GPULMT_COPY_PRIORITY", &v, "expected high or normal")),
+            c.copy_priority = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => CopyPriority::Auto,
+                "high" => CopyPriority::High,
+                "normal" => CopyPriority::Normal,
+                _ => return Err(err("GPULMT_COPY_PRIORITY", &v, "expected auto, high or normal")),
             };
         }
         if let Some(v) = get("GPULMT_GPU") {
@@ -319,8 +328,9 @@ mod tests {
         assert!(!cfg(&[("GPULMT_PROGRESS_ON_POST", "0")]).unwrap().progress_on_post);
         assert_eq!(cfg(&[("GPULMT_BALANCE_MAX", "512K")]).unwrap().balance_max, 512 << 10);
         assert!(!cfg(&[("GPULMT_POLL_NEWEST", "0")]).unwrap().poll_newest);
-        assert!(cfg(&[]).unwrap().high_priority_copies);
-        assert!(!cfg(&[("GPULMT_COPY_PRIORITY", "Normal")]).unwrap().high_priority_copies);
+        assert_eq!(cfg(&[]).unwrap().copy_priority, CopyPriority::Auto);
+        assert_eq!(cfg(&[("GPULMT_COPY_PRIORITY", "Normal")]).unwrap().copy_priority, CopyPriority::Normal);
+        assert_eq!(cfg(&[("GPULMT_COPY_PRIORITY", "high")]).unwrap().copy_priority, CopyPriority::High);
         assert_eq!(cfg(&[("GPULMT_COPY_PRIORITY", "max")]).unwrap_err().var, "GPULMT_COPY_PRIORITY");
         let c = cfg(&[("GPULMT_COPY_SERVER_MAX", "64K"), ("GPULMT_COPY_SERVER_IDLE_US", "500")]).unwrap();
         assert_eq!((c.copy_server_max, c.copy_server_idle_us), (64 << 10, 500));

@@ -19,7 +19,7 @@ use gpulmt_protocols::wire::{Packet, Region, RegionMemo};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
 use crate::anatomy::{self, probe, Point};
-use crate::config::Config;
+use crate::config::{Config, CopyPriority};
 use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, PointerInfo};
 use crate::error::{Error, Result};
 use crate::mapping::DeviceOpener;
@@ -226,8 +226,13 @@ impl Context {
         if let Some(w) = device::time_slicing_warning(me, device, &rank_devices, mps) {
             tracing::warn!("{w}");
         }
-        match backend.set_copy_priority(cfg.high_priority_copies) {
-            Ok(()) => tracing::debug!(high = cfg.high_priority_copies, "copy stream priority"),
+        let high = match cfg.copy_priority {
+            CopyPriority::High => true,
+            CopyPriority::Normal => false,
+            CopyPriority::Auto => device::shared_device(device, &rank_devices),
+        };
+        match backend.set_copy_priority(high) {
+            Ok(()) => tracing::debug!(high, "copy stream priority"),
             Err(device::DeviceError::Unsupported { .. }) => {}
             Err(e) => tracing::warn!(error = %e, "copy stream priority not set; copies use the default"),
         }

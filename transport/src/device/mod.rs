@@ -17,7 +17,7 @@ mod sharing;
 pub mod sim;
 
 pub(crate) use finished::FinishedThrough;
-pub(crate) use sharing::{copy_server_refusal, time_slicing_warning};
+pub(crate) use sharing::{copy_server_refusal, shared_device, time_slicing_warning};
 
 use std::fmt;
 use std::sync::Arc;

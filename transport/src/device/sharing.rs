@@ -10,6 +10,12 @@ fn sharing(device: u32, rank_devices: &[u32]) -> Vec<usize> {
     (0..rank_devices.len()).filter(|&r| rank_devices[r] == device).collect()
 }
 
+/// Whether other ranks share `device`: there, gpulmt's copies within the GPU compete with
+/// their kernels, and `GPULMT_COPY_PRIORITY=auto` raises the copies' priority.
+pub(crate) fn shared_device(device: u32, rank_devices: &[u32]) -> bool {
+    sharing(device, rank_devices).len() > 1
+}
+
 /// The warning for rank `me`, bound to `device`, given every rank's device
 /// (`rank_devices[r]`) and whether MPS serves `device` (None: unknown, no warning).
 /// Only the lowest rank of a shared device warns, so a job logs it once per device.
@@ -51,6 +57,13 @@ mod tests {
             let why = copy_server_refusal(0, &[0, 1, 0], mps).expect("refused");
             assert!(why.contains("2 ranks share GPU 0"), "{why}");
         }
+    }
+
+    #[test]
+    fn a_device_is_shared_when_another_rank_uses_it() {
+        assert!(shared_device(0, &[0, 1, 0]));
+        assert!(!shared_device(1, &[0, 1, 0]));
+        assert!(!shared_device(0, &[0]));
     }
 
     #[test]
