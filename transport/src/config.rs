@@ -192,21 +192,21 @@ impl Config {
             }
             Ok(())
         };
+        // A setting with named values; empty means the first (`auto`).
+        fn one_of<T: Copy>(var: &'static str, v: &str, options: &[(&str, T)]) -> Result<T, ConfigError> {
+            let v_lower = v.trim().to_ascii_lowercase();
+            let pick = if v_lower.is_empty() { options.first() } else { options.iter().find(|(name, _)| *name == v_lower) };
+            pick.map(|&(_, value)| value).ok_or_else(|| {
+                let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+                ConfigError { var, value: v.to_string(), why: format!("expected one of {}", names.join(", ")) }
+            })
+        }
         if let Some(v) = get("GPULMT_DEVICE") {
-            c.device = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" | "" => DeviceChoice::Auto,
-                "cuda" => DeviceChoice::Cuda,
-                "sim" => DeviceChoice::Sim,
-                _ => return Err(err("GPULMT_DEVICE", &v, "expected cuda, sim or auto")),
-            };
+            c.device = one_of("GPULMT_DEVICE", &v, &[("auto", DeviceChoice::Auto), ("cuda", DeviceChoice::Cuda), ("sim", DeviceChoice::Sim)])?;
         }
         if let Some(v) = get("GPULMT_COPY_PRIORITY") {
-            c.copy_priority = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" | "" => CopyPriority::Auto,
-                "high" => CopyPriority::High,
-                "normal" => CopyPriority::Normal,
-                _ => return Err(err("GPULMT_COPY_PRIORITY", &v, "expected auto, high or normal")),
-            };
+            let options = [("auto", CopyPriority::Auto), ("high", CopyPriority::High), ("normal", CopyPriority::Normal)];
+            c.copy_priority = one_of("GPULMT_COPY_PRIORITY", &v, &options)?;
         }
         if let Some(v) = get("GPULMT_GPU") {
             c.gpu = Some(v.trim().parse().map_err(|_| err("GPULMT_GPU", &v, "expected a device ordinal"))?);
@@ -331,7 +331,11 @@ mod tests {
         assert_eq!(cfg(&[]).unwrap().copy_priority, CopyPriority::Auto);
         assert_eq!(cfg(&[("GPULMT_COPY_PRIORITY", "Normal")]).unwrap().copy_priority, CopyPriority::Normal);
         assert_eq!(cfg(&[("GPULMT_COPY_PRIORITY", "high")]).unwrap().copy_priority, CopyPriority::High);
-        assert_eq!(cfg(&[("GPULMT_COPY_PRIORITY", "max")]).unwrap_err().var, "GPULMT_COPY_PRIORITY");
+        let e = cfg(&[("GPULMT_COPY_PRIORITY", "max")]).unwrap_err();
+        assert_eq!((e.var, e.why.as_str()), ("GPULMT_COPY_PRIORITY", "expected one of auto, high, normal"));
+        assert_eq!(cfg(&[("GPULMT_DEVICE", " CUDA ")]).unwrap().device, DeviceChoice::Cuda);
+        assert_eq!(cfg(&[("GPULMT_DEVICE", "")]).unwrap().device, DeviceChoice::Auto);
+        assert_eq!(cfg(&[("GPULMT_DEVICE", "rocm")]).unwrap_err().why, "expected one of auto, cuda, sim");
         let c = cfg(&[("GPULMT_COPY_SERVER_MAX", "64K"), ("GPULMT_COPY_SERVER_IDLE_US", "500")]).unwrap();
         assert_eq!((c.copy_server_max, c.copy_server_idle_us), (64 << 10, 500));
     }
