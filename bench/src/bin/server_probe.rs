@@ -24,6 +24,9 @@
 //! The data of every server copy is checked at the end of each variant. Run:
 //! `server_probe [bytes...]` (default 8 4096 65536).
 //!
+//! `SERVER_READS_IN_FLIGHT=1|2|4` replaces the probe server by one that keeps that many
+//! reads of the descriptor in flight (see the kernel), for the `server_` rows.
+//!
 //! `SERVER_HOLD_MS=N server_probe` instead keeps gpulmt's copy server resident (polling,
 //! idle) on device 0 for N ms and exits: run beside another program, it shows what a
 //! resident server costs that program's kernels.
@@ -95,6 +98,93 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
         __syncthreads();
     }
 }
+
+// The same server with `D` reads of the descriptor in flight (SERVER_READS_IN_FLIGHT=D):
+// warp 0 issues them `spacing_ns / D` apart and re-issues each as soon as it has been
+// checked, also the one that found a copy, so D reads stay in flight through the copy
+// too. A descriptor is then seen about one read's latency after it is written, not up to
+// two; unless the block's barrier waits for reads in flight (D = 1 shows that against
+// the server above, which has none in flight while it copies).
+__device__ __forceinline__ unsigned long long probe_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+template <int D>
+__device__ void serve_pipelined(const volatile unsigned long long* desc, unsigned int* done, int fence_all,
+                                unsigned long long* gpu_ns, unsigned long long spacing_ns) {
+    __shared__ unsigned long long s_dst, s_src, s_len;
+    const unsigned int lane = threadIdx.x;
+    unsigned long long v[D];
+    if (lane < 32) {
+#pragma unroll
+        for (int k = 0; k < D; k++) {
+            if (k > 0) {
+                unsigned long long t0 = probe_now();
+                while (probe_now() - t0 < spacing_ns / D) {}
+            }
+            v[k] = lane < 4 ? desc[lane] : 0;
+        }
+    }
+    unsigned long long seq = 0;
+    for (;;) {
+        seq += 1;
+        if (lane < 32) {
+            bool found = false;
+            while (!found) {
+#pragma unroll
+                for (int k = 0; k < D; k++) {
+                    if (!found) {
+                        unsigned long long x = v[k];
+                        unsigned long long dst = __shfl_sync(0xffffffffu, x, 0);
+                        unsigned long long src = __shfl_sync(0xffffffffu, x, 1);
+                        unsigned long long len = __shfl_sync(0xffffffffu, x, 2);
+                        unsigned long long tag = __shfl_sync(0xffffffffu, x, 3);
+                        if ((tag ^ dst ^ src ^ len) == seq) {
+                            found = true;
+                            if (lane == 0) {
+                                gpu_ns[0] = probe_now();
+                                s_dst = dst;
+                                s_src = src;
+                                s_len = len;
+                            }
+                        }
+                        v[k] = lane < 4 ? desc[lane] : 0;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        unsigned long long len = s_len;
+        if (len == ~0ull) return;
+        if (((s_dst | s_src | len) & 15) == 0) {
+            uint4* d = (uint4*)s_dst;
+            const uint4* x = (const uint4*)s_src;
+            for (unsigned long long i = threadIdx.x; i < len / 16; i += blockDim.x) d[i] = x[i];
+        } else {
+            unsigned char* d = (unsigned char*)s_dst;
+            const unsigned char* x = (const unsigned char*)s_src;
+            for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = x[i];
+        }
+        if (fence_all) __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            gpu_ns[1] = probe_now();
+            asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(done), "r"((unsigned int)seq) : "memory");
+        }
+        __syncthreads();
+    }
+}
+
+#define PIPELINED(D) \
+    extern "C" __global__ void copy_server_pipelined##D(const volatile unsigned long long* desc, unsigned int* done, \
+            int fence_all, unsigned long long* gpu_ns, unsigned long long spacing_ns) { \
+        serve_pipelined<D>(desc, done, fence_all, gpu_ns, spacing_ns); \
+    }
+PIPELINED(1)
+PIPELINED(2)
+PIPELINED(4)
 "#;
 
 
@@ -125,7 +215,8 @@ struct Server {
 
 
 impl Server {
-    fn start(ordinal: i32, image: &std::ffi::CStr, fence_all: bool) -> Server {
+    /// Starts the server kernel `kernel` (its `spacing_ns` only for the pipelined ones).
+    fn start(ordinal: i32, image: &std::ffi::CStr, kernel: &std::ffi::CStr, fence_all: bool, spacing_ns: u64) -> Server {
         unsafe {
             let (ctx, stream) = primary_context(ordinal);
             let server_stream = nonblocking_stream();
@@ -133,16 +224,18 @@ impl Server {
             let mut module = ptr::null_mut();
             ck("cuModuleLoadData", sys::cuModuleLoadData(&mut module, image.as_ptr().cast()));
             let mut f = ptr::null_mut();
-            ck("cuModuleGetFunction", sys::cuModuleGetFunction(&mut f, module, c"copy_server".as_ptr()));
+            ck("cuModuleGetFunction", sys::cuModuleGetFunction(&mut f, module, kernel.as_ptr()));
             let (d, dd) = pinned(64);
             let (w, wd) = pinned(64);
             let (t, td) = pinned(64);
-            let (mut a0, mut a1, mut a2, mut a3) = (dd, wd, i32::from(fence_all), td);
-            let mut args: [*mut std::ffi::c_void; 4] = [
+            let (mut a0, mut a1, mut a2, mut a3, mut a4) = (dd, wd, i32::from(fence_all), td, spacing_ns);
+            // The first kernel takes four arguments; the driver reads as many as it takes.
+            let mut args: [*mut std::ffi::c_void; 5] = [
                 (&mut a0 as *mut CUdeviceptr).cast(),
                 (&mut a1 as *mut CUdeviceptr).cast(),
                 (&mut a2 as *mut i32).cast(),
                 (&mut a3 as *mut CUdeviceptr).cast(),
+                (&mut a4 as *mut u64).cast(),
             ];
             ck("cuLaunchKernel", sys::cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, server_stream, args.as_mut_ptr(), ptr::null_mut()));
             Server { ctx, stream, hi_stream, server_stream, desc: (d.cast(), dd), done: (w.cast(), wd), gpu_ns: t.cast(), seq: 0 }
@@ -285,8 +378,21 @@ fn main() {
     for dev in 0..if two { 2 } else { 1 } {
         b.enable_copy_server(dev, max, idle).expect("enable_copy_server");
     }
-    let mut s0 = Server::start(0, &image, fence_all);
-    let mut s1 = two.then(|| Server::start(1, &image, fence_all));
+    // SERVER_READS_IN_FLIGHT=1|2|4: the pipelined server with that many reads in flight,
+    // SERVER_READ_SPACING_NS (default 1000, about one read of host memory) apart in all.
+    let in_flight = std::env::var("SERVER_READS_IN_FLIGHT").ok().filter(|v| !v.is_empty());
+    let kernel = match in_flight.as_deref() {
+        None | Some("0") => c"copy_server".to_owned(),
+        Some(d @ ("1" | "2" | "4")) => std::ffi::CString::new(format!("copy_server_pipelined{d}")).unwrap(),
+        Some(other) => {
+            eprintln!("server_probe: SERVER_READS_IN_FLIGHT={other}: expected 1, 2 or 4");
+            std::process::exit(2);
+        }
+    };
+    let spacing: u64 = std::env::var("SERVER_READ_SPACING_NS").ok().map_or(1000, |v| v.parse().expect("SERVER_READ_SPACING_NS: ns"));
+    println!("server_probe,reads_in_flight,{},,", in_flight.as_deref().unwrap_or("0 (none while copying)"));
+    let mut s0 = Server::start(0, &image, &kernel, fence_all, spacing);
+    let mut s1 = two.then(|| Server::start(1, &image, &kernel, fence_all, spacing));
     for (i, &len) in sizes.iter().enumerate() {
         let seed = i as u8 * 3;
         variant(&b, "local", &mut s0, 0, a0b, a0, len, seed);
