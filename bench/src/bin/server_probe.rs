@@ -43,6 +43,36 @@ const WARM: usize = 200;
 const REPS: usize = 2000;
 
 const SERVER_SOURCE: &str = r#"
+__device__ __forceinline__ unsigned long long probe_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The block copies len bytes, then thread 0 stamps the time and stores seq into the
+// completion word. Without fence_all, the barrier orders every thread's stores before
+// thread 0's system-scope release (cumulativity), which publishes them with the word.
+__device__ __forceinline__ void copy_and_publish(unsigned long long dst, unsigned long long src, unsigned long long len,
+                                                 int fence_all, unsigned long long* gpu_ns, unsigned int* done,
+                                                 unsigned long long seq) {
+    if (((dst | src | len) & 15) == 0) {
+        uint4* d = (uint4*)dst;
+        const uint4* x = (const uint4*)src;
+        for (unsigned long long i = threadIdx.x; i < len / 16; i += blockDim.x) d[i] = x[i];
+    } else {
+        unsigned char* d = (unsigned char*)dst;
+        const unsigned char* x = (const unsigned char*)src;
+        for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = x[i];
+    }
+    if (fence_all) __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        gpu_ns[1] = probe_now();
+        asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(done), "r"((unsigned int)seq) : "memory");
+    }
+    __syncthreads();
+}
+
 // desc: [dst, src, len, tag] in pinned host memory, tag = seq ^ dst ^ src ^ len, written
 // last. Lanes 0-3 of warp 0 read the four words in one coalesced load (one PCIe read, not
 // four); the tag proves the words belong together, so a read torn against the host's
@@ -62,9 +92,7 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
                 unsigned long long tag = __shfl_sync(0xffffffffu, v, 3);
                 if ((tag ^ dst ^ src ^ len) == seq) {
                     if (threadIdx.x == 0) {
-                        unsigned long long t;
-                        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-                        gpu_ns[0] = t;
+                        gpu_ns[0] = probe_now();
                         s_dst = dst;
                         s_src = src;
                         s_len = len;
@@ -76,41 +104,17 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
         __syncthreads();
         unsigned long long len = s_len;
         if (len == ~0ull) return;
-        if (((s_dst | s_src | len) & 15) == 0) {
-            uint4* d = (uint4*)s_dst;
-            const uint4* x = (const uint4*)s_src;
-            for (unsigned long long i = threadIdx.x; i < len / 16; i += blockDim.x) d[i] = x[i];
-        } else {
-            unsigned char* d = (unsigned char*)s_dst;
-            const unsigned char* x = (const unsigned char*)s_src;
-            for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = x[i];
-        }
-        // Without fence_all, the barrier orders every thread's stores before thread 0's
-        // system-scope release (cumulativity), which publishes them with the word.
-        if (fence_all) __threadfence_system();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            gpu_ns[1] = t;
-            asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(done), "r"((unsigned int)seq) : "memory");
-        }
-        __syncthreads();
+        copy_and_publish(s_dst, s_src, len, fence_all, gpu_ns, done, seq);
     }
 }
 
 // The same server with `D` reads of the descriptor in flight (SERVER_READS_IN_FLIGHT=D):
 // warp 0 issues them `spacing_ns / D` apart and re-issues each as soon as it has been
 // checked, also the one that found a copy, so D reads stay in flight through the copy
-// too. A descriptor is then seen about one read's latency after it is written, not up to
-// two; unless the block's barrier waits for reads in flight (D = 1 shows that against
-// the server above, which has none in flight while it copies).
-__device__ __forceinline__ unsigned long long probe_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
+// too, hoping to see a descriptor about one read's latency after it is written, not up to
+// two. Measured slower for every D (bench/results/h200x1/reads_in_flight1): each read left
+// in flight delays the copy's completion (D = 1 against the server above, which has none
+// in flight while it copies, shows it).
 template <int D>
 __device__ void serve_pipelined(const volatile unsigned long long* desc, unsigned int* done, int fence_all,
                                 unsigned long long* gpu_ns, unsigned long long spacing_ns) {
@@ -158,22 +162,7 @@ __device__ void serve_pipelined(const volatile unsigned long long* desc, unsigne
         __syncthreads();
         unsigned long long len = s_len;
         if (len == ~0ull) return;
-        if (((s_dst | s_src | len) & 15) == 0) {
-            uint4* d = (uint4*)s_dst;
-            const uint4* x = (const uint4*)s_src;
-            for (unsigned long long i = threadIdx.x; i < len / 16; i += blockDim.x) d[i] = x[i];
-        } else {
-            unsigned char* d = (unsigned char*)s_dst;
-            const unsigned char* x = (const unsigned char*)s_src;
-            for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = x[i];
-        }
-        if (fence_all) __threadfence_system();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            gpu_ns[1] = probe_now();
-            asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(done), "r"((unsigned int)seq) : "memory");
-        }
-        __syncthreads();
+        copy_and_publish(s_dst, s_src, len, fence_all, gpu_ns, done, seq);
     }
 }
 
