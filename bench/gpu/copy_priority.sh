@@ -15,21 +15,18 @@ start_mps
 echo "mps=$mps gpus=$(nvidia-smi -L | wc -l)" > "$out/env.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/osu.csv"
 echo "variant,round,size,time_per_iter_us" > "$out/stencil.csv"
-for r in $(seq "${ROUNDS:-3}"); do
-  log "round $r"
-  for v in normal high; do
-    [ $(( r % 2 )) = 0 ] && v=$([ $v = normal ] && echo high || echo normal)
-    e=GPULMT_COPY_PRIORITY=$v
-    osu_rows "$v" "$r" "$e" "$out/osu.csv" osu_latency -m 1:64K -i 10000
-    osu_rows "$v" "$r" "$e" "$out/osu.csv" osu_bw -m 64K:4M
-    for s in ${SIZES:-2048 4096}; do
-      rm -f /tmp/prio.csv
-      env $e $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 --mode inter-k-overlap \
-        --iters 500 --csv /tmp/prio.csv > /tmp/prio.txt 2>&1 || { echo "FAILED: stencil $v $s" >> "$out/log.txt"; tail -3 /tmp/prio.txt >> "$out/log.txt"; }
-      echo "$v,$r,$s,$(grep ",time_per_iter_us," /tmp/prio.csv | cut -d, -f8)" >> "$out/stencil.csv"
-    done
+priority_variant() { # name round envs
+  local v=$1 r=$2 e=$3 s
+  osu_rows "$v" "$r" "$e" "$out/osu.csv" osu_latency -m 1:64K -i 10000
+  osu_rows "$v" "$r" "$e" "$out/osu.csv" osu_bw -m 64K:4M
+  for s in ${SIZES:-2048 4096}; do
+    rm -f /tmp/prio.csv
+    env $e $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 --mode inter-k-overlap \
+      --iters 500 --csv /tmp/prio.csv > /tmp/prio.txt 2>&1 || { echo "FAILED: stencil $v $s" >> "$out/log.txt"; tail -3 /tmp/prio.txt >> "$out/log.txt"; }
+    echo "$v,$r,$s,$(grep ",time_per_iter_us," /tmp/prio.csv | cut -d, -f8)" >> "$out/stencil.csv"
   done
-done
+}
+rotated_rounds "normal:GPULMT_COPY_PRIORITY=normal high:GPULMT_COPY_PRIORITY=high" priority_variant 3
 stop_mps
 log done
 grep -E "engine" "$out/server_probe.csv" | cut -d, -f2-3

@@ -38,16 +38,12 @@ check window window --placement "D D" --count 64 --sizes 8,4096,65536 --same-tag
 check alltoall alltoall --iters 20
 grep -h "copy server" "$out"/check_*.txt | sort | uniq -c | head -5 >> "$out/checks.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/server.csv"
-read -r -a vs <<< "$variants"
-for r in $(seq "${ROUNDS:-3}"); do
-  log "round $r"
-  for k in $(seq 0 $(( ${#vs[@]} - 1 ))); do
-    IFS=: read -r name envs <<< "${vs[$(( (k + r) % ${#vs[@]} ))]}"
-    osu_rows "$name" "$r" "$envs" "$out/server.csv" osu_latency -m 1:64K -i 10000
-    osu_rows "$name" "$r" "$envs" "$out/server.csv" osu_bw -m 1:64K
-    osu_rows "$name" "$r" "$envs" "$out/server.csv" osu_bibw -m 1:64K
-  done
-done
+osu_variant() { # name round envs
+  osu_rows "$1" "$2" "${3:-}" "$out/server.csv" osu_latency -m 1:64K -i 10000
+  osu_rows "$1" "$2" "${3:-}" "$out/server.csv" osu_bw -m 1:64K
+  osu_rows "$1" "$2" "${3:-}" "$out/server.csv" osu_bibw -m 1:64K
+}
+rotated_rounds "$variants" osu_variant 3
 # The PMPI shim's 8 B D D (ffi/shim/examples/cuda_osu.c) with and without the server.
 if command -v mpicc > /dev/null; then
   log shim

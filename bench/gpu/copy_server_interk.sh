@@ -20,17 +20,9 @@ source "$(dirname "$0")/preamble.sh"
 start_mps
 echo "mps=$mps" > "$out/env.txt"
 on=GPULMT_COPY_SERVER_MAX=64K
-variants=(
-  "off:X=1:"
-  "on:$on:"
-  "on_idle20:$on,GPULMT_COPY_SERVER_IDLE_US=20:"
-  "on_idle5000:$on,GPULMT_COPY_SERVER_IDLE_US=5000:"
-  "off_conn32:CUDA_DEVICE_MAX_CONNECTIONS=32:"
-  "on_conn32:$on,CUDA_DEVICE_MAX_CONNECTIONS=32:"
-  "off_tl:X=1:--timeline"
-  "on_tl:$on:--timeline"
-)
-if [ -n "${VARIANTS:-}" ]; then read -r -a variants <<< "$VARIANTS"; fi
+variants=${VARIANTS:-"off:X=1: on:$on: on_idle20:$on,GPULMT_COPY_SERVER_IDLE_US=20:
+  on_idle5000:$on,GPULMT_COPY_SERVER_IDLE_US=5000: off_conn32:CUDA_DEVICE_MAX_CONNECTIONS=32:
+  on_conn32:$on,CUDA_DEVICE_MAX_CONNECTIONS=32: off_tl:X=1:--timeline on_tl:$on:--timeline"}
 echo "variant,round,size,time_per_iter_us,comm_share_pct" > "$out/interk.csv"
 stencil() { # variant envs extra-args size
   local v=$1 envs=${2//,/ } extra=$3 s=$4
@@ -41,19 +33,17 @@ stencil() { # variant envs extra-args size
     || { echo "FAILED: $v $s" >> "$out/log.txt"; tail -3 /tmp/interk.txt >> "$out/log.txt"; }
   grep -h "timeline:\|copy server stopped\|WARN\|ERROR" /tmp/interk.txt | sed "s/^/$v $s: /" >> "$out/notes.txt"
 }
-for r in $(seq "${ROUNDS:-6}"); do
-  log "round $r"
-  for k in $(seq 0 $(( ${#variants[@]} - 1 ))); do
-    IFS=: read -r v envs extra <<< "${variants[$(( (k + r) % ${#variants[@]} ))]}"
-    for s in ${SIZES:-2048 4096}; do
-      stencil "$v" "$envs" "$extra" "$s"
-      [ "$r" = 1 ] && cp /tmp/interk.txt "$out/output_${v}_$s.txt"
-      t=$(grep ",time_per_iter_us," /tmp/interk.csv | cut -d, -f8)
-      c=$(grep ",comm_share_pct," /tmp/interk.csv | cut -d, -f8)
-      echo "$v,$r,$s,$t,$c" >> "$out/interk.csv"
-    done
+interk_variant() { # name round envs [extra-args]
+  local v=$1 r=$2 s t c
+  for s in ${SIZES:-2048 4096}; do
+    stencil "$v" "${3:-}" "${4:-}" "$s"
+    [ "$r" = 1 ] && cp /tmp/interk.txt "$out/output_${v}_$s.txt"
+    t=$(grep ",time_per_iter_us," /tmp/interk.csv | cut -d, -f8)
+    c=$(grep ",comm_share_pct," /tmp/interk.csv | cut -d, -f8)
+    echo "$v,$r,$s,$t,$c" >> "$out/interk.csv"
   done
-done
+}
+rotated_rounds "$variants" interk_variant 6
 for v in off on; do
   e=X=1; [ $v = on ] && e=$on
   stencil "$v" "$e" --host-intervals 2048

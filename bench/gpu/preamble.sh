@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts (`source "$(dirname "$0")/preamble.sh"`, arguments passed on):
 # strict mode, $out from the first argument (created, with the commit of the carried
 # binaries), $bin, the CUDA backend for every gpulmt run, `log` (to stderr and
-# $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows`, `median_table`,
+# $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows`, `rotated_rounds`, `median_table`,
 # `start_mps`/`stop_mps` and the PMPI shim's `build_cuda_osu` and `shim_latency`.
 set -uo pipefail
 out=${1:?outdir}
@@ -35,6 +35,21 @@ osu_rows() {
     > /dev/null 2> >(grep -E "traffic of this rank|ERROR|WARN" | sed "s/^/round $r $1: /" >> "$out/stats_$v.txt") \
     || echo "$v round $r $1 failed" >> "$out/log.txt"
   append_rows "$v" "$r" /tmp/osu_rows.csv "$csv"
+}
+# For each of ROUNDS rounds (default $3), calls `$2 NAME ROUND FIELD...` for every variant
+# `NAME:FIELD:...` of the space-separated list $1, starting one variant later each round so
+# that none always runs first (empty fields, as in `off:X=1:`, are passed empty or left out).
+rotated_rounds() {
+  local -a vs f
+  read -r -a vs <<< "${1//$'\n'/ }"
+  local r k n=${#vs[@]}
+  for r in $(seq "${ROUNDS:-$3}"); do
+    log "round $r"
+    for k in $(seq 0 $(( n - 1 ))); do
+      IFS=: read -r -a f <<< "${vs[$(( (k + r) % n ))]}"
+      "$2" "${f[0]}" "$r" "${f[@]:1}"
+    done
+  done
 }
 # Prints, from CSV $1 with columns `variant` and `size` and the value columns named after it,
 # the median of each value per variant (a row each, in order of first appearance) and size.

@@ -23,23 +23,20 @@ holders() { # count: starts them, waits until each says it holds its server
     for _ in $(seq 100); do grep -q holding "/tmp/hold$k.txt" && break; sleep 0.05; done
   done
 }
-variants=(none:0 hold1:1 hold2:2)
-for r in $(seq "${ROUNDS:-4}"); do
-  log "round $r"
-  for k in 0 1 2; do
-    IFS=: read -r v n <<< "${variants[$(( (k + r) % 3 ))]}"
-    [ "$n" -gt 0 ] && holders "$n"
-    for s in ${SIZES:-2048 4096}; do
-      rm -f /tmp/resident.csv
-      $bin/gpulmt-run -n 2 --timeout 60 -- $bin/stencil2d --size "$s" --halo 1 --mode inter-k --iters 500 \
-        --no-exchange --csv /tmp/resident.csv > /tmp/resident.txt 2>&1 || { echo "FAILED: $v $s" >> "$out/log.txt"; tail -3 /tmp/resident.txt >> "$out/log.txt"; }
-      echo "$v,$r,$s,$(grep ",time_per_iter_us," /tmp/resident.csv | cut -d, -f8)" >> "$out/resident.csv"
-    done
-    wait
-    [ "$n" -gt 0 ] && grep -h "holding\|copy server stopped" /tmp/hold*.txt | sed "s/^/round $r $v: /" >> "$out/holders.txt"
-    rm -f /tmp/hold*.txt
+resident_variant() { # name round holders
+  local v=$1 r=$2 n=$3 s
+  [ "$n" -gt 0 ] && holders "$n"
+  for s in ${SIZES:-2048 4096}; do
+    rm -f /tmp/resident.csv
+    $bin/gpulmt-run -n 2 --timeout 60 -- $bin/stencil2d --size "$s" --halo 1 --mode inter-k --iters 500 \
+      --no-exchange --csv /tmp/resident.csv > /tmp/resident.txt 2>&1 || { echo "FAILED: $v $s" >> "$out/log.txt"; tail -3 /tmp/resident.txt >> "$out/log.txt"; }
+    echo "$v,$r,$s,$(grep ",time_per_iter_us," /tmp/resident.csv | cut -d, -f8)" >> "$out/resident.csv"
   done
-done
+  wait
+  [ "$n" -gt 0 ] && grep -h "holding\|copy server stopped" /tmp/hold*.txt | sed "s/^/round $r $v: /" >> "$out/holders.txt"
+  rm -f /tmp/hold*.txt
+}
+rotated_rounds "none:0 hold1:1 hold2:2" resident_variant 4
 log "copies on a busy GPU"
 for r in $(seq $(( (${ROUNDS:-4} + 1) / 2 ))); do
   $bin/server_probe 8 16384 2>> "$out/log.txt" | sed "s/^server_probe,/idle,$r,/" | grep -v "^probe" >> "$out/loaded.csv"

@@ -49,16 +49,12 @@ fi
 start_mps
 echo "mps=$mps" > "$out/env.txt"
 echo "variant,round,bench,bytes,metric,value" > "$out/windows.csv"
-read -r -a vs <<< "$variants"
-for r in $(seq "${ROUNDS:-3}"); do
-  log "round $r"
-  for k in $(seq 0 $(( ${#vs[@]} - 1 ))); do
-    IFS=: read -r name envs <<< "${vs[$(( (k + r) % ${#vs[@]} ))]}"
-    osu_rows "$name" "$r" "$envs" "$out/windows.csv" osu_bw -m 64K:4M
-    osu_rows "$name" "$r" "$envs" "$out/windows.csv" osu_bibw -m 64K:4M
-    osu_rows "$name" "$r" "$envs" "$out/windows.csv" osu_latency -m 8:8 -i 20000
-  done
-done
+window_variant() { # name round envs
+  osu_rows "$1" "$2" "${3:-}" "$out/windows.csv" osu_bw -m 64K:4M
+  osu_rows "$1" "$2" "${3:-}" "$out/windows.csv" osu_bibw -m 64K:4M
+  osu_rows "$1" "$2" "${3:-}" "$out/windows.csv" osu_latency -m 8:8 -i 20000
+}
+rotated_rounds "$variants" window_variant 3
 log done
 stop_mps
 cat "$out/env.txt" "$out/checks.txt" 2>/dev/null

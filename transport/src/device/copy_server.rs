@@ -544,12 +544,17 @@ mod tests {
         std::mem::forget(s);
     }
 
-    /// Plays a server of generation `g` that starts, is posted `copies` copies, serves
-    /// them and leaves.
-    fn serve_and_leave(s: &mut CopyServer, g: u64, copies: u64) {
+    /// Plays the launch of generation `g` and its start.
+    fn running(s: &mut CopyServer, g: u64) {
         s.generation = g;
         s.posted = 0;
         s.started_word().store(g, Ordering::Release);
+    }
+
+    /// Plays a server of generation `g` that starts, is posted `copies` copies, serves
+    /// them and leaves.
+    fn serve_and_leave(s: &mut CopyServer, g: u64, copies: u64) {
+        running(s, g);
         for _ in 0..copies {
             assert!(s.post((0x1000, 0x2000, 8), no_context, || unreachable!("no copy is declined")).unwrap().is_some());
             s.done_word().store(s.next - 1, Ordering::Release);
@@ -595,8 +600,7 @@ mod tests {
     fn a_full_ring_sends_copies_to_the_engine_until_the_server_catches_up() {
         let mut mem = vec![0u64; HOST_BYTES / 8];
         let mut s = host_only(&mut mem);
-        s.generation = 3;
-        s.started_word().store(3, Ordering::Release);
+        running(&mut s, 3);
         for i in 1..=SLOTS {
             assert_eq!(s.post((0x1000 + i as usize, 0x9000, 8), no_context, Instant::now).unwrap(), Some(i));
         }
@@ -616,8 +620,7 @@ mod tests {
     fn a_stalled_copy_makes_the_host_check_that_a_server_runs() {
         let mut mem = vec![0u64; HOST_BYTES / 8];
         let mut s = host_only(&mut mem);
-        s.generation = 1;
-        s.started_word().store(1, Ordering::Release);
+        running(&mut s, 1);
         let seq = s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap().unwrap();
         for _ in 1..POLLS_PER_LIVENESS_CHECK {
             assert!(!s.finished(seq, no_context).unwrap(), "polls before the check need no driver");
