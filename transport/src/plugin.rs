@@ -1,9 +1,15 @@
 //! The LMT plugin face of a context, for an MPI implementation that owns matching
-//! and its own control channel and wants gpulmt to move the payload of large
-//! messages (the Nemesis LMT hooks of MPICH): the sender's RTS cookie and the
-//! receiver's CTS cookie are handed to the host to piggyback on its own RTS/CTS,
-//! and every other gpulmt packet travels through the host's `send` callback and
-//! comes back through [`Context::deliver`].
+//! and wants gpulmt to move the payload of large messages (the Nemesis LMT hooks of
+//! MPICH): the sender's RTS cookie is handed to the host to piggyback on its own RTS.
+//! The rest of gpulmt's control path goes one of two ways:
+//! - [`Context::init_plugin`]: the host's channel. The receiver's CTS cookie is handed
+//!   back for the host's CTS, every other packet travels through the host's `send`
+//!   callback and comes back through [`Context::deliver`].
+//! - [`Context::init_plugin_rings`]: gpulmt's own shared-memory rings, as between
+//!   ranks of a gpulmt job, drained by [`Context::progress`]. Only the RTS crosses the
+//!   host: its matching orders gpulmt's messages among the host's others, and every
+//!   later packet of a transfer answers one the peer sent, so no order between the
+//!   two channels is needed.
 
 use gpulmt_protocols::engine::BufDesc;
 use gpulmt_protocols::wire::Packet;
@@ -25,6 +31,20 @@ impl Context {
     /// local ranks; the host hands incoming ones to [`deliver`](Self::deliver).
     pub fn init_plugin(cfg: Config, info: JobInfo, send: HostChannel) -> Result<Context> {
         Self::init_inner(cfg, info, Some(send))
+    }
+
+    /// Joins a job as an LMT plugin whose control packets, all but the RTS cookie,
+    /// travel through gpulmt's own rings: the host carries the RTS and calls
+    /// [`progress`](Self::progress) while transfers run (and while
+    /// [`control_pending`](Self::control_pending)), instead of carrying blobs.
+    pub fn init_plugin_rings(cfg: Config, info: JobInfo) -> Result<Context> {
+        Self::init_inner(cfg, info, None)
+    }
+
+    /// Packets wait in this rank's outbox for room in a peer's ring: progress must
+    /// run for the peer to see them, even with no request of this rank in flight.
+    pub fn control_pending(&self) -> bool {
+        self.outbox_len > 0 || !self.loopback.is_empty()
     }
 
     /// Hands gpulmt a control blob the host received from local rank `from`.
@@ -74,7 +94,8 @@ impl Context {
 
     /// Receiver: starts receiving the message whose RTS cookie the host matched to
     /// this receive, into `buf`. Returns the request and, for PUT, COOPERATE and SHM,
-    /// the CTS cookie for the host's CTS (GET needs none).
+    /// the CTS cookie for the host's CTS (GET needs none; with the rings, the CTS goes
+    /// on them and none is returned).
     ///
     /// # Safety
     /// `buf..buf+len` must stay valid and unused until the request completes.

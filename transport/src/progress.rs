@@ -341,7 +341,9 @@ impl Context {
     /// nothing is waiting ahead of it, else into the outbox (FIFO per peer).
     pub(crate) fn send_packet(&mut self, to: Rank, p: Packet) {
         if let Some(slot @ None) = &mut self.capture {
-            if matches!(p, Packet::Rts { .. } | Packet::Cts { .. }) {
+            // The RTS always rides the host's matched message; the CTS only where the
+            // host carries the control path (else it takes the ring like the rest).
+            if matches!(p, Packet::Rts { .. }) || (matches!(p, Packet::Cts { .. }) && self.channel.is_some()) {
                 *slot = Some(p.to_vec());
                 return;
             }

@@ -1,6 +1,7 @@
 //! The LMT plugin face: a host that owns matching and its own control channel
 //! (here: in-process channels between two threads, each a rank) moves device
-//! buffers through every protocol with gpulmt, carrying the RTS/CTS cookies itself.
+//! buffers through every protocol with gpulmt, carrying the RTS/CTS cookies itself,
+//! or (`init_plugin_rings`) only the RTS, gpulmt's rings carrying the rest.
 
 use std::sync::mpsc;
 
@@ -19,7 +20,7 @@ enum HostMsg {
     Bye,
 }
 
-fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc::Receiver<HostMsg>, len: usize) {
+fn rank(job: &str, me: u32, protocol: &str, rings: bool, tx: mpsc::Sender<HostMsg>, rx: mpsc::Receiver<HostMsg>, len: usize) {
     let mut cfg = Config::from_lookup(|k| match k {
         "GPULMT_PROTOCOL" => Some(protocol.to_string()),
         _ => None,
@@ -29,7 +30,11 @@ fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc:
     cfg.gpu = Some(me);
     let info = JobInfo { job: job.to_string(), rank: me, size: 2 };
     let blob_tx = tx.clone();
-    let mut ctx = Context::init_plugin(cfg, info, Box::new(move |_to, b| blob_tx.send(HostMsg::Blob(b.to_vec())).unwrap())).unwrap();
+    let mut ctx = if rings {
+        Context::init_plugin_rings(cfg, info).unwrap()
+    } else {
+        Context::init_plugin(cfg, info, Box::new(move |_to, b| blob_tx.send(HostMsg::Blob(b.to_vec())).unwrap())).unwrap()
+    };
     let buf = ctx.mem_alloc(len + 64).unwrap();
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
     let peer = 1 - me;
@@ -47,6 +52,9 @@ fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc:
             }
         };
         let (req, cts) = unsafe { ctx.lmt_start_recv(peer, &rts, (buf + 64) as *mut u8, len).unwrap() };
+        if rings {
+            assert!(cts.is_none(), "{protocol}: with the rings the CTS takes a ring, not the host");
+        }
         tx.send(HostMsg::Cts(cts.unwrap_or_default())).unwrap();
         req
     };
@@ -56,7 +64,10 @@ fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc:
             match m {
                 HostMsg::Cts(c) if !c.is_empty() => ctx.lmt_handle_cts(peer, &c).unwrap(),
                 HostMsg::Cts(_) => {}
-                HostMsg::Blob(b) => ctx.deliver(peer, &b).unwrap(),
+                HostMsg::Blob(b) => {
+                    assert!(!rings, "{protocol}: a blob reached the host's channel with the rings");
+                    ctx.deliver(peer, &b).unwrap()
+                }
                 HostMsg::Rts(_) => panic!("unexpected RTS"),
                 HostMsg::Bye => bye = true,
             }
@@ -79,6 +90,10 @@ fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc:
         };
         assert_eq!(s.protocols[want], 1, "{protocol}: {:?}", s.protocols);
     }
+    // Packets still waiting for ring room reach the peer before we stop progressing.
+    while ctx.control_pending() {
+        ctx.progress().unwrap();
+    }
     // The host's own goodbye: both ranks finished before either tears down.
     tx.send(HostMsg::Bye).ok();
     while !bye {
@@ -92,18 +107,30 @@ fn rank(job: &str, me: u32, protocol: &str, tx: mpsc::Sender<HostMsg>, rx: mpsc:
 
 #[test]
 fn host_driven_lmt_moves_device_buffers_through_every_protocol() {
+    run_every_protocol(false);
+}
+
+#[test]
+fn host_matched_lmt_with_gpulmts_rings_moves_device_buffers_through_every_protocol() {
+    run_every_protocol(true);
+}
+
+fn run_every_protocol(rings: bool) {
     for (i, protocol) in ["get", "put", "coop", "shm"].into_iter().enumerate() {
-        let job = format!("plugintest{}x{i}", std::process::id());
+        let job = format!("plugintest{}x{rings}{i}", std::process::id());
         let (to1, from0) = mpsc::channel();
         let (to0, from1) = mpsc::channel();
         let len = 3 << 20;
         let t0 = std::thread::spawn({
             let job = job.clone();
-            move || rank(&job, 0, protocol, to1, from1, len)
+            move || rank(&job, 0, protocol, rings, to1, from1, len)
         });
-        let t1 = std::thread::spawn(move || rank(&job, 1, protocol, to0, from0, len));
+        let t1 = std::thread::spawn({
+            let job = job.clone();
+            move || rank(&job, 1, protocol, rings, to0, from0, len)
+        });
         t0.join().unwrap();
         t1.join().unwrap();
-        gpulmt::shm::segment::remove_job_objects(&format!("plugintest{}x{i}", std::process::id()));
+        gpulmt::shm::segment::remove_job_objects(&job);
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! - `MPI_Init`, `MPI_Init_thread`: after `PMPI_Init*`, the ranks of each node
 //!   (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`) join a gpulmt job in plugin mode;
-//!   gpulmt's control blobs travel over a private duplicate of the node communicator.
+//!   gpulmt's control packets after the RTS take its own shared-memory rings.
 //!   `MPI_Finalize` drains the shim's traffic and releases gpulmt first.
 //! - Sends (`MPI_Send`, `MPI_Ssend`, `MPI_Isend`, `MPI_Issend`): host buffers go
 //!   straight to the MPI library. A contiguous device buffer to a rank of the same

@@ -1,6 +1,7 @@
-//! The shim's state: the node's gpulmt context in plugin mode, its control channel
-//! over a private communicator, the operations the shim manages itself, and the
-//! progress that drives them.
+//! The shim's state: the node's gpulmt context in plugin mode (RTS cookies ride the
+//! envelopes the MPI library matches; gpulmt's other control packets take its own
+//! shared-memory rings), the operations the shim manages itself, and the progress
+//! that drives them.
 //!
 //! Operations the shim manages (all others go straight to the MPI library):
 //! - every receive (`Posted` until a message is matched to it: the receiver cannot
@@ -22,10 +23,10 @@
 //! from one sender come in MPI's order because the MPI library itself matches them
 //! (`MPI_Iprobe` to look, `MPI_Improbe` on the concrete source and tag to take).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use gpulmt::config::Config;
 use gpulmt::device::MemoryKind;
@@ -35,11 +36,6 @@ use mpi_sys::*;
 use crate::envelope::{job_hash, Envelope, ENVELOPE_BYTES, KIND_LMT};
 use crate::raw::*;
 
-/// Control blobs gpulmt's send_blob callback queued: (local rank, bytes).
-type BlobQueue = Arc<Mutex<VecDeque<(u32, Vec<u8>)>>>;
-
-/// The tag of gpulmt's control blobs on the private communicator.
-const BLOB_TAG: c_int = 0x6c6d;
 /// The shim, while active (between MPI_Init and MPI_Finalize).
 pub static SHIM: Mutex<Option<Shim>> = Mutex::new(None);
 
@@ -48,7 +44,7 @@ pub fn lock() -> ShimGuard {
 }
 
 /// Set while the shim has work a host message passed straight to the MPI library could
-/// starve or overtake: operations running, control blobs queued or in flight, messages a
+/// starve or overtake: operations running, control packets waiting for ring room, messages a
 /// probe took out of the library. Written each time the shim's lock is released, read
 /// without it by the host fast paths (`host_fast_path`).
 static BUSY: AtomicBool = AtomicBool::new(false);
@@ -209,13 +205,10 @@ pub struct Shim {
     job_hash: u64,
     world_rank: c_int,
     world_group: MPI_Group,
-    blob_comm: MPI_Comm,
+    /// A private duplicate of the node's communicator, for the finalize barriers.
+    node_comm: MPI_Comm,
     /// World rank -> local rank of this node (-1: another node).
     world_to_local: Vec<i32>,
-    /// Blobs gpulmt's send_blob callback queued: (local rank, bytes).
-    outgoing: BlobQueue,
-    /// Blob sends in flight (the buffer lives until the send completes).
-    blob_sends: Vec<(MPI_Request, Vec<u8>)>,
     ops: HashMap<u64, Op>,
     next_op: u64,
     /// Receives without a message, in post order.
@@ -269,13 +262,13 @@ impl Shim {
             let job = format!("mpi{}x{nanos:x}", std::process::id());
             id[..job.len()].copy_from_slice(job.as_bytes());
         }
-        let mut blob_comm = comm_null();
+        let mut node_comm = comm_null();
         let mut world_group = group_null();
         // SAFETY: buffers of the sizes given; collective over the node communicator.
         unsafe {
             PMPI_Allgather((&wrank as *const c_int).cast(), 1, int32(), members.as_mut_ptr().cast(), 1, int32(), node);
             PMPI_Bcast(id.as_mut_ptr().cast(), id.len() as c_int, byte(), 0, node);
-            PMPI_Comm_dup(node, &mut blob_comm);
+            PMPI_Comm_dup(node, &mut node_comm);
             PMPI_Comm_group(world, &mut world_group);
         }
         let mut world_to_local = vec![-1i32; wsize as usize];
@@ -285,8 +278,6 @@ impl Shim {
         let len = id.iter().position(|&b| b == 0).unwrap_or(id.len());
         let job = String::from_utf8_lossy(&id[..len]).into_owned();
 
-        let outgoing: BlobQueue = Arc::default();
-        let queue = Arc::clone(&outgoing);
         let made = (|| -> Result<(Context, usize, bool), String> {
             let lmt_min = match std::env::var("GPULMT_MPI_LMT_MIN") {
                 Ok(v) if !v.trim().is_empty() => gpulmt::config::parse_size(v.trim())
@@ -301,10 +292,10 @@ impl Shim {
             };
             let cfg = Config::from_env().map_err(|e| e.to_string())?;
             let info = JobInfo { job: job.clone(), rank: lrank as u32, size: lsize as u32 };
-            let send = Box::new(move |to: u32, blob: &[u8]| {
-                queue.lock().unwrap_or_else(PoisonError::into_inner).push_back((to, blob.to_vec()));
-            });
-            let ctx = Context::init_plugin(cfg, info, send).map_err(|e| e.to_string())?;
+            // Rings, not blobs over MPI: a packet crosses in a ring slot the peer's
+            // progress reads, where an MPI message cost both ranks an Isend, an Iprobe
+            // and a Recv, and every progress round an Iprobe on one more communicator.
+            let ctx = Context::init_plugin_rings(cfg, info).map_err(|e| e.to_string())?;
             Ok((ctx, lmt_min.max(1), settle))
         })();
         // Every local rank must have joined, or none uses gpulmt.
@@ -318,7 +309,7 @@ impl Shim {
             }
             // SAFETY: communicators and group made above; nothing uses them any more.
             unsafe {
-                PMPI_Comm_free(&mut blob_comm);
+                PMPI_Comm_free(&mut node_comm);
                 PMPI_Comm_free(&mut node);
                 PMPI_Group_free(&mut world_group);
             }
@@ -329,8 +320,8 @@ impl Shim {
             Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
         };
-        // The node communicator's work is done (the finalize barriers use the blob
-        // communicator, a duplicate of it): in Open MPI 4.1 each communicator a program
+        // The node communicator's work is done (the finalize barriers use node_comm,
+        // a duplicate of it): in Open MPI 4.1 each communicator a program
         // holds adds to the cost of every host message (libnbc's progress polling).
         // SAFETY: made above; nothing uses it any more.
         unsafe { PMPI_Comm_free(&mut node) };
@@ -344,10 +335,8 @@ impl Shim {
             job,
             world_rank: wrank,
             world_group,
-            blob_comm,
+            node_comm,
             world_to_local,
-            outgoing,
-            blob_sends: Vec::new(),
             ops: HashMap::new(),
             next_op: 1,
             posted: Vec::new(),
@@ -374,11 +363,10 @@ impl Shim {
                 break;
             }
         }
-        // Peers may still need our blobs to finish theirs: progress until all arrive.
+        // Peers may still need our packets to finish theirs: progress until all arrive.
         let mut req = request_null();
-        // SAFETY: collective over the node's ranks (the blob communicator, whose
-        // point-to-point blobs a collective does not match), request out-pointer.
-        unsafe { PMPI_Ibarrier(self.blob_comm, &mut req) };
+        // SAFETY: collective over the node's ranks, request out-pointer.
+        unsafe { PMPI_Ibarrier(self.node_comm, &mut req) };
         loop {
             self.progress();
             let mut flag = 0;
@@ -390,26 +378,24 @@ impl Shim {
         }
         // Nobody drives gpulmt after this barrier: releasing cannot alarm a peer.
         // SAFETY: collective over the node's ranks.
-        unsafe { PMPI_Barrier(self.blob_comm) };
+        unsafe { PMPI_Barrier(self.node_comm) };
         for ptr in std::mem::take(&mut self.allocations) {
             let _ = self.ctx.backend().free(ptr);
         }
-        let Shim { ctx, job, mut blob_comm, mut world_group, .. } = self;
+        let Shim { ctx, job, mut node_comm, mut world_group, .. } = self;
         let rank0 = ctx.rank() == 0;
         release(ctx, &job, rank0);
         // SAFETY: the shim's own communicators and group, unused from now on.
         unsafe {
-            PMPI_Comm_free(&mut blob_comm);
+            PMPI_Comm_free(&mut node_comm);
             PMPI_Group_free(&mut world_group);
         }
     }
 
-    /// No operation of the shim is running and no control blob is in flight: MPI
-    /// calls may block without starving a transfer.
+    /// No operation of the shim is running and no control packet waits to be sent:
+    /// MPI calls may block without starving a transfer.
     pub fn is_idle(&self) -> bool {
-        self.ops.is_empty()
-            && self.blob_sends.is_empty()
-            && self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
+        self.ops.is_empty() && !self.ctx.control_pending()
     }
 
     /// Idle, and no message a probe took out of the MPI library is waiting: the next
@@ -418,11 +404,10 @@ impl Shim {
         self.is_idle() && self.stash.is_empty()
     }
 
-    /// Some matched transfer or control blob is in flight (unmatched receives aside).
+    /// Some matched transfer is in flight (unmatched receives aside) or a control
+    /// packet waits for room in a peer's ring.
     fn busy(&self) -> bool {
-        !self.blob_sends.is_empty()
-            || !self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
-            || self.ops.values().any(|op| !matches!(op.state, State::Posted))
+        self.ctx.control_pending() || self.ops.values().any(|op| !matches!(op.state, State::Posted))
     }
 
     /// Whether `ptr` (with `len` bytes) is device memory. Host ranges are remembered
@@ -611,8 +596,6 @@ impl Shim {
         // sends posted so far start their copies while the application posts the rest.
         if self.ctx.config().progress_on_post {
             self.progress_transfers();
-        } else {
-            self.flush_blobs();
         }
         Ok(r)
     }
@@ -824,13 +807,8 @@ impl Shim {
         self.counters.lmt_recvs += 1;
         // SAFETY: the user's buffer (or our staging) stays valid until completion.
         match unsafe { self.ctx.lmt_start_recv(from, &env.cookie, ptr as *mut u8, len) } {
-            Ok((req, cts)) => {
-                if let Some(c) = cts {
-                    self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).push_back((from, c));
-                }
-                self.set_state(id, State::LmtRecv { req, source, tag, staging });
-                self.flush_blobs();
-            }
+            // The CTS, where the protocol has one, went on gpulmt's ring.
+            Ok((req, _)) => self.set_state(id, State::LmtRecv { req, source, tag, staging }),
             Err(e) => {
                 // The sender's transfer cannot finish either; it learns nothing from us.
                 tracing::error!(error = %e, from_world = env.world_rank, "gpulmt could not start receiving an envelope's payload");
@@ -897,8 +875,7 @@ impl Shim {
     // Progress
     // ---------------------------------------------------------------------------
 
-    /// One round of progress: control blobs both ways, gpulmt, matching, and every
-    /// running operation.
+    /// One round of progress: gpulmt, matching, and every running operation.
     pub fn progress(&mut self) {
         self.progress_transfers();
         self.match_posted();
@@ -906,14 +883,11 @@ impl Shim {
         for id in running {
             self.poll(id);
         }
-        self.flush_blobs();
     }
 
-    /// Moves gpulmt's control blobs both ways and lets it start and finish copies, without
+    /// Lets gpulmt read and send control packets and start and finish copies, without
     /// looking at the shim's own operations.
     fn progress_transfers(&mut self) {
-        self.flush_blobs();
-        self.drain_blobs();
         if let Err(e) = self.ctx.progress() {
             tracing::warn!(error = %e, "gpulmt progress");
         }
@@ -1026,44 +1000,6 @@ impl Shim {
                 Done::err(0, 0, rc)
             }
         })
-    }
-
-    /// Sends the blobs gpulmt queued, and retires blob sends that completed.
-    fn flush_blobs(&mut self) {
-        let queued: Vec<(u32, Vec<u8>)> = self.outgoing.lock().unwrap_or_else(PoisonError::into_inner).drain(..).collect();
-        for (to, blob) in queued {
-            let mut req = request_null();
-            // SAFETY: the blob lives in blob_sends until the send completes (moving
-            // the Vec does not move its heap buffer).
-            unsafe { PMPI_Isend(blob.as_ptr().cast(), blob.len() as c_int, byte(), to as c_int, BLOB_TAG, self.blob_comm, &mut req) };
-            self.blob_sends.push((req, blob));
-        }
-        self.blob_sends.retain_mut(|(req, _)| {
-            let mut flag = 0;
-            // SAFETY: our request.
-            unsafe { PMPI_Test(req, &mut flag, status_ignore()) };
-            flag == 0
-        });
-    }
-
-    /// Hands gpulmt every blob that arrived on the private communicator.
-    fn drain_blobs(&mut self) {
-        loop {
-            let (mut flag, mut st) = (0, empty_status());
-            // SAFETY: the shim's communicator; locals as out-pointers.
-            unsafe { PMPI_Iprobe(any_source(), BLOB_TAG, self.blob_comm, &mut flag, &mut st) };
-            if flag == 0 {
-                return;
-            }
-            let mut blob = vec![0u8; status_bytes(&st)];
-            // SAFETY: a buffer of the probed size.
-            unsafe {
-                PMPI_Recv(blob.as_mut_ptr().cast(), blob.len() as c_int, byte(), st.MPI_SOURCE, BLOB_TAG, self.blob_comm, status_ignore())
-            };
-            if let Err(e) = self.ctx.deliver(st.MPI_SOURCE as u32, &blob) {
-                tracing::warn!(from = st.MPI_SOURCE, error = %e, "dropped a control blob");
-            }
-        }
     }
 
     /// Cancels a receive that no message was matched to yet (`cancel_fn`).
