@@ -3,10 +3,14 @@
 # pair of bench/anchors/mpi_pingpong.c with one rank sending to itself, under callgrind
 # (exact counts: no peer to poll for, and this machine may lack hardware counters), for
 # plain Open MPI, plain holding a communicator as the shim does (MPI_PINGPONG_COMMS=1)
-# and under the shim on sim devices. Two iteration counts are subtracted, which cancels
+# and under the shim on sim devices; then (shim_dd) D D through the shim: the buffer from
+# gpulmt_mpi_alloc, copies that take no time (GPULMT_SIM_COPY=inline), no default-stream
+# wait, so the count and the time are the shim's and gpulmt's host path alone (gpulmt's
+# own path alone: hostpath_cost). Two iteration counts are subtracted, which cancels
 # start-up and tear-down. Then the time of the same loop without callgrind (noisy on a
 # small machine; the median of REPEATS runs), and of the 2-rank ping-pong.
-# Usage: bench/shim_hostlat.sh [SHIM_LIB] [REPEATS]   (needs mpicc, mpirun, valgrind)
+# Usage: [CONFIGS="plain comms1 shim shim_dd"] bench/shim_hostlat.sh [SHIM_LIB] [REPEATS]
+# (needs mpicc, mpirun, valgrind)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 lib=${1:-$root/target/release/libgpulmt_mpi.so}
@@ -19,6 +23,7 @@ extra() {
     case $1 in
     comms1) echo "-x MPI_PINGPONG_COMMS=1" ;;
     shim) echo "-x LD_PRELOAD=$lib -x GPULMT_DEVICE=sim" ;;
+    shim_dd) echo "-x LD_PRELOAD=$lib -x GPULMT_DEVICE=sim -x MPI_PINGPONG_DEVICE=1 -x GPULMT_SIM_COPY=inline -x GPULMT_MPI_SETTLE=none" ;;
     esac
 }
 mpi() { mpirun --allow-run-as-root --oversubscribe "$@"; }
@@ -38,7 +43,7 @@ latency() { # config ranks
 # Pairs per run: two sizes (1 and 8 bytes), each ITERS plus a tenth of warm-up.
 pairs=$(( (hi - lo) * 2 * 11 / 10 ))
 echo "config,instructions_per_send_recv,self_us_median,pingpong_us_median"
-for c in plain comms1 shim; do
+for c in ${CONFIGS:-plain comms1 shim shim_dd}; do
     a=$(instructions $c $lo)
     b=$(instructions $c $hi)
     printf "%s,%.1f,%s,%s\n" $c "$(echo "($b - $a) / $pairs" | bc -l)" "$(latency $c 1)" "$(latency $c 2)"
