@@ -88,14 +88,14 @@ build_cuda_osu() {
   local cuda=${CUDA_HOME:-/usr/local/cuda}
   mpicc -O2 -I$cuda/include ffi/shim/examples/cuda_osu.c -L$cuda/lib64 -lcudart -Wl,-rpath,$cuda/lib64 -o /tmp/cuda_osu
 }
-# Prints cuda_osu's 8 B D D latency (us) on two ranks under the shim, with the variable
-# assignments $2... (one `-x` each); a failed byte check goes to $out/checks.txt and the
-# log, named $1.
+# Prints cuda_osu's 8 B D D latency (us) on two ranks under the shim ($SHIM_LIB, default
+# the carried one), with the variable assignments $2... (one `-x` each); a failed byte
+# check goes to $out/checks.txt and the log, named $1.
 shim_latency() {
-  local name=$1 x="" e; shift
+  local name=$1 x="" e lib=${SHIM_LIB:-$PWD/$bin/libgpulmt_mpi.so}; shift
   for e in "$@"; do x="$x -x $e"; done
   # shellcheck disable=SC2086
-  timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so \
+  timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x LD_PRELOAD=$lib \
     -x GPULMT_DEVICE=cuda $x /tmp/cuda_osu 1048576 > /tmp/cuda_osu.out 2>> "$out/log.txt"
   if grep -q ",check,.*,ok,0" /tmp/cuda_osu.out; then
     echo "$name: a byte check failed" | tee -a "$out/checks.txt" >> "$out/log.txt"
