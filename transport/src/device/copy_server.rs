@@ -396,7 +396,6 @@ impl CopyServer {
         // Its slot's last copy (seq - SLOTS) was served, as the check above shows.
         self.write_slot(seq, dst, src, len);
         self.next += 1;
-        self.posted += 1;
         // SeqCst, against the kernel's announcement of its exit and its fence.sc.sys: either
         // its last read of the ring saw this copy, or this load sees the announcement.
         fence(Ordering::SeqCst);
@@ -405,6 +404,8 @@ impl CopyServer {
             let _current = enter()?;
             self.launch()?;
         }
+        // Counted for the server that serves it (the one just launched, in the race above).
+        self.posted += 1;
         Ok(Some(seq))
     }
 
