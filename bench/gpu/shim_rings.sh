@@ -5,8 +5,9 @@
 # (its byte checks included), with and without the application default-stream wait
 # (GPULMT_MPI_SETTLE) and with the copy server (64K); gpulmt's own osu_latency 8 B D D
 # beside them (RTR off: GET, as under the shim). Then p2p.c's semantic checks on cudaMalloc
-# buffers under the new library, np 2 and 4.
-# Usage: [ROUNDS=4] [MPS=1] bash bench/gpu/shim_rings.sh OUTDIR   (after prepare.sh and
+# buffers under the new library, np 2 and 4. VARIANTS picks some of `one`'s variants
+# (new_settle_server: the default-stream wait with the copy server).
+# Usage: [ROUNDS=4] [MPS=1] [VARIANTS=...] bash bench/gpu/shim_rings.sh OUTDIR   (after prepare.sh and
 # copying the old library to .gpu/old/libgpulmt_mpi.so; carry .gpu)
 source "$(dirname "$0")/preamble.sh"
 nvidia-smi > "$out/host.txt" 2>&1
@@ -31,11 +32,12 @@ one() { # variant round
     new_settle) shim "$1" "$2" "" X=1 ;;
     old_server) shim "$1" "$2" "$old" GPULMT_MPI_SETTLE=none GPULMT_COPY_SERVER_MAX=64K ;;
     new_server) shim "$1" "$2" "" GPULMT_MPI_SETTLE=none GPULMT_COPY_SERVER_MAX=64K ;;
+    new_settle_server) shim "$1" "$2" "" GPULMT_COPY_SERVER_MAX=64K ;;
     native) native "$1" "$2" GPULMT_RTR_PUT_MAX=0 ;;
     native_server) native "$1" "$2" GPULMT_RTR_PUT_MAX=0 GPULMT_COPY_SERVER_MAX=64K ;;
   esac
 }
-rotated_rounds "old_none new_none old_settle new_settle old_server new_server native native_server" one 4
+rotated_rounds "${VARIANTS:-old_none new_none old_settle new_settle old_server new_server native native_server}" one 4
 log p2p semantics on cudaMalloc buffers, new library
 mpicc -O2 -DP2P_CUDA_MALLOC -I$CUDA/include -Iffi/shim/include ffi/shim/tests/c/p2p.c -L$CUDA/lib64 -lcudart -Wl,-rpath,$CUDA/lib64 -o /tmp/p2p_cuda
 for np in 2 4; do

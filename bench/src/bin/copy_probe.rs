@@ -137,6 +137,29 @@ fn settle_probes(b: &CudaBackend) {
                 ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(d.stream, d.event, 0));
             }),
         );
+        // How long a query stays slow after a copy was seen finished: queries 1-4 of the
+        // legacy stream, timed one by one, `delay` us after the copy's stream answered done.
+        for delay in [0.0, 2.0, 5.0, 10.0, 20.0, 50.0, 200.0] {
+            let mut t = vec![Vec::with_capacity(REPS); 4];
+            for i in 0..WARM + REPS {
+                ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, d.stream));
+                spin_stream(d.stream);
+                let x = Instant::now();
+                while x.elapsed().as_secs_f64() * 1e6 < delay {
+                    std::hint::spin_loop();
+                }
+                for q in t.iter_mut() {
+                    let x = Instant::now();
+                    ck("cuStreamQuery", sys::cuStreamQuery(LEGACY));
+                    if i >= WARM {
+                        q.push(x.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+            }
+            for (k, q) in t.into_iter().enumerate() {
+                print_row("copy_probe", &format!("settle_legacy_query{}_after_copy_{delay}us", k + 1), q);
+            }
+        }
         // A blocking stream (ordered after the legacy stream by the driver, no call at all):
         // what its copy and wait cost beside the non-blocking stream's.
         let mut blocking = ptr::null_mut();

@@ -640,11 +640,17 @@ impl CudaBackend {
     fn serve(&self, dev: DevId, d: &Device, dst: usize, src: usize, len: usize) -> Result<Option<u64>, DeviceError> {
         // Device memory this device's kernels reach: its own, or a peer's with access
         // enabled. (A kernel's bad access would end the context; the engine's is an error.)
-        let reachable = |p| match self.pointer_info(p) {
+        // Both ends looked up under one lock of `known` (allocations and IPC mappings are
+        // there); anything else is asked of the driver.
+        let [dst_info, src_info] = {
+            let known = lock(&self.known);
+            [dst, src].map(|p| known_info(&known, p))
+        };
+        let reachable = |p, info: Option<PointerInfo>| match info.map_or_else(|| self.query_pointer(p), Ok) {
             Ok(PointerInfo { kind: MemoryKind::Device(on), .. }) => self.can_access_peer(dev, on),
             _ => false,
         };
-        if !(reachable(dst) && reachable(src)) {
+        if !(reachable(dst, dst_info) && reachable(src, src_info)) {
             return Ok(None);
         }
         let mut server = lock(&d.server);
@@ -729,12 +735,8 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError> {
-        if let Some((_, info)) = lock(&self.known).range(..=ptr).next_back() {
-            if ptr < info.base + info.size {
-                return Ok(*info);
-            }
-        }
-        self.query_pointer(ptr)
+        let known = known_info(&lock(&self.known), ptr);
+        known.map_or_else(|| self.query_pointer(ptr), Ok)
     }
 
     fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError> {
@@ -1035,6 +1037,12 @@ impl Drop for CudaBackend {
             warn_teardown(cu!(cuCtxSetCurrent(ptr::null_mut())));
         }
     }
+}
+
+/// The attributes of the known allocation or mapping that holds `ptr`, if any.
+fn known_info(known: &std::collections::BTreeMap<usize, PointerInfo>, ptr: usize) -> Option<PointerInfo> {
+    let (_, info) = known.range(..=ptr).next_back()?;
+    (ptr < info.base + info.size).then_some(*info)
 }
 
 impl CudaBackend {
