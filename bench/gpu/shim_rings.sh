@@ -15,7 +15,7 @@ start_mps
 build_cuda_osu
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 echo "variant,round,us" > "$out/shim_rings.csv"
-old=$PWD/.gpu/old/libgpulmt_mpi.so
+old=${OLD_LIB:-$PWD/.gpu/old/libgpulmt_mpi.so}
 shim() { # variant round lib assignments...
   echo "$1,$2,$(SHIM_LIB=$3 shim_latency "$1 round $2" "${@:4}")" >> "$out/shim_rings.csv"
 }

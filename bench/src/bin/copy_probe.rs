@@ -160,6 +160,23 @@ fn settle_probes(b: &CudaBackend) {
                 print_row("copy_probe", &format!("settle_legacy_query{}_after_copy_{delay}us", k + 1), q);
             }
         }
+        // Whether a synchronize answers an idle stream faster than a query does, and whether
+        // it leaves later queries fast.
+        after("settle_legacy_sync_after_copy", d.stream, Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY))));
+        after("settle_nonblocking_sync_after_copy", d.stream, Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream))));
+        let mut t = Vec::with_capacity(REPS);
+        for i in 0..WARM + REPS {
+            ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, d.stream));
+            spin_stream(d.stream);
+            ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY));
+            let x = Instant::now();
+            ck("cuStreamQuery", sys::cuStreamQuery(LEGACY));
+            if i >= WARM {
+                t.push(x.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        print_row("copy_probe", "settle_legacy_query_after_copy_and_legacy_sync", t);
+        measure("settle_legacy_sync_idle", || ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY)));
         // A blocking stream (ordered after the legacy stream by the driver, no call at all):
         // what its copy and wait cost beside the non-blocking stream's.
         let mut blocking = ptr::null_mut();
