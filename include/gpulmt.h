@@ -269,6 +269,13 @@ typedef struct gpulmt_plugin_ops {
    * on success; anything else means the channel to that rank is broken, and gpulmt
    * then treats the rank as terminated (its transfers fail with
    * `GPULMT_ERR_PEER_FAILED`).
+   *
+   * NULL: gpulmt's own shared-memory rings carry every control packet but the RTS
+   * cookie (the host's matching still orders the messages). `gpulmt_lmt_start_recv`
+   * then returns no CTS cookie, `gpulmt_plugin_deliver` and `gpulmt_lmt_handle_cts`
+   * are not used, and the host calls `gpulmt_progress` (or `gpulmt_lmt_done`) from its
+   * progress loop for as long as it runs, its shutdown handshake included: a packet
+   * this rank still owes a peer leaves only then.
    */
   int (*send_blob)(void *user,
                    int to_local_rank,
@@ -597,7 +604,8 @@ int gpulmt_lmt_initiate(struct gpulmt_ctx *ctx,
  * `*req` is the request (poll it with `gpulmt_lmt_done`). The CTS cookie for the
  * host's CTS is written to `cts_out`: `*cts_len` is its capacity on entry (at least
  * `GPULMT_COOKIE_MAX`) and the cookie's length on return; 0 means the protocol (GET)
- * needs no CTS, and the host sends none. A message longer than `len` completes the
+ * needs no CTS, and the host sends none (always 0 without `send_blob`: the CTS then
+ * takes gpulmt's ring). A message longer than `len` completes the
  * request with `GPULMT_ERR_TRUNCATED`. On failure `*req` is `GPULMT_REQUEST_NULL`.
  *
  * # Safety

@@ -13,6 +13,9 @@
  *   gpulmt_lmt_done ... (progress loop)          gpulmt_lmt_done ... (progress loop)
  *
  * and carries every other gpulmt control blob (send_blob -> gpulmt_plugin_deliver).
+ * With GPULMT_HOST_RINGS=1 the host gives gpulmt no send_blob: it carries only the RTS
+ * cookie, gpulmt's own shared-memory rings carry the rest (no CTS cookie comes back,
+ * no blob), and the host's progress loop calls gpulmt_progress.
  * Buffers are device memory from gpulmt_mem_alloc, so the same program runs on the
  * sim backend and on CUDA. Messages go both ways; every byte is checked.
  *
@@ -87,6 +90,7 @@ struct host {
     size_t rts_cookie_len;
     int peer_bye;
     int closed; /* the peer closed the channel */
+    int rings;  /* no send_blob: gpulmt's rings carry its control packets */
 };
 
 static int g_rank = -1;
@@ -167,9 +171,13 @@ static void dispatch(struct host *h, const unsigned char *rec, size_t n) {
         h->rts_cookie_len = f.len;
         break;
     case MSG_CTS:
+        if (h->rings)
+            fail("a CTS cookie came through the host's channel although gpulmt's rings carry it");
         CHECK(gpulmt_lmt_handle_cts(h->ctx, h->peer, payload, f.len));
         break;
     case MSG_BLOB:
+        if (h->rings)
+            fail("a control blob came through the host's channel although gpulmt's rings carry it");
         CHECK(gpulmt_plugin_deliver(h->ctx, h->peer, payload, f.len));
         break;
     case MSG_BYE:
@@ -180,9 +188,13 @@ static void dispatch(struct host *h, const unsigned char *rec, size_t n) {
     }
 }
 
-/* The host's progress: handles every record waiting on the channel, without blocking. */
+/* The host's progress: handles every record waiting on the channel, without blocking,
+ * and with the rings lets gpulmt read and send its packets (a packet this rank owes a
+ * peer may still wait for room in its ring, even with no request of ours in flight). */
 static void pump(struct host *h) {
     static unsigned char rec[RECORD_MAX];
+    if (h->rings)
+        CHECK(gpulmt_progress(h->ctx, NULL));
     while (!h->closed) {
         struct pollfd p = {h->fd, POLLIN, 0};
         int r = poll(&p, 1, 0);
@@ -271,6 +283,8 @@ static void receive_message(struct host *h, unsigned char *dev, unsigned char *h
     size_t cts_len = sizeof cts;
     CHECK(gpulmt_lmt_start_recv(h->ctx, h->peer, h->rts_cookie, h->rts_cookie_len, dev + OFFSET, len, &req, cts,
                                 &cts_len));
+    if (h->rings && cts_len > 0)
+        fail("gpulmt_lmt_start_recv returned a CTS cookie although gpulmt's rings carry the CTS");
     if (cts_len > 0 && send_frame(h->fd, MSG_CTS, 0, cts, cts_len) != 0)
         fail("sending the CTS: %s", strerror(errno));
     gpulmt_status st;
@@ -340,7 +354,9 @@ static void run_rank(int fd, int rank, const char *job, const char *name, int sc
     h.fd = fd;
     h.rank = rank;
     h.peer = 1 - rank;
-    gpulmt_plugin_ops ops = {&h, send_blob};
+    const char *rings = getenv("GPULMT_HOST_RINGS");
+    h.rings = rings && strcmp(rings, "1") == 0;
+    gpulmt_plugin_ops ops = {&h, h.rings ? NULL : send_blob};
     CHECK(gpulmt_plugin_init(&ops, job, rank, 2, &h.ctx));
     g_ctx = h.ctx;
 

@@ -56,6 +56,8 @@ impl gpulmt_status {
 pub(crate) struct PluginState {
     /// Ranks whose `send_blob` failed during the current call, with the code.
     pub send_failures: Arc<Mutex<Vec<(Rank, c_int)>>>,
+    /// No `send_blob`: gpulmt's rings carry every control packet but the RTS cookie.
+    pub rings: bool,
 }
 
 /// An endpoint of a gpulmt job: the context and what the ABI keeps beside it.
@@ -107,6 +109,19 @@ impl gpulmt_ctx {
             if let Err(e) = self.ctx.peer_terminated(rank) {
                 tracing::warn!(peer = rank, error = %e, "declaring the peer of a failed send_blob terminated");
             }
+        }
+    }
+
+    /// Fails unless this is a plugin context whose control packets travel through the
+    /// host's channel (`send_blob`), for the calls that take them from the host.
+    pub(crate) fn require_host_channel(&self, call: &str) -> Result<(), FfiError> {
+        self.require_plugin(call)?;
+        match self.plugin {
+            Some(PluginState { rings: true, .. }) => Err(FfiError::invalid(format!(
+                "{call}: this plugin context was made without send_blob, so gpulmt's own rings carry its \
+                 control packets and no blob or CTS cookie comes from the host"
+            ))),
+            _ => Ok(()),
         }
     }
 

@@ -8,7 +8,9 @@
 //! - the LMT plugin ABI for MPI libraries that own matching and their own control
 //!   channel, mirroring MPICH Nemesis' LMT hooks: `gpulmt_plugin_init`,
 //!   `gpulmt_lmt_initiate`, `gpulmt_lmt_start_recv`, `gpulmt_lmt_handle_cts`,
-//!   `gpulmt_lmt_done`, `gpulmt_plugin_deliver`, `gpulmt_peer_terminated` ([`plugin`]).
+//!   `gpulmt_lmt_done`, `gpulmt_plugin_deliver`, `gpulmt_peer_terminated` ([`plugin`]);
+//!   or, without a `send_blob` callback, carrying only the RTS cookie while gpulmt's own
+//!   shared-memory rings carry the rest (as the PMPI shim does).
 //!
 //! Conventions: every function returns `GPULMT_SUCCESS` (0) or a `GPULMT_ERR_*` code
 //! ([`error`]) and never unwinds into C (a panic becomes `GPULMT_ERR_INTERNAL`); the

@@ -10,7 +10,10 @@
 //! ```
 //!
 //! Every other control blob gpulmt needs to exchange travels through the host's
-//! `send_blob` callback and comes back through `gpulmt_plugin_deliver`.
+//! `send_blob` callback and comes back through `gpulmt_plugin_deliver`. A host that
+//! gives no `send_blob` carries only the RTS cookie: gpulmt's own shared-memory rings
+//! between the node's processes carry the rest (no CTS cookie, no blobs), read by
+//! `gpulmt_lmt_done` / `gpulmt_progress` from the host's progress loop.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -54,6 +57,13 @@ pub struct gpulmt_plugin_ops {
     /// on success; anything else means the channel to that rank is broken, and gpulmt
     /// then treats the rank as terminated (its transfers fail with
     /// `GPULMT_ERR_PEER_FAILED`).
+    ///
+    /// NULL: gpulmt's own shared-memory rings carry every control packet but the RTS
+    /// cookie (the host's matching still orders the messages). `gpulmt_lmt_start_recv`
+    /// then returns no CTS cookie, `gpulmt_plugin_deliver` and `gpulmt_lmt_handle_cts`
+    /// are not used, and the host calls `gpulmt_progress` (or `gpulmt_lmt_done`) from its
+    /// progress loop for as long as it runs, its shutdown handshake included: a packet
+    /// this rank still owes a peer leaves only then.
     pub send_blob: Option<
         unsafe extern "C" fn(user: *mut c_void, to_local_rank: c_int, bytes: *const c_void, len: usize) -> c_int,
     >,
@@ -155,7 +165,6 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
         *slot = std::ptr::null_mut();
         // SAFETY: the caller's contract.
         let ops = *unsafe { ops.as_ref() }.ok_or_else(|| FfiError::invalid("ops is NULL"))?;
-        let send_blob = ops.send_blob.ok_or_else(|| FfiError::invalid("ops->send_blob is NULL"))?;
         if job_id.is_null() {
             return Err(FfiError::invalid("job_id is NULL"));
         }
@@ -174,11 +183,17 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
         }
 
         let send_failures = Arc::new(Mutex::new(Vec::new()));
-        let mut host = HostChannel { user: ops.user, send_blob, failures: Arc::clone(&send_failures) };
         let info = JobInfo { job: job.clone(), rank, size };
         let cfg = Config::from_env().map_err(gpulmt::Error::from)?;
-        let ctx = Context::init_plugin(cfg, info, Box::new(move |to, blob| host.send(to, blob)))?;
-        let h = gpulmt_ctx::new(ctx, job, Some(PluginState { send_failures }));
+        let ctx = match ops.send_blob {
+            Some(send_blob) => {
+                let mut host = HostChannel { user: ops.user, send_blob, failures: Arc::clone(&send_failures) };
+                Context::init_plugin(cfg, info, Box::new(move |to, blob| host.send(to, blob)))?
+            }
+            None => Context::init_plugin_rings(cfg, info)?,
+        };
+        let rings = ops.send_blob.is_none();
+        let h = gpulmt_ctx::new(ctx, job, Some(PluginState { send_failures, rings }));
         // SAFETY: checked non-null above.
         unsafe { hand_out(out, h) };
         Ok(())
@@ -196,7 +211,7 @@ pub unsafe extern "C" fn gpulmt_plugin_deliver(ctx: *mut gpulmt_ctx, from: c_int
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
-            h.require_plugin("gpulmt_plugin_deliver")?;
+            h.require_host_channel("gpulmt_plugin_deliver")?;
             let blob = bytes(blob, len, "blob")?;
             Ok(h.ctx.deliver(rank_arg(from, "from")?, blob)?)
         })
@@ -250,7 +265,8 @@ pub unsafe extern "C" fn gpulmt_lmt_initiate(
 /// `*req` is the request (poll it with `gpulmt_lmt_done`). The CTS cookie for the
 /// host's CTS is written to `cts_out`: `*cts_len` is its capacity on entry (at least
 /// `GPULMT_COOKIE_MAX`) and the cookie's length on return; 0 means the protocol (GET)
-/// needs no CTS, and the host sends none. A message longer than `len` completes the
+/// needs no CTS, and the host sends none (always 0 without `send_blob`: the CTS then
+/// takes gpulmt's ring). A message longer than `len` completes the
 /// request with `GPULMT_ERR_TRUNCATED`. On failure `*req` is `GPULMT_REQUEST_NULL`.
 ///
 /// # Safety
@@ -303,7 +319,7 @@ pub unsafe extern "C" fn gpulmt_lmt_handle_cts(ctx: *mut gpulmt_ctx, from: c_int
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
-            h.require_plugin("gpulmt_lmt_handle_cts")?;
+            h.require_host_channel("gpulmt_lmt_handle_cts")?;
             let cts = bytes(cts, len, "cts")?;
             Ok(h.ctx.lmt_handle_cts(rank_arg(from, "from")?, cts)?)
         })
@@ -366,9 +382,7 @@ mod tests {
     #[test]
     fn plugin_init_checks_its_arguments() {
         let job = c"ffibadargs";
-        let no_send = gpulmt_plugin_ops { user: null_mut(), send_blob: None };
-        let cases: [(gpulmt_plugin_ops, *const c_char, c_int, c_int, c_int); 5] = [
-            (no_send, job.as_ptr(), 0, 1, GPULMT_ERR_INVALID_ARGUMENT),
+        let cases: [(gpulmt_plugin_ops, *const c_char, c_int, c_int, c_int); 4] = [
             (ops(), null(), 0, 1, GPULMT_ERR_INVALID_ARGUMENT),
             (ops(), job.as_ptr(), 0, 0, GPULMT_ERR_INVALID_ARGUMENT),
             (ops(), job.as_ptr(), 2, 2, GPULMT_ERR_INVALID_ARGUMENT),
@@ -386,6 +400,25 @@ mod tests {
         let rc = unsafe { gpulmt_plugin_init(&ops(), c"bad/job".as_ptr(), 0, 1, &mut out) };
         assert_eq!(rc, GPULMT_ERR_SHM);
         assert!(out.is_null());
+    }
+
+    #[test]
+    fn plugin_context_on_gpulmts_rings_takes_no_blobs_or_cts_cookies() {
+        let job = std::ffi::CString::new(format!("ffirings{}", std::process::id())).unwrap();
+        let rings = gpulmt_plugin_ops { user: null_mut(), send_blob: None };
+        let mut ctx = null_mut();
+        // SAFETY: valid pointers for every call; the context is finalized last.
+        unsafe {
+            assert_eq!(gpulmt_plugin_init(&rings, job.as_ptr(), 0, 1, &mut ctx), GPULMT_SUCCESS);
+            assert_eq!(gpulmt_plugin_deliver(ctx, 0, b"junk".as_ptr().cast(), 4), GPULMT_ERR_INVALID_ARGUMENT);
+            let msg = std::ffi::CStr::from_ptr(gpulmt_last_error()).to_string_lossy().into_owned();
+            assert!(msg.contains("without send_blob"), "{msg}");
+            assert_eq!(gpulmt_lmt_handle_cts(ctx, 0, b"junk".as_ptr().cast(), 4), GPULMT_ERR_INVALID_ARGUMENT);
+            let mut req: gpulmt_request = 5;
+            let mut st = gpulmt_status::empty(0);
+            assert_eq!(crate::gpulmt_wait(ctx, &mut req, &mut st), GPULMT_ERR_UNSUPPORTED);
+            assert_eq!(crate::gpulmt_finalize(ctx), GPULMT_SUCCESS);
+        }
     }
 
     #[test]

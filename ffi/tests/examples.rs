@@ -121,13 +121,33 @@ fn header_compiles_alone_as_c99_and_cxx() {
 
 #[test]
 fn host_example_moves_device_buffers_through_every_protocol() {
+    host_example_every_protocol("0");
+}
+
+/// As above, with no `send_blob`: gpulmt's rings carry every control packet but the RTS
+/// cookie (host.c fails if a CTS cookie or a blob reaches its own channel).
+#[test]
+fn host_example_on_gpulmts_rings_moves_device_buffers_through_every_protocol() {
+    host_example_every_protocol("1");
+}
+
+fn host_example_every_protocol(rings: &str) {
     let host = host_example();
     for protocol in ["get", "put", "coop", "shm", "auto"] {
         let _lock = job_lock();
         // Both ranks send at once, so `auto`'s one-way PUT and COOPERATE rules may or may not apply
         // depending on timing: keep `auto` to its deterministic part here.
-        let env = [("GPULMT_DEVICE", "sim"), ("GPULMT_PROTOCOL", protocol), ("GPULMT_PUT_MIN", "never"), ("GPULMT_COOP_MIN", "never")];
-        let what = format!("GPULMT_DEVICE=sim GPULMT_PROTOCOL={protocol} GPULMT_PUT_MIN=never GPULMT_COOP_MIN=never {}", host.display());
+        let env = [
+            ("GPULMT_DEVICE", "sim"),
+            ("GPULMT_PROTOCOL", protocol),
+            ("GPULMT_PUT_MIN", "never"),
+            ("GPULMT_COOP_MIN", "never"),
+            ("GPULMT_HOST_RINGS", rings),
+        ];
+        let what = format!(
+            "GPULMT_DEVICE=sim GPULMT_PROTOCOL={protocol} GPULMT_PUT_MIN=never GPULMT_COOP_MIN=never GPULMT_HOST_RINGS={rings} {}",
+            host.display()
+        );
         let out = run_with_limit(Command::new(host), &env, Duration::from_secs(90), what);
         out.assert_ok(2, &format!("host {protocol}")).assert_no_litter();
         // Each rank received one message of each size, device to device, between the
@@ -149,11 +169,13 @@ fn host_example_moves_device_buffers_through_every_protocol() {
 fn host_example_fails_transfers_with_a_departed_peer() {
     let host = host_example();
     let _lock = job_lock();
-    let what = format!("GPULMT_DEVICE=sim {} --peer-dies", host.display());
-    let mut cmd = Command::new(host);
-    cmd.arg("--peer-dies");
-    let out = run_with_limit(cmd, &[("GPULMT_DEVICE", "sim")], Duration::from_secs(90), what);
-    out.assert_ok(2, "host peer-dies").assert_no_litter();
+    for rings in ["0", "1"] {
+        let what = format!("GPULMT_DEVICE=sim GPULMT_HOST_RINGS={rings} {} --peer-dies", host.display());
+        let mut cmd = Command::new(host);
+        cmd.arg("--peer-dies");
+        let out = run_with_limit(cmd, &[("GPULMT_DEVICE", "sim"), ("GPULMT_HOST_RINGS", rings)], Duration::from_secs(90), what);
+        out.assert_ok(2, "host peer-dies").assert_no_litter();
+    }
 }
 
 #[test]
