@@ -133,15 +133,16 @@ impl gpulmt_ctx {
         }
     }
 
-    /// Fails for plugin contexts: `call` blocks until peers answer, but their control
-    /// blobs reach a plugin context only through `gpulmt_plugin_deliver`, which the host
-    /// cannot call while gpulmt blocks its thread.
+    /// Fails for plugin contexts: `call` blocks until peers answer, but a plugin context
+    /// is driven from the host's progress loop (with a `send_blob`, peers' blobs reach it
+    /// only through `gpulmt_plugin_deliver`, which the host cannot call while gpulmt
+    /// blocks its thread; without one, the host's own traffic would stall meanwhile).
     pub(crate) fn forbid_blocking_in_plugin(&self, call: &str) -> Result<(), FfiError> {
         match self.plugin {
             None => Ok(()),
             Some(_) => Err(FfiError::unsupported(format!(
-                "{call} blocks on peers, whose control blobs a plugin context receives only through \
-                 gpulmt_plugin_deliver: poll with gpulmt_lmt_done / gpulmt_test from the host's progress loop instead"
+                "{call} blocks on peers, but a plugin context is driven from the host's progress loop \
+                 (peers' blobs arrive through gpulmt_plugin_deliver): poll with gpulmt_lmt_done / gpulmt_test instead"
             ))),
         }
     }
