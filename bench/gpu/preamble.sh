@@ -2,6 +2,7 @@
 # strict mode, $out from the first argument (created, with the commit of the carried
 # binaries), $bin, the CUDA backend for every gpulmt run, `log` (to stderr and
 # $out/log.txt), `small_copy_baselines`, `append_rows`, `osu_rows`, `rotated_rounds`, `median_table`,
+# `variant_medians`,
 # `start_mps`/`stop_mps` and the PMPI shim's `build_cuda_osu` and `shim_latency`.
 set -uo pipefail
 out=${1:?outdir}
@@ -67,6 +68,18 @@ for v in dict.fromkeys(r["variant"] for r in rows):
             x = [float(r[c]) for r in rows if r["variant"] == v and r["size"] == s and r[c]]
             cells.append(f"{statistics.median(x):.1f}" if x else "nan")
     print(v + "," + ",".join(cells))
+EOF
+}
+# Prints, from CSV $1 with columns `variant` and `us` (a row per run), each variant's
+# median and its runs.
+variant_medians() {
+  python3 - "$1" <<'EOF'
+import csv, statistics, sys
+v = {}
+for r in csv.DictReader(open(sys.argv[1])):
+    if r["us"]: v.setdefault(r["variant"], []).append(float(r["us"]))
+for k, x in v.items():
+    print(f"{k}: median {statistics.median(x):.2f} us  runs {' '.join(f'{y:.2f}' for y in x)}")
 EOF
 }
 # With MPS=1, starts NVIDIA MPS, so that ranks sharing a GPU run at once instead of being

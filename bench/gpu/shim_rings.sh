@@ -48,11 +48,4 @@ done
 stop_mps
 log done
 cat "$out/checks.txt" 2>/dev/null
-python3 - "$out/shim_rings.csv" <<'PY'
-import csv, statistics, sys
-v = {}
-for r in csv.DictReader(open(sys.argv[1])):
-    if r["us"]: v.setdefault(r["variant"], []).append(float(r["us"]))
-for k, x in v.items():
-    print(f"{k}: median {statistics.median(x):.2f} us  runs {' '.join(f'{y:.2f}' for y in x)}")
-PY
+variant_medians "$out/shim_rings.csv"

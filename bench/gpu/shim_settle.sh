@@ -35,11 +35,4 @@ done
 stop_mps
 log done
 grep settle_ "$out/copy_probe_8.csv"
-python3 - "$out/shim_settle.csv" <<'PY'
-import csv, statistics, sys
-v = {}
-for r in csv.DictReader(open(sys.argv[1])):
-    if r["us"]: v.setdefault(r["variant"], []).append(float(r["us"]))
-for k, x in v.items():
-    print(f"{k}: median {statistics.median(x):.2f} us  runs {' '.join(f'{y:.2f}' for y in x)}")
-PY
+variant_medians "$out/shim_settle.csv"
