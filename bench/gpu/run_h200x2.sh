@@ -43,6 +43,7 @@ checks() {
   for pl in "D D" "H D" "D H"; do one "truncate $pl" $run $bin/gpulmt-check truncate --placement "$pl"; done
   if [ -x "$bin/c_host" ]; then
     one c_abi_plugin_host_all_protocols $bin/c_host get put coop shm auto
+    one c_abi_plugin_host_rings_all_protocols env GPULMT_HOST_RINGS=1 $bin/c_host get put coop shm auto
     one c_abi_endpoint_pingpong_device $run $bin/c_pingpong device 50 1 8 65536 4194304 67108864
   fi
   $bin/gpulmt-run -n 2 --timeout 60 -- $bin/gpulmt-check die --when mid --how kill --placement "D D" > /tmp/chk.txt 2>&1
