@@ -6,7 +6,8 @@
 # medians. On one GPU the two ranks share it (MPS=1 starts MPS): there `auto` is already
 # high (h200x1/priority1-5). On 2x H200 each rank has its own GPU, where `auto` is normal
 # because nothing showed a gain there yet: this is the call that would.
-# Usage: [ROUNDS=3] [MPS=1] [SIZES="2048 4096"] bash bench/gpu/copy_priority.sh OUTDIR
+# SIZES=none leaves Stencil2D out; BW sets osu_bw's sizes (default 64K:4M).
+# Usage: [ROUNDS=3] [MPS=1] [SIZES="2048 4096"|none] [BW=64K:4M] bash bench/gpu/copy_priority.sh OUTDIR
 source "$(dirname "$0")/preamble.sh"
 nvidia-smi > "$out/host.txt" 2>&1
 log server_probe
@@ -18,7 +19,8 @@ echo "variant,round,size,time_per_iter_us" > "$out/stencil.csv"
 priority_variant() { # name round envs
   local v=$1 r=$2 e=$3 s
   osu_rows "$v" "$r" "$e" "$out/osu.csv" osu_latency -m 1:64K -i 10000
-  osu_rows "$v" "$r" "$e" "$out/osu.csv" osu_bw -m 64K:4M
+  osu_rows "$v" "$r" "$e" "$out/osu.csv" osu_bw -m "${BW:-64K:4M}"
+  [ "${SIZES:-}" = none ] && return
   for s in ${SIZES:-2048 4096}; do
     rm -f /tmp/prio.csv
     env $e $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 --mode inter-k-overlap \
@@ -34,4 +36,5 @@ grep -E "engine" "$out/server_probe.csv" | cut -d, -f2-3
 sed '1s/bytes/size/' "$out/osu.csv" | grep -E "^variant|,osu_latency," > /tmp/prio_lat.csv
 sed '1s/bytes/size/' "$out/osu.csv" | grep -E "^variant|,osu_bw," > /tmp/prio_bw.csv
 { echo "osu_latency us"; median_table /tmp/prio_lat.csv value; echo "osu_bw MB/s"; median_table /tmp/prio_bw.csv value
-  echo "Stencil2D inter-k-overlap us/step"; median_table "$out/stencil.csv" time_per_iter_us; } | tee "$out/table.txt"
+  [ "${SIZES:-}" = none ] || { echo "Stencil2D inter-k-overlap us/step"; median_table "$out/stencil.csv" time_per_iter_us; }
+} | tee "$out/table.txt"
