@@ -807,8 +807,11 @@ impl Shim {
         self.counters.lmt_recvs += 1;
         // SAFETY: the user's buffer (or our staging) stays valid until completion.
         match unsafe { self.ctx.lmt_start_recv(from, &env.cookie, ptr as *mut u8, len) } {
-            // The CTS, where the protocol has one, went on gpulmt's ring.
-            Ok((req, _)) => self.set_state(id, State::LmtRecv { req, source, tag, staging }),
+            Ok((req, cts)) => {
+                // The CTS, where the protocol has one, went on gpulmt's ring (init_plugin_rings).
+                debug_assert!(cts.is_none(), "a rings plugin context hands back no CTS cookie");
+                self.set_state(id, State::LmtRecv { req, source, tag, staging })
+            }
             Err(e) => {
                 // The sender's transfer cannot finish either; it learns nothing from us.
                 tracing::error!(error = %e, from_world = env.world_rank, "gpulmt could not start receiving an envelope's payload");
