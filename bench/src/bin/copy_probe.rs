@@ -140,7 +140,7 @@ fn settle_probes(b: &CudaBackend) {
         // How long a query stays slow after a copy was seen finished: queries 1-4 of the
         // legacy stream, timed one by one, `delay` us after the copy's stream answered done.
         for delay in [0.0, 2.0, 5.0, 10.0, 20.0, 50.0, 200.0] {
-            let mut t = vec![Vec::with_capacity(REPS); 4];
+            let mut t: Vec<Vec<f64>> = (0..4).map(|_| Vec::with_capacity(REPS)).collect();
             for i in 0..WARM + REPS {
                 ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, d.stream));
                 spin_stream(d.stream);
