@@ -191,6 +191,19 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
     }
 }
 
+/// With rings of 4 slots, the window part puts more packets to a peer than its ring
+/// holds: they wait in gpulmt's outbox while the shim polls, and all arrive.
+#[test]
+fn device_messages_keep_mpi_semantics_when_control_rings_fill() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    let run = clean_run(2, &[("GPULMT_RING_SLOTS", "4")], &[]);
+    run.assert_all_ok(2);
+    assert!(run.counter("lmt_sends") >= 96, "the window's device messages did not go through gpulmt\n{}", run.dump());
+}
+
 #[test]
 fn device_buffers_staged_through_host_memory_keep_mpi_semantics() {
     if !have_mpi() {

@@ -641,6 +641,33 @@ static void self_send(void) {
   }
 }
 
+/* Pairs exchange a window of WINDOW device messages each way at once (non-blocking),
+ * more than a control ring holds with GPULMT_RING_SLOTS=4: gpulmt's packets then wait
+ * in its outbox until the peer reads its ring, and must still all arrive, in order. */
+#define WINDOW 96
+static void window(void) {
+  int peer = (rank == size - 1 && size % 2) ? -1 : rank ^ 1;
+  if (peer < 0) return;
+  size_t n = 4097;
+  buf_t s[WINDOW], r[WINDOW];
+  MPI_Request q[2 * WINDOW];
+  for (int i = 0; i < WINDOW; i++) {
+    s[i] = balloc(DEV, n);
+    r[i] = balloc(DEV, n);
+    fill(&s[i], n, (unsigned)(1100 + 2 * i + rank));
+    clear(&r[i]);
+    MPI_OK(MPI_Irecv(r[i].p, (int)n, MPI_BYTE, peer, 11, MPI_COMM_WORLD, &q[i]));
+  }
+  for (int i = 0; i < WINDOW; i++) MPI_OK(MPI_Isend(s[i].p, (int)n, MPI_BYTE, peer, 11, MPI_COMM_WORLD, &q[WINDOW + i]));
+  MPI_OK(MPI_Waitall(2 * WINDOW, q, MPI_STATUSES_IGNORE));
+  for (int i = 0; i < WINDOW; i++) {
+    /* Same source and tag: MPI's order puts the peer's i-th send in the i-th receive. */
+    verify(&r[i], n, (unsigned)(1100 + 2 * i + peer), "window");
+    bfree(&s[i]);
+    bfree(&r[i]);
+  }
+}
+
 /* A communicator whose ranks are the world's reversed: rank translation. */
 static void other_comm(void) {
   MPI_Comm rev;
@@ -698,6 +725,7 @@ int main(int argc, char **argv) {
       {"truncation", truncation},   {"sendrecv_ring", sendrecv_ring}, {"probe_then_recv", probe_then_recv},
       {"cancel_and_free", cancel_and_free}, {"completion_calls", completion_calls}, {"self_send", self_send},
       {"other_comm", other_comm},   {"small_recv", small_recv},       {"repeat_small", repeat_small},
+      {"window", window},
   };
   /* P2P_PARTS=name,name,...: run only those parts (for debugging one of them). */
   const char *only = getenv("P2P_PARTS");
