@@ -268,7 +268,25 @@ impl CopyServer {
         let image = ptx()?;
         let mut module = ptr::null_mut();
         cu!(cuModuleLoadData(&mut module, image.as_ptr().cast()))?;
-        let mut s = CopyServer {
+        let mut s = Self::unstarted(module, idle);
+        // From here `s`'s Drop releases whatever was made.
+        cu!(cuModuleGetFunction(&mut s.func, module, c"gpulmt_copy_server".as_ptr()))?;
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+        cu!(cuStreamCreateWithPriority(&mut s.stream, flags, priority))?;
+        let mut host: *mut c_void = ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        cu!(cuMemHostAlloc(&mut host, HOST_BYTES, flags))?;
+        // SAFETY: just allocated, HOST_BYTES long.
+        unsafe { ptr::write_bytes(host.cast::<u8>(), 0, HOST_BYTES) };
+        s.host = host.cast();
+        cu!(cuMemHostGetDevicePointer_v2(&mut s.device, host, 0))?;
+        Ok(s)
+    }
+
+    /// A server of `module` with nothing else made yet: no function, stream or ring, no
+    /// launch, no copy.
+    fn unstarted(module: sys::CUmodule, idle: Duration) -> Self {
+        CopyServer {
             module,
             func: ptr::null_mut(),
             stream: ptr::null_mut(),
@@ -285,19 +303,7 @@ impl CopyServer {
             judged: 0,
             launch_not_before: None,
             backoff: Duration::ZERO,
-        };
-        // From here `s`'s Drop releases whatever was made.
-        cu!(cuModuleGetFunction(&mut s.func, module, c"gpulmt_copy_server".as_ptr()))?;
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
-        cu!(cuStreamCreateWithPriority(&mut s.stream, flags, priority))?;
-        let mut host: *mut c_void = ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        cu!(cuMemHostAlloc(&mut host, HOST_BYTES, flags))?;
-        // SAFETY: just allocated, HOST_BYTES long.
-        unsafe { ptr::write_bytes(host.cast::<u8>(), 0, HOST_BYTES) };
-        s.host = host.cast();
-        cu!(cuMemHostGetDevicePointer_v2(&mut s.device, host, 0))?;
-        Ok(s)
+        }
     }
 
     fn done_word(&self) -> &AtomicU64 {
@@ -478,29 +484,16 @@ impl Drop for CopyServer {
 mod tests {
     use super::*;
 
-    /// A server over plain host memory and no driver objects, for the host's side of the
-    /// protocol; the test plays the kernel by writing the completion and started words.
-    /// Must be forgotten, not dropped (its Drop frees through the driver).
-    fn host_only(mem: &mut [u64]) -> CopyServer {
-        assert_eq!(mem.len() * 8, HOST_BYTES);
-        CopyServer {
-            module: ptr::null_mut(),
-            func: ptr::null_mut(),
-            stream: ptr::null_mut(),
-            host: mem.as_mut_ptr(),
-            device: 0,
-            next: 1,
-            generation: 0,
-            launch_wanted: false,
-            idle: Duration::from_micros(100),
-            stalled_polls: 0,
-            launches: 0,
-            declined: 0,
-            posted: 0,
-            judged: 0,
-            launch_not_before: None,
-            backoff: Duration::ZERO,
-        }
+    /// Runs `test` on a server over plain host memory and no driver objects, for the
+    /// host's side of the protocol; the test plays the kernel by writing the completion
+    /// and started words. The server is forgotten, not dropped (its Drop frees through
+    /// the driver).
+    fn with_host_only(test: impl FnOnce(&mut CopyServer)) {
+        let mut mem = vec![0u64; HOST_BYTES / 8];
+        let mut s = CopyServer::unstarted(ptr::null_mut(), Duration::from_micros(100));
+        s.host = mem.as_mut_ptr();
+        test(&mut s);
+        std::mem::forget(s);
     }
 
     /// No driver here: a call that needs the context fails, which shows it was made.
@@ -516,33 +509,32 @@ mod tests {
 
     #[test]
     fn copies_go_to_a_server_only_once_it_has_started() {
-        let mut mem = vec![0u64; HOST_BYTES / 8];
-        let mut s = host_only(&mut mem);
-        // None launched yet: the engine takes the copy and one is wanted.
-        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
-        assert!(std::mem::take(&mut s.launch_wanted));
-        // Launched (generation 1), not started: the engine again, and no second launch.
-        s.generation = 1;
-        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
-        assert!(!s.launch_wanted);
-        // Started: the copy goes to the ring, where the kernel finds it whole.
-        s.started_word().store(1, Ordering::Release);
-        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), Some(1));
-        let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
-        assert_eq!(kernel_reads(ring, 1), Some((0x1000, 0x2000, 8)));
-        assert_eq!(kernel_reads(ring, 2), None, "the next slot is not valid yet");
-        assert_eq!(kernel_reads(ring, 1 + SLOTS), None, "nor is slot 1 for a later lap");
-        // It left after one copy: the engine takes the next, and (see the backoff test) a
-        // new server is wanted only once the backoff that earned has run.
-        s.started_word().store(1 | EXITED, Ordering::Release);
-        let t0 = Instant::now();
-        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0).unwrap(), None);
-        assert!(!s.launch_wanted);
-        assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + FIRST_BACKOFF).unwrap(), None);
-        assert!(s.launch_wanted);
-        assert_eq!(s.next, 2, "declined copies take no sequence number");
-        assert_eq!(s.declined, 4, "none launched, one not started, two after it left");
-        std::mem::forget(s);
+        with_host_only(|s| {
+            // None launched yet: the engine takes the copy and one is wanted.
+            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
+            assert!(std::mem::take(&mut s.launch_wanted));
+            // Launched (generation 1), not started: the engine again, and no second launch.
+            s.generation = 1;
+            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
+            assert!(!s.launch_wanted);
+            // Started: the copy goes to the ring, where the kernel finds it whole.
+            s.started_word().store(1, Ordering::Release);
+            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), Some(1));
+            let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
+            assert_eq!(kernel_reads(ring, 1), Some((0x1000, 0x2000, 8)));
+            assert_eq!(kernel_reads(ring, 2), None, "the next slot is not valid yet");
+            assert_eq!(kernel_reads(ring, 1 + SLOTS), None, "nor is slot 1 for a later lap");
+            // It left after one copy: the engine takes the next, and (see the backoff test) a
+            // new server is wanted only once the backoff that earned has run.
+            s.started_word().store(1 | EXITED, Ordering::Release);
+            let t0 = Instant::now();
+            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0).unwrap(), None);
+            assert!(!s.launch_wanted);
+            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + FIRST_BACKOFF).unwrap(), None);
+            assert!(s.launch_wanted);
+            assert_eq!(s.next, 2, "declined copies take no sequence number");
+            assert_eq!(s.declined, 4, "none launched, one not started, two after it left");
+        });
     }
 
     /// Plays the launch of generation `g` and its start.
@@ -565,71 +557,68 @@ mod tests {
 
     #[test]
     fn servers_that_make_few_copies_are_relaunched_after_a_growing_backoff() {
-        let mut mem = vec![0u64; HOST_BYTES / 8];
-        let mut s = host_only(&mut mem);
-        let t0 = Instant::now();
-        let declined_at = |s: &mut CopyServer, t: Duration| {
-            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + t).unwrap(), None);
-            std::mem::take(&mut s.launch_wanted)
-        };
-        // A useful server: its successor is launched at the first copy that finds it gone.
-        serve_and_leave(&mut s, 1, USEFUL_COPIES);
-        assert!(declined_at(&mut s, Duration::ZERO));
-        // Servers that made too few copies: 1 ms, then 2, 4, ... up to the cap, each
-        // counted from the copy that found the server gone.
-        let mut expected = FIRST_BACKOFF;
-        let mut t = Duration::ZERO;
-        for g in 2..12 {
-            serve_and_leave(&mut s, g, USEFUL_COPIES - 1);
-            assert!(!declined_at(&mut s, t), "generation {g}: launched with no backoff");
-            assert!(!declined_at(&mut s, t + expected - Duration::from_micros(1)), "generation {g}: backoff shorter than {expected:?}");
-            assert!(declined_at(&mut s, t + expected), "generation {g}: backoff longer than {expected:?}");
-            t += expected;
-            expected = (expected * 2).min(MAX_BACKOFF);
-        }
-        assert_eq!(s.backoff, MAX_BACKOFF);
-        // A useful server again: no backoff after it, and the next useless one starts over.
-        serve_and_leave(&mut s, 12, USEFUL_COPIES);
-        assert!(declined_at(&mut s, t));
-        serve_and_leave(&mut s, 13, 0);
-        assert!(!declined_at(&mut s, t));
-        assert!(declined_at(&mut s, t + FIRST_BACKOFF));
-        std::mem::forget(s);
+        with_host_only(|s| {
+            let t0 = Instant::now();
+            let declined_at = |s: &mut CopyServer, t: Duration| {
+                assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + t).unwrap(), None);
+                std::mem::take(&mut s.launch_wanted)
+            };
+            // A useful server: its successor is launched at the first copy that finds it gone.
+            serve_and_leave(s, 1, USEFUL_COPIES);
+            assert!(declined_at(s, Duration::ZERO));
+            // Servers that made too few copies: 1 ms, then 2, 4, ... up to the cap, each
+            // counted from the copy that found the server gone.
+            let mut expected = FIRST_BACKOFF;
+            let mut t = Duration::ZERO;
+            for g in 2..12 {
+                serve_and_leave(s, g, USEFUL_COPIES - 1);
+                assert!(!declined_at(s, t), "generation {g}: launched with no backoff");
+                assert!(!declined_at(s, t + expected - Duration::from_micros(1)), "generation {g}: backoff shorter than {expected:?}");
+                assert!(declined_at(s, t + expected), "generation {g}: backoff longer than {expected:?}");
+                t += expected;
+                expected = (expected * 2).min(MAX_BACKOFF);
+            }
+            assert_eq!(s.backoff, MAX_BACKOFF);
+            // A useful server again: no backoff after it, and the next useless one starts over.
+            serve_and_leave(s, 12, USEFUL_COPIES);
+            assert!(declined_at(s, t));
+            serve_and_leave(s, 13, 0);
+            assert!(!declined_at(s, t));
+            assert!(declined_at(s, t + FIRST_BACKOFF));
+        });
     }
 
     #[test]
     fn a_full_ring_sends_copies_to_the_engine_until_the_server_catches_up() {
-        let mut mem = vec![0u64; HOST_BYTES / 8];
-        let mut s = host_only(&mut mem);
-        running(&mut s, 3);
-        for i in 1..=SLOTS {
-            assert_eq!(s.post((0x1000 + i as usize, 0x9000, 8), no_context, Instant::now).unwrap(), Some(i));
-        }
-        assert_eq!(s.post((0x1000, 0x9000, 8), no_context, Instant::now).unwrap(), None, "ring full");
-        assert!(!s.launch_wanted, "a full ring is no reason to launch");
-        assert_eq!(s.declined, 1);
-        // The kernel served copy 1: its slot takes copy SLOTS + 1.
-        s.done_word().store(1, Ordering::Release);
-        assert_eq!(s.post((0x7777, 0x9000, 16), no_context, Instant::now).unwrap(), Some(SLOTS + 1));
-        let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
-        assert_eq!(kernel_reads(ring, SLOTS + 1), Some((0x7777, 0x9000, 16)));
-        assert_eq!(kernel_reads(ring, 2), Some((0x1002, 0x9000, 8)), "unserved copies stay intact");
-        std::mem::forget(s);
+        with_host_only(|s| {
+            running(s, 3);
+            for i in 1..=SLOTS {
+                assert_eq!(s.post((0x1000 + i as usize, 0x9000, 8), no_context, Instant::now).unwrap(), Some(i));
+            }
+            assert_eq!(s.post((0x1000, 0x9000, 8), no_context, Instant::now).unwrap(), None, "ring full");
+            assert!(!s.launch_wanted, "a full ring is no reason to launch");
+            assert_eq!(s.declined, 1);
+            // The kernel served copy 1: its slot takes copy SLOTS + 1.
+            s.done_word().store(1, Ordering::Release);
+            assert_eq!(s.post((0x7777, 0x9000, 16), no_context, Instant::now).unwrap(), Some(SLOTS + 1));
+            let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
+            assert_eq!(kernel_reads(ring, SLOTS + 1), Some((0x7777, 0x9000, 16)));
+            assert_eq!(kernel_reads(ring, 2), Some((0x1002, 0x9000, 8)), "unserved copies stay intact");
+        });
     }
 
     #[test]
     fn a_stalled_copy_makes_the_host_check_that_a_server_runs() {
-        let mut mem = vec![0u64; HOST_BYTES / 8];
-        let mut s = host_only(&mut mem);
-        running(&mut s, 1);
-        let seq = s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap().unwrap();
-        for _ in 1..POLLS_PER_LIVENESS_CHECK {
-            assert!(!s.finished(seq, no_context).unwrap(), "polls before the check need no driver");
-        }
-        assert!(s.finished(seq, no_context).is_err(), "the check asks the driver about the server's stream");
-        s.done_word().store(seq, Ordering::Release);
-        assert!(s.finished(seq, no_context).unwrap());
-        std::mem::forget(s);
+        with_host_only(|s| {
+            running(s, 1);
+            let seq = s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap().unwrap();
+            for _ in 1..POLLS_PER_LIVENESS_CHECK {
+                assert!(!s.finished(seq, no_context).unwrap(), "polls before the check need no driver");
+            }
+            assert!(s.finished(seq, no_context).is_err(), "the check asks the driver about the server's stream");
+            s.done_word().store(seq, Ordering::Release);
+            assert!(s.finished(seq, no_context).unwrap());
+        });
     }
 
     #[test]
