@@ -112,21 +112,22 @@ fn settle_probes(b: &CudaBackend) {
         // As in a ping-pong: a copy of gpulmt's has just been seen finished, then the next
         // message's settle asks about the legacy stream (timed alone).
         let a2 = b.alloc(0, 64).expect("alloc");
-        let after = |what: &str, stream: sys::CUstream, mut settle: Box<dyn FnMut() + '_>| {
+        // `prep` runs untimed between the copy's end and the settle.
+        let after_prep = |what: &str, stream: sys::CUstream, prep: &dyn Fn(), mut settle: Box<dyn FnMut() + '_>| {
             let mut t = Vec::with_capacity(REPS);
             for i in 0..WARM + REPS {
                 ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, stream));
                 spin_stream(stream);
+                prep();
                 let x = Instant::now();
                 settle();
                 if i >= WARM {
                     t.push(x.elapsed().as_secs_f64() * 1e6);
                 }
             }
-            t.sort_by(f64::total_cmp);
-            let mean = t.iter().sum::<f64>() / t.len() as f64;
-            println!("copy_probe,{what},{:.3},{mean:.3},{:.3}", t[t.len() / 2], t[t.len() * 9 / 10]);
+            print_row("copy_probe", what, t);
         };
+        let after = |what: &str, stream: sys::CUstream, settle: Box<dyn FnMut() + '_>| after_prep(what, stream, &|| {}, settle);
         after("settle_legacy_query_after_copy", d.stream, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(LEGACY))));
         after("settle_nonblocking_query_after_copy", d.stream, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(d.stream))));
         after(
@@ -164,18 +165,12 @@ fn settle_probes(b: &CudaBackend) {
         // it leaves later queries fast.
         after("settle_legacy_sync_after_copy", d.stream, Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY))));
         after("settle_nonblocking_sync_after_copy", d.stream, Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream))));
-        let mut t = Vec::with_capacity(REPS);
-        for i in 0..WARM + REPS {
-            ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, d.stream));
-            spin_stream(d.stream);
-            ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY));
-            let x = Instant::now();
-            ck("cuStreamQuery", sys::cuStreamQuery(LEGACY));
-            if i >= WARM {
-                t.push(x.elapsed().as_secs_f64() * 1e6);
-            }
-        }
-        print_row("copy_probe", "settle_legacy_query_after_copy_and_legacy_sync", t);
+        after_prep(
+            "settle_legacy_query_after_copy_and_legacy_sync",
+            d.stream,
+            &|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY)),
+            Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(LEGACY))),
+        );
         measure("settle_legacy_sync_idle", || ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY)));
         // A blocking stream (ordered after the legacy stream by the driver, no call at all):
         // what its copy and wait cost beside the non-blocking stream's.
