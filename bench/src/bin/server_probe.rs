@@ -318,20 +318,9 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
 fn hold(b: &CudaBackend, time: std::time::Duration) {
     b.enable_copy_server(0, 64, time * 2).expect("enable_copy_server");
     let (p, q) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
-    let started = std::time::Instant::now();
-    for copies in 1.. {
-        let t = b.copy_async(0, 0, q, p, 64).expect("copy_async");
-        let served = b.copy_served(t);
-        while !b.copy_poll(t).expect("copy_poll") {
-            std::hint::spin_loop();
-        }
-        if served {
-            eprintln!("server_probe: holding the copy server on device 0 for {time:?} (it took copy {copies})");
-            break;
-        }
-        assert!(started.elapsed() < std::time::Duration::from_secs(10), "server_probe: the copy server never started");
-        std::thread::sleep(std::time::Duration::from_micros(50));
-    }
+    let limit = std::time::Duration::from_secs(10);
+    let copies = b.copy_until_served(0, (q, p, 64), limit).expect("copy").expect("server_probe: the copy server never started");
+    eprintln!("server_probe: holding the copy server on device 0 for {time:?} (it took copy {copies})");
     std::thread::sleep(time);
 }
 

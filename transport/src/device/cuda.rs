@@ -458,6 +458,34 @@ impl CudaBackend {
         lock(&self.tickets).pending.get(&ticket.0).is_some_and(|p| p.served.is_some())
     }
 
+    /// Copies `len` bytes from `src` to `dst` on `engine` again and again, each waited
+    /// for, until the copy server takes one (the first copy after the server was enabled
+    /// or went idle goes to the engine and starts one; a backoff may delay that start):
+    /// for diagnostics and tests. How many copies that took, or None after `limit`.
+    pub fn copy_until_served(
+        &self,
+        engine: DevId,
+        (dst, src, len): (usize, usize, usize),
+        limit: std::time::Duration,
+    ) -> Result<Option<u32>, DeviceError> {
+        let start = std::time::Instant::now();
+        for copies in 1.. {
+            let t = self.copy_async(engine, 0, dst, src, len)?;
+            let served = self.copy_served(t);
+            while !self.copy_poll(t)? {
+                std::hint::spin_loop();
+            }
+            if served {
+                return Ok(Some(copies));
+            }
+            if start.elapsed() >= limit {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+        Ok(None)
+    }
+
     fn device(&self, dev: DevId) -> Result<&Device, DeviceError> {
         self.devices
             .get(dev as usize)
@@ -1239,20 +1267,10 @@ mod tests {
             .collect()
     }
 
-    /// Copies until the copy server of `engine` takes one (the first after it was enabled
-    /// or went idle goes to the engine and starts it), waiting for each; fails after 2 s.
+    /// Copies until the copy server of `engine` takes one; fails after 2 s.
     fn copy_by_server(b: &CudaBackend, engine: DevId, dst: usize, src: usize, len: usize) {
-        let start = std::time::Instant::now();
-        loop {
-            let t = b.copy_async(engine, 0, dst, src, len).unwrap();
-            let by_server = b.copy_served(t);
-            poll_until_done(b, t);
-            if by_server {
-                return;
-            }
-            assert!(start.elapsed() < std::time::Duration::from_secs(2), "the copy server never took a copy");
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
+        let copies = b.copy_until_served(engine, (dst, src, len), std::time::Duration::from_secs(2)).unwrap();
+        assert!(copies.is_some(), "the copy server never took a copy");
     }
 
     #[test]
