@@ -36,7 +36,9 @@ pub fn primary_context(ordinal: i32) -> (sys::CUcontext, sys::CUstream) {
 pub fn nonblocking_stream() -> sys::CUstream {
     let mut stream = ptr::null_mut();
     // SAFETY: out-pointer is a local.
-    ck("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint) });
+    ck("cuStreamCreate", unsafe {
+        sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint)
+    });
     stream
 }
 
@@ -58,7 +60,9 @@ pub fn high_priority_stream() -> sys::CUstream {
 pub fn event() -> sys::CUevent {
     let mut event = ptr::null_mut();
     // SAFETY: out-pointer is a local.
-    ck("cuEventCreate", unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint) });
+    ck("cuEventCreate", unsafe {
+        sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
+    });
     event
 }
 
@@ -68,7 +72,10 @@ pub fn pinned(bytes: usize) -> (*mut u8, CUdeviceptr) {
     // SAFETY: out-pointers are locals; the allocation is `bytes` long.
     unsafe {
         let mut host = ptr::null_mut();
-        ck("cuMemHostAlloc", sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP));
+        ck(
+            "cuMemHostAlloc",
+            sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP),
+        );
         ptr::write_bytes(host.cast::<u8>(), 0, bytes);
         let mut dev = 0;
         ck("cuMemHostGetDevicePointer", sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0));

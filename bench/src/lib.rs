@@ -7,9 +7,9 @@ use std::io::Write;
 
 pub mod driver;
 pub mod pair;
+pub mod report;
 pub mod stencil;
 pub mod window;
-pub mod report;
 
 use clap::Parser;
 use gpulmt::{Context, Error};
@@ -178,7 +178,9 @@ impl Buffer {
         let want = pattern(seed, n);
         match got.iter().zip(&want).position(|(a, b)| a != b) {
             None => Ok(()),
-            Some(i) => Err(format!("validation failed at byte {i} of {n}: got {:#04x}, expected {:#04x}", got[i], want[i])),
+            Some(i) => {
+                Err(format!("validation failed at byte {i} of {n}: got {:#04x}, expected {:#04x}", got[i], want[i]))
+            }
         }
     }
 

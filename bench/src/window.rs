@@ -45,7 +45,10 @@ pub fn run(bidirectional: bool) -> i32 {
                     let receiving = me == 1 || bidirectional;
                     if receiving {
                         for _ in 0..o.window {
-                            reqs.push(or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(DATA_TAG)), "irecv"));
+                            reqs.push(or_die(
+                                ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(DATA_TAG)),
+                                "irecv",
+                            ));
                         }
                     }
                     if sending {

@@ -35,10 +35,8 @@ fn report_on_h200x2_run1() {
     assert_eq!(lines.next(), Some("bench,placement,protocol,bytes,metric,value,anchor,anchor_value,ratio"));
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert!(rows.iter().all(|r| r.len() == 9));
-    let ce4m: Vec<&Vec<&str>> = rows
-        .iter()
-        .filter(|r| r[0] == "osu_bw" && r[1] == "D D" && r[3] == "4194304" && r[6] == "ce_peer")
-        .collect();
+    let ce4m: Vec<&Vec<&str>> =
+        rows.iter().filter(|r| r[0] == "osu_bw" && r[1] == "D D" && r[3] == "4194304" && r[6] == "ce_peer").collect();
     assert!(!ce4m.is_empty(), "no ce_peer row at 4194304");
     for r in &ce4m {
         assert_eq!(r[4], "GBps");

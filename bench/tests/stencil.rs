@@ -25,13 +25,18 @@ struct Output {
 
 impl Output {
     fn dump(&self) -> String {
-        format!("job `{}` exited {:?}\n--- stdout ---\n{}--- stderr ---\n{}", self.what, self.code, self.stdout, self.stderr)
+        format!(
+            "job `{}` exited {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.what, self.code, self.stdout, self.stderr
+        )
     }
 
     fn assert_passed(&self) -> &Self {
         assert_eq!(self.code, Some(0), "{}", self.dump());
         assert!(
-            self.stdout.lines().any(|l| l.starts_with("check: PASS max relative error 0e0") && l.contains(", 0 not bit-identical")),
+            self.stdout
+                .lines()
+                .any(|l| l.starts_with("check: PASS max relative error 0e0") && l.contains(", 0 not bit-identical")),
             "no bit-identical check in the output\n{}",
             self.dump()
         );
@@ -40,7 +45,11 @@ impl Output {
 
     /// The protocol table's rows: (from, to, side, protocol text).
     fn pairs(&self) -> Vec<(u32, u32, String, String)> {
-        let header = self.stdout.lines().position(|l| l.starts_with("# from")).unwrap_or_else(|| panic!("no pair table\n{}", self.dump()));
+        let header = self
+            .stdout
+            .lines()
+            .position(|l| l.starts_with("# from"))
+            .unwrap_or_else(|| panic!("no pair table\n{}", self.dump()));
         self.stdout
             .lines()
             .skip(header + 1)
@@ -84,8 +93,11 @@ fn job_with(n: usize, args: &[&str], envs: &[(&str, &str)]) -> Output {
 fn matrix(n: usize, precision: &str) {
     for mode in MODES {
         for halo in ["1", "4"] {
-            job(n, &["--size", "64", "--iters", "7", "--halo", halo, "--mode", mode, "--precision", precision, "--check"])
-                .assert_passed();
+            job(
+                n,
+                &["--size", "64", "--iters", "7", "--halo", halo, "--mode", mode, "--precision", precision, "--check"],
+            )
+            .assert_passed();
         }
     }
 }
@@ -125,7 +137,10 @@ fn six_ranks_double() {
 #[test]
 fn strong_scaling_with_uneven_blocks() {
     for mode in MODES {
-        let out = job(6, &["--global", "50", "--iters", "9", "--halo", "4", "--mode", mode, "--precision", "double", "--check"]);
+        let out = job(
+            6,
+            &["--global", "50", "--iters", "9", "--halo", "4", "--mode", mode, "--precision", "double", "--check"],
+        );
         out.assert_passed();
         assert!(out.stdout.contains("16x25 (34,25)"), "rank 5 should own the 16x25 block at (34,25)\n{}", out.dump());
     }
@@ -136,7 +151,11 @@ fn strong_scaling_with_uneven_blocks() {
 #[test]
 fn forced_grids_and_one_rank() {
     for grid in ["1x4", "4x1"] {
-        job(4, &["--size", "32", "--iters", "5", "--halo", "2", "--grid", grid, "--mode", "inter-k-overlap", "--check"]).assert_passed();
+        job(
+            4,
+            &["--size", "32", "--iters", "5", "--halo", "2", "--grid", grid, "--mode", "inter-k-overlap", "--check"],
+        )
+        .assert_passed();
     }
     job(1, &["--size", "48", "--iters", "5", "--halo", "3", "--mode", "inter-k-overlap", "--check"]).assert_passed();
     let wrong = job(4, &["--size", "32", "--iters", "5", "--grid", "3x1"]);
@@ -151,7 +170,8 @@ fn forced_grids_and_one_rank() {
 fn check_catches_a_wrong_value() {
     let out = job(4, &["--size", "32", "--iters", "3", "--mode", "inter-k", "--corrupt-rank", "3"]);
     assert_eq!(out.code, Some(1), "{}", out.dump());
-    let line = out.stdout.lines().find(|l| l.starts_with("check:")).unwrap_or_else(|| panic!("no check line\n{}", out.dump()));
+    let line =
+        out.stdout.lines().find(|l| l.starts_with("check:")).unwrap_or_else(|| panic!("no check line\n{}", out.dump()));
     assert!(line.starts_with("check: FAIL") && line.contains(", 1 not bit-identical, worst at (32,32)"), "{line}");
 }
 
@@ -183,7 +203,8 @@ fn protocol_table_and_csv() {
                         .split(", ")
                         .filter_map(|p| p.split_once(" x").and_then(|(names, n)| Some((names, n.parse().ok()?))))
                         .collect();
-                    let names_ok = parts.iter().all(|(names, _)| names.split('+').all(|n| ["get", "put", "coop"].contains(&n)));
+                    let names_ok =
+                        parts.iter().all(|(names, _)| names.split('+').all(|n| ["get", "put", "coop"].contains(&n)));
                     names_ok && parts.iter().map(|(_, n)| n).sum::<u32>() == 6
                 }
             };
@@ -198,12 +219,16 @@ fn protocol_table_and_csv() {
     assert!(rows.iter().all(|r| r.len() == 8 && r[..6] == ["stencil2d", r[1], "single", "4", "32", "2"]), "{text}");
     for mode in ["inter-k", "staged"] {
         for metric in ["time_per_iter_us", "comm_share_pct", "exchange_us", "gflops"] {
-            let row = rows.iter().find(|r| r[1] == mode && r[6] == metric).unwrap_or_else(|| panic!("no {mode} {metric}\n{text}"));
+            let row = rows
+                .iter()
+                .find(|r| r[1] == mode && r[6] == metric)
+                .unwrap_or_else(|| panic!("no {mode} {metric}\n{text}"));
             let v: f64 = row[7].parse().unwrap();
             assert!(v.is_finite() && v >= 0.0, "{mode} {metric} = {v}");
         }
     }
-    let halo_rows = |mode: &str, metric: &str| rows.iter().find(|r| r[1] == mode && r[6] == metric).map(|r| r[7].to_string());
+    let halo_rows =
+        |mode: &str, metric: &str| rows.iter().find(|r| r[1] == mode && r[6] == metric).map(|r| r[7].to_string());
     let device: f64 = ["get", "put", "coop"]
         .iter()
         .filter_map(|p| halo_rows("inter-k", &format!("halo_msgs_{p}")))
@@ -236,6 +261,10 @@ fn warm_up_opens_every_peer_mapping() {
         }
         let out = job(2, &["--size", "32", "--iters", "6", "--halo", "1", "--warmup", "1", "--mode", mode]);
         assert_eq!(out.code, Some(0), "{}", out.dump());
-        assert!(opened(&out) > 0, "{mode}: one warm-up step cannot have opened the second array's mappings\n{}", out.dump());
+        assert!(
+            opened(&out) > 0,
+            "{mode}: one warm-up step cannot have opened the second array's mappings\n{}",
+            out.dump()
+        );
     }
 }

@@ -269,7 +269,11 @@ pub unsafe extern "C" fn gpulmt_test(
 /// `ctx` is a live context that no other thread uses during the call; `req` is valid
 /// for reads and writes; `status` is NULL (ignored) or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_wait(ctx: *mut gpulmt_ctx, req: *mut gpulmt_request, status: *mut gpulmt_status) -> c_int {
+pub unsafe extern "C" fn gpulmt_wait(
+    ctx: *mut gpulmt_ctx,
+    req: *mut gpulmt_request,
+    status: *mut gpulmt_status,
+) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {

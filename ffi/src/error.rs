@@ -168,11 +168,7 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<(), FfiError>) -> c_int {
 /// failing gpulmt call on the same thread; copy it to keep it longer. Never free it.
 #[no_mangle]
 pub extern "C" fn gpulmt_last_error() -> *const c_char {
-    LAST_ERROR
-        .try_with(|l| l.try_borrow().map(|m| m.as_ptr()).ok())
-        .ok()
-        .flatten()
-        .unwrap_or(c"".as_ptr())
+    LAST_ERROR.try_with(|l| l.try_borrow().map(|m| m.as_ptr()).ok()).ok().flatten().unwrap_or(c"".as_ptr())
 }
 
 /// Describes an error code (`GPULMT_SUCCESS` or a `GPULMT_ERR_*` constant).
@@ -185,11 +181,7 @@ pub extern "C" fn gpulmt_last_error() -> *const c_char {
 /// Always safe to call. The string is static: never free or modify it.
 #[no_mangle]
 pub extern "C" fn gpulmt_strerror(code: c_int) -> *const c_char {
-    DESCRIPTIONS
-        .iter()
-        .find(|(c, _)| *c == code)
-        .map_or(c"unknown gpulmt error code", |(_, d)| *d)
-        .as_ptr()
+    DESCRIPTIONS.iter().find(|(c, _)| *c == code).map_or(c"unknown gpulmt error code", |(_, d)| *d).as_ptr()
 }
 
 #[cfg(test)]

@@ -190,7 +190,10 @@ mod tests {
             assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), 1, 5, 0, &mut sreq), GPULMT_ERR_BAD_RANK);
             assert_eq!(sreq, GPULMT_REQUEST_NULL);
             assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), 1, -3, 0, &mut sreq), GPULMT_ERR_BAD_RANK);
-            assert_eq!(gpulmt_isend(ctx, data.as_ptr().cast(), 1, 0, GPULMT_TAG_UB, &mut sreq), GPULMT_ERR_INVALID_ARGUMENT);
+            assert_eq!(
+                gpulmt_isend(ctx, data.as_ptr().cast(), 1, 0, GPULMT_TAG_UB, &mut sreq),
+                GPULMT_ERR_INVALID_ARGUMENT
+            );
             assert_eq!(gpulmt_isend(ctx, null(), 1, 0, 0, &mut sreq), GPULMT_ERR_INVALID_ARGUMENT);
             assert!(last_error().contains("buf is NULL"), "{}", last_error());
 
@@ -209,7 +212,8 @@ mod tests {
 
             // The plugin calls need a plugin context.
             let (mut cookie, mut n) = ([0u8; GPULMT_COOKIE_MAX], GPULMT_COOKIE_MAX);
-            let rc = gpulmt_lmt_initiate(ctx, data.as_ptr().cast(), 1, 0, &mut sreq, cookie.as_mut_ptr().cast(), &mut n);
+            let rc =
+                gpulmt_lmt_initiate(ctx, data.as_ptr().cast(), 1, 0, &mut sreq, cookie.as_mut_ptr().cast(), &mut n);
             assert_eq!(rc, GPULMT_ERR_UNSUPPORTED);
             assert!(last_error().contains("gpulmt_plugin_init"));
             assert_eq!(gpulmt_peer_terminated(ctx, 0), GPULMT_ERR_INVALID_ARGUMENT);

@@ -207,7 +207,12 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
 /// `ctx` is a live plugin context that no other thread uses during the call; unless
 /// `len` is 0, `blob` is valid for reads of `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_plugin_deliver(ctx: *mut gpulmt_ctx, from: c_int, blob: *const c_void, len: usize) -> c_int {
+pub unsafe extern "C" fn gpulmt_plugin_deliver(
+    ctx: *mut gpulmt_ctx,
+    from: c_int,
+    blob: *const c_void,
+    len: usize,
+) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
@@ -315,7 +320,12 @@ pub unsafe extern "C" fn gpulmt_lmt_start_recv(
 /// `ctx` is a live plugin context that no other thread uses during the call; `cts`
 /// is valid for reads of `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn gpulmt_lmt_handle_cts(ctx: *mut gpulmt_ctx, from: c_int, cts: *const c_void, len: usize) -> c_int {
+pub unsafe extern "C" fn gpulmt_lmt_handle_cts(
+    ctx: *mut gpulmt_ctx,
+    from: c_int,
+    cts: *const c_void,
+    len: usize,
+) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
@@ -447,7 +457,17 @@ mod tests {
             let rc = gpulmt_lmt_initiate(ctx, buf, 64, 1, &mut req, cookie.as_mut_ptr().cast(), &mut n);
             assert_eq!(rc, GPULMT_ERR_BAD_RANK);
             let mut got = [0u8; 64];
-            let rc = gpulmt_lmt_start_recv(ctx, 0, b"junk".as_ptr().cast(), 4, got.as_mut_ptr().cast(), 64, &mut req, cookie.as_mut_ptr().cast(), &mut n);
+            let rc = gpulmt_lmt_start_recv(
+                ctx,
+                0,
+                b"junk".as_ptr().cast(),
+                4,
+                got.as_mut_ptr().cast(),
+                64,
+                &mut req,
+                cookie.as_mut_ptr().cast(),
+                &mut n,
+            );
             assert_eq!(rc, GPULMT_ERR_INVALID_ARGUMENT);
             assert_eq!(gpulmt_plugin_deliver(ctx, 0, b"junk".as_ptr().cast(), 4), GPULMT_ERR_INVALID_ARGUMENT);
             assert_eq!(gpulmt_plugin_deliver(ctx, 0, null(), 0), GPULMT_ERR_INVALID_ARGUMENT);

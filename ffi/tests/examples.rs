@@ -13,7 +13,9 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use gpulmt_tests::{expected_pingpong, expected_protocol, job_lock, sizes, target_profile_dir, Job, JobOutput, Mem, Setup};
+use gpulmt_tests::{
+    expected_pingpong, expected_protocol, job_lock, sizes, target_profile_dir, Job, JobOutput, Mem, Setup,
+};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("ffi/ is inside the workspace").to_path_buf()
@@ -155,7 +157,8 @@ fn host_example_every_protocol(rings: &str) {
         let list = out.stdout.lines().find_map(|l| l.strip_prefix("sizes=")).expect("sizes= line");
         let setup = Setup { protocol, put_min: u64::MAX, coop_min: u64::MAX, ..Setup::default() };
         for rank in 0..2 {
-            let mut want: gpulmt_tests::Counters = ["get", "put", "coop", "shm", "self"].map(|k| (k.to_string(), 0)).into();
+            let mut want: gpulmt_tests::Counters =
+                ["get", "put", "coop", "shm", "self"].map(|k| (k.to_string(), 0)).into();
             for len in sizes(list) {
                 let p = expected_protocol(&setup, Mem::D, Mem::D, len).expect("every size is a rendezvous");
                 *want.get_mut(p).unwrap() += 1;
@@ -173,7 +176,12 @@ fn host_example_fails_transfers_with_a_departed_peer() {
         let what = format!("GPULMT_DEVICE=sim GPULMT_HOST_RINGS={rings} {} --peer-dies", host.display());
         let mut cmd = Command::new(host);
         cmd.arg("--peer-dies");
-        let out = run_with_limit(cmd, &[("GPULMT_DEVICE", "sim"), ("GPULMT_HOST_RINGS", rings)], Duration::from_secs(90), what);
+        let out = run_with_limit(
+            cmd,
+            &[("GPULMT_DEVICE", "sim"), ("GPULMT_HOST_RINGS", rings)],
+            Duration::from_secs(90),
+            what,
+        );
         out.assert_ok(2, "host peer-dies").assert_no_litter();
     }
 }
@@ -192,8 +200,17 @@ fn pingpong_example_runs_under_the_launcher() {
         for (rank, want) in once.iter().enumerate() {
             let want: gpulmt_tests::Counters = want.iter().map(|(k, v)| (k.clone(), 2 * v)).collect();
             let got = out.protocols(rank);
-            assert_eq!(gpulmt_tests::rtr_merged(&got), gpulmt_tests::rtr_merged(&want), "rank {rank}: protocols ({placement})\n{}", out.dump());
-            assert!(got["put"] >= want["put"], "rank {rank}: fewer pushes than the policy's ({placement})\n{}", out.dump());
+            assert_eq!(
+                gpulmt_tests::rtr_merged(&got),
+                gpulmt_tests::rtr_merged(&want),
+                "rank {rank}: protocols ({placement})\n{}",
+                out.dump()
+            );
+            assert!(
+                got["put"] >= want["put"],
+                "rank {rank}: fewer pushes than the policy's ({placement})\n{}",
+                out.dump()
+            );
         }
     }
 }

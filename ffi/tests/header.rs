@@ -31,7 +31,11 @@ fn first_difference(a: &str, b: &str) -> String {
         match (la.next(), lb.next()) {
             (None, None) => return "only line endings differ".into(),
             (x, y) if x != y => {
-                return format!("line {n}:\n  committed: {}\n  generated: {}", x.unwrap_or("<end>"), y.unwrap_or("<end>"))
+                return format!(
+                    "line {n}:\n  committed: {}\n  generated: {}",
+                    x.unwrap_or("<end>"),
+                    y.unwrap_or("<end>")
+                )
             }
             _ => {}
         }

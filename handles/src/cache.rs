@@ -78,20 +78,13 @@ impl CacheLimits {
 
     /// Limits with caching turned off.
     pub fn disabled() -> Self {
-        CacheLimits {
-            enabled: false,
-            ..Self::default()
-        }
+        CacheLimits { enabled: false, ..Self::default() }
     }
 }
 
 impl Default for CacheLimits {
     fn default() -> Self {
-        CacheLimits {
-            max_entries: Self::DEFAULT_MAX_ENTRIES,
-            max_bytes: Self::DEFAULT_MAX_BYTES,
-            enabled: true,
-        }
+        CacheLimits { max_entries: Self::DEFAULT_MAX_ENTRIES, max_bytes: Self::DEFAULT_MAX_BYTES, enabled: true }
     }
 }
 
@@ -330,19 +323,11 @@ impl<O: MappingOpener> HandleCache<O> {
     ///
     /// [`CacheError::Doomed`] if `key` was invalidated and is still in use;
     /// [`CacheError::Open`] if the opener fails (no lease is taken).
-    pub fn acquire(
-        &mut self,
-        key: &O::Key,
-        handle: &O::Handle,
-        bytes: u64,
-    ) -> Result<O::Mapping, CacheErrorOf<O>> {
+    pub fn acquire(&mut self, key: &O::Key, handle: &O::Handle, bytes: u64) -> Result<O::Mapping, CacheErrorOf<O>> {
         if let Some(entry) = self.entries.get_mut(key) {
             // Doomed entries are in use: an idle one is closed when doomed.
             if entry.doomed {
-                return Err(CacheError::Doomed {
-                    key: key.clone(),
-                    users: entry.users,
-                });
+                return Err(CacheError::Doomed { key: key.clone(), users: entry.users });
             }
             if entry.users == 0 {
                 self.in_use += 1;
@@ -358,22 +343,11 @@ impl<O: MappingOpener> HandleCache<O> {
         let opened = self.opener.open(key, handle);
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.open_nanos = self.open_nanos.saturating_add(nanos);
-        let mapping = opened.map_err(|source| CacheError::Open {
-            key: key.clone(),
-            source,
-        })?;
+        let mapping = opened.map_err(|source| CacheError::Open { key: key.clone(), source })?;
         self.opens += 1;
         self.bytes = self.bytes.saturating_add(bytes);
         self.in_use += 1;
-        self.entries.push(
-            key.clone(),
-            Entry {
-                mapping,
-                bytes,
-                users: 1,
-                doomed: false,
-            },
-        );
+        self.entries.push(key.clone(), Entry { mapping, bytes, users: 1, doomed: false });
         Ok(mapping)
     }
 
@@ -404,9 +378,7 @@ impl<O: MappingOpener> HandleCache<O> {
             let Some((key, entry)) = self.entries.pop_entry(key) else {
                 return Ok(()); // unreachable: found just above
             };
-            return self
-                .close_entry(key, entry)
-                .map_err(|(key, source)| CacheError::Close { key, source });
+            return self.close_entry(key, entry).map_err(|(key, source)| CacheError::Close { key, source });
         }
         self.trim();
         Ok(())
@@ -429,8 +401,7 @@ impl<O: MappingOpener> HandleCache<O> {
         }
         match self.entries.pop_entry(key) {
             Some((key, entry)) => {
-                self.close_entry(key, entry)
-                    .map_err(|(key, source)| CacheError::Close { key, source })?;
+                self.close_entry(key, entry).map_err(|(key, source)| CacheError::Close { key, source })?;
                 Ok(Invalidation::Closed)
             }
             None => Ok(Invalidation::NotCached),
@@ -616,11 +587,7 @@ impl<O: MappingOpener> HandleCache<O> {
     }
 
     /// Closes an entry already taken out of the map.
-    fn close_entry(
-        &mut self,
-        key: O::Key,
-        entry: Entry<O::Mapping>,
-    ) -> Result<(), (O::Key, O::Error)> {
+    fn close_entry(&mut self, key: O::Key, entry: Entry<O::Mapping>) -> Result<(), (O::Key, O::Error)> {
         debug_assert_eq!(entry.users, 0, "closing a mapping that is in use");
         self.bytes = self.bytes.saturating_sub(entry.bytes);
         self.closes += 1;

@@ -37,12 +37,7 @@ pub struct ExportCache<Id, H> {
 
 impl<Id, H> Default for ExportCache<Id, H> {
     fn default() -> Self {
-        ExportCache {
-            handles: HashMap::default(),
-            hits: 0,
-            misses: 0,
-            forgotten: 0,
-        }
+        ExportCache { handles: HashMap::default(), hits: 0, misses: 0, forgotten: 0 }
     }
 }
 
@@ -58,11 +53,7 @@ impl<Id: Eq + Hash, H> ExportCache<Id, H> {
     ///
     /// Whatever `export` returns; nothing is cached then, so the next call
     /// tries again.
-    pub fn get_or_export<E>(
-        &mut self,
-        id: Id,
-        export: impl FnOnce() -> Result<H, E>,
-    ) -> Result<&H, E> {
+    pub fn get_or_export<E>(&mut self, id: Id, export: impl FnOnce() -> Result<H, E>) -> Result<&H, E> {
         use std::collections::hash_map::Entry;
         match self.handles.entry(id) {
             Entry::Occupied(occupied) => {
@@ -102,11 +93,6 @@ impl<Id: Eq + Hash, H> ExportCache<Id, H> {
 
     /// Counters and size.
     pub fn stats(&self) -> ExportStats {
-        ExportStats {
-            hits: self.hits,
-            misses: self.misses,
-            forgotten: self.forgotten,
-            entries: self.handles.len(),
-        }
+        ExportStats { hits: self.hits, misses: self.misses, forgotten: self.forgotten, entries: self.handles.len() }
     }
 }

@@ -66,10 +66,7 @@ pub struct FreeMarks<M> {
 
 impl<M> Default for FreeMarks<M> {
     fn default() -> Self {
-        FreeMarks {
-            order: Vec::new(),
-            set: HashSet::new(),
-        }
+        FreeMarks { order: Vec::new(), set: HashSet::new() }
     }
 }
 
@@ -200,13 +197,17 @@ pub enum CommitError {
         rank: usize,
     },
     /// A message from a rank already reported failed.
-    #[error("message from rank {from}, which was reported failed; it is no longer part of the commit, drop the message")]
+    #[error(
+        "message from rank {from}, which was reported failed; it is no longer part of the commit, drop the message"
+    )]
     FromFailedPeer {
         /// The sender.
         from: usize,
     },
     /// A second `Marks` from one peer for one epoch.
-    #[error("duplicate marks from rank {from} for commit {epoch}; the sender or the transport repeated a message, drop it")]
+    #[error(
+        "duplicate marks from rank {from} for commit {epoch}; the sender or the transport repeated a message, drop it"
+    )]
     DuplicateMarks {
         /// The sender.
         from: usize,
@@ -214,7 +215,9 @@ pub enum CommitError {
         epoch: u64,
     },
     /// A second `Ack` from one peer for one epoch.
-    #[error("duplicate ack from rank {from} for commit {epoch}; the sender or the transport repeated a message, drop it")]
+    #[error(
+        "duplicate ack from rank {from} for commit {epoch}; the sender or the transport repeated a message, drop it"
+    )]
     DuplicateAck {
         /// The sender.
         from: usize,
@@ -222,7 +225,9 @@ pub enum CommitError {
         epoch: u64,
     },
     /// A message for a commit that is over.
-    #[error("message from rank {from} for commit {epoch}, but commit {current} is the latest here; it is stale, drop it")]
+    #[error(
+        "message from rank {from} for commit {epoch}, but commit {current} is the latest here; it is stale, drop it"
+    )]
     StaleEpoch {
         /// The sender.
         from: usize,
@@ -301,14 +306,7 @@ impl<M: Clone> FreeCommit<M> {
         if rank >= ranks {
             return Err(CommitError::InvalidRank { rank, ranks });
         }
-        Ok(FreeCommit {
-            ranks,
-            rank,
-            failed: vec![false; ranks],
-            next_epoch: 0,
-            round: None,
-            early: BTreeMap::new(),
-        })
+        Ok(FreeCommit { ranks, rank, failed: vec![false; ranks], next_epoch: 0, round: None, early: BTreeMap::new() })
     }
 
     /// Node-local size.
@@ -346,19 +344,11 @@ impl<M: Clone> FreeCommit<M> {
     pub fn start(&mut self, marks: Vec<M>) -> Result<Vec<Outgoing<M>>, CommitError> {
         match self.phase() {
             Phase::Idle | Phase::Done => {}
-            phase => {
-                return Err(CommitError::Busy {
-                    epoch: self.epoch().unwrap_or(0),
-                    phase,
-                })
-            }
+            phase => return Err(CommitError::Busy { epoch: self.epoch().unwrap_or(0), phase }),
         }
         let epoch = self.next_epoch;
         self.next_epoch += 1;
-        let mut peer_marks = self
-            .early
-            .remove(&epoch)
-            .unwrap_or_else(|| vec![None; self.ranks]);
+        let mut peer_marks = self.early.remove(&epoch).unwrap_or_else(|| vec![None; self.ranks]);
         // Only the next epoch is ever buffered, but drop anything older anyway.
         self.early.retain(|&e, _| e > epoch);
         for (peer, failed) in self.failed.iter().enumerate() {
@@ -366,23 +356,10 @@ impl<M: Clone> FreeCommit<M> {
                 peer_marks[peer] = None;
             }
         }
-        let out = self
-            .live_peers()
-            .map(|to| Outgoing {
-                to,
-                msg: FreeMsg::Marks {
-                    epoch,
-                    marks: marks.clone(),
-                },
-            })
-            .collect();
-        self.round = Some(Round {
-            epoch,
-            phase: Phase::CollectingMarks,
-            own: marks,
-            peer_marks,
-            acks: vec![false; self.ranks],
-        });
+        let out =
+            self.live_peers().map(|to| Outgoing { to, msg: FreeMsg::Marks { epoch, marks: marks.clone() } }).collect();
+        self.round =
+            Some(Round { epoch, phase: Phase::CollectingMarks, own: marks, peer_marks, acks: vec![false; self.ranks] });
         self.advance();
         Ok(out)
     }
@@ -419,18 +396,10 @@ impl<M: Clone> FreeCommit<M> {
             return Ok(());
         }
         if epoch < self.next_epoch {
-            return Err(CommitError::StaleEpoch {
-                from,
-                epoch,
-                current: started.unwrap_or(0),
-            });
+            return Err(CommitError::StaleEpoch { from, epoch, current: started.unwrap_or(0) });
         }
         if epoch > self.next_epoch {
-            return Err(CommitError::FutureEpoch {
-                from,
-                epoch,
-                started,
-            });
+            return Err(CommitError::FutureEpoch { from, epoch, started });
         }
         let ranks = self.ranks;
         let slot = &mut self.early.entry(epoch).or_insert_with(|| vec![None; ranks])[from];
@@ -453,16 +422,8 @@ impl<M: Clone> FreeCommit<M> {
         let started = self.epoch();
         let Some(round) = self.round.as_mut().filter(|r| r.epoch == epoch) else {
             return Err(match started {
-                Some(current) if epoch < current => CommitError::StaleEpoch {
-                    from,
-                    epoch,
-                    current,
-                },
-                _ => CommitError::FutureEpoch {
-                    from,
-                    epoch,
-                    started,
-                },
+                Some(current) if epoch < current => CommitError::StaleEpoch { from, epoch, current },
+                _ => CommitError::FutureEpoch { from, epoch, started },
             });
         };
         if round.acks[from] {
@@ -489,13 +450,7 @@ impl<M: Clone> FreeCommit<M> {
         let epoch = round.epoch;
         round.phase = Phase::AwaitingAcks;
         self.advance();
-        Ok(peers
-            .into_iter()
-            .map(|to| Outgoing {
-                to,
-                msg: FreeMsg::Ack { epoch },
-            })
-            .collect())
+        Ok(peers.into_iter().map(|to| Outgoing { to, msg: FreeMsg::Ack { epoch } }).collect())
     }
 
     /// Every live peer has unmapped this rank's marks: returns them for the
@@ -524,10 +479,7 @@ impl<M: Clone> FreeCommit<M> {
     /// [`CommitError::UnknownRank`] or [`CommitError::FromSelf`].
     pub fn on_peer_failed(&mut self, rank: usize) -> Result<(), CommitError> {
         if rank >= self.ranks {
-            return Err(CommitError::UnknownRank {
-                from: rank,
-                ranks: self.ranks,
-            });
+            return Err(CommitError::UnknownRank { from: rank, ranks: self.ranks });
         }
         if rank == self.rank {
             return Err(CommitError::FromSelf { rank });
@@ -545,11 +497,7 @@ impl<M: Clone> FreeCommit<M> {
     /// may start closing mappings earlier.
     pub fn peer_marks(&self) -> impl Iterator<Item = (usize, &[M])> + '_ {
         self.round.iter().flat_map(|round| {
-            round
-                .peer_marks
-                .iter()
-                .enumerate()
-                .filter_map(|(rank, marks)| marks.as_deref().map(|m| (rank, m)))
+            round.peer_marks.iter().enumerate().filter_map(|(rank, marks)| marks.as_deref().map(|m| (rank, m)))
         })
     }
 
@@ -588,10 +536,7 @@ impl<M: Clone> FreeCommit<M> {
 
     fn check_sender(&self, from: usize) -> Result<(), CommitError> {
         if from >= self.ranks {
-            return Err(CommitError::UnknownRank {
-                from,
-                ranks: self.ranks,
-            });
+            return Err(CommitError::UnknownRank { from, ranks: self.ranks });
         }
         if from == self.rank {
             return Err(CommitError::FromSelf { rank: from });
@@ -607,11 +552,7 @@ impl<M: Clone> FreeCommit<M> {
         if phase == expected {
             Ok(())
         } else {
-            Err(CommitError::WrongPhase {
-                op,
-                expected,
-                phase,
-            })
+            Err(CommitError::WrongPhase { op, expected, phase })
         }
     }
 
@@ -622,15 +563,11 @@ impl<M: Clone> FreeCommit<M> {
             return;
         };
         let live = |p: &usize| *p != rank && !failed[*p];
-        if round.phase == Phase::CollectingMarks
-            && (0..self.ranks)
-                .filter(live)
-                .all(|p| round.peer_marks[p].is_some())
+        if round.phase == Phase::CollectingMarks && (0..self.ranks).filter(live).all(|p| round.peer_marks[p].is_some())
         {
             round.phase = Phase::CloseMappings;
         }
-        if round.phase == Phase::AwaitingAcks && (0..self.ranks).filter(live).all(|p| round.acks[p])
-        {
+        if round.phase == Phase::AwaitingAcks && (0..self.ranks).filter(live).all(|p| round.acks[p]) {
             round.phase = Phase::ReleaseOwn;
         }
     }

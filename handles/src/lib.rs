@@ -32,9 +32,7 @@ pub mod free;
 pub mod mock;
 pub mod opener;
 
-pub use cache::{
-    CacheError, CacheErrorOf, CacheLimits, CacheStats, HandleCache, InvalidateSummary, Invalidation,
-};
+pub use cache::{CacheError, CacheErrorOf, CacheLimits, CacheStats, HandleCache, InvalidateSummary, Invalidation};
 pub use export::{ExportCache, ExportStats};
 pub use free::{CommitError, DoubleFree, FreeCommit, FreeMarks, FreeMsg, Outgoing, Phase};
 pub use opener::MappingOpener;

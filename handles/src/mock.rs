@@ -150,21 +150,14 @@ impl<K: Clone + Eq + Hash + Debug> MappingOpener for MockOpener<K> {
 
     fn open(&mut self, key: &K, handle: &u64) -> Result<MockMapping, MockError> {
         if self.open.contains_key(key) {
-            return Err(MockError::AlreadyOpen {
-                key: format!("{key:?}"),
-            });
+            return Err(MockError::AlreadyOpen { key: format!("{key:?}") });
         }
         if self.fail_open.contains(key) {
-            return Err(MockError::InjectedOpen {
-                key: format!("{key:?}"),
-            });
+            return Err(MockError::InjectedOpen { key: format!("{key:?}") });
         }
         self.serial += 1;
-        let mapping = MockMapping {
-            local_addr: 0x7f00_0000_0000 + (self.serial << 32),
-            peer_addr: *handle,
-            serial: self.serial,
-        };
+        let mapping =
+            MockMapping { local_addr: 0x7f00_0000_0000 + (self.serial << 32), peer_addr: *handle, serial: self.serial };
         self.open.insert(key.clone(), mapping);
         self.opens += 1;
         self.peak_open = self.peak_open.max(self.open.len());
@@ -173,19 +166,13 @@ impl<K: Clone + Eq + Hash + Debug> MappingOpener for MockOpener<K> {
 
     fn close(&mut self, key: &K, mapping: MockMapping) -> Result<(), MockError> {
         match self.open.get(key) {
-            None => Err(MockError::NotOpen {
-                key: format!("{key:?}"),
-            }),
-            Some(open) if *open != mapping => Err(MockError::WrongMapping {
-                key: format!("{key:?}"),
-            }),
+            None => Err(MockError::NotOpen { key: format!("{key:?}") }),
+            Some(open) if *open != mapping => Err(MockError::WrongMapping { key: format!("{key:?}") }),
             Some(_) => {
                 self.open.remove(key);
                 self.closes += 1;
                 if self.fail_close.contains(key) {
-                    return Err(MockError::InjectedClose {
-                        key: format!("{key:?}"),
-                    });
+                    return Err(MockError::InjectedClose { key: format!("{key:?}") });
                 }
                 Ok(())
             }

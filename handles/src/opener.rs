@@ -32,11 +32,7 @@ pub trait MappingOpener {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Maps the exported allocation into this process.
-    fn open(
-        &mut self,
-        key: &Self::Key,
-        handle: &Self::Handle,
-    ) -> Result<Self::Mapping, Self::Error>;
+    fn open(&mut self, key: &Self::Key, handle: &Self::Handle) -> Result<Self::Mapping, Self::Error>;
 
     /// Unmaps a mapping previously returned by [`open`](Self::open) for `key`.
     fn close(&mut self, key: &Self::Key, mapping: Self::Mapping) -> Result<(), Self::Error>;

@@ -19,11 +19,7 @@ fn cache(limits: CacheLimits) -> Cache {
 }
 
 fn limits(max_entries: usize, max_bytes: u64) -> CacheLimits {
-    CacheLimits {
-        max_entries,
-        max_bytes,
-        enabled: true,
-    }
+    CacheLimits { max_entries, max_bytes, enabled: true }
 }
 
 /// The cache's and the mock's view of what is open agree.
@@ -59,10 +55,7 @@ fn recycled_address_with_new_buffer_id_opens_again() {
     // The peer freed buffer 7 and got the same address for buffer 8.
     let new = c.acquire(&(1, 8), &0x1000, MIB).unwrap();
     assert_eq!(old.peer_addr, new.peer_addr);
-    assert_ne!(
-        old.serial, new.serial,
-        "the stale mapping must not be handed out"
-    );
+    assert_ne!(old.serial, new.serial, "the stale mapping must not be handed out");
     assert_eq!(c.stats().opens, 2);
     assert_eq!(c.invalidate(&(1, 7)).unwrap(), Invalidation::Closed);
     c.release(&(1, 8)).unwrap();
@@ -78,10 +71,7 @@ fn sixty_four_concurrent_acquires_open_once() {
         assert_eq!(c.acquire(&(2, 1), &0x2000, 64 * MIB).unwrap(), first);
     }
     let s = c.stats();
-    assert_eq!(
-        (s.opens, s.hits, s.misses, s.leases, s.in_use),
-        (1, 63, 1, 64, 1)
-    );
+    assert_eq!((s.opens, s.hits, s.misses, s.leases, s.in_use), (1, 63, 1, 64, 1));
     assert_eq!(s.bytes, 64 * MIB, "shared entries are counted once");
     for _ in 0..64 {
         c.release(&(2, 1)).unwrap();
@@ -107,11 +97,7 @@ fn eviction_never_closes_held_mappings() {
         c.acquire(&k, &0x9000, MIB).unwrap();
         c.release(&k).unwrap();
         for h in &held {
-            assert_eq!(
-                c.opener().mapping(h),
-                Some(mappings[h]),
-                "held mapping closed"
-            );
+            assert_eq!(c.opener().mapping(h), Some(mappings[h]), "held mapping closed");
         }
         assert_consistent(&c);
     }
@@ -167,10 +153,7 @@ fn disabled_cache_shares_concurrent_users_and_closes_at_zero() {
     assert_ne!(again.serial, a.serial, "disabled: reopened every time");
     c.release(&k).unwrap();
     let s = c.stats();
-    assert_eq!(
-        (s.opens, s.closes, s.hits, s.misses, s.evictions),
-        (2, 2, 1, 2, 0)
-    );
+    assert_eq!((s.opens, s.closes, s.hits, s.misses, s.evictions), (2, 2, 1, 2, 0));
     c.close_all().unwrap();
 }
 
@@ -232,18 +215,9 @@ fn invalidate_where_handles_a_dead_peer() {
     c.release(&(4, 0)).unwrap();
     c.release(&(4, 1)).unwrap();
     let summary = c.invalidate_where(|k| k.0 == 4);
-    assert_eq!(
-        (summary.closed, summary.doomed, summary.close_failures),
-        (2, 1, 0)
-    );
-    assert!(matches!(
-        c.acquire(&(4, 2), &0, MIB),
-        Err(CacheError::Doomed { .. })
-    ));
-    assert!(
-        c.acquire(&(5, 0), &0, MIB).is_ok(),
-        "other peers unaffected"
-    );
+    assert_eq!((summary.closed, summary.doomed, summary.close_failures), (2, 1, 0));
+    assert!(matches!(c.acquire(&(4, 2), &0, MIB), Err(CacheError::Doomed { .. })));
+    assert!(c.acquire(&(5, 0), &0, MIB).is_ok(), "other peers unaffected");
     c.release(&(4, 2)).unwrap();
     assert!(!c.is_open(&(4, 2)));
     c.release(&(5, 0)).unwrap();
@@ -257,17 +231,11 @@ fn invalidate_where_handles_a_dead_peer() {
 #[test]
 fn release_without_acquire_is_an_error() {
     let mut c = cache(CacheLimits::default());
-    assert!(matches!(
-        c.release(&(0, 0)),
-        Err(CacheError::NotHeld { key: (0, 0) })
-    ));
+    assert!(matches!(c.release(&(0, 0)), Err(CacheError::NotHeld { key: (0, 0) })));
     c.acquire(&(0, 0), &0, 1).unwrap();
     c.release(&(0, 0)).unwrap();
     let err = c.release(&(0, 0)).unwrap_err();
-    assert!(
-        matches!(err, CacheError::NotHeld { .. }),
-        "idle entries hold no lease"
-    );
+    assert!(matches!(err, CacheError::NotHeld { .. }), "idle entries hold no lease");
     assert!(err.to_string().contains("(0, 0)"));
 }
 
@@ -286,10 +254,7 @@ fn close_all_reports_in_use_and_closes_them_later() {
         other => panic!("expected Finalize, got {other:?}"),
     }
     assert!(!c.is_open(&(0, 1)));
-    assert!(matches!(
-        c.acquire(&(0, 0), &0, 1),
-        Err(CacheError::Doomed { .. })
-    ));
+    assert!(matches!(c.acquire(&(0, 0), &0, 1), Err(CacheError::Doomed { .. })));
     c.release(&(0, 0)).unwrap();
     c.release(&(0, 0)).unwrap();
     assert!(c.is_empty());
@@ -303,20 +268,11 @@ fn open_failure_takes_no_lease() {
     opener.fail_open((0, 0), true);
     let mut c = HandleCache::new(opener, CacheLimits::default());
     let err = c.acquire(&(0, 0), &0, 1).unwrap_err();
-    assert!(matches!(
-        err,
-        CacheError::Open {
-            key: (0, 0),
-            source: MockError::InjectedOpen { .. }
-        }
-    ));
+    assert!(matches!(err, CacheError::Open { key: (0, 0), source: MockError::InjectedOpen { .. } }));
     assert!(std::error::Error::source(&err).is_some());
     assert!(c.is_idle() && c.is_empty());
     assert_eq!((c.stats().misses, c.stats().opens), (1, 0));
-    assert!(matches!(
-        c.release(&(0, 0)),
-        Err(CacheError::NotHeld { .. })
-    ));
+    assert!(matches!(c.release(&(0, 0)), Err(CacheError::NotHeld { .. })));
 }
 
 #[test]
@@ -334,10 +290,7 @@ fn close_failures_are_reported_and_forgotten() {
     assert_eq!(errors[0].0, (0, 0));
     // Doomed close at release fails in the caller's face.
     c.invalidate(&(0, 1)).unwrap();
-    assert!(matches!(
-        c.release(&(0, 1)),
-        Err(CacheError::Close { key: (0, 1), .. })
-    ));
+    assert!(matches!(c.release(&(0, 1)), Err(CacheError::Close { key: (0, 1), .. })));
     let s = c.stats();
     assert_eq!((s.closes, s.close_failures, s.entries), (2, 2, 0));
     c.close_all().unwrap();
@@ -345,19 +298,10 @@ fn close_failures_are_reported_and_forgotten() {
 
 #[test]
 fn errors_say_what_to_do() {
-    let e: CacheError<Key, MockError> = CacheError::Doomed {
-        key: (1, 2),
-        users: 3,
-    };
+    let e: CacheError<Key, MockError> = CacheError::Doomed { key: (1, 2), users: 3 };
     let text = e.to_string();
-    assert!(
-        text.contains("(1, 2)") && text.contains('3') && text.contains("reused"),
-        "{text}"
-    );
-    let e: CacheError<Key, MockError> = CacheError::Finalize {
-        in_use: vec![((1, 2), 1)],
-        failed: vec![],
-    };
+    assert!(text.contains("(1, 2)") && text.contains('3') && text.contains("reused"), "{text}");
+    let e: CacheError<Key, MockError> = CacheError::Finalize { in_use: vec![((1, 2), 1)], failed: vec![] };
     assert!(e.to_string().contains("release every acquire"));
 }
 
@@ -387,16 +331,8 @@ fn key() -> impl Strategy<Value = Key> {
 }
 
 fn cache_limits() -> impl Strategy<Value = CacheLimits> {
-    (
-        0usize..5,
-        prop_oneof![Just(0u64), Just(250), Just(600), Just(u64::MAX)],
-        prop::bool::weighted(0.8),
-    )
-        .prop_map(|(max_entries, max_bytes, enabled)| CacheLimits {
-            max_entries,
-            max_bytes,
-            enabled,
-        })
+    (0usize..5, prop_oneof![Just(0u64), Just(250), Just(600), Just(u64::MAX)], prop::bool::weighted(0.8))
+        .prop_map(|(max_entries, max_bytes, enabled)| CacheLimits { max_entries, max_bytes, enabled })
 }
 
 fn op() -> impl Strategy<Value = Op> {

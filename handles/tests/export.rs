@@ -27,10 +27,7 @@ fn exports_once_per_buffer_and_forgets_on_free() {
 #[test]
 fn failed_export_is_not_cached() {
     let mut c: ExportCache<u64, u32> = ExportCache::new();
-    assert_eq!(
-        c.get_or_export(1, || Err("driver says no")),
-        Err("driver says no")
-    );
+    assert_eq!(c.get_or_export(1, || Err("driver says no")), Err("driver says no"));
     assert!(c.is_empty());
     assert_eq!(c.get_or_export(1, || Ok::<_, &str>(5)), Ok(&5));
     assert_eq!(c.stats().misses, 2);

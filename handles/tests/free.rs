@@ -16,11 +16,7 @@ fn double_free_is_an_error() {
     marks.mark((0, 1)).unwrap();
     marks.mark((0, 2)).unwrap();
     assert_eq!(marks.mark((0, 1)), Err(DoubleFree { key: (0, 1) }));
-    assert!(marks
-        .mark((0, 1))
-        .unwrap_err()
-        .to_string()
-        .contains("freed"));
+    assert!(marks.mark((0, 1)).unwrap_err().to_string().contains("freed"));
     assert!(marks.is_marked(&(0, 2)));
     assert_eq!(marks.take(), vec![(0, 1), (0, 2)], "in the order freed");
     assert!(marks.is_empty() && !marks.is_marked(&(0, 1)));
@@ -72,9 +68,7 @@ fn run_sync(commits: &mut [FreeCommit<Buf>], marks: Vec<Vec<Buf>>) -> Vec<Vec<Bu
 
 #[test]
 fn commit_with_nothing_marked_is_still_a_round() {
-    let mut commits: Vec<_> = (0..3)
-        .map(|r| FreeCommit::<Buf>::new(3, r).unwrap())
-        .collect();
+    let mut commits: Vec<_> = (0..3).map(|r| FreeCommit::<Buf>::new(3, r).unwrap()).collect();
     for epoch in 0..3 {
         let released = run_sync(&mut commits, vec![vec![]; 3]);
         assert!(released.iter().all(Vec::is_empty));
@@ -86,20 +80,12 @@ fn commit_with_nothing_marked_is_still_a_round() {
 
 #[test]
 fn marks_reach_every_peer_and_owners_release_them() {
-    let mut commits: Vec<_> = (0..3)
-        .map(|r| FreeCommit::<Buf>::new(3, r).unwrap())
-        .collect();
+    let mut commits: Vec<_> = (0..3).map(|r| FreeCommit::<Buf>::new(3, r).unwrap()).collect();
     let plan = vec![vec![(0, 1), (0, 2)], vec![], vec![(2, 9)]];
     let released = run_sync(&mut commits, plan.clone());
     assert_eq!(released, plan);
-    let seen: HashMap<usize, Vec<Buf>> = commits[1]
-        .peer_marks()
-        .map(|(r, m)| (r, m.to_vec()))
-        .collect();
-    assert_eq!(
-        seen,
-        HashMap::from([(0, plan[0].clone()), (2, plan[2].clone())])
-    );
+    let seen: HashMap<usize, Vec<Buf>> = commits[1].peer_marks().map(|(r, m)| (r, m.to_vec())).collect();
+    assert_eq!(seen, HashMap::from([(0, plan[0].clone()), (2, plan[2].clone())]));
 }
 
 #[test]
@@ -118,25 +104,12 @@ fn early_marks_before_start_are_kept() {
     let mut b = FreeCommit::new(2, 1).unwrap();
     // Rank 0 is fast: its marks reach rank 1 before rank 1 starts.
     let out_a = a.start(vec![(0, 7)]).unwrap();
-    assert_eq!(
-        out_a,
-        vec![Outgoing {
-            to: 1,
-            msg: FreeMsg::Marks {
-                epoch: 0,
-                marks: vec![(0, 7)]
-            }
-        }]
-    );
+    assert_eq!(out_a, vec![Outgoing { to: 1, msg: FreeMsg::Marks { epoch: 0, marks: vec![(0, 7)] } }]);
     b.on_message(0, out_a[0].msg.clone()).unwrap();
     assert_eq!(b.phase(), Phase::Idle);
     assert_eq!(b.peer_marks().count(), 0, "nothing to close before start");
     let out_b = b.start(vec![]).unwrap();
-    assert_eq!(
-        b.phase(),
-        Phase::CloseMappings,
-        "early marks counted at start"
-    );
+    assert_eq!(b.phase(), Phase::CloseMappings, "early marks counted at start");
     assert_eq!(b.peer_marks().collect::<Vec<_>>(), vec![(0, &[(0, 7)][..])]);
     a.on_message(1, out_b[0].msg.clone()).unwrap();
     assert_eq!(a.phase(), Phase::CloseMappings);
@@ -144,11 +117,7 @@ fn early_marks_before_start_are_kept() {
     let acks_b = b.mappings_closed().unwrap();
     assert_eq!(b.waiting_for(), vec![0]);
     a.on_message(1, acks_b[0].msg.clone()).unwrap();
-    assert_eq!(
-        a.phase(),
-        Phase::CloseMappings,
-        "rank 0 has not closed its own mappings yet"
-    );
+    assert_eq!(a.phase(), Phase::CloseMappings, "rank 0 has not closed its own mappings yet");
     let acks_a = a.mappings_closed().unwrap();
     assert_eq!(a.phase(), Phase::ReleaseOwn);
     b.on_message(0, acks_a[0].msg.clone()).unwrap();
@@ -159,121 +128,46 @@ fn early_marks_before_start_are_kept() {
     let out_a = a.start(vec![]).unwrap();
     b.on_message(0, out_a[0].msg.clone()).unwrap();
     // Further ahead is out of step.
-    assert!(matches!(
-        b.on_marks(0, 2, vec![]),
-        Err(CommitError::FutureEpoch {
-            epoch: 2,
-            started: Some(0),
-            ..
-        })
-    ));
-    assert!(matches!(
-        b.on_marks(0, 1, vec![]),
-        Err(CommitError::DuplicateMarks { from: 0, epoch: 1 })
-    ));
+    assert!(matches!(b.on_marks(0, 2, vec![]), Err(CommitError::FutureEpoch { epoch: 2, started: Some(0), .. })));
+    assert!(matches!(b.on_marks(0, 1, vec![]), Err(CommitError::DuplicateMarks { from: 0, epoch: 1 })));
     b.start(vec![]).unwrap();
     assert_eq!(b.phase(), Phase::CloseMappings);
 }
 
 #[test]
 fn protocol_violations_are_errors() {
-    assert_eq!(
-        FreeCommit::<Buf>::new(2, 2).unwrap_err(),
-        CommitError::InvalidRank { rank: 2, ranks: 2 }
-    );
+    assert_eq!(FreeCommit::<Buf>::new(2, 2).unwrap_err(), CommitError::InvalidRank { rank: 2, ranks: 2 });
     let mut c = FreeCommit::<Buf>::new(3, 1).unwrap();
-    assert!(matches!(
-        c.on_ack(0, 0),
-        Err(CommitError::FutureEpoch { started: None, .. })
-    ));
-    assert!(matches!(
-        c.mappings_closed(),
-        Err(CommitError::WrongPhase {
-            phase: Phase::Idle,
-            ..
-        })
-    ));
-    assert!(matches!(
-        c.release_own(),
-        Err(CommitError::WrongPhase { .. })
-    ));
+    assert!(matches!(c.on_ack(0, 0), Err(CommitError::FutureEpoch { started: None, .. })));
+    assert!(matches!(c.mappings_closed(), Err(CommitError::WrongPhase { phase: Phase::Idle, .. })));
+    assert!(matches!(c.release_own(), Err(CommitError::WrongPhase { .. })));
     c.start(vec![]).unwrap();
-    assert!(matches!(
-        c.start(vec![]),
-        Err(CommitError::Busy {
-            epoch: 0,
-            phase: Phase::CollectingMarks
-        })
-    ));
-    assert!(matches!(
-        c.mappings_closed(),
-        Err(CommitError::WrongPhase {
-            phase: Phase::CollectingMarks,
-            ..
-        })
-    ));
-    assert_eq!(
-        c.on_marks(3, 0, vec![]),
-        Err(CommitError::UnknownRank { from: 3, ranks: 3 })
-    );
-    assert_eq!(
-        c.on_marks(1, 0, vec![]),
-        Err(CommitError::FromSelf { rank: 1 })
-    );
+    assert!(matches!(c.start(vec![]), Err(CommitError::Busy { epoch: 0, phase: Phase::CollectingMarks })));
+    assert!(matches!(c.mappings_closed(), Err(CommitError::WrongPhase { phase: Phase::CollectingMarks, .. })));
+    assert_eq!(c.on_marks(3, 0, vec![]), Err(CommitError::UnknownRank { from: 3, ranks: 3 }));
+    assert_eq!(c.on_marks(1, 0, vec![]), Err(CommitError::FromSelf { rank: 1 }));
     c.on_marks(0, 0, vec![]).unwrap();
-    assert_eq!(
-        c.on_marks(0, 0, vec![]),
-        Err(CommitError::DuplicateMarks { from: 0, epoch: 0 })
-    );
+    assert_eq!(c.on_marks(0, 0, vec![]), Err(CommitError::DuplicateMarks { from: 0, epoch: 0 }));
     c.on_ack(0, 0).unwrap(); // reordered ack before rank 2's marks: fine
-    assert_eq!(
-        c.on_ack(0, 0),
-        Err(CommitError::DuplicateAck { from: 0, epoch: 0 })
-    );
-    assert!(matches!(
-        c.on_ack(2, 1),
-        Err(CommitError::FutureEpoch { epoch: 1, .. })
-    ));
+    assert_eq!(c.on_ack(0, 0), Err(CommitError::DuplicateAck { from: 0, epoch: 0 }));
+    assert!(matches!(c.on_ack(2, 1), Err(CommitError::FutureEpoch { epoch: 1, .. })));
     assert_eq!(c.waiting_for(), vec![2]);
     c.on_marks(2, 0, vec![]).unwrap();
     c.mappings_closed().unwrap();
     c.on_ack(2, 0).unwrap();
     c.release_own().unwrap();
     c.start(vec![]).unwrap();
-    assert_eq!(
-        c.on_marks(0, 0, vec![]),
-        Err(CommitError::StaleEpoch {
-            from: 0,
-            epoch: 0,
-            current: 1
-        })
-    );
-    assert_eq!(
-        c.on_ack(0, 0),
-        Err(CommitError::StaleEpoch {
-            from: 0,
-            epoch: 0,
-            current: 1
-        })
-    );
+    assert_eq!(c.on_marks(0, 0, vec![]), Err(CommitError::StaleEpoch { from: 0, epoch: 0, current: 1 }));
+    assert_eq!(c.on_ack(0, 0), Err(CommitError::StaleEpoch { from: 0, epoch: 0, current: 1 }));
     assert_eq!(c.on_peer_failed(1), Err(CommitError::FromSelf { rank: 1 }));
-    assert_eq!(
-        c.on_peer_failed(9),
-        Err(CommitError::UnknownRank { from: 9, ranks: 3 })
-    );
-    let msg = CommitError::Busy {
-        epoch: 4,
-        phase: Phase::AwaitingAcks,
-    }
-    .to_string();
+    assert_eq!(c.on_peer_failed(9), Err(CommitError::UnknownRank { from: 9, ranks: 3 }));
+    let msg = CommitError::Busy { epoch: 4, phase: Phase::AwaitingAcks }.to_string();
     assert!(msg.contains("finish it"), "{msg}");
 }
 
 #[test]
 fn failed_peer_is_no_longer_waited_for() {
-    let mut commits: Vec<_> = (0..3)
-        .map(|r| FreeCommit::<Buf>::new(3, r).unwrap())
-        .collect();
+    let mut commits: Vec<_> = (0..3).map(|r| FreeCommit::<Buf>::new(3, r).unwrap()).collect();
     // Rank 2 dies before sending anything.
     let mut net = Vec::new();
     for (r, c) in commits.iter_mut().enumerate().take(2) {
@@ -298,10 +192,7 @@ fn failed_peer_is_no_longer_waited_for() {
     commits[0].on_message(1, a1[0].msg.clone()).unwrap();
     assert_eq!(commits[0].release_own().unwrap(), vec![(0, 1)]);
     assert_eq!(commits[1].release_own().unwrap(), vec![(1, 1)]);
-    assert_eq!(
-        commits[0].on_marks(2, 0, vec![]),
-        Err(CommitError::FromFailedPeer { from: 2 })
-    );
+    assert_eq!(commits[0].on_marks(2, 0, vec![]), Err(CommitError::FromFailedPeer { from: 2 }));
     // Later commits skip it from the start.
     assert_eq!(commits[0].start(vec![]).unwrap().len(), 1);
 }
@@ -339,9 +230,7 @@ enum Action {
 impl Sim {
     fn new(plan: Vec<Vec<Vec<Buf>>>) -> Self {
         Sim {
-            commits: (0..RANKS)
-                .map(|r| FreeCommit::new(RANKS, r).unwrap())
-                .collect(),
+            commits: (0..RANKS).map(|r| FreeCommit::new(RANKS, r).unwrap()).collect(),
             net: Vec::new(),
             plan,
             closed: HashMap::new(),
@@ -378,17 +267,14 @@ impl Sim {
     }
 
     fn send(&mut self, from: usize, out: Vec<Outgoing<Buf>>) {
-        self.net
-            .extend(out.into_iter().map(|o| (from, o.to, o.msg)));
+        self.net.extend(out.into_iter().map(|o| (from, o.to, o.msg)));
     }
 
     fn step(&mut self, action: Action) -> Result<(), TestCaseError> {
         match action {
             Action::Start(r) => {
                 let epoch = self.commits[r].epoch().map_or(0, |e| e + 1);
-                let out = self.commits[r]
-                    .start(self.plan[epoch as usize][r].clone())
-                    .unwrap();
+                let out = self.commits[r].start(self.plan[epoch as usize][r].clone()).unwrap();
                 self.send(r, out);
             }
             Action::Deliver(i) => {
@@ -408,10 +294,8 @@ impl Sim {
             }
             Action::Close(r) => {
                 let epoch = self.commits[r].epoch().unwrap();
-                let seen: HashMap<usize, Vec<Buf>> = self.commits[r]
-                    .peer_marks()
-                    .map(|(p, m)| (p, m.to_vec()))
-                    .collect();
+                let seen: HashMap<usize, Vec<Buf>> =
+                    self.commits[r].peer_marks().map(|(p, m)| (p, m.to_vec())).collect();
                 // Every live peer's marks, exactly as planned.
                 for p in (0..RANKS).filter(|&p| p != r && !self.commits[r].is_failed(p)) {
                     prop_assert_eq!(seen.get(&p), Some(&self.plan[epoch as usize][p]));
@@ -427,13 +311,7 @@ impl Sim {
                 // Every live peer closed its mappings of these before now.
                 for p in (0..RANKS).filter(|&p| p != r && self.alive(p)) {
                     let seen = self.closed.get(&(epoch, p));
-                    prop_assert!(
-                        seen.is_some(),
-                        "rank {} released epoch {} before rank {} closed",
-                        r,
-                        epoch,
-                        p
-                    );
+                    prop_assert!(seen.is_some(), "rank {} released epoch {} before rank {} closed", r, epoch, p);
                     prop_assert_eq!(seen.unwrap().get(&r), Some(&own));
                 }
                 self.released.insert((epoch, r), own);
@@ -452,35 +330,29 @@ impl Sim {
 }
 
 fn plan() -> impl Strategy<Value = Vec<Vec<Vec<Buf>>>> {
-    prop::collection::vec(prop::collection::vec(0usize..3, RANKS), EPOCHS as usize).prop_map(
-        |counts| {
-            let mut next_id = 0u64;
-            counts
-                .into_iter()
-                .map(|per_rank| {
-                    per_rank
-                        .into_iter()
-                        .enumerate()
-                        .map(|(r, n)| {
-                            (0..n)
-                                .map(|_| {
-                                    next_id += 1;
-                                    (r, next_id)
-                                })
-                                .collect()
-                        })
-                        .collect()
-                })
-                .collect()
-        },
-    )
+    prop::collection::vec(prop::collection::vec(0usize..3, RANKS), EPOCHS as usize).prop_map(|counts| {
+        let mut next_id = 0u64;
+        counts
+            .into_iter()
+            .map(|per_rank| {
+                per_rank
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, n)| {
+                        (0..n)
+                            .map(|_| {
+                                next_id += 1;
+                                (r, next_id)
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    })
 }
 
-fn simulate(
-    plan: Vec<Vec<Vec<Buf>>>,
-    choices: Vec<Index>,
-    victim: Option<usize>,
-) -> Result<(), TestCaseError> {
+fn simulate(plan: Vec<Vec<Vec<Buf>>>, choices: Vec<Index>, victim: Option<usize>) -> Result<(), TestCaseError> {
     let mut sim = Sim::new(plan);
     let mut steps = 0usize;
     loop {
@@ -496,22 +368,14 @@ fn simulate(
     }
     for r in (0..RANKS).filter(|&r| sim.alive(r)) {
         let c = &sim.commits[r];
-        prop_assert_eq!(
-            c.phase(),
-            Phase::Done,
-            "rank {} stuck, waiting for {:?}",
-            r,
-            c.waiting_for()
-        );
+        prop_assert_eq!(c.phase(), Phase::Done, "rank {} stuck, waiting for {:?}", r, c.waiting_for());
         prop_assert_eq!(c.epoch(), Some(EPOCHS - 1));
         for e in 0..EPOCHS {
             prop_assert!(sim.released.contains_key(&(e, r)));
         }
     }
     prop_assert!(
-        sim.net
-            .iter()
-            .all(|(from, to, _)| !sim.alive(*from) || !sim.alive(*to)),
+        sim.net.iter().all(|(from, to, _)| !sim.alive(*from) || !sim.alive(*to)),
         "undelivered messages between live ranks"
     );
     Ok(())

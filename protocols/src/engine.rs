@@ -94,10 +94,7 @@ impl EngineConfig {
 
     /// Whether device `a`'s engine can reach device `b`'s memory.
     pub fn can_access(&self, a: u32, b: u32) -> bool {
-        a == b
-            || (a < self.devices
-                && b < self.devices
-                && self.peer_access[(a * self.devices + b) as usize])
+        a == b || (a < self.devices && b < self.devices && self.peer_access[(a * self.devices + b) as usize])
     }
 }
 
@@ -224,7 +221,16 @@ struct RtrPeer {
 
 impl Default for RtrPeer {
     fn default() -> Self {
-        Self { sent: 0, arrived: 0, offers: VecDeque::new(), late: false, credit: RTR_WAIT_CREDIT, probe: 0, mapped: None, sends_device: false }
+        Self {
+            sent: 0,
+            arrived: 0,
+            offers: VecDeque::new(),
+            late: false,
+            credit: RTR_WAIT_CREDIT,
+            probe: 0,
+            mapped: None,
+            sends_device: false,
+        }
     }
 }
 
@@ -628,7 +634,11 @@ impl Engine {
     /// empty, at most `rtr_put_max` bytes, to another rank. The transport looks for
     /// offers (and may wait for one) only for these.
     pub fn rtr_eligible(&self, to: Rank, buf: &BufDesc) -> bool {
-        buf.device.is_some() && buf.len > 0 && buf.len <= self.cfg.rtr_put_max && to != self.cfg.rank && to < self.cfg.size
+        buf.device.is_some()
+            && buf.len > 0
+            && buf.len <= self.cfg.rtr_put_max
+            && to != self.cfg.rank
+            && to < self.cfg.size
     }
 
     /// Whether an eligible send of `buf` with `tag` to `to` that finds no offer should
@@ -765,7 +775,8 @@ impl Engine {
         } else {
             let cfg = &self.cfg;
             let f = from as usize;
-            let load = PeerLoad { sender_busy: self.sends_to[f] > 0, pulling: self.pulling[f], pushing: self.pushing[f] };
+            let load =
+                PeerLoad { sender_busy: self.sends_to[f] > 0, pulling: self.pulling[f], pushing: self.pushing[f] };
             policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, load, |a, b| cfg.can_access(a, b))
         };
         let mut choice = choice;
@@ -962,7 +973,9 @@ impl Engine {
                     self.fail_recv((from, msg), err, false);
                 } else {
                     // An unmatched RTS whose sender gave up: drop it.
-                    self.matcher.retain_unexpected(|s, u| !(s == from && matches!(u, Unexpected::Rts { msg: m, .. } if *m == msg)));
+                    self.matcher.retain_unexpected(|s, u| {
+                        !(s == from && matches!(u, Unexpected::Rts { msg: m, .. } if *m == msg))
+                    });
                 }
             }
             Packet::Rtr { recv, expect, tag, len, dst } => self.on_rtr(from, RtrOffer { recv, expect, tag, len, dst }),
@@ -989,7 +1002,10 @@ impl Engine {
     fn on_rtr(&mut self, from: Rank, offer: RtrOffer) {
         let d = &offer.dst;
         if !d.covers(offer.len) || d.node != self.cfg.node || d.device >= self.cfg.devices {
-            return self.violation(from, format!("RTR for receive {}: region outside its allocation or not on this node", offer.recv));
+            return self.violation(
+                from,
+                format!("RTR for receive {}: region outside its allocation or not on this node", offer.recv),
+            );
         }
         // Mapped even when stale (the receive buffer is likely offered again, in time), by
         // a rank that sends this peer device memory.
@@ -1026,7 +1042,8 @@ impl Engine {
         }
         self.matcher.cancel(req);
         self.posted.remove(&req);
-        let choice = ProtocolChoice { protocol: Protocol::Put, reason: "offered by RTR: the sender's engine pushed at once" };
+        let choice =
+            ProtocolChoice { protocol: Protocol::Put, reason: "offered by RTR: the sender's engine pushed at once" };
         self.emit(Action::Chose { req, peer: from, len, choice });
         self.insert_recv(
             (from, msg),
@@ -1044,14 +1061,25 @@ impl Engine {
         };
         if let MemDesc::Device(r) = src {
             if !r.covers(len) {
-                let what = format!("RTS {msg}: {len} bytes at offset {} exceed the {}-byte allocation", r.offset, r.alloc_size);
+                let what = format!(
+                    "RTS {msg}: {len} bytes at offset {} exceed the {}-byte allocation",
+                    r.offset, r.alloc_size
+                );
                 return refuse(self, AbortReason::BadRequest, what);
             }
             if r.node != self.cfg.node {
-                return refuse(self, AbortReason::Unsupported, format!("RTS {msg}: buffer on node {:#x}, not this node", r.node));
+                return refuse(
+                    self,
+                    AbortReason::Unsupported,
+                    format!("RTS {msg}: buffer on node {:#x}, not this node", r.node),
+                );
             }
             if r.device >= self.cfg.devices {
-                return refuse(self, AbortReason::BadRequest, format!("RTS {msg}: device {} does not exist here", r.device));
+                return refuse(
+                    self,
+                    AbortReason::BadRequest,
+                    format!("RTS {msg}: device {} does not exist here", r.device),
+                );
             }
         }
         if len == 0 {
@@ -1178,7 +1206,14 @@ impl Engine {
             let off = k as u64 * chunk;
             let engine = s.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
             *owner = Some(SlotUse::Filling(msg, k));
-            cmds.push((msg, StagedChunk { index: k, slot: slot as u32 }, s.req, off, chunk.min(s.buf.len - off), engine));
+            cmds.push((
+                msg,
+                StagedChunk { index: k, slot: slot as u32 },
+                s.req,
+                off,
+                chunk.min(s.buf.len - off),
+                engine,
+            ));
         }
         for (msg, c, req, off, n, engine) in cmds {
             let id = self.new_copy(CopyOwner::Send { msg, chunk: Some(c) });
@@ -1205,7 +1240,10 @@ impl Engine {
         let chunk = self.cfg.chunk_size;
         let me = self.cfg.rank;
         if slot >= self.cfg.depth {
-            return self.violation(from, format!("CHUNK {index} of message {msg} in slot {slot} of a {}-slot ring", self.cfg.depth));
+            return self.violation(
+                from,
+                format!("CHUNK {index} of message {msg} in slot {slot} of a {}-slot ring", self.cfg.depth),
+            );
         }
         let Some(r) = self.recvs.get_mut(&(from, msg)) else {
             // Nothing is read from the slot; the acknowledgement keeps the sender's
@@ -1246,7 +1284,8 @@ impl Engine {
     fn on_chunk_ack(&mut self, from: Rank, msg: MsgId, index: u32) {
         let filled = Some(SlotUse::Filled(msg, index));
         let Some(slot) = self.shm_rings.get(&from).and_then(|ring| ring.slots.iter().position(|o| *o == filled)) else {
-            return self.violation(from, format!("CHUNK_ACK {index} for message {msg}: no such chunk waits in the ring"));
+            return self
+                .violation(from, format!("CHUNK_ACK {index} for message {msg}: no such chunk waits in the ring"));
         };
         // The send may have failed and gone; the slot is free either way.
         let finished = match self.sends.get_mut(&msg) {

@@ -97,7 +97,13 @@ pub struct PolicyConfig {
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self { mode: ProtocolOverride::Auto, coop_min: u64::MAX, put_min: u64::MAX, bidir_put_min: u64::MAX, balance_max: 0 }
+        Self {
+            mode: ProtocolOverride::Auto,
+            coop_min: u64::MAX,
+            put_min: u64::MAX,
+            bidir_put_min: u64::MAX,
+            balance_max: 0,
+        }
     }
 }
 
@@ -220,8 +226,14 @@ mod tests {
         assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, idle(), |_, _| true).protocol, Protocol::Get);
         assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, idle(), |_, _| false).protocol, Protocol::Shm);
         // Only the sender (0) reaches the receiver (1).
-        assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, idle(), |a, b| a == 0 && b == 1).protocol, Protocol::Put);
-        assert_eq!(choose(&c, &dev(0), Some(1), false, 1 << 20, idle(), |a, b| a == 0 && b == 1).protocol, Protocol::Shm);
+        assert_eq!(
+            choose(&c, &dev(0), Some(1), true, 1 << 20, idle(), |a, b| a == 0 && b == 1).protocol,
+            Protocol::Put
+        );
+        assert_eq!(
+            choose(&c, &dev(0), Some(1), false, 1 << 20, idle(), |a, b| a == 0 && b == 1).protocol,
+            Protocol::Shm
+        );
         c.put_min = 1 << 19;
         assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 20, idle(), |_, _| true).protocol, Protocol::Put);
         assert_eq!(choose(&c, &dev(0), Some(1), true, 1 << 18, idle(), |_, _| true).protocol, Protocol::Get);
@@ -264,7 +276,11 @@ mod tests {
         assert_eq!(same(1 << 20, load(1, 0)), Protocol::Put);
         assert_eq!(same(1 << 20, load(1, 1)), Protocol::Get);
         assert_eq!(same(2 << 20, load(1, 0)), Protocol::Get, "from balance_max one engine");
-        assert_eq!(choose(&c, &dev(0), Some(0), false, 64 << 10, load(1, 0), all).protocol, Protocol::Get, "PUT needs the receiver's buffer exported");
+        assert_eq!(
+            choose(&c, &dev(0), Some(0), false, 64 << 10, load(1, 0), all).protocol,
+            Protocol::Get,
+            "PUT needs the receiver's buffer exported"
+        );
         // Off by default.
         let off = PolicyConfig::default();
         assert_eq!(choose(&off, &dev(0), Some(1), true, 64 << 10, load(5, 0), all).protocol, Protocol::Get);

@@ -34,9 +34,7 @@ pub struct Region {
 impl Region {
     /// Whether `[offset, offset + len)` lies inside the allocation.
     pub fn covers(&self, len: u64) -> bool {
-        self.offset
-            .checked_add(len)
-            .is_some_and(|end| end <= self.alloc_size)
+        self.offset.checked_add(len).is_some_and(|end| end <= self.alloc_size)
     }
 }
 
@@ -94,7 +92,6 @@ impl RegionMemo {
 /// The form byte that leads an encoded region.
 const REGION_FULL: u8 = 1;
 const REGION_SHORT: u8 = 2;
-
 
 /// Where a message's buffer lives, as told to the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,9 +256,7 @@ impl Packet {
         HEADER
             + match self {
                 Packet::Eager { payload, .. } => 8 + 4 + payload.len(),
-                Packet::Rts { src, .. } => {
-                    8 + 4 + 8 + if matches!(src, MemDesc::Device(_)) { REGION } else { 1 }
-                }
+                Packet::Rts { src, .. } => 8 + 4 + 8 + if matches!(src, MemDesc::Device(_)) { REGION } else { 1 },
                 Packet::Cts { dst, .. } => 8 + 1 + 8 + if dst.is_some() { REGION } else { 1 },
                 Packet::Cookie { .. } => 8,
                 Packet::Done { .. } => 8 + 1,
@@ -669,14 +664,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn region(seed: u8) -> Region {
-        Region {
-            handle: [seed; HANDLE_BYTES],
-            alloc_size: 1 << 20,
-            offset: 4096,
-            device: 1,
-            node: 77,
-            buffer_id: 9,
-        }
+        Region { handle: [seed; HANDLE_BYTES], alloc_size: 1 << 20, offset: 4096, device: 1, node: 77, buffer_id: 9 }
     }
 
     fn samples() -> Vec<Packet> {
@@ -817,19 +805,27 @@ mod tests {
     fn short_region_needs_the_memo_of_its_allocation() {
         let mut tx = RegionMemo::default();
         let _ = Packet::Rtr { recv: 1, expect: 0, tag: 0, len: 8, dst: alloc_region(1, 0) }.to_vec_with(Some(&mut tx));
-        let short = Packet::Rtr { recv: 2, expect: 1, tag: 0, len: 8, dst: alloc_region(1, 8) }.to_vec_with(Some(&mut tx));
+        let short =
+            Packet::Rtr { recv: 2, expect: 1, tag: 0, len: 8, dst: alloc_region(1, 8) }.to_vec_with(Some(&mut tx));
         let bad_id = Err(DecodeError::Field { field: "region.buffer_id", value: 101 });
         // Decoded without a memo (a channel that keeps none), or by an end whose memo holds
         // another allocation: refused, never mapped to the wrong buffer.
         assert_eq!(Packet::decode(&short), bad_id);
         let mut other = RegionMemo::default();
-        let _ = Packet::decode_with(&Packet::Rtr { recv: 1, expect: 0, tag: 0, len: 8, dst: alloc_region(2, 0) }.to_vec(), Some(&mut other));
+        let _ = Packet::decode_with(
+            &Packet::Rtr { recv: 1, expect: 0, tag: 0, len: 8, dst: alloc_region(2, 0) }.to_vec(),
+            Some(&mut other),
+        );
         assert_eq!(Packet::decode_with(&short, Some(&mut other)), bad_id);
         // An offset past the remembered allocation is refused as in the full form.
         let mut rx = RegionMemo::default();
         rx.learn(alloc_region(1, 0));
-        let past = Packet::Rtr { recv: 2, expect: 1, tag: 0, len: 8, dst: alloc_region(1, (1 << 20) + 1) }.to_vec_with(Some(&mut tx));
-        assert!(matches!(Packet::decode_with(&past, Some(&mut rx)), Err(DecodeError::Field { field: "region.offset", .. })));
+        let past = Packet::Rtr { recv: 2, expect: 1, tag: 0, len: 8, dst: alloc_region(1, (1 << 20) + 1) }
+            .to_vec_with(Some(&mut tx));
+        assert!(matches!(
+            Packet::decode_with(&past, Some(&mut rx)),
+            Err(DecodeError::Field { field: "region.offset", .. })
+        ));
         let mut v = short.clone();
         let form_at = v.len() - 17;
         v[form_at] = 7;

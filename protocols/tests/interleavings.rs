@@ -158,7 +158,9 @@ impl World {
                 Action::MapPeer { peer, region } => {
                     assert_ne!(peer, rank);
                     self.mapped[rank as usize] += 1;
-                    assert!(self.mem[peer as usize].allocs.contains_key(&ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()))));
+                    assert!(self.mem[peer as usize]
+                        .allocs
+                        .contains_key(&ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()))));
                 }
             }
         }
@@ -206,7 +208,8 @@ impl World {
     /// One random step; false when nothing is left to do.
     fn step(&mut self) -> bool {
         let wires: Vec<(Rank, Rank)> = self.wires.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
-        let copiers: Vec<Rank> = (0..self.copies.len() as Rank).filter(|r| !self.copies[*r as usize].is_empty()).collect();
+        let copiers: Vec<Rank> =
+            (0..self.copies.len() as Rank).filter(|r| !self.copies[*r as usize].is_empty()).collect();
         let n = wires.len() + copiers.len();
         if n == 0 {
             return false;
@@ -268,11 +271,16 @@ impl World {
         // No engine may write into the buffer of a receive that has ended.
         let (owner, req) = match c.dst {
             Loc::User { req, .. } => (r, Some(req)),
-            Loc::Peer { peer, region, .. } => (peer, Some(ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap())))),
+            Loc::Peer { peer, region, .. } => {
+                (peer, Some(ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()))))
+            }
             Loc::Staging { .. } => (r, None),
         };
         if let Some(req) = req {
-            assert!(!self.done.contains_key(&(owner, req)), "rank {r} writes into rank {owner}'s {req:?}, which has completed: {c:?}");
+            assert!(
+                !self.done.contains_key(&(owner, req)),
+                "rank {r} writes into rank {owner}'s {req:?}, which has completed: {c:?}"
+            );
         }
         let data = self.read(r, c.src, c.len);
         self.write(r, c.dst, &data);
@@ -863,7 +871,11 @@ fn cts_for_an_unknown_message_aborts_the_receiver() {
     w.engines[1].on_packet(0, Packet::Cts { msg: 77, mode: gpulmt_protocols::wire::CtsMode::Shm, dst: None, split: 0 });
     let mut aborted = false;
     while let Some(a) = w.engines[1].poll_action() {
-        if let Action::Send { to: 0, packet: Packet::Abort { msg: 77, dir: gpulmt_protocols::wire::Dir::ToReceiver, .. } } = a {
+        if let Action::Send {
+            to: 0,
+            packet: Packet::Abort { msg: 77, dir: gpulmt_protocols::wire::Dir::ToReceiver, .. },
+        } = a
+        {
             aborted = true;
         }
     }

@@ -53,14 +53,8 @@ pub fn launcher() -> PathBuf {
 /// The rank program. Tests pass `env!("CARGO_BIN_EXE_gpulmt-check")`; this is the
 /// fallback next to the launcher.
 pub fn check_program(from_cargo: Option<&str>) -> PathBuf {
-    let p = from_cargo
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target_profile_dir().join("gpulmt-check"));
-    assert!(
-        p.is_file(),
-        "the rank program {} is missing: run `cargo build --workspace --bins`",
-        p.display()
-    );
+    let p = from_cargo.map(PathBuf::from).unwrap_or_else(|| target_profile_dir().join("gpulmt-check"));
+    assert!(p.is_file(), "the rank program {} is missing: run `cargo build --workspace --bins`", p.display());
     p
 }
 
@@ -98,12 +92,7 @@ pub fn job_lock() -> JobLock {
     // SAFETY: a valid open descriptor; flock has no memory-safety preconditions.
     while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
         let e = std::io::Error::last_os_error();
-        assert_eq!(
-            e.raw_os_error(),
-            Some(libc::EINTR),
-            "flock {}: {e}",
-            path.display()
-        );
+        assert_eq!(e.raw_os_error(), Some(libc::EINTR), "flock {}: {e}", path.display());
     }
     JobLock(f)
 }
@@ -136,12 +125,7 @@ impl JobOutput {
     }
 
     pub fn assert_code(&self, code: i32) -> &Self {
-        assert_eq!(
-            self.code,
-            Some(code),
-            "unexpected exit status\n{}",
-            self.dump()
-        );
+        assert_eq!(self.code, Some(code), "unexpected exit status\n{}", self.dump());
         self
     }
 
@@ -150,17 +134,9 @@ impl JobOutput {
         self.assert_code(0);
         for r in 0..n {
             let line = format!("rank={r} ok {scenario}");
-            assert!(
-                self.stdout.lines().any(|l| l == line),
-                "missing `{line}`\n{}",
-                self.dump()
-            );
+            assert!(self.stdout.lines().any(|l| l == line), "missing `{line}`\n{}", self.dump());
         }
-        assert!(
-            !self.stderr.contains("FAIL"),
-            "a rank reported a failure\n{}",
-            self.dump()
-        );
+        assert!(!self.stderr.contains("FAIL"), "a rank reported a failure\n{}", self.dump());
         self
     }
 
@@ -170,10 +146,7 @@ impl JobOutput {
 
     /// The job id rank 0 printed.
     pub fn job(&self) -> Option<String> {
-        self.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("job="))
-            .map(|s| s.trim().to_string())
+        self.stdout.lines().find_map(|l| l.strip_prefix("job=")).map(|s| s.trim().to_string())
     }
 
     /// The pids the ranks printed.
@@ -216,11 +189,7 @@ impl JobOutput {
     /// (`gpulmt-sim-<pid>-*`).
     pub fn assert_no_litter(&self) -> &Self {
         let left = self.litter();
-        assert!(
-            left.is_empty(),
-            "/dev/shm objects of this job were left behind: {left:?}\n{}",
-            self.dump()
-        );
+        assert!(left.is_empty(), "/dev/shm objects of this job were left behind: {left:?}\n{}", self.dump());
         self
     }
 
@@ -234,9 +203,7 @@ impl JobOutput {
                     let base = format!("gpulmt-{j}");
                     n == &base || n.starts_with(&format!("{base}-"))
                 });
-                let of_pid = pids
-                    .iter()
-                    .any(|p| n.starts_with(&format!("gpulmt-sim-{p}-")));
+                let of_pid = pids.iter().any(|p| n.starts_with(&format!("gpulmt-sim-{p}-")));
                 of_job || of_pid
             })
             .collect()
@@ -246,11 +213,7 @@ impl JobOutput {
 /// `/dev/shm` entries whose names start with `prefix`.
 pub fn shm_entries(prefix: &str) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.starts_with(prefix))
-                .collect()
-        })
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(prefix)).collect())
         .unwrap_or_default();
     v.sort();
     v
@@ -298,23 +261,14 @@ impl Job {
 
     pub fn describe(&self) -> String {
         let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        format!(
-            "{} gpulmt-run -n {} gpulmt-check {}",
-            env.join(" "),
-            self.n,
-            self.args.join(" ")
-        )
+        format!("{} gpulmt-run -n {} gpulmt-check {}", env.join(" "), self.n, self.args.join(" "))
     }
 
     /// Runs the job (holding the job lock) and checks that it left nothing in /dev/shm.
     pub fn run(&self) -> JobOutput {
         let _lock = job_lock();
         let mut cmd = Command::new(launcher());
-        cmd.arg("-n")
-            .arg(self.n.to_string())
-            .arg("--timeout")
-            .arg(self.timeout_s.to_string())
-            .arg("--");
+        cmd.arg("-n").arg(self.n.to_string()).arg("--timeout").arg(self.timeout_s.to_string()).arg("--");
         cmd.arg(&self.check).args(&self.args);
         // Only the settings of this test: none inherited from the caller's shell.
         for (k, _) in std::env::vars_os() {
@@ -327,9 +281,7 @@ impl Job {
         }
         cmd.stdin(Stdio::null());
         let t0 = Instant::now();
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", launcher().display()));
+        let out = cmd.output().unwrap_or_else(|e| panic!("cannot start {}: {e}", launcher().display()));
         let o = JobOutput {
             what: self.describe(),
             code: out.status.code(),
@@ -401,11 +353,7 @@ impl Default for Setup<'_> {
 /// Which rendezvous protocol the receiver should choose for `len` bytes from a
 /// sender's `src` memory into `dst` memory; None when the message travels eagerly.
 pub fn expected_protocol(s: &Setup, src: Mem, dst: Mem, len: u64) -> Option<&'static str> {
-    let limit = if src == Mem::D {
-        s.device_eager_limit
-    } else {
-        s.eager_limit
-    };
+    let limit = if src == Mem::D { s.device_eager_limit } else { s.eager_limit };
     if len == 0 || len <= limit {
         return None;
     }
@@ -460,9 +408,7 @@ pub fn expected_pingpong(s: &Setup, p0: Mem, p1: Mem, sizes: &[u64]) -> [Counter
 
 /// Parses a `--sizes` list like the rank program does (plain byte counts).
 pub fn sizes(list: &str) -> Vec<u64> {
-    list.split(',')
-        .map(|s| s.trim().parse().expect("size"))
-        .collect()
+    list.split(',').map(|s| s.trim().parse().expect("size")).collect()
 }
 
 /// Asserts `cond`, or panics with the job's output.

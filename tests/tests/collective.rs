@@ -17,29 +17,14 @@ fn alltoall_received(out: &JobOutput, r: usize) -> u64 {
 #[test]
 fn alltoall_4_ranks_any_source_mixed_sizes_and_memories() {
     let iters = 8;
-    let out = Job::new(CHECK, 4, &["alltoall", "--iters", &iters.to_string()])
-        .timeout_s(30)
-        .run();
+    let out = Job::new(CHECK, 4, &["alltoall", "--iters", &iters.to_string()]).timeout_s(30).run();
     out.assert_ok(4, "alltoall");
     for r in 0..4 {
-        assert_eq!(
-            alltoall_received(&out, r),
-            iters * 3,
-            "rank {r}\n{}",
-            out.dump()
-        );
+        assert_eq!(alltoall_received(&out, r), iters * 3, "rank {r}\n{}", out.dump());
     }
     // The mix really covered device-to-device (GET) and host (SHM) rendezvous.
-    check(
-        sum(&out, 4, "protocols", "get") > 0,
-        &out,
-        "no GET rendezvous in the mix",
-    );
-    check(
-        sum(&out, 4, "protocols", "shm") > 0,
-        &out,
-        "no SHM rendezvous in the mix",
-    );
+    check(sum(&out, 4, "protocols", "get") > 0, &out, "no GET rendezvous in the mix");
+    check(sum(&out, 4, "protocols", "shm") > 0, &out, "no SHM rendezvous in the mix");
 }
 
 /// More devices and ranks than the 2-GPU host has, with a mixed peer topology (pairs
@@ -65,23 +50,12 @@ fn alltoall_on_8_and_4_sim_devices_with_mixed_topologies() {
 
 #[test]
 fn alltoall_with_messages_to_self() {
-    let out = Job::new(CHECK, 3, &["alltoall", "--iters", "4", "--include-self"])
-        .timeout_s(30)
-        .run();
+    let out = Job::new(CHECK, 3, &["alltoall", "--iters", "4", "--include-self"]).timeout_s(30).run();
     out.assert_ok(3, "alltoall");
     for r in 0..3 {
-        assert_eq!(
-            alltoall_received(&out, r),
-            4 * 3,
-            "rank {r}\n{}",
-            out.dump()
-        );
+        assert_eq!(alltoall_received(&out, r), 4 * 3, "rank {r}\n{}", out.dump());
     }
-    check(
-        sum(&out, 3, "protocols", "self") > 0,
-        &out,
-        "no self rendezvous in the mix",
-    );
+    check(sum(&out, 3, "protocols", "self") > 0, &out, "no self rendezvous in the mix");
 }
 
 /// Two-slot control rings: packets wait in the outbox (backpressure) and still arrive
@@ -89,19 +63,11 @@ fn alltoall_with_messages_to_self() {
 #[test]
 fn alltoall_under_ring_backpressure() {
     let out = Job::new(CHECK, 4, &["alltoall", "--iters", "4"])
-        .envs(&[
-            ("GPULMT_RING_SLOTS", "2"),
-            ("GPULMT_CHUNK_SIZE", "16K"),
-            ("GPULMT_PIPELINE_DEPTH", "2"),
-        ])
+        .envs(&[("GPULMT_RING_SLOTS", "2"), ("GPULMT_CHUNK_SIZE", "16K"), ("GPULMT_PIPELINE_DEPTH", "2")])
         .timeout_s(30)
         .run();
     out.assert_ok(4, "alltoall");
-    check(
-        sum(&out, 4, "packets", "backpressure") > 0,
-        &out,
-        "two-slot rings never filled up: the test is vacuous",
-    );
+    check(sum(&out, 4, "packets", "backpressure") > 0, &out, "two-slot rings never filled up: the test is vacuous");
 }
 
 /// Every rank on one sim device: device-to-device messages between processes of one
@@ -116,29 +82,12 @@ fn several_ranks_on_one_device() {
         .run();
     out.assert_ok(3, "same-device");
     for r in 0..3 {
-        let line = out
-            .stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("rank={r} pid=")))
-            .unwrap_or_default();
-        assert!(
-            line.ends_with("device=0 size=3"),
-            "rank {r} not on device 0: {line:?}\n{}",
-            out.dump()
-        );
+        let line = out.stdout.lines().find(|l| l.starts_with(&format!("rank={r} pid="))).unwrap_or_default();
+        assert!(line.ends_with("device=0 size=3"), "rank {r} not on device 0: {line:?}\n{}", out.dump());
         let c = out.protocols(r);
-        assert_eq!(
-            (c["get"], c["put"], c["coop"], c["shm"]),
-            (8, 0, 0, 0),
-            "rank {r}\n{}",
-            out.dump()
-        );
+        assert_eq!((c["get"], c["put"], c["coop"], c["shm"]), (8, 0, 0, 0), "rank {r}\n{}", out.dump());
     }
-    check(
-        !out.stdout.contains("device=1"),
-        &out,
-        "a rank was bound to device 1 with GPULMT_SIM_DEVICES=1",
-    );
+    check(!out.stdout.contains("device=1"), &out, "a rank was bound to device 1 with GPULMT_SIM_DEVICES=1");
 }
 
 #[test]
@@ -161,9 +110,7 @@ fn two_phase_free_across_4_ranks() {
 /// the commit closes those as well.
 #[test]
 fn two_phase_free_with_rtr_offers() {
-    let out = Job::new(CHECK, 4, &["free", "--rounds", "3", "--fresh-open"])
-        .timeout_s(30)
-        .run();
+    let out = Job::new(CHECK, 4, &["free", "--rounds", "3", "--fresh-open"]).timeout_s(30).run();
     out.assert_ok(4, "free");
     for r in 0..4 {
         let c = out.cache(r);
@@ -175,18 +122,11 @@ fn two_phase_free_with_rtr_offers() {
 /// PUT maps the receiver's buffers instead; the commit must close those mappings.
 #[test]
 fn two_phase_free_with_put() {
-    let out = Job::new(CHECK, 4, &["free", "--rounds", "2"])
-        .env("GPULMT_PROTOCOL", "put")
-        .timeout_s(30)
-        .run();
+    let out = Job::new(CHECK, 4, &["free", "--rounds", "2"]).env("GPULMT_PROTOCOL", "put").timeout_s(30).run();
     out.assert_ok(4, "free");
     for r in 0..4 {
         let c = out.cache(r);
-        assert!(
-            c["opens"] > 0 && c["opens"] == c["closes"],
-            "rank {r}\n{}",
-            out.dump()
-        );
+        assert!(c["opens"] > 0 && c["opens"] == c["closes"], "rank {r}\n{}", out.dump());
     }
 }
 
@@ -224,12 +164,7 @@ fn cache_window(protocol: &str, recv_opens: u64, send_opens: u64, rtr_put_max: &
 fn handle_cache_opens_each_remote_allocation_once() {
     let out = cache_window("auto", 1, 0, "0");
     let c = out.cache(1);
-    assert_eq!(
-        (c["opens"], c["misses"], c["hits"]),
-        (1, 1, 127),
-        "{}",
-        out.dump()
-    );
+    assert_eq!((c["opens"], c["misses"], c["hits"]), (1, 1, 127), "{}", out.dump());
     assert_eq!(out.protocols(1)["get"], 128, "{}", out.dump());
 }
 
@@ -246,7 +181,9 @@ fn handle_cache_outcome_is_recorded_in_request_spans() {
     let completed = |outcome: &str| {
         out.stderr
             .lines()
-            .filter(|l| l.contains("recv{") && l.contains(&format!("ipc_cache=\"{outcome}\"")) && l.ends_with(" ok=true"))
+            .filter(|l| {
+                l.contains("recv{") && l.contains(&format!("ipc_cache=\"{outcome}\"")) && l.ends_with(" ok=true")
+            })
             .collect::<Vec<_>>()
     };
     let (misses, hits) = (completed("miss"), completed("hit"));
@@ -276,22 +213,11 @@ fn handle_cache_with_put_and_coop() {
 /// With the cache off, mappings close when unused: more than one open, none left.
 #[test]
 fn handle_cache_disabled_reopens() {
-    let out = Job::new(CHECK, 2, &["cache", "--iters", "16"])
-        .env("GPULMT_HANDLE_CACHE", "0")
-        .timeout_s(30)
-        .run();
+    let out = Job::new(CHECK, 2, &["cache", "--iters", "16"]).env("GPULMT_HANDLE_CACHE", "0").timeout_s(30).run();
     out.assert_ok(2, "cache");
     let c = out.cache(1);
-    check(
-        c["opens"] >= 2,
-        &out,
-        "with GPULMT_HANDLE_CACHE=0 the two windows must open the mapping again",
-    );
-    check(
-        c["opens"] == c["closes"] && c["entries"] == 0,
-        &out,
-        "mappings left open with the cache disabled",
-    );
+    check(c["opens"] >= 2, &out, "with GPULMT_HANDLE_CACHE=0 the two windows must open the mapping again");
+    check(c["opens"] == c["closes"] && c["entries"] == 0, &out, "mappings left open with the cache disabled");
 }
 
 fn window(place: &str, same_tag: bool, env: &[(&str, &str)]) -> JobOutput {
@@ -313,14 +239,14 @@ fn window_non_overtaking_and_shm_queueing() {
         let out = window("H H", same_tag, &[]);
         // Host sender: 7 of the 12 sizes are above the eager limit.
         assert_eq!(out.protocols(1)["shm"], 7, "{}", out.dump());
-        let out = window("D D", same_tag, &[("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never"), ("GPULMT_BALANCE_MAX", "0")]);
-        // Device sender: every non-empty message is a rendezvous.
-        assert_eq!(out.protocols(1)["get"], 10, "{}", out.dump());
         let out = window(
             "D D",
             same_tag,
-            &[("GPULMT_SIM_PEER", "none"), ("GPULMT_PIPELINE_DEPTH", "2")],
+            &[("GPULMT_COOP_MIN", "never"), ("GPULMT_PUT_MIN", "never"), ("GPULMT_BALANCE_MAX", "0")],
         );
+        // Device sender: every non-empty message is a rendezvous.
+        assert_eq!(out.protocols(1)["get"], 10, "{}", out.dump());
+        let out = window("D D", same_tag, &[("GPULMT_SIM_PEER", "none"), ("GPULMT_PIPELINE_DEPTH", "2")]);
         assert_eq!(out.protocols(1)["shm"], 10, "{}", out.dump());
     }
     window("D H", false, &[("GPULMT_CHUNK_SIZE", "256K")]);
@@ -354,7 +280,9 @@ fn balanced_window_moves_every_message_once() {
 /// copies that land at once the probes must find them.
 #[test]
 fn polling_newest_first_keeps_every_message_whole() {
-    for (copies, protocol) in [("thread", "get"), ("thread", "put"), ("thread", "auto"), ("inline", "get"), ("inline", "auto")] {
+    for (copies, protocol) in
+        [("thread", "get"), ("thread", "put"), ("thread", "auto"), ("inline", "get"), ("inline", "auto")]
+    {
         let env = [
             ("GPULMT_SIM_COPY", copies),
             ("GPULMT_POLL_NEWEST", "1"),
@@ -374,28 +302,14 @@ fn polling_newest_first_keeps_every_message_whole() {
 /// data and two-phase free stay right.
 #[test]
 fn handle_cache_limits() {
-    let out = Job::new(CHECK, 4, &["alltoall", "--iters", "6"])
-        .env("GPULMT_HANDLE_CACHE_ENTRIES", "1")
-        .timeout_s(30)
-        .run();
+    let out =
+        Job::new(CHECK, 4, &["alltoall", "--iters", "6"]).env("GPULMT_HANDLE_CACHE_ENTRIES", "1").timeout_s(30).run();
     out.assert_ok(4, "alltoall");
-    check(
-        sum(&out, 4, "cache", "evictions") > 0,
-        &out,
-        "a one-entry cache never evicted",
-    );
-    let out = Job::new(CHECK, 4, &["free", "--rounds", "2"])
-        .env("GPULMT_HANDLE_CACHE_BYTES", "1")
-        .timeout_s(30)
-        .run();
+    check(sum(&out, 4, "cache", "evictions") > 0, &out, "a one-entry cache never evicted");
+    let out = Job::new(CHECK, 4, &["free", "--rounds", "2"]).env("GPULMT_HANDLE_CACHE_BYTES", "1").timeout_s(30).run();
     out.assert_ok(4, "free");
     for r in 0..4 {
         let c = out.cache(r);
-        assert_eq!(
-            c["hits"],
-            0,
-            "rank {r}: nothing may stay cached\n{}",
-            out.dump()
-        );
+        assert_eq!(c["hits"], 0, "rank {r}: nothing may stay cached\n{}", out.dump());
     }
 }

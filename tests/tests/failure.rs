@@ -15,44 +15,14 @@ fn die_n(n: usize, args: &[&str], env: &[(&str, &str)], code: i32) -> JobOutput 
     all.extend_from_slice(args);
     let out = Job::new(CHECK, n, &all).envs(env).timeout_s(20).run();
     out.assert_code(code);
-    let survivors = out
-        .stdout
-        .lines()
-        .filter(|l| l.trim() == "survivor-ok")
-        .count();
-    assert_eq!(
-        survivors,
-        n - 1,
-        "every rank but rank 1 must survive its death\n{}",
-        out.dump()
-    );
-    assert!(
-        out.has_line("rank=1 dying how=Exit") || out.has_line("rank=1 dying how=Kill"),
-        "{}",
-        out.dump()
-    );
-    assert!(
-        out.stdout.contains("rank=0 transfer failed after"),
-        "{}",
-        out.dump()
-    );
+    let survivors = out.stdout.lines().filter(|l| l.trim() == "survivor-ok").count();
+    assert_eq!(survivors, n - 1, "every rank but rank 1 must survive its death\n{}", out.dump());
+    assert!(out.has_line("rank=1 dying how=Exit") || out.has_line("rank=1 dying how=Kill"), "{}", out.dump());
+    assert!(out.stdout.contains("rank=0 transfer failed after"), "{}", out.dump());
     assert!(!out.stderr.contains("FAIL"), "{}", out.dump());
-    let expect = if code == 3 {
-        "rank 1 (pid"
-    } else {
-        "killed by signal SIGKILL"
-    };
-    assert!(
-        out.stderr.contains(expect),
-        "the launcher did not report rank 1's end\n{}",
-        out.dump()
-    );
-    assert!(
-        out.elapsed < Duration::from_secs(10),
-        "the job took {:?}\n{}",
-        out.elapsed,
-        out.dump()
-    );
+    let expect = if code == 3 { "rank 1 (pid" } else { "killed by signal SIGKILL" };
+    assert!(out.stderr.contains(expect), "the launcher did not report rank 1's end\n{}", out.dump());
+    assert!(out.elapsed < Duration::from_secs(10), "the job took {:?}\n{}", out.elapsed, out.dump());
     out
 }
 
@@ -71,35 +41,18 @@ fn peer_exits_mid_shm_transfer() {
     let out = die(&["--when", "mid", "--placement", "H H"], &[], 3);
     assert!(out.has_line("rank=1 third chunk arrived"), "{}", out.dump());
     // Rank 1 sends from device memory through SHM, and exits mid-way.
-    die(
-        &["--when", "mid", "--placement", "H D", "--role", "recv"],
-        &[],
-        3,
-    );
+    die(&["--when", "mid", "--placement", "H D", "--role", "recv"], &[], 3);
 }
 
 #[test]
 fn peer_killed_mid_get_transfer() {
-    die(
-        &["--when", "mid", "--how", "kill", "--placement", "D D"],
-        &[],
-        137,
-    );
+    die(&["--when", "mid", "--how", "kill", "--placement", "D D"], &[], 137);
 }
 
 #[test]
 fn peer_killed_mid_put_transfer() {
     die(
-        &[
-            "--when",
-            "mid",
-            "--how",
-            "kill",
-            "--placement",
-            "D D",
-            "--role",
-            "recv",
-        ],
+        &["--when", "mid", "--how", "kill", "--placement", "D D", "--role", "recv"],
         &[("GPULMT_PROTOCOL", "put")],
         137,
     );
@@ -107,30 +60,14 @@ fn peer_killed_mid_put_transfer() {
 
 #[test]
 fn peer_killed_before_device_transfers() {
-    die(
-        &["--when", "before", "--how", "kill", "--placement", "D D"],
-        &[],
-        137,
-    );
-    die(
-        &["--when", "before", "--how", "kill", "--placement", "D D"],
-        &[("GPULMT_PROTOCOL", "put")],
-        137,
-    );
-    die(
-        &["--when", "before", "--placement", "D D", "--role", "recv"],
-        &[],
-        3,
-    );
+    die(&["--when", "before", "--how", "kill", "--placement", "D D"], &[], 137);
+    die(&["--when", "before", "--how", "kill", "--placement", "D D"], &[("GPULMT_PROTOCOL", "put")], 137);
+    die(&["--when", "before", "--placement", "D D", "--role", "recv"], &[], 3);
 }
 
 #[test]
 fn peer_killed_mid_device_shm_transfer() {
-    die(
-        &["--when", "mid", "--how", "kill", "--placement", "D D"],
-        &[("GPULMT_SIM_PEER", "none")],
-        137,
-    );
+    die(&["--when", "mid", "--how", "kill", "--placement", "D D"], &[("GPULMT_SIM_PEER", "none")], 137);
 }
 
 /// With a third rank, the survivors go on exchanging device messages and run a
@@ -150,19 +87,7 @@ fn survivors_keep_working_after_a_peer_died() {
 /// live close), so `mem_free_commit` fails with FreedWhileMapped.
 #[test]
 fn freeing_a_buffer_mapped_by_a_dead_peer() {
-    die(
-        &[
-            "--when",
-            "mid",
-            "--how",
-            "kill",
-            "--placement",
-            "D D",
-            "--free-mapped",
-        ],
-        &[],
-        137,
-    );
+    die(&["--when", "mid", "--how", "kill", "--placement", "D D", "--free-mapped"], &[], 137);
 }
 
 /// The litter checks, in one test so that they run one after another: no /dev/shm
@@ -178,11 +103,7 @@ fn no_shm_litter_after_normal_and_killed_runs() {
         stderr: String::new(),
         elapsed: Duration::ZERO,
     };
-    let planted = [
-        "gpulmt-litterprobe",
-        "gpulmt-litterprobe-x",
-        "gpulmt-sim-999999999-0-1",
-    ];
+    let planted = ["gpulmt-litterprobe", "gpulmt-litterprobe-x", "gpulmt-sim-999999999-0-1"];
     for p in planted {
         std::fs::write(format!("/dev/shm/{p}"), b"x").unwrap();
     }
@@ -190,32 +111,17 @@ fn no_shm_litter_after_normal_and_killed_runs() {
     for p in planted {
         let _ = std::fs::remove_file(format!("/dev/shm/{p}"));
     }
-    assert_eq!(
-        found,
-        planted.iter().map(|s| s.to_string()).collect::<Vec<_>>()
-    );
+    assert_eq!(found, planted.iter().map(|s| s.to_string()).collect::<Vec<_>>());
 
     let before = shm_entries("gpulmt-");
     // A normal run with device memory, peer mappings and SHM staging.
     let out = Job::new(CHECK, 3, &["alltoall", "--iters", "2"]).run();
     out.assert_ok(3, "alltoall");
-    assert!(
-        out.job().is_some() && out.pids().len() == 3,
-        "ranks did not print job and pids\n{}",
-        out.dump()
-    );
+    assert!(out.job().is_some() && out.pids().len() == 3, "ranks did not print job and pids\n{}", out.dump());
     out.assert_no_litter();
     // A killed run: rank 1 is SIGKILLed holding device memory mapped by rank 0.
-    let killed = die(
-        &["--when", "mid", "--how", "kill", "--placement", "D D"],
-        &[],
-        137,
-    );
-    assert!(
-        killed.job().is_some() && killed.pids().len() == 2,
-        "{}",
-        killed.dump()
-    );
+    let killed = die(&["--when", "mid", "--how", "kill", "--placement", "D D"], &[], 137);
+    assert!(killed.job().is_some() && killed.pids().len() == 2, "{}", killed.dump());
     killed.assert_no_litter();
     // Nothing new of these jobs appeared, whatever other test suites did meanwhile.
     let after = shm_entries("gpulmt-");
@@ -224,15 +130,11 @@ fn no_shm_litter_after_normal_and_killed_runs() {
         .iter()
         .filter(|n| {
             [&out, &killed].iter().any(|o| {
-                o.job().is_some_and(|j| n.contains(&j))
-                    || o.pids().iter().any(|p| n.contains(&format!("-{p}-")))
+                o.job().is_some_and(|j| n.contains(&j)) || o.pids().iter().any(|p| n.contains(&format!("-{p}-")))
             })
         })
         .collect();
-    assert!(
-        ours.is_empty(),
-        "new /dev/shm entries of these jobs: {ours:?}"
-    );
+    assert!(ours.is_empty(), "new /dev/shm entries of these jobs: {ours:?}");
 }
 
 /// An ANY_SOURCE receive in a 2-rank job whose other rank died can never match (short
@@ -243,9 +145,5 @@ fn no_shm_litter_after_normal_and_killed_runs() {
 /// MPI_ERR_PROC_FAILED_PENDING).
 #[test]
 fn any_source_receive_fails_when_every_peer_died() {
-    die(
-        &["--when", "before", "--role", "recv", "--any-source"],
-        &[],
-        3,
-    );
+    die(&["--when", "before", "--role", "recv", "--any-source"], &[], 3);
 }

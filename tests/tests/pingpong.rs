@@ -11,30 +11,11 @@ const FULL: &str = "0,1,7,4095,4096,65537,4194304,67108864";
 /// The same without 64 MiB, for most combinations.
 const SMALL: &str = "0,1,7,4095,4096,65537,4194304";
 
-fn pingpong(
-    protocol: &str,
-    place: &str,
-    list: &str,
-    env: &[(&str, &str)],
-    setup: Setup,
-    offset: &str,
-) {
-    let out = Job::new(
-        CHECK,
-        2,
-        &[
-            "pingpong",
-            "--placement",
-            place,
-            "--sizes",
-            list,
-            "--offset",
-            offset,
-        ],
-    )
-    .env("GPULMT_PROTOCOL", protocol)
-    .envs(env)
-    .run();
+fn pingpong(protocol: &str, place: &str, list: &str, env: &[(&str, &str)], setup: Setup, offset: &str) {
+    let out = Job::new(CHECK, 2, &["pingpong", "--placement", place, "--sizes", list, "--offset", offset])
+        .env("GPULMT_PROTOCOL", protocol)
+        .envs(env)
+        .run();
     out.assert_ok(2, "pingpong");
     let (p0, p1) = placement(place);
     let expect = expected_pingpong(&Setup { protocol, ..setup }, p0, p1, &sizes(list));
@@ -42,7 +23,12 @@ fn pingpong(
         let got = out.protocols(r);
         if protocol == "auto" {
             // RTR offers may turn GETs into the sender's pushes, never anything else.
-            assert_eq!(rtr_merged(&got), rtr_merged(e), "rank {r}: protocol counts differ from the policy's\n{}", out.dump());
+            assert_eq!(
+                rtr_merged(&got),
+                rtr_merged(e),
+                "rank {r}: protocol counts differ from the policy's\n{}",
+                out.dump()
+            );
             assert!(got["put"] >= e["put"], "rank {r}: fewer pushes than the policy's\n{}", out.dump());
         } else {
             assert_eq!(&got, e, "rank {r}: protocol counts differ from the policy's\n{}", out.dump());
@@ -52,19 +38,11 @@ fn pingpong(
     // device-to-device placements the forced protocol is among them.
     for r in 0..2 {
         let total: u64 = out.protocols(r).values().sum();
-        assert!(
-            total > 0,
-            "rank {r} ran no rendezvous at all\n{}",
-            out.dump()
-        );
+        assert!(total > 0, "rank {r} ran no rendezvous at all\n{}", out.dump());
     }
     if place == "D D" && setup.peer_access && protocol != "auto" {
         let forced = out.protocols(1)[protocol];
-        assert!(
-            forced > 0,
-            "GPULMT_PROTOCOL={protocol} never ran\n{}",
-            out.dump()
-        );
+        assert!(forced > 0, "GPULMT_PROTOCOL={protocol} never ran\n{}", out.dump());
     }
     if place != "D D" {
         for r in 0..2 {
@@ -117,65 +95,27 @@ matrix! {
 /// to SHM whatever protocol is asked for.
 #[test]
 fn no_peer_access_forces_shm_for_device_to_device() {
-    let setup = Setup {
-        peer_access: false,
-        ..Setup::default()
-    };
+    let setup = Setup { peer_access: false, ..Setup::default() };
     for proto in ["auto", "get", "put", "coop"] {
-        pingpong(
-            proto,
-            "D D",
-            SMALL,
-            &[("GPULMT_SIM_PEER", "none")],
-            setup,
-            "4096",
-        );
+        pingpong(proto, "D D", SMALL, &[("GPULMT_SIM_PEER", "none")], setup, "4096");
     }
 }
 
 /// On one device peer access is not needed: GET even with GPULMT_SIM_PEER=none.
 #[test]
 fn one_device_uses_get_without_peer_access() {
-    let setup = Setup {
-        peer_access: false,
-        same_device: true,
-        ..Setup::default()
-    };
-    pingpong(
-        "auto",
-        "D D",
-        SMALL,
-        &[("GPULMT_SIM_DEVICES", "1"), ("GPULMT_SIM_PEER", "none")],
-        setup,
-        "4096",
-    );
+    let setup = Setup { peer_access: false, same_device: true, ..Setup::default() };
+    pingpong("auto", "D D", SMALL, &[("GPULMT_SIM_DEVICES", "1"), ("GPULMT_SIM_PEER", "none")], setup, "4096");
 }
 
 /// The device eager path: device messages up to 8 KiB are staged through the host and
 /// travel inline (no rendezvous for them).
 #[test]
 fn device_eager_limit() {
-    let setup = Setup {
-        device_eager_limit: 8192,
-        ..Setup::default()
-    };
+    let setup = Setup { device_eager_limit: 8192, ..Setup::default() };
     let env = [("GPULMT_DEVICE_EAGER_LIMIT", "8192")];
-    pingpong(
-        "auto",
-        "D D",
-        "0,1,7,4095,4096,8192,8193,65537",
-        &env,
-        setup,
-        "4096",
-    );
-    pingpong(
-        "auto",
-        "D H",
-        "0,1,7,4095,4096,8192,8193,65537",
-        &env,
-        setup,
-        "4096",
-    );
+    pingpong("auto", "D D", "0,1,7,4095,4096,8192,8193,65537", &env, setup, "4096");
+    pingpong("auto", "D H", "0,1,7,4095,4096,8192,8193,65537", &env, setup, "4096");
     pingpong("put", "D D", "0,1,8192,8193", &env, setup, "4096");
 }
 
@@ -192,22 +132,8 @@ fn unaligned_buffers() {
 #[test]
 fn shm_small_chunks_and_shallow_pipeline() {
     let env = [("GPULMT_CHUNK_SIZE", "4K"), ("GPULMT_PIPELINE_DEPTH", "2")];
-    pingpong(
-        "shm",
-        "D D",
-        "1,4095,4096,4097,65537,1048577",
-        &env,
-        Setup::default(),
-        "4096",
-    );
-    pingpong(
-        "auto",
-        "H D",
-        "8193,65537,1048577",
-        &env,
-        Setup::default(),
-        "4096",
-    );
+    pingpong("shm", "D D", "1,4095,4096,4097,65537,1048577", &env, Setup::default(), "4096");
+    pingpong("auto", "H D", "8193,65537,1048577", &env, Setup::default(), "4096");
 }
 
 /// Copies split in pieces over several lanes (GET, PUT and COOPERATE).
@@ -215,14 +141,7 @@ fn shm_small_chunks_and_shallow_pipeline() {
 fn split_copies_over_lanes() {
     let env = [("GPULMT_COPY_SPLIT", "64K"), ("GPULMT_LANES", "3")];
     for proto in ["get", "put", "coop"] {
-        pingpong(
-            proto,
-            "D D",
-            "1,65537,4194304,4194305",
-            &env,
-            Setup::default(),
-            "4096",
-        );
+        pingpong(proto, "D D", "1,65537,4194304,4194305", &env, Setup::default(), "4096");
     }
 }
 

@@ -195,17 +195,23 @@ impl Config {
         // A setting with named values; empty means the first (`auto`).
         fn one_of<T: Copy>(var: &'static str, v: &str, options: &[(&str, T)]) -> Result<T, ConfigError> {
             let v_lower = v.trim().to_ascii_lowercase();
-            let pick = if v_lower.is_empty() { options.first() } else { options.iter().find(|(name, _)| *name == v_lower) };
+            let pick =
+                if v_lower.is_empty() { options.first() } else { options.iter().find(|(name, _)| *name == v_lower) };
             pick.map(|&(_, value)| value).ok_or_else(|| {
                 let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
                 ConfigError { var, value: v.to_string(), why: format!("expected one of {}", names.join(", ")) }
             })
         }
         if let Some(v) = get("GPULMT_DEVICE") {
-            c.device = one_of("GPULMT_DEVICE", &v, &[("auto", DeviceChoice::Auto), ("cuda", DeviceChoice::Cuda), ("sim", DeviceChoice::Sim)])?;
+            c.device = one_of(
+                "GPULMT_DEVICE",
+                &v,
+                &[("auto", DeviceChoice::Auto), ("cuda", DeviceChoice::Cuda), ("sim", DeviceChoice::Sim)],
+            )?;
         }
         if let Some(v) = get("GPULMT_COPY_PRIORITY") {
-            let options = [("auto", CopyPriority::Auto), ("high", CopyPriority::High), ("normal", CopyPriority::Normal)];
+            let options =
+                [("auto", CopyPriority::Auto), ("high", CopyPriority::High), ("normal", CopyPriority::Normal)];
             c.copy_priority = one_of("GPULMT_COPY_PRIORITY", &v, &options)?;
         }
         if let Some(v) = get("GPULMT_GPU") {
@@ -264,10 +270,18 @@ impl Config {
             return Err(err(
                 "GPULMT_EAGER_LIMIT",
                 &c.eager_limit.to_string(),
-                &format!("an eager message must fit a ring slot: raise GPULMT_SLOT_SIZE to at least {}", c.eager_limit + SLOT_OVERHEAD as u64),
+                &format!(
+                    "an eager message must fit a ring slot: raise GPULMT_SLOT_SIZE to at least {}",
+                    c.eager_limit + SLOT_OVERHEAD as u64
+                ),
             ));
         }
-        for (var, dst) in [("GPULMT_HANDLE_CACHE", &mut c.handle_cache), ("GPULMT_MEMTYPE_CACHE", &mut c.memtype_cache), ("GPULMT_PROGRESS_ON_POST", &mut c.progress_on_post), ("GPULMT_POLL_NEWEST", &mut c.poll_newest)] {
+        for (var, dst) in [
+            ("GPULMT_HANDLE_CACHE", &mut c.handle_cache),
+            ("GPULMT_MEMTYPE_CACHE", &mut c.memtype_cache),
+            ("GPULMT_PROGRESS_ON_POST", &mut c.progress_on_post),
+            ("GPULMT_POLL_NEWEST", &mut c.poll_newest),
+        ] {
             if let Some(v) = get(var) {
                 *dst = match v.trim() {
                     "1" | "on" | "true" | "yes" => true,

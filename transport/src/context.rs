@@ -24,8 +24,8 @@ use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, Po
 use crate::error::{Error, Result};
 use crate::mapping::DeviceOpener;
 use crate::memtype::HostRangeCache;
-use crate::requests::RequestTable;
 use crate::progress::{CopyQueue, Stats};
+use crate::requests::RequestTable;
 use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
 use crate::shm::ring::PacketRing;
 
@@ -83,11 +83,9 @@ impl JobInfo {
                 }
                 Ok(JobInfo { job, rank, size })
             }
-            (None, None, None) => Ok(JobInfo {
-                job: format!("solo{}x{:x}", std::process::id(), now_nanos()),
-                rank: 0,
-                size: 1,
-            }),
+            (None, None, None) => {
+                Ok(JobInfo { job: format!("solo{}x{:x}", std::process::id(), now_nanos()), rank: 0, size: 1 })
+            }
             _ => Err(Error::Bootstrap(
                 "GPULMT_JOB, GPULMT_RANK and GPULMT_SIZE must be set together: start ranks with gpulmt-run".into(),
             )),
@@ -100,7 +98,9 @@ impl JobInfo {
 fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device: DevId) {
     let idle = Duration::from_micros(cfg.copy_server_idle_us);
     match backend.enable_copy_server(device, cfg.copy_server_max as usize, idle) {
-        Ok(()) => tracing::info!(device, max = cfg.copy_server_max, idle_us = cfg.copy_server_idle_us, "copy server enabled"),
+        Ok(()) => {
+            tracing::info!(device, max = cfg.copy_server_max, idle_us = cfg.copy_server_idle_us, "copy server enabled")
+        }
         Err(device::DeviceError::Unsupported { backend, .. }) => {
             tracing::info!(?backend, "GPULMT_COPY_SERVER_MAX ignored: this backend has no copy server")
         }
@@ -171,7 +171,11 @@ impl Context {
         Self::init_inner(cfg, info, None)
     }
 
-    pub(crate) fn init_inner(cfg: Config, info: JobInfo, channel: Option<crate::plugin::HostChannel>) -> Result<Context> {
+    pub(crate) fn init_inner(
+        cfg: Config,
+        info: JobInfo,
+        channel: Option<crate::plugin::HostChannel>,
+    ) -> Result<Context> {
         crate::logging::init("warn");
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
@@ -218,7 +222,9 @@ impl Context {
         }
         for r in 0..info.size as usize {
             if seg.rank_node(r) != node {
-                return Err(Error::Bootstrap(format!("rank {r} runs on another node: gpulmt-run starts local ranks only")));
+                return Err(Error::Bootstrap(format!(
+                    "rank {r} runs on another node: gpulmt-run starts local ranks only"
+                )));
             }
         }
         let rank_devices: Vec<u32> = (0..info.size as usize).map(|r| seg.rank_device(r)).collect();
@@ -269,8 +275,8 @@ impl Context {
             CacheLimits::disabled()
         };
         let cache = HandleCache::new(DeviceOpener { backend: backend.clone(), device }, limits);
-        let free_commit = FreeCommit::new(info.size as usize, me)
-            .map_err(|e| Error::Bootstrap(format!("two-phase free: {e}")))?;
+        let free_commit =
+            FreeCommit::new(info.size as usize, me).map_err(|e| Error::Bootstrap(format!("two-phase free: {e}")))?;
         tracing::info!(
             rank = info.rank,
             size = info.size,
@@ -370,8 +376,7 @@ impl Context {
             }
             if export {
                 let backend = &self.backend;
-                let handle =
-                    *self.exports.get_or_export(info.buffer_id, || backend.export_handle(info.base))?;
+                let handle = *self.exports.get_or_export(info.buffer_id, || backend.export_handle(info.base))?;
                 desc.region = Some(Region {
                     handle: handle.0,
                     alloc_size: info.size as u64,
@@ -447,7 +452,15 @@ impl Context {
         };
         // The request exists before any wait for an offer below: once the offer is in, all
         // that is left before the copy's issue is the engine's decision.
-        let span = tracing::debug_span!("send", to = dst, tag, len, protocol = tracing::field::Empty, ipc_cache = tracing::field::Empty, ipc_open_us = tracing::field::Empty);
+        let span = tracing::debug_span!(
+            "send",
+            to = dst,
+            tag,
+            len,
+            protocol = tracing::field::Empty,
+            ipc_cache = tracing::field::Empty,
+            ipc_open_us = tracing::field::Empty
+        );
         let req = self.new_request(ptr, len, kind, span);
         if !eager && self.engine.rtr_eligible(dst, &desc) {
             // An RTR the peer sent for this message may be waiting in its ring, or be
@@ -490,7 +503,13 @@ impl Context {
         self.irecv_tagged(buf, len, src, tag)
     }
 
-    unsafe fn irecv_tagged(&mut self, buf: *mut u8, len: usize, src: Option<Rank>, tag: Option<Tag>) -> Result<Request> {
+    unsafe fn irecv_tagged(
+        &mut self,
+        buf: *mut u8,
+        len: usize,
+        src: Option<Rank>,
+        tag: Option<Tag>,
+    ) -> Result<Request> {
         anatomy::mark(Point::RecvPost, 0);
         if let Some(s) = src {
             if s >= self.size() {
@@ -664,10 +683,18 @@ impl Context {
         anatomy::dump(self.rank());
         let (s, p) = (&self.stats, self.stats.protocols);
         tracing::info!(
-            get = p[0], put = p[1], coop = p[2], shm = p[3], self_copies = p[4],
-            copies = s.copies, probed = s.probed, packets_sent = s.packets_sent,
-            packets_received = s.packets_received, backpressure = s.backpressure,
-            violations = s.violations, "traffic of this rank"
+            get = p[0],
+            put = p[1],
+            coop = p[2],
+            shm = p[3],
+            self_copies = p[4],
+            copies = s.copies,
+            probed = s.probed,
+            packets_sent = s.packets_sent,
+            packets_received = s.packets_received,
+            backpressure = s.backpressure,
+            violations = s.violations,
+            "traffic of this rank"
         );
         if !self.reqs.is_empty() {
             tracing::warn!(pending = self.reqs.len(), "finalize with requests not waited for");

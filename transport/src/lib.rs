@@ -14,18 +14,19 @@
 pub mod anatomy;
 pub mod binding;
 pub mod config;
-pub mod device;
-pub mod shm;
 pub mod context;
+pub mod device;
 pub mod error;
-pub mod logging;
 mod free;
+pub mod logging;
 pub mod mapping;
-#[cfg(feature = "mpi")] pub mod mpi;
+pub mod memtype;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod plugin;
 pub mod progress;
-pub mod memtype;
 mod requests;
+pub mod shm;
 
 pub use context::{Context, JobInfo, Request};
 pub use error::{Error, Result};

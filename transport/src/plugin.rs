@@ -52,7 +52,8 @@ impl Context {
         if from >= self.size() {
             return Err(ProtoError::BadRank { rank: from, size: self.size() }.into());
         }
-        let p = Packet::decode(blob).map_err(|e| Error::InvalidArgument(format!("control blob from rank {from}: {e}")))?;
+        let p =
+            Packet::decode(blob).map_err(|e| Error::InvalidArgument(format!("control blob from rank {from}: {e}")))?;
         self.on_control(from, p);
         self.progress()?;
         Ok(())

@@ -117,7 +117,9 @@ impl Context {
             let popped = ring.try_pop(|bytes| {
                 anatomy::mark(Point::PacketIn, bytes.get(1).copied().unwrap_or(0));
                 if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
-                    if let Some((req, buf, result)) = self.engine.take_eager_match(from as Rank, tag, payload.len() as u64) {
+                    if let Some((req, buf, result)) =
+                        self.engine.take_eager_match(from as Rank, tag, payload.len() as u64)
+                    {
                         self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
                         return None;
                     }
@@ -326,7 +328,12 @@ impl Context {
     }
 
     /// Eager fast path: writes the payload and completes the request.
-    fn deliver_eager(&mut self, req: u64, payload: &[u8], result: Result<gpulmt_protocols::Status, gpulmt_protocols::ProtoError>) {
+    fn deliver_eager(
+        &mut self,
+        req: u64,
+        payload: &[u8],
+        result: Result<gpulmt_protocols::Status, gpulmt_protocols::ProtoError>,
+    ) {
         if !payload.is_empty() {
             self.write_payload(req, payload);
         }
@@ -475,9 +482,8 @@ impl Context {
         let mut lease = None;
         // Only where debug spans are on: otherwise the copy's issue path reads no counters.
         let opens_before = tracing::enabled!(tracing::Level::DEBUG).then(|| self.cache.open_counters());
-        let ends = self
-            .resolve(c.src, c.len, &mut lease)
-            .and_then(|s| self.resolve(c.dst, c.len, &mut lease).map(|d| (s, d)));
+        let ends =
+            self.resolve(c.src, c.len, &mut lease).and_then(|s| self.resolve(c.dst, c.len, &mut lease).map(|d| (s, d)));
         if let (Some(key), Some(before)) = (&lease, opens_before) {
             self.record_cache_outcome(&c, key, before);
         }
@@ -504,7 +510,9 @@ impl Context {
                     let copy = InflightCopy { id: c.id, ticket, lease };
                     match self.inflight.iter_mut().find(|q| q.engine == d && q.lane == c.lane) {
                         Some(q) => q.copies.push_back(copy),
-                        None => self.inflight.push(CopyQueue { engine: d, lane: c.lane, copies: VecDeque::from([copy]) }),
+                        None => {
+                            self.inflight.push(CopyQueue { engine: d, lane: c.lane, copies: VecDeque::from([copy]) })
+                        }
                     }
                 }
                 Err(e) => {
@@ -522,7 +530,13 @@ impl Context {
         let opened = misses_now > misses;
         let open_us = (nanos_now - nanos) as f64 / 1e3;
         if opened {
-            tracing::debug!(peer = key.peer, device = key.device, buffer_id = key.buffer_id, open_us, "opened a peer IPC mapping");
+            tracing::debug!(
+                peer = key.peer,
+                device = key.device,
+                buffer_id = key.buffer_id,
+                open_us,
+                "opened a peer IPC mapping"
+            );
         }
         let served = [c.src, c.dst].into_iter().find_map(|l| match l {
             Loc::User { req, .. } => self.reqs.get(req.0),

@@ -130,7 +130,9 @@ fn sigterm_to_launcher_kills_the_ranks() {
     }
     let pids: Vec<i32> = pid_files
         .iter()
-        .flat_map(|f| std::fs::read_to_string(f).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect::<Vec<_>>())
+        .flat_map(|f| {
+            std::fs::read_to_string(f).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect::<Vec<_>>()
+        })
         .collect();
     // SAFETY: plain kill of the launcher we spawned.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
@@ -165,7 +167,14 @@ fn timeout_kills_and_exits_124() {
 
 #[test]
 fn bad_usage_exits_2() {
-    for args in [&[][..], &["sh"], &["-n", "0", "true"], &["-n", "x", "true"], &["--bogus", "-n", "1", "true"], &["-n", "1", "--bind", "socket", "true"]] {
+    for args in [
+        &[][..],
+        &["sh"],
+        &["-n", "0", "true"],
+        &["-n", "x", "true"],
+        &["--bogus", "-n", "1", "true"],
+        &["-n", "1", "--bind", "socket", "true"],
+    ] {
         let (out, _) = run(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(text(&out.stderr).contains("usage: gpulmt-run"), "{args:?}: {}", text(&out.stderr));
@@ -273,12 +282,15 @@ fn rank_cpu_lists(args: &[&str]) -> Vec<String> {
 #[test]
 fn ranks_are_bound_to_cores_of_their_own() {
     let ours = gpulmt::binding::allowed_cpus();
-    let whole = text(&Command::new("sh").args(["-c", "grep Cpus_allowed_list /proc/self/status | cut -f2"]).output().unwrap().stdout)
-        .trim()
-        .to_string();
+    let whole = text(
+        &Command::new("sh").args(["-c", "grep Cpus_allowed_list /proc/self/status | cut -f2"]).output().unwrap().stdout,
+    )
+    .trim()
+    .to_string();
     let n = ours.len().min(2);
     let bound = rank_cpu_lists(&["-n", &n.to_string()]);
-    let cpus: Vec<usize> = bound.iter().map(|c| c.parse().unwrap_or_else(|_| panic!("rank not bound to one CPU: {c}"))).collect();
+    let cpus: Vec<usize> =
+        bound.iter().map(|c| c.parse().unwrap_or_else(|_| panic!("rank not bound to one CPU: {c}"))).collect();
     assert!(cpus.iter().all(|c| ours.contains(c)), "{cpus:?} outside {ours:?}");
     assert_eq!(cpus.iter().collect::<std::collections::BTreeSet<_>>().len(), n, "{cpus:?}");
     if ours.len() > 1 {

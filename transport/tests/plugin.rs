@@ -20,7 +20,15 @@ enum HostMsg {
     Bye,
 }
 
-fn rank(job: &str, me: u32, protocol: &str, rings: bool, tx: mpsc::Sender<HostMsg>, rx: mpsc::Receiver<HostMsg>, len: usize) {
+fn rank(
+    job: &str,
+    me: u32,
+    protocol: &str,
+    rings: bool,
+    tx: mpsc::Sender<HostMsg>,
+    rx: mpsc::Receiver<HostMsg>,
+    len: usize,
+) {
     let mut cfg = Config::from_lookup(|k| match k {
         "GPULMT_PROTOCOL" => Some(protocol.to_string()),
         _ => None,
@@ -33,7 +41,8 @@ fn rank(job: &str, me: u32, protocol: &str, rings: bool, tx: mpsc::Sender<HostMs
     let mut ctx = if rings {
         Context::init_plugin_rings(cfg, info).unwrap()
     } else {
-        Context::init_plugin(cfg, info, Box::new(move |_to, b| blob_tx.send(HostMsg::Blob(b.to_vec())).unwrap())).unwrap()
+        Context::init_plugin(cfg, info, Box::new(move |_to, b| blob_tx.send(HostMsg::Blob(b.to_vec())).unwrap()))
+            .unwrap()
     };
     let buf = ctx.mem_alloc(len + 64).unwrap();
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();

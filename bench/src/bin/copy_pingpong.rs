@@ -88,7 +88,9 @@ fn map_shared(file: &File) -> &'static Shared {
     let len = std::mem::size_of::<Shared>();
     // SAFETY: a fresh shared mapping of a file at least `len` long; the memory stays mapped
     // for the life of the process, and Shared holds only bytes and atomics.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
     if p == libc::MAP_FAILED {
         die(format!("mmap of the shared page failed: {}", std::io::Error::last_os_error()));
     }
@@ -130,7 +132,9 @@ impl Side {
 
     fn open_peer(&mut self) {
         // SAFETY: the peer wrote its slot before we were told to read it (see `new`).
-        let raw = unsafe { std::ptr::read_volatile(self.shared.handle[1 - self.rank].as_ptr() as *const [u8; IPC_HANDLE_BYTES]) };
+        let raw = unsafe {
+            std::ptr::read_volatile(self.shared.handle[1 - self.rank].as_ptr() as *const [u8; IPC_HANDLE_BYTES])
+        };
         self.peer = self.b.open_handle(&IpcHandle(raw), self.dev).unwrap_or_else(|e| die(e));
     }
 
@@ -195,7 +199,10 @@ impl Side {
             let want = pattern(1 - self.rank, len);
             if let Some(at) = got.iter().position(|&x| x != want) {
                 self.shared.failed.store(1, Ordering::Relaxed);
-                die(format!("rank {} received {:#04x} at byte {at} of {len}, expected {want:#04x}", self.rank, got[at]));
+                die(format!(
+                    "rank {} received {:#04x} at byte {at} of {len}, expected {want:#04x}",
+                    self.rank, got[at]
+                ));
             }
             // A barrier without copies: the next size's first leg must not land before the
             // peer has checked this size's bytes.
@@ -223,7 +230,8 @@ fn main() {
     let sizes: Vec<usize> = gpulmt_bench::sizes_in(args.sizes).into_iter().filter(|&s| s > 0).collect();
     let max = sizes.iter().copied().max().unwrap_or(1);
     if let Ok(path) = std::env::var(CHILD_ENV) {
-        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap_or_else(|e| die(format!("{path}: {e}")));
+        let file =
+            OpenOptions::new().read(true).write(true).open(&path).unwrap_or_else(|e| die(format!("{path}: {e}")));
         let shared = map_shared(&file);
         if let Ok(cpu) = std::env::var(CHILD_CPU_ENV) {
             bind(cpu.parse().unwrap_or_else(|_| die(format!("{CHILD_CPU_ENV}={cpu:?} is not a CPU number"))));
@@ -239,7 +247,12 @@ fn main() {
         return;
     }
     let path = std::env::temp_dir().join(format!("gpulmt-copy-pingpong-{}", std::process::id()));
-    let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap_or_else(|e| die(format!("{}: {e}", path.display())));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap_or_else(|e| die(format!("{}: {e}", path.display())));
     file.set_len(std::mem::size_of::<Shared>() as u64).unwrap_or_else(|e| die(e));
     let shared = map_shared(&file);
     let cpus = if args.bind == "core" { gpulmt::binding::cpus_for_ranks(2) } else { None };

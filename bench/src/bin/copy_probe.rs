@@ -28,14 +28,13 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use gpulmt::device::cuda::CudaBackend;
-use gpulmt_bench::driver::{ck, event, pinned, primary_context, print_row, spin_stream, timed};
 use gpulmt::device::{DeviceBackend, IpcHandle, IPC_HANDLE_BYTES};
+use gpulmt_bench::driver::{ck, event, pinned, primary_context, print_row, spin_stream, timed};
 
 const WARM: usize = 200;
 const REPS: usize = 2000;
 const CHILD_ENV: &str = "GPULMT_COPY_PROBE_HANDLE";
 const PATTERN: u8 = 0x5a;
-
 
 /// Times `op` (which must finish its copy before returning) and prints its row.
 fn measure(variant: &str, op: impl FnMut()) {
@@ -58,7 +57,6 @@ fn dev(ordinal: i32) -> Dev {
     Dev { ctx, stream, event: event(), word: (host.cast(), word_dev) }
 }
 
-
 fn spin_event(e: sys::CUevent) {
     loop {
         match unsafe { sys::cuEventQuery(e) } {
@@ -71,7 +69,12 @@ fn spin_event(e: sys::CUevent) {
 
 /// Calls `query` until it answers success, timing each call: the successful one's time
 /// goes to `ready`, the others' to `not_ready`. Returns when the successful one began.
-fn timed_poll(what: &str, mut query: impl FnMut() -> CUresult, ready: &mut Vec<f64>, not_ready: &mut Vec<f64>) -> Instant {
+fn timed_poll(
+    what: &str,
+    mut query: impl FnMut() -> CUresult,
+    ready: &mut Vec<f64>,
+    not_ready: &mut Vec<f64>,
+) -> Instant {
     loop {
         let x = Instant::now();
         let r = query();
@@ -127,9 +130,14 @@ fn settle_probes(b: &CudaBackend) {
             }
             print_row("copy_probe", what, t);
         };
-        let after = |what: &str, stream: sys::CUstream, settle: Box<dyn FnMut() + '_>| after_prep(what, stream, &|| {}, settle);
+        let after =
+            |what: &str, stream: sys::CUstream, settle: Box<dyn FnMut() + '_>| after_prep(what, stream, &|| {}, settle);
         after("settle_legacy_query_after_copy", d.stream, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(LEGACY))));
-        after("settle_nonblocking_query_after_copy", d.stream, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(d.stream))));
+        after(
+            "settle_nonblocking_query_after_copy",
+            d.stream,
+            Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(d.stream))),
+        );
         after(
             "settle_event_record_legacy_wait_after_copy",
             d.stream,
@@ -163,8 +171,16 @@ fn settle_probes(b: &CudaBackend) {
         }
         // Whether a synchronize answers an idle stream faster than a query does, and whether
         // it leaves later queries fast.
-        after("settle_legacy_sync_after_copy", d.stream, Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY))));
-        after("settle_nonblocking_sync_after_copy", d.stream, Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream))));
+        after(
+            "settle_legacy_sync_after_copy",
+            d.stream,
+            Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(LEGACY))),
+        );
+        after(
+            "settle_nonblocking_sync_after_copy",
+            d.stream,
+            Box::new(|| ck("cuStreamSynchronize", sys::cuStreamSynchronize(d.stream))),
+        );
         after_prep(
             "settle_legacy_query_after_copy_and_legacy_sync",
             d.stream,
@@ -176,8 +192,14 @@ fn settle_probes(b: &CudaBackend) {
         // what its copy and wait cost beside the non-blocking stream's.
         let mut blocking = ptr::null_mut();
         ck("cuStreamCreate", sys::cuStreamCreate(&mut blocking, sys::CUstream_flags::CU_STREAM_DEFAULT as c_uint));
-        after("settle_legacy_query_after_blocking_copy", blocking, Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(LEGACY))));
-        for (what, s) in [("local_copy_streamquery_nonblocking", d.stream), ("local_copy_streamquery_blocking", blocking)] {
+        after(
+            "settle_legacy_query_after_blocking_copy",
+            blocking,
+            Box::new(|| ck("cuStreamQuery", sys::cuStreamQuery(LEGACY))),
+        );
+        for (what, s) in
+            [("local_copy_streamquery_nonblocking", d.stream), ("local_copy_streamquery_blocking", blocking)]
+        {
             measure(what, || {
                 ck("cuMemcpyAsync", sys::cuMemcpyAsync(a2 as CUdeviceptr, a as CUdeviceptr, 8, s));
                 spin_stream(s);
@@ -186,7 +208,9 @@ fn settle_probes(b: &CudaBackend) {
         ck("cuStreamDestroy", sys::cuStreamDestroy_v2(blocking));
         b.free(a2).expect("free");
     }
-    measure("settle_backend_wait_app_default_stream", || b.wait_app_default_stream(0).expect("wait_app_default_stream"));
+    measure("settle_backend_wait_app_default_stream", || {
+        b.wait_app_default_stream(0).expect("wait_app_default_stream")
+    });
     measure("settle_backend_pointer_info", || {
         b.pointer_info(a).expect("pointer_info");
     });
@@ -282,7 +306,12 @@ fn variants(tag: &str, d: &Dev, dst: usize, src: usize, len: usize) {
             ck("cuEventRecord", sys::cuEventRecord(t1, d.stream));
             el_record.push(x.elapsed().as_secs_f64() * 1e6);
             let mut ms = 0f32;
-            timed_poll("cuEventElapsedTime", || sys::cuEventElapsedTime_v2(&mut ms, t0, t1), &mut el_ready, &mut el_not_ready);
+            timed_poll(
+                "cuEventElapsedTime",
+                || sys::cuEventElapsedTime_v2(&mut ms, t0, t1),
+                &mut el_ready,
+                &mut el_not_ready,
+            );
             el_total.push(start.elapsed().as_secs_f64() * 1e6);
         }
         for e in [t0, t1] {
@@ -445,7 +474,10 @@ fn main() {
     unsafe {
         ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx));
         measure("push_memcpypeer_streamsync", || {
-            ck("cuMemcpyPeerAsync", sys::cuMemcpyPeerAsync(a1 as CUdeviceptr, d1.ctx, a0 as CUdeviceptr, d0.ctx, len, d0.stream));
+            ck(
+                "cuMemcpyPeerAsync",
+                sys::cuMemcpyPeerAsync(a1 as CUdeviceptr, d1.ctx, a0 as CUdeviceptr, d0.ctx, len, d0.stream),
+            );
             ck("cuStreamSynchronize", sys::cuStreamSynchronize(d0.stream));
         });
     }

@@ -98,9 +98,11 @@ fn main() {
     let cfg1 = cfg.clone();
     let job1 = job.clone();
     let one = std::thread::spawn(move || Context::init_with(cfg1, JobInfo { job: job1, rank: 1, size: 2 }));
-    let ctx0 = Context::init_with(cfg, JobInfo { job, rank: 0, size: 2 }).unwrap_or_else(|e| die(format!("rank 0: {e}")));
+    let ctx0 =
+        Context::init_with(cfg, JobInfo { job, rank: 0, size: 2 }).unwrap_or_else(|e| die(format!("rank 0: {e}")));
     let ctx1 = one.join().expect("rank 1's start").unwrap_or_else(|e| die(format!("rank 1: {e}")));
-    let buffer = |ctx: &mut Context, p| Buffer::new(ctx, p, hi).unwrap_or_else(|e| die(format!("allocating a buffer: {e}")));
+    let buffer =
+        |ctx: &mut Context, p| Buffer::new(ctx, p, hi).unwrap_or_else(|e| die(format!("allocating a buffer: {e}")));
     let mut ranks = [ctx0, ctx1].map(|mut ctx| {
         let (send, recv) = (buffer(&mut ctx, args.send), buffer(&mut ctx, args.recv));
         Rank { ctx, send, recv }

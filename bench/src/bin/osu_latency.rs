@@ -22,7 +22,15 @@ use gpulmt_bench::*;
 /// Returns the round trip's stamps (see [`Anatomy`]) when `STAMP`, zeros otherwise: a
 /// clock read costs 25-50 ns on 2x H200's host, and three of the five sit between one
 /// operation's completion and the next post, in the latency being measured.
-unsafe fn round_trip<const STAMP: bool>(ctx: &mut Context, me: u32, sbuf: &Buffer, rbuf: &Buffer, back: &Buffer, size: usize, tag: i32) -> Stamps {
+unsafe fn round_trip<const STAMP: bool>(
+    ctx: &mut Context,
+    me: u32,
+    sbuf: &Buffer,
+    rbuf: &Buffer,
+    back: &Buffer,
+    size: usize,
+    tag: i32,
+) -> Stamps {
     let peer = 1 - me;
     let mut t = [0u64; 5];
     let now = || if STAMP { now_ns() } else { 0 };

@@ -36,8 +36,10 @@ use std::sync::atomic::{compiler_fence, Ordering};
 
 use cudarc::driver::sys::{self, CUdeviceptr};
 use gpulmt::device::cuda::CudaBackend;
-use gpulmt_bench::driver::{ck, high_priority_stream, nonblocking_stream, pinned, primary_context, print_row, spin_stream};
 use gpulmt::device::DeviceBackend;
+use gpulmt_bench::driver::{
+    ck, high_priority_stream, nonblocking_stream, pinned, primary_context, print_row, spin_stream,
+};
 
 const WARM: usize = 200;
 const REPS: usize = 2000;
@@ -176,7 +178,6 @@ PIPELINED(2)
 PIPELINED(4)
 "#;
 
-
 fn row(variant: &str, t: Vec<f64>) {
     print_row("server_probe", variant, t);
 }
@@ -202,10 +203,15 @@ struct Server {
     seq: u64,
 }
 
-
 impl Server {
     /// Starts the server kernel `kernel` (its `spacing_ns` only for the pipelined ones).
-    fn start(ordinal: i32, image: &std::ffi::CStr, kernel: &std::ffi::CStr, fence_all: bool, spacing_ns: u64) -> Server {
+    fn start(
+        ordinal: i32,
+        image: &std::ffi::CStr,
+        kernel: &std::ffi::CStr,
+        fence_all: bool,
+        spacing_ns: u64,
+    ) -> Server {
         unsafe {
             let (ctx, stream) = primary_context(ordinal);
             let server_stream = nonblocking_stream();
@@ -226,8 +232,20 @@ impl Server {
                 (&mut a3 as *mut CUdeviceptr).cast(),
                 (&mut a4 as *mut u64).cast(),
             ];
-            ck("cuLaunchKernel", sys::cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, server_stream, args.as_mut_ptr(), ptr::null_mut()));
-            Server { ctx, stream, hi_stream, server_stream, desc: (d.cast(), dd), done: (w.cast(), wd), gpu_ns: t.cast(), seq: 0 }
+            ck(
+                "cuLaunchKernel",
+                sys::cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, server_stream, args.as_mut_ptr(), ptr::null_mut()),
+            );
+            Server {
+                ctx,
+                stream,
+                hi_stream,
+                server_stream,
+                desc: (d.cast(), dd),
+                done: (w.cast(), wd),
+                gpu_ns: t.cast(),
+                seq: 0,
+            }
         }
     }
 
@@ -264,7 +282,6 @@ impl Server {
     }
 }
 
-
 /// Fills `src` with a pattern for `len`, clears `dst`; after the copies, checks `dst`.
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
@@ -280,22 +297,31 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
     b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
     unsafe { ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(s.ctx)) };
     let stream = s.stream;
-    row(&format!("engine_{name}_{len}"), timed(|| {
-        ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream) });
-        spin_stream(stream);
-    }));
+    row(
+        &format!("engine_{name}_{len}"),
+        timed(|| {
+            ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream) });
+            spin_stream(stream);
+        }),
+    );
     let hi = s.hi_stream;
-    row(&format!("engine_hi_{name}_{len}"), timed(|| {
-        ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, hi) });
-        spin_stream(hi);
-    }));
+    row(
+        &format!("engine_hi_{name}_{len}"),
+        timed(|| {
+            ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, hi) });
+            spin_stream(hi);
+        }),
+    );
     b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
     let mut on_gpu = Vec::with_capacity(REPS);
-    row(&format!("server_{name}_{len}"), timed(|| {
-        s.copy(dst, src, len);
-        // SAFETY: the server wrote both stamps before the word just seen.
-        on_gpu.push(unsafe { s.gpu_ns.add(1).read_volatile().wrapping_sub(s.gpu_ns.read_volatile()) } as f64 / 1e3);
-    }));
+    row(
+        &format!("server_{name}_{len}"),
+        timed(|| {
+            s.copy(dst, src, len);
+            // SAFETY: the server wrote both stamps before the word just seen.
+            on_gpu.push(unsafe { s.gpu_ns.add(1).read_volatile().wrapping_sub(s.gpu_ns.read_volatile()) } as f64 / 1e3);
+        }),
+    );
     row(&format!("server_{name}_{len}_gpu_seen_to_store"), on_gpu.split_off(WARM));
     let check = |what: &str| {
         let mut got = vec![0u8; len];
@@ -304,12 +330,15 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
         b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
     };
     check("probe");
-    row(&format!("gpulmt_{name}_{len}"), timed(|| {
-        let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
-        while !b.copy_poll(t).expect("copy_poll") {
-            std::hint::spin_loop();
-        }
-    }));
+    row(
+        &format!("gpulmt_{name}_{len}"),
+        timed(|| {
+            let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
+            while !b.copy_poll(t).expect("copy_poll") {
+                std::hint::spin_loop();
+            }
+        }),
+    );
     check("gpulmt");
 }
 
@@ -319,7 +348,8 @@ fn hold(b: &CudaBackend, time: std::time::Duration) {
     b.enable_copy_server(0, 64, time * 2).expect("enable_copy_server");
     let (p, q) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
     let limit = std::time::Duration::from_secs(10);
-    let copies = b.copy_until_served(0, (q, p, 64), limit).expect("copy").expect("server_probe: the copy server never started");
+    let copies =
+        b.copy_until_served(0, (q, p, 64), limit).expect("copy").expect("server_probe: the copy server never started");
     eprintln!("server_probe: holding the copy server on device 0 for {time:?} (it took copy {copies})");
     std::thread::sleep(time);
 }
@@ -367,7 +397,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let spacing: u64 = std::env::var("SERVER_READ_SPACING_NS").ok().map_or(1000, |v| v.parse().expect("SERVER_READ_SPACING_NS: ns"));
+    let spacing: u64 =
+        std::env::var("SERVER_READ_SPACING_NS").ok().map_or(1000, |v| v.parse().expect("SERVER_READ_SPACING_NS: ns"));
     println!("server_probe,reads_in_flight,{},,", in_flight.as_deref().unwrap_or("0 (none while copying)"));
     let mut s0 = Server::start(0, &image, &kernel, fence_all, spacing);
     let mut s1 = two.then(|| Server::start(1, &image, &kernel, fence_all, spacing));

@@ -96,7 +96,9 @@ fn run(route: &str, s: &Setup, dst: CUdeviceptr, src: CUdeviceptr, reps: usize) 
     unsafe { ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(s.ctx)) };
     for &len in &[65536usize, 262144, 1 << 20] {
         for &window in &[8usize, 64] {
-            for (name, how) in [("memcpy", Issue::PerCopy), ("batch", Issue::Batch(window)), ("batch8", Issue::Batch(8))] {
+            for (name, how) in
+                [("memcpy", Issue::PerCopy), ("batch", Issue::Batch(window)), ("batch8", Issue::Batch(8))]
+            {
                 let mut per_copy = Vec::with_capacity(reps);
                 let mut gbps = Vec::with_capacity(reps);
                 for r in 0..reps + 5 {
@@ -116,11 +118,7 @@ fn run(route: &str, s: &Setup, dst: CUdeviceptr, src: CUdeviceptr, reps: usize) 
                         gbps.push((len * window) as f64 / secs / 1e9);
                     }
                 }
-                println!(
-                    "window_probe,{route},{name},{len},{window},{:.3},{:.2}",
-                    median(per_copy),
-                    median(gbps)
-                );
+                println!("window_probe,{route},{name},{len},{window},{:.3},{:.2}", median(per_copy), median(gbps));
             }
         }
     }

@@ -168,10 +168,7 @@ impl Anchors {
 
     /// The value measured at exactly `bytes` (the first such row).
     pub fn exact(&self, anchor: &str, metric: &str, bytes: u64) -> Option<f64> {
-        self.rows
-            .iter()
-            .find(|a| a.anchor == anchor && a.metric == metric && a.bytes == bytes)
-            .map(|a| a.value)
+        self.rows.iter().find(|a| a.anchor == anchor && a.metric == metric && a.bytes == bytes).map(|a| a.value)
     }
 
     /// The value at the largest size at or below `bytes`, with that size.

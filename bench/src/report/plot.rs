@@ -437,9 +437,7 @@ where
                 Kind::AnchorPoint => {
                     let label = format!("{} ({} at {})", s.label, y_label(&s.points[0].1), plot.x.point(s.points[0].0));
                     chart
-                        .draw_series(
-                            pts.into_iter().map(|p| TriangleMarker::new(p, 9, color.filled())),
-                        )
+                        .draw_series(pts.into_iter().map(|p| TriangleMarker::new(p, 9, color.filled())))
                         .map_err(&e)?
                         .label(label)
                         .legend(move |(x, y)| TriangleMarker::new((x + 11, y), 6, color.filled()));

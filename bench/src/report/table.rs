@@ -99,16 +99,14 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
             let Some(main) = rows.iter().find(|r| at(r) && r.protocol == k.protocol) else { continue };
             let anchor = main.anchor.as_ref().unwrap();
             let best = if k.protocol == "auto" {
-                rows.iter().filter(|r| at(r) && matches!(r.protocol.as_str(), "get" | "put" | "coop")).reduce(
-                    |a, b| {
-                        let b_wins = if k.lower_is_better { b.value < a.value } else { b.value > a.value };
-                        if b_wins {
-                            b
-                        } else {
-                            a
-                        }
-                    },
-                )
+                rows.iter().filter(|r| at(r) && matches!(r.protocol.as_str(), "get" | "put" | "coop")).reduce(|a, b| {
+                    let b_wins = if k.lower_is_better { b.value < a.value } else { b.value > a.value };
+                    if b_wins {
+                        b
+                    } else {
+                        a
+                    }
+                })
             } else {
                 None
             };

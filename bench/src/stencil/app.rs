@@ -202,7 +202,15 @@ struct RankReport {
 
 impl RankReport {
     fn encode(&self) -> String {
-        format!("{} {} {} {} {} {}", self.device, self.elapsed, self.exchange, self.exchanges, self.timed_opens, self.tally.encode())
+        format!(
+            "{} {} {} {} {} {}",
+            self.device,
+            self.elapsed,
+            self.exchange,
+            self.exchanges,
+            self.timed_opens,
+            self.tally.encode()
+        )
     }
 
     fn decode(s: &str) -> Option<RankReport> {
@@ -222,7 +230,11 @@ impl RankReport {
 pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     let grid = o.grid.unwrap_or_else(|| ProcGrid::squarest(ctx.size()));
     if grid.size() != ctx.size() {
-        return Err(StencilError::Config(format!("the {grid} grid needs {} ranks, the job has {}", grid.size(), ctx.size())));
+        return Err(StencilError::Config(format!(
+            "the {grid} grid needs {} ranks, the job has {}",
+            grid.size(),
+            ctx.size()
+        )));
     }
     if o.iters == 0 {
         return Err(StencilError::Config("--iters must be at least 1".into()));
@@ -371,7 +383,16 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         println!("{}", times.line(ctx.rank(), o.mode));
     }
     let reports = gather_reports(ctx, &mine)?;
-    let setup = Setup { o, d: &d, ranks: ctx.size(), backend: ctx.backend_kind(), compute: dev.describe(), warmup, precision: T::NAME, elem_bytes: size_of::<T>() };
+    let setup = Setup {
+        o,
+        d: &d,
+        ranks: ctx.size(),
+        backend: ctx.backend_kind(),
+        compute: dev.describe(),
+        warmup,
+        precision: T::NAME,
+        elem_bytes: size_of::<T>(),
+    };
     if let Some(reports) = &reports {
         print!("{}", setup.report(reports));
         setup.csv(reports);
@@ -552,7 +573,10 @@ impl Setup<'_> {
         if self.backend == BackendKind::Cuda && self.o.fmad {
             // Each step rounds a contracted multiply-add once instead of twice per
             // term; the differences add up at most linearly over the steps.
-            (4.0 * T::EPSILON * steps as f64, "FMA contraction (--fmad) rounds differently from the CPU, 4 unit roundoffs per step")
+            (
+                4.0 * T::EPSILON * steps as f64,
+                "FMA contraction (--fmad) rounds differently from the CPU, 4 unit roundoffs per step",
+            )
         } else if self.backend == BackendKind::Cuda {
             (0.0, "bit-identical: NVRTC --fmad=false rounds every operation like the CPU")
         } else {
@@ -591,7 +615,11 @@ impl Setup<'_> {
             o.weight_diagonal,
             std::env::var("GPULMT_PROTOCOL").unwrap_or_else(|_| "auto".into())
         );
-        let _ = writeln!(s, "# {:>4} {:>6} {:>22} {:>14} {:>14} {:>10}", "rank", "device", "block (offset)", "time/step us", "exchange us", "comm %");
+        let _ = writeln!(
+            s,
+            "# {:>4} {:>6} {:>22} {:>14} {:>14} {:>10}",
+            "rank", "device", "block (offset)", "time/step us", "exchange us", "comm %"
+        );
         for (r, rep) in reports.iter().enumerate() {
             let b = Decomp::new(d.grid, r as u32, d.global, d.halo).expect("every rank built this block");
             let block = format!("{}x{} ({},{})", b.local.0, b.local.1, b.offset.0, b.offset.1);
@@ -651,7 +679,8 @@ impl Setup<'_> {
     /// The CSV rows of the run (rank 0, with `--csv`).
     fn csv(&self, reports: &[RankReport]) {
         let (mean, max) = Self::comm_share(reports);
-        let exchange = reports.iter().map(|r| r.exchange / r.exchanges.max(1) as f64).sum::<f64>() / reports.len() as f64;
+        let exchange =
+            reports.iter().map(|r| r.exchange / r.exchanges.max(1) as f64).sum::<f64>() / reports.len() as f64;
         self.csv_row("time_per_iter_us", 1e6 * self.step_time(reports));
         self.csv_row("comm_share_pct", mean);
         self.csv_row("comm_share_max_pct", max);
@@ -711,7 +740,13 @@ fn interior_of<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<Vec<T
 
 /// Gathers the result to rank 0 and compares it with the CPU reference there
 /// (`steps` steps); None on the other ranks.
-fn check<T: Real>(ctx: &mut Context, d: &Decomp, field: usize, w: &Weights<T>, steps: usize) -> Result<Option<CheckError>> {
+fn check<T: Real>(
+    ctx: &mut Context,
+    d: &Decomp,
+    field: usize,
+    w: &Weights<T>,
+    steps: usize,
+) -> Result<Option<CheckError>> {
     let mine = interior_of::<T>(ctx, d, field)?;
     let as_bytes = |v: &[T]| {
         // SAFETY: f32/f64 have no padding and every byte pattern is a valid u8.
@@ -730,7 +765,9 @@ fn check<T: Real>(ctx: &mut Context, d: &Decomp, field: usize, w: &Weights<T>, s
         } else {
             let mut v = vec![T::default(); b.local.0 * b.local.1];
             // SAFETY: as above; any bytes make valid f32/f64 values.
-            let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())) };
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v.as_slice()))
+            };
             ctx.recv(buf, Some(r), Some(FIELD_TAG))?;
             v
         };
@@ -786,8 +823,20 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        let o = StencilOptions::try_parse_from(["stencil2d", "--mode", "inter-k-overlap", "--precision", "double", "--grid", "1x4"]).unwrap();
-        assert_eq!((o.mode, o.precision, o.grid), (Mode::InterKOverlap, Precision::Double, Some(ProcGrid { rows: 1, cols: 4 })));
+        let o = StencilOptions::try_parse_from([
+            "stencil2d",
+            "--mode",
+            "inter-k-overlap",
+            "--precision",
+            "double",
+            "--grid",
+            "1x4",
+        ])
+        .unwrap();
+        assert_eq!(
+            (o.mode, o.precision, o.grid),
+            (Mode::InterKOverlap, Precision::Double, Some(ProcGrid { rows: 1, cols: 4 }))
+        );
         assert!(StencilOptions::try_parse_from(["stencil2d", "--size", "8", "--global", "16"]).is_err());
     }
 }

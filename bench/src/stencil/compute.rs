@@ -42,7 +42,15 @@ pub trait Compute<T: Real> {
 
     /// Queues a copy of a `rows x cols` block between pitched arrays on the comm queue
     /// (packing and unpacking of halo columns).
-    fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()>;
+    fn copy_block(
+        &mut self,
+        dst: usize,
+        dst_pitch: usize,
+        src: usize,
+        src_pitch: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
 
     /// Waits for the compute queue.
     fn sync_compute(&mut self) -> Result<()>;
@@ -166,7 +174,15 @@ impl<T: Real> Compute<T> for SimCompute<T> {
         rects.iter().try_for_each(|r| self.stencil(src, dst, pitch, *r))
     }
 
-    fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()> {
+    fn copy_block(
+        &mut self,
+        dst: usize,
+        dst_pitch: usize,
+        src: usize,
+        src_pitch: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
         // SAFETY: the caller's blocks lie in live allocations, in different buffers
         // (a field and a message buffer), and no transfer uses them during the call.
         unsafe { kernel::copy_block_raw(dst as *mut T, dst_pitch, src as *const T, src_pitch, rows, cols) };
@@ -257,7 +273,8 @@ impl<T: Real> CudaCompute<T> {
         // and unpack kernels would otherwise wait for SMs until the interior kernel's
         // last blocks are scheduled, and the halos would not move during it.
         // (The context is current: CudaContext::new bound it to this thread.)
-        let (_, highest) = cudarc::driver::result::stream::get_priority_range().map_err(cuda_err("stream priorities"))?;
+        let (_, highest) =
+            cudarc::driver::result::stream::get_priority_range().map_err(cuda_err("stream priorities"))?;
         let comm = ctx.new_stream_with_priority(highest).map_err(cuda_err("creating the comm stream"))?;
         let comm_done = ctx
             .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -265,7 +282,21 @@ impl<T: Real> CudaCompute<T> {
         let checkpoint = ctx
             .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(cuda_err("creating an event"))?;
-        Ok(CudaCompute { device, name, fmad, weights, compute, comm, comm_done, checkpoint, stencil, copy, marks: None, _ctx: ctx, _real: PhantomData })
+        Ok(CudaCompute {
+            device,
+            name,
+            fmad,
+            weights,
+            compute,
+            comm,
+            comm_done,
+            checkpoint,
+            stencil,
+            copy,
+            marks: None,
+            _ctx: ctx,
+            _real: PhantomData,
+        })
     }
 }
 
@@ -293,12 +324,24 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
         rects.iter().try_for_each(|r| self.launch_stencil(&self.comm, src, dst, pitch, *r))
     }
 
-    fn copy_block(&mut self, dst: usize, dst_pitch: usize, src: usize, src_pitch: usize, rows: usize, cols: usize) -> Result<()> {
+    fn copy_block(
+        &mut self,
+        dst: usize,
+        dst_pitch: usize,
+        src: usize,
+        src_pitch: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
         let n = rows * cols;
         if n == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(COPY_BLOCK), 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((n as u32).div_ceil(COPY_BLOCK), 1, 1),
+            block_dim: (COPY_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (dst, dst_pitch, src, src_pitch) = (dst as u64, dst_pitch as u64, src as u64, src_pitch as u64);
         let (rows, cols) = (rows as u32, cols as u32);
         let mut launch = self.comm.launch_builder(&self.copy);
@@ -336,7 +379,10 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
 
     fn enable_timeline(&mut self, batches: usize) -> Result<bool> {
         let ctx = self.compute.context().clone();
-        let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda_err("creating a timing event"));
+        let ev = || {
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("creating a timing event"))
+        };
         let sets = (0..batches).map(|_| Ok([ev()?, ev()?, ev()?, ev()?])).collect::<Result<Vec<_>>>()?;
         self.marks = Some(Timeline { sets, cur: 0 });
         Ok(true)
@@ -357,7 +403,9 @@ impl<T: Real> Compute<T> for CudaCompute<T> {
 
     fn timeline(&mut self, skip: usize) -> Result<Vec<BatchTimes>> {
         let Some(t) = &self.marks else { return Ok(Vec::new()) };
-        let us = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(|ms| ms as f64 * 1e3).map_err(cuda_err("reading a timeline mark"));
+        let us = |a: &CudaEvent, b: &CudaEvent| {
+            a.elapsed_ms(b).map(|ms| ms as f64 * 1e3).map_err(cuda_err("reading a timeline mark"))
+        };
         let n = t.cur.min(t.sets.len());
         (skip.min(n)..n)
             .map(|i| {
@@ -382,7 +430,8 @@ impl<T: Real> CudaCompute<T> {
         // Thin strips (the overlap mode's boundary, a few rows) in blocks one row high: an
         // 8-row block over a 1-row strip leaves 7 of 8 threads idle while holding an SM
         // slot the interior kernel beside it could use.
-        let (bx, by) = if rect.rows() < STENCIL_BLOCK.1 as usize { (STENCIL_BLOCK.0 * STENCIL_BLOCK.1, 1) } else { STENCIL_BLOCK };
+        let (bx, by) =
+            if rect.rows() < STENCIL_BLOCK.1 as usize { (STENCIL_BLOCK.0 * STENCIL_BLOCK.1, 1) } else { STENCIL_BLOCK };
         let cfg = LaunchConfig {
             grid_dim: ((rect.cols() as u32).div_ceil(bx), (rect.rows() as u32).div_ceil(by), 1),
             block_dim: (bx, by, 1),

@@ -147,7 +147,13 @@ impl<T: Real> PairwiseExchange<T> {
     }
 
     /// Posts the receives and sends of the phase of `sides`.
-    fn post(&mut self, ctx: &mut Context, dev: &mut dyn Compute<T>, field: usize, sides: [Side; 2]) -> Result<Vec<Request>> {
+    fn post(
+        &mut self,
+        ctx: &mut Context,
+        dev: &mut dyn Compute<T>,
+        field: usize,
+        sides: [Side; 2],
+    ) -> Result<Vec<Request>> {
         let (d, h) = (&self.d, self.d.halo);
         let esize = size_of::<T>();
         self.counted_from = protocol_counts(ctx);

@@ -423,7 +423,11 @@ mod tests {
                 for i in 0..d.padded_rows() {
                     for j in 0..d.pitch() {
                         let inside = (full.r0..full.r1).contains(&i) && (full.c0..full.c1).contains(&j);
-                        assert_eq!(count[i * d.pitch() + j], u8::from(inside), "rank {rank} halo {halo} cell ({i},{j})");
+                        assert_eq!(
+                            count[i * d.pitch() + j],
+                            u8::from(inside),
+                            "rank {rank} halo {halo} cell ({i},{j})"
+                        );
                     }
                 }
                 // The inner region reads no ghost cell a neighbour provides.

@@ -19,7 +19,16 @@ pub const CUDA_SOURCE: &str = include_str!("kernels.cu");
 
 /// The floating-point types of `--precision`.
 pub trait Real:
-    Copy + Default + PartialEq + std::fmt::Debug + Send + Sync + 'static + Add<Output = Self> + Mul<Output = Self> + DeviceRepr
+    Copy
+    + Default
+    + PartialEq
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+    + Add<Output = Self>
+    + Mul<Output = Self>
+    + DeviceRepr
 {
     /// The `--precision` value.
     const NAME: &'static str;
@@ -101,7 +110,14 @@ fn stencil_row<T: Real>(w: &Weights<T>, up: &[T], mid: &[T], down: &[T], out: &m
 /// of a pitched array; `src` is the same band of the source array plus the row above
 /// and the row below it. Splits the band over `threads` threads (the result does not
 /// depend on the split).
-pub fn stencil_band<T: Real>(w: &Weights<T>, src: &[T], dst: &mut [T], pitch: usize, cols: Range<usize>, threads: usize) {
+pub fn stencil_band<T: Real>(
+    w: &Weights<T>,
+    src: &[T],
+    dst: &mut [T],
+    pitch: usize,
+    cols: Range<usize>,
+    threads: usize,
+) {
     assert!(pitch > 0, "zero pitch");
     assert_eq!(dst.len() % pitch, 0, "band of {} elements with pitch {pitch}", dst.len());
     assert_eq!(src.len(), dst.len() + 2 * pitch, "the source band must have one more row on each side");
@@ -137,7 +153,14 @@ pub fn stencil_band<T: Real>(w: &Weights<T>, src: &[T], dst: &mut [T], pitch: us
 /// # Safety
 /// Both blocks must be valid for their pitched extent, not overlap, and not be
 /// accessed by anyone else during the copy.
-pub unsafe fn copy_block_raw<T: Copy>(dst: *mut T, dst_pitch: usize, src: *const T, src_pitch: usize, rows: usize, cols: usize) {
+pub unsafe fn copy_block_raw<T: Copy>(
+    dst: *mut T,
+    dst_pitch: usize,
+    src: *const T,
+    src_pitch: usize,
+    rows: usize,
+    cols: usize,
+) {
     for r in 0..rows {
         std::ptr::copy_nonoverlapping(src.add(r * src_pitch), dst.add(r * dst_pitch), cols);
     }
@@ -182,7 +205,14 @@ pub fn reference<T: Real>(global: (usize, usize), w: &Weights<T>, steps: usize, 
     let mut a = initial_field::<T>(&d);
     let mut b = a.clone();
     for _ in 0..steps {
-        stencil_band(w, &a[(rect.r0 - 1) * p..(rect.r1 + 1) * p], &mut b[rect.r0 * p..rect.r1 * p], p, rect.c0..rect.c1, threads);
+        stencil_band(
+            w,
+            &a[(rect.r0 - 1) * p..(rect.r1 + 1) * p],
+            &mut b[rect.r0 * p..rect.r1 * p],
+            p,
+            rect.c0..rect.c1,
+            threads,
+        );
         std::mem::swap(&mut a, &mut b);
     }
     d.extract_interior(&a)

@@ -88,7 +88,14 @@ mod tests {
     use super::*;
 
     fn sample() -> Envelope {
-        Envelope { kind: KIND_LMT, total: 1 << 24, job_hash: job_hash("mpi1x2"), world_rank: 3, local_rank: 1, cookie: (0..123).collect() }
+        Envelope {
+            kind: KIND_LMT,
+            total: 1 << 24,
+            job_hash: job_hash("mpi1x2"),
+            world_rank: 3,
+            local_rank: 1,
+            cookie: (0..123).collect(),
+        }
     }
 
     #[test]

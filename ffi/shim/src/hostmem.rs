@@ -111,7 +111,8 @@ impl State {
     fn memo(&self, buf: usize, count: c_int, dt: MPI_Datatype) -> Option<usize> {
         let m = self.memo.get();
         // Acquire: pairs with `forget_all` (a memo of an older generation is not used).
-        let known = m.buf == buf && m.count == count && m.dt == dt && m.generation == GENERATION.load(Ordering::Acquire);
+        let known =
+            m.buf == buf && m.count == count && m.dt == dt && m.generation == GENERATION.load(Ordering::Acquire);
         known.then_some(m.bytes)
     }
 

@@ -41,8 +41,8 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod envelope;
-mod raw;
 mod hostmem;
+mod raw;
 mod scratch;
 mod state;
 
@@ -50,17 +50,17 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use mpi_sys::{
-    MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status, PMPI_Barrier, PMPI_Comm_call_errhandler, PMPI_Finalize,
-    PMPI_Ibarrier, PMPI_Init, PMPI_Init_thread, PMPI_Query_thread, PMPI_Iprobe, PMPI_Irecv, PMPI_Isend, PMPI_Issend, PMPI_Probe,
-    PMPI_Mprobe, PMPI_Mrecv, PMPI_Recv, PMPI_Send, PMPI_Sendrecv, PMPI_Ssend, PMPI_Test, PMPI_Testall, PMPI_Testany, PMPI_Testsome,
-    PMPI_Wait, PMPI_Waitall, PMPI_Waitany, PMPI_Waitsome, PMPI_Comm_get_errhandler, PMPI_Comm_set_errhandler,
-    PMPI_Errhandler_free, RSMPI_ERRORS_RETURN,
+    MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status, PMPI_Barrier, PMPI_Comm_call_errhandler, PMPI_Comm_get_errhandler,
+    PMPI_Comm_set_errhandler, PMPI_Errhandler_free, PMPI_Finalize, PMPI_Ibarrier, PMPI_Init, PMPI_Init_thread,
+    PMPI_Iprobe, PMPI_Irecv, PMPI_Isend, PMPI_Issend, PMPI_Mprobe, PMPI_Mrecv, PMPI_Probe, PMPI_Query_thread,
+    PMPI_Recv, PMPI_Send, PMPI_Sendrecv, PMPI_Ssend, PMPI_Test, PMPI_Testall, PMPI_Testany, PMPI_Testsome, PMPI_Wait,
+    PMPI_Waitall, PMPI_Waitany, PMPI_Waitsome, RSMPI_ERRORS_RETURN,
 };
 
+use envelope::ENVELOPE_BYTES;
 use raw::*;
 pub use state::gpulmt_mpi_counters;
 use state::{errored, lock, Done, Shim};
-use envelope::ENVELOPE_BYTES;
 
 /// Set while the shim is active (between MPI_Init and MPI_Finalize): the fast test
 /// that lets every call pass straight through when it is not.
@@ -269,13 +269,22 @@ fn host_recv_ready(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Option
 /// the MPI function needs no stack frame and jumps to the library's.
 #[inline(always)]
 fn send_passes(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int) -> bool {
-    !active() || dest == proc_null() || (state::host_fast_path() && hostmem::memo_ready(buf as usize, count, dt).is_some())
+    !active()
+        || dest == proc_null()
+        || (state::host_fast_path() && hostmem::memo_ready(buf as usize, count, dt).is_some())
 }
 
 /// A blocking send of an active shim that `send_passes` did not let through: a host
 /// buffer (`host_ready`) still goes to the library, anything else to `send_blocking`.
 #[inline(never)]
-unsafe fn send_checked<const SYNC: bool>(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
+unsafe fn send_checked<const SYNC: bool>(
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> c_int {
     if host_ready(buf, count, dt).is_some() {
         let pmpi: PmpiSend = if SYNC { PMPI_Ssend } else { PMPI_Send };
         // SAFETY: the caller's arguments, passed on.
@@ -286,12 +295,21 @@ unsafe fn send_checked<const SYNC: bool>(buf: *const c_void, count: c_int, dt: M
 }
 
 type PmpiSend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm) -> c_int;
-type PmpiIsend = unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm, *mut MPI_Request) -> c_int;
+type PmpiIsend =
+    unsafe extern "C" fn(*const c_void, c_int, MPI_Datatype, c_int, c_int, MPI_Comm, *mut MPI_Request) -> c_int;
 
 /// A blocking send of an active shim that is not a host send the shim may leave to
 /// the library without its lock: decided under the lock.
 #[inline(never)]
-unsafe fn send_blocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, sync: bool) -> c_int {
+unsafe fn send_blocking(
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    sync: bool,
+) -> c_int {
     let (pmpi, ipmpi): (PmpiSend, PmpiIsend) = if sync { (PMPI_Ssend, PMPI_Issend) } else { (PMPI_Send, PMPI_Isend) };
     let mut g = lock();
     let Some(s) = g.as_mut() else {
@@ -385,7 +403,14 @@ unsafe fn send_nonblocking(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Send(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
+pub unsafe extern "C" fn MPI_Send(
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> c_int {
     if send_passes(buf, count, dt, dest) {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Send(buf, count, dt, dest, tag, comm) };
@@ -395,7 +420,14 @@ pub unsafe extern "C" fn MPI_Send(buf: *const c_void, count: c_int, dt: MPI_Data
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Ssend(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
+pub unsafe extern "C" fn MPI_Ssend(
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> c_int {
     if send_passes(buf, count, dt, dest) {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Ssend(buf, count, dt, dest, tag, comm) };
@@ -777,7 +809,10 @@ pub unsafe extern "C" fn MPI_Sendrecv(
     if !active() {
         // SAFETY: the caller's arguments, passed on.
         return unsafe {
-            PMPI_Sendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source, recvtag, comm, status)
+            PMPI_Sendrecv(
+                sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source, recvtag, comm,
+                status,
+            )
         };
     }
     let mut reqs = [request_null(), request_null()];
@@ -850,7 +885,12 @@ pub unsafe extern "C" fn MPI_Waitall(count: c_int, requests: *mut MPI_Request, s
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Testall(count: c_int, requests: *mut MPI_Request, flag: *mut c_int, statuses: *mut MPI_Status) -> c_int {
+pub unsafe extern "C" fn MPI_Testall(
+    count: c_int,
+    requests: *mut MPI_Request,
+    flag: *mut c_int,
+    statuses: *mut MPI_Status,
+) -> c_int {
     if active() {
         progress_idle();
     }
@@ -859,7 +899,12 @@ pub unsafe extern "C" fn MPI_Testall(count: c_int, requests: *mut MPI_Request, f
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Waitany(count: c_int, requests: *mut MPI_Request, index: *mut c_int, status: *mut MPI_Status) -> c_int {
+pub unsafe extern "C" fn MPI_Waitany(
+    count: c_int,
+    requests: *mut MPI_Request,
+    index: *mut c_int,
+    status: *mut MPI_Status,
+) -> c_int {
     loop {
         if !active() || progress_idle() {
             // SAFETY: the caller's arguments, passed on.
@@ -900,10 +945,13 @@ pub unsafe extern "C" fn MPI_Waitsome(
     loop {
         if !active() || progress_idle() {
             // SAFETY: the caller's arguments, passed on.
-            return unsafe { complete(requests, incount, || PMPI_Waitsome(incount, requests, outcount, indices, statuses)) };
+            return unsafe {
+                complete(requests, incount, || PMPI_Waitsome(incount, requests, outcount, indices, statuses))
+            };
         }
         // SAFETY: as above.
-        let rc = unsafe { complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses)) };
+        let rc =
+            unsafe { complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses)) };
         // SAFETY: the caller's out-pointer, written by PMPI_Testsome.
         if rc != SUCCESS || unsafe { *outcount } != 0 {
             return rc;
@@ -931,7 +979,13 @@ pub unsafe extern "C" fn MPI_Testsome(
 // -------------------------------------------------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn MPI_Iprobe(source: c_int, tag: c_int, comm: MPI_Comm, flag: *mut c_int, status: *mut MPI_Status) -> c_int {
+pub unsafe extern "C" fn MPI_Iprobe(
+    source: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    flag: *mut c_int,
+    status: *mut MPI_Status,
+) -> c_int {
     if !active() || source == proc_null() {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Iprobe(source, tag, comm, flag, status) };

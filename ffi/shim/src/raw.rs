@@ -135,7 +135,20 @@ pub fn find_count_word() {
     let mut st = empty_status();
     // SAFETY: local buffers of the given sizes; MPI_COMM_SELF's only rank is this one.
     let rc = unsafe {
-        PMPI_Sendrecv(out.as_ptr().cast(), 3, byte(), 0, 0, back.as_mut_ptr().cast(), 8, byte(), 0, 0, RSMPI_COMM_SELF, &mut st)
+        PMPI_Sendrecv(
+            out.as_ptr().cast(),
+            3,
+            byte(),
+            0,
+            0,
+            back.as_mut_ptr().cast(),
+            8,
+            byte(),
+            0,
+            0,
+            RSMPI_COMM_SELF,
+            &mut st,
+        )
     };
     let mut n: c_int = -1;
     // SAFETY: the status just filled; a local out-pointer.
@@ -157,7 +170,8 @@ pub fn type_geometry(dt: MPI_Datatype, count: c_int) -> Result<(usize, bool), c_
     if count < 0 {
         return Err(ERR_COUNT);
     }
-    let (mut size, mut tlb, mut text, mut lb, mut ext): (c_int, MPI_Aint, MPI_Aint, MPI_Aint, MPI_Aint) = (0, 0, 0, 0, 0);
+    let (mut size, mut tlb, mut text, mut lb, mut ext): (c_int, MPI_Aint, MPI_Aint, MPI_Aint, MPI_Aint) =
+        (0, 0, 0, 0, 0);
     // SAFETY: out-pointers to locals; an invalid datatype makes the library fail.
     unsafe {
         let rc = PMPI_Type_size(dt, &mut size);
@@ -168,7 +182,8 @@ pub fn type_geometry(dt: MPI_Datatype, count: c_int) -> Result<(usize, bool), c_
         PMPI_Type_get_extent(dt, &mut lb, &mut ext);
     }
     let bytes = size as usize * count as usize;
-    let contiguous = count == 0 || size == 0 || (tlb == 0 && text == size as MPI_Aint && (count == 1 || ext == size as MPI_Aint));
+    let contiguous =
+        count == 0 || size == 0 || (tlb == 0 && text == size as MPI_Aint && (count == 1 || ext == size as MPI_Aint));
     Ok((bytes, contiguous))
 }
 

@@ -302,7 +302,9 @@ impl Shim {
         let mine = c_int::from(made.is_ok());
         let mut all = 0;
         // SAFETY: one int each way; collective over the node communicator.
-        unsafe { PMPI_Allreduce((&mine as *const c_int).cast(), (&mut all as *mut c_int).cast(), 1, int32(), op_min(), node) };
+        unsafe {
+            PMPI_Allreduce((&mine as *const c_int).cast(), (&mut all as *mut c_int).cast(), 1, int32(), op_min(), node)
+        };
         let mut fail = |why: String, ctx: Option<Context>| {
             if let Some(ctx) = ctx {
                 release(ctx, &job, lrank == 0);
@@ -359,7 +361,10 @@ impl Shim {
         while self.busy() {
             self.progress();
             if t0.elapsed() > std::time::Duration::from_secs(30) {
-                tracing::warn!(ops = self.ops.len(), "MPI_Finalize: shim transfers still running after 30 s; abandoning them");
+                tracing::warn!(
+                    ops = self.ops.len(),
+                    "MPI_Finalize: shim transfers still running after 30 s; abandoning them"
+                );
                 break;
             }
         }
@@ -584,7 +589,8 @@ impl Shim {
         };
         let mut env_req = request_null();
         // SAFETY: the envelope lives in the operation until its send completes.
-        let rc = unsafe { PMPI_Isend(env.as_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), dest, tag, comm, &mut env_req) };
+        let rc =
+            unsafe { PMPI_Isend(env.as_ptr().cast(), ENVELOPE_BYTES as c_int, byte(), dest, tag, comm, &mut env_req) };
         if rc != SUCCESS {
             // The receiver will never see it; gpulmt's request stays orphaned.
             tracing::error!(rc, "sending an envelope failed");
@@ -658,7 +664,17 @@ impl Shim {
     ) -> u64 {
         let (buf, count, dtype, want_source, want_tag, comm) = recv;
         let cap = crate::hostmem::geometry(dtype, count).map_or(0, |g| g.0);
-        let spec = RecvSpec { buf, count, dtype, source: want_source, tag: want_tag, comm, device: false, contiguous: true, cap };
+        let spec = RecvSpec {
+            buf,
+            count,
+            dtype,
+            source: want_source,
+            tag: want_tag,
+            comm,
+            device: false,
+            contiguous: true,
+            cap,
+        };
         let (id, _) = self.new_op(Some(spec), comm, State::Posted, false);
         let env = Envelope::decode(&bytes[..], self.job_hash);
         self.deliver_small(id, &spec, source, tag, bytes, env);
@@ -677,10 +693,8 @@ impl Shim {
             let id = self.posted[i];
             let spec = self.ops[&id].recv.expect("posted receives have a spec");
             // A message Probe took out of the MPI library comes first.
-            if let Some(k) = self
-                .stash
-                .iter()
-                .position(|s| s.comm == spec.comm && matches(spec.source, spec.tag, s.source, s.tag))
+            if let Some(k) =
+                self.stash.iter().position(|s| s.comm == spec.comm && matches(spec.source, spec.tag, s.source, s.tag))
             {
                 let s = self.stash.remove(k);
                 self.posted.remove(i);
@@ -754,7 +768,15 @@ impl Shim {
 
     /// Delivers a message of envelope size already taken from the MPI library: an
     /// envelope starts gpulmt's receive; anything else is data.
-    fn deliver_small(&mut self, id: u64, spec: &RecvSpec, source: c_int, tag: c_int, b: &[u8; ENVELOPE_BYTES], env: Option<Envelope>) {
+    fn deliver_small(
+        &mut self,
+        id: u64,
+        spec: &RecvSpec,
+        source: c_int,
+        tag: c_int,
+        b: &[u8; ENVELOPE_BYTES],
+        env: Option<Envelope>,
+    ) {
         match env {
             Some(env) => self.start_lmt_recv(id, spec, source, tag, env),
             None => {

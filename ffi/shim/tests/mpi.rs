@@ -25,7 +25,13 @@ use gpulmt_tests::{job_lock, shm_entries, target_profile_dir};
 fn have_mpi() -> bool {
     let missing: Vec<&str> = ["mpicc", "mpirun"]
         .into_iter()
-        .filter(|t| !Command::new("sh").args(["-c", &format!("command -v {t}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success()))
+        .filter(|t| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
         .collect();
     if !missing.is_empty() {
         eprintln!(
@@ -128,8 +134,13 @@ fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run 
         cmd.arg("-x").arg(format!("{k}={v}"));
     }
     cmd.arg(p2p()).args(args);
-    let what = format!("mpirun -np {np} {} p2p {}", vars.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), args.join(" "));
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start mpirun");
+    let what = format!(
+        "mpirun -np {np} {} p2p {}",
+        vars.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        args.join(" ")
+    );
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start mpirun");
     let pipe = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut s = String::new();
@@ -185,7 +196,11 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
     for (np, args) in [(2, &[][..]), (3, &[][..]), (4, &["thread"][..]), (2, &["multiple"][..])] {
         let run = clean_run(np, &[], args);
         run.assert_all_ok(np);
-        assert!(run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0, "no device message went through gpulmt\n{}", run.dump());
+        assert!(
+            run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0,
+            "no device message went through gpulmt\n{}",
+            run.dump()
+        );
         assert_eq!(run.counter("lmt_sends"), run.counter("lmt_recvs"), "{}", run.dump());
         assert_eq!(run.counter("staged_sends"), 0, "device sends within a node were staged\n{}", run.dump());
     }

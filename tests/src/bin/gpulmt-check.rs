@@ -42,11 +42,7 @@ static RANK: AtomicU32 = AtomicU32::new(u32::MAX);
 fn fail(msg: impl std::fmt::Display) -> ! {
     use std::io::Write;
     let r = RANK.load(Ordering::Relaxed);
-    let who = if r == u32::MAX {
-        String::new()
-    } else {
-        format!("rank {r}: ")
-    };
+    let who = if r == u32::MAX { String::new() } else { format!("rank {r}: ") };
     // One write, so that lines of ranks failing together do not interleave.
     let line = format!("gpulmt-check: {who}FAIL: {msg}\n");
     let _ = std::io::stderr().write_all(line.as_bytes());
@@ -79,10 +75,7 @@ impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
 // ---------------------------------------------------------------------------------
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "gpulmt-check",
-    about = "Rank program of gpulmt's integration tests (run under gpulmt-run)"
-)]
+#[command(name = "gpulmt-check", about = "Rank program of gpulmt's integration tests (run under gpulmt-run)")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -241,15 +234,10 @@ fn parse_placement(s: &str) -> (Kind, Kind) {
         .map(|c| match c.to_ascii_uppercase() {
             'D' => Kind::Dev,
             'H' => Kind::Host,
-            _ => fail(format!(
-                "placement {s:?}: expected two of D (device) / H (host), e.g. \"D H\""
-            )),
+            _ => fail(format!("placement {s:?}: expected two of D (device) / H (host), e.g. \"D H\"")),
         })
         .collect();
-    ensure!(
-        ks.len() == 2,
-        "placement {s:?}: expected two of D / H, e.g. \"D H\""
-    );
+    ensure!(ks.len() == 2, "placement {s:?}: expected two of D / H, e.g. \"D H\"");
     (ks[0], ks[1])
 }
 
@@ -258,10 +246,7 @@ fn parse_size(s: &str) -> usize {
 }
 
 fn parse_sizes(s: &str) -> Vec<usize> {
-    s.split(',')
-        .filter(|t| !t.trim().is_empty())
-        .map(parse_size)
-        .collect()
+    s.split(',').filter(|t| !t.trim().is_empty()).map(parse_size).collect()
 }
 
 // ---------------------------------------------------------------------------------
@@ -285,10 +270,7 @@ fn pattern(seed: u64, n: usize) -> Vec<u8> {
 
 /// Seed of the message `src -> dst` of iteration `iter` (alltoall, free...).
 fn msg_seed(src: u32, dst: u32, iter: u32, salt: u64) -> u64 {
-    ((src as u64) << 48)
-        ^ ((dst as u64) << 32)
-        ^ ((iter as u64) << 8)
-        ^ salt.wrapping_mul(0x1000_0000_01b3)
+    ((src as u64) << 48) ^ ((dst as u64) << 32) ^ ((iter as u64) << 8) ^ salt.wrapping_mul(0x1000_0000_01b3)
 }
 
 /// Index of the first byte of `a` that is not `v`.
@@ -305,12 +287,7 @@ fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
     if a == b {
         None
     } else {
-        Some(
-            a.iter()
-                .zip(b)
-                .position(|(x, y)| x != y)
-                .unwrap_or(a.len().min(b.len())),
-        )
+        Some(a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len())))
     }
 }
 
@@ -332,24 +309,10 @@ impl Buf {
     fn new(ctx: &mut Context, kind: Kind, len: usize, off: usize, guard: u8) -> Buf {
         let total = len + 2 * off;
         let mut b = match kind {
-            Kind::Host => Buf {
-                kind,
-                host: vec![guard; total],
-                dev: 0,
-                total,
-                off,
-                len,
-            },
+            Kind::Host => Buf { kind, host: vec![guard; total], dev: 0, total, off, len },
             Kind::Dev => {
                 let dev = ctx.mem_alloc(total).or_fail(format!("mem_alloc({total})"));
-                Buf {
-                    kind,
-                    host: Vec::new(),
-                    dev,
-                    total,
-                    off,
-                    len,
-                }
+                Buf { kind, host: Vec::new(), dev, total, off, len }
             }
         };
         if kind == Kind::Dev {
@@ -364,8 +327,7 @@ impl Buf {
             Kind::Host => self.host.fill(v),
             Kind::Dev if self.total > 0 => {
                 let tmp = vec![v; self.total];
-                ctx.copy_sync(self.dev, tmp.as_ptr() as usize, self.total)
-                    .or_fail("copy_sync to device");
+                ctx.copy_sync(self.dev, tmp.as_ptr() as usize, self.total).or_fail("copy_sync to device");
             }
             Kind::Dev => {}
         }
@@ -386,8 +348,7 @@ impl Buf {
             Kind::Dev => {
                 let mut v = vec![0u8; self.total];
                 if self.total > 0 {
-                    ctx.copy_sync(v.as_mut_ptr() as usize, self.dev, self.total)
-                        .or_fail("copy_sync from device");
+                    ctx.copy_sync(v.as_mut_ptr() as usize, self.dev, self.total).or_fail("copy_sync from device");
                 }
                 v
             }
@@ -396,17 +357,12 @@ impl Buf {
 
     /// Writes `data` at the buffer's start.
     fn write(&mut self, ctx: &Context, data: &[u8]) {
-        ensure!(
-            data.len() <= self.len,
-            "internal: {} bytes written into a {}-byte buffer",
-            data.len(),
-            self.len
-        );
+        ensure!(data.len() <= self.len, "internal: {} bytes written into a {}-byte buffer", data.len(), self.len);
         match self.kind {
             Kind::Host => self.host[self.off..self.off + data.len()].copy_from_slice(data),
-            Kind::Dev if !data.is_empty() => ctx
-                .copy_sync(self.dev + self.off, data.as_ptr() as usize, data.len())
-                .or_fail("copy_sync to device"),
+            Kind::Dev if !data.is_empty() => {
+                ctx.copy_sync(self.dev + self.off, data.as_ptr() as usize, data.len()).or_fail("copy_sync to device")
+            }
             Kind::Dev => {}
         }
     }
@@ -425,14 +381,11 @@ impl Buf {
             ));
         }
         if let Some(i) = first_diff(&w[off..off + n], expect) {
-            let bad = w[off..off + n]
-                .iter()
-                .zip(expect)
-                .filter(|(a, b)| a != b)
-                .count();
+            let bad = w[off..off + n].iter().zip(expect).filter(|(a, b)| a != b).count();
             fail(format!(
                 "{what}: {kind} data differs at byte {i} of {n}: got {:#04x}, expected {:#04x} ({bad} bytes differ)",
-                w[off + i], expect[i]
+                w[off + i],
+                expect[i]
             ));
         }
         if let Some(i) = first_not(&w[off + n..], guard) {
@@ -459,20 +412,14 @@ impl Buf {
 // ---------------------------------------------------------------------------------
 
 fn isend(ctx: &mut Context, b: &mut Buf, len: usize, dst: Rank, tag: Tag) -> Request {
-    ensure!(
-        len <= b.len,
-        "internal: send of {len} from a {}-byte buffer",
-        b.len
-    );
+    ensure!(len <= b.len, "internal: send of {len} from a {}-byte buffer", b.len);
     // SAFETY: the buffer outlives the request: every caller waits before dropping it.
-    unsafe { ctx.isend(b.ptr(), len, dst, tag) }
-        .or_fail(format!("isend of {len} bytes to {dst} tag {tag}"))
+    unsafe { ctx.isend(b.ptr(), len, dst, tag) }.or_fail(format!("isend of {len} bytes to {dst} tag {tag}"))
 }
 
 fn irecv(ctx: &mut Context, b: &mut Buf, src: Option<Rank>, tag: Option<Tag>) -> Request {
     // SAFETY: as in isend.
-    unsafe { ctx.irecv(b.ptr(), b.len, src, tag) }
-        .or_fail(format!("irecv of {} bytes from {src:?} tag {tag:?}", b.len))
+    unsafe { ctx.irecv(b.ptr(), b.len, src, tag) }.or_fail(format!("irecv of {} bytes from {src:?} tag {tag:?}", b.len))
 }
 
 fn expect_status(st: &Status, source: Rank, tag: Tag, len: usize, what: &str) {
@@ -486,10 +433,7 @@ fn print_stats(ctx: &Context) {
     let s = ctx.stats();
     let r = ctx.rank();
     let p = s.protocols;
-    println!(
-        "rank={r} protocols get={} put={} coop={} shm={} self={}",
-        p[0], p[1], p[2], p[3], p[4]
-    );
+    println!("rank={r} protocols get={} put={} coop={} shm={} self={}", p[0], p[1], p[2], p[3], p[4]);
     let c = s.cache;
     println!(
         "rank={r} cache opens={} closes={} hits={} misses={} entries={} evictions={}",
@@ -504,10 +448,7 @@ fn print_stats(ctx: &Context) {
 /// `/dev/shm` entries whose name starts with `prefix`.
 fn shm_entries(prefix: &str) -> Vec<String> {
     match std::fs::read_dir("/dev/shm") {
-        Ok(d) => d
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.starts_with(prefix))
-            .collect(),
+        Ok(d) => d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(prefix)).collect(),
         Err(_) => Vec::new(),
     }
 }
@@ -532,10 +473,7 @@ fn finish_allowing_violations(ctx: Context, scenario: &str) {
     print_stats(&ctx);
     ctx.finalize().or_fail("finalize");
     let left = my_sim_objects();
-    ensure!(
-        left.is_empty(),
-        "after finalize, sim device objects of this process remain in /dev/shm: {left:?}"
-    );
+    ensure!(left.is_empty(), "after finalize, sim device objects of this process remain in /dev/shm: {left:?}");
     if r == 0 && !job.is_empty() {
         let seg = format!("gpulmt-{job}");
         ensure!(
@@ -551,11 +489,7 @@ fn finish_allowing_violations(ctx: Context, scenario: &str) {
 // ---------------------------------------------------------------------------------
 
 fn need_ranks(ctx: &Context, n: u32, scenario: &str) {
-    ensure!(
-        ctx.size() >= n,
-        "{scenario} needs at least {n} ranks (gpulmt-run -n {n}), got {}",
-        ctx.size()
-    );
+    ensure!(ctx.size() >= n, "{scenario} needs at least {n} ranks (gpulmt-run -n {n}), got {}", ctx.size());
 }
 
 fn pingpong(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u64) {
@@ -582,12 +516,7 @@ fn pingpong(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u
             let st = ctx.wait(rr).or_fail(what("receive 1->0"));
             expect_status(&st, 1, tag, size, &what("receive status 1->0"));
             r.verify(ctx, &data, GUARD_RECV, &what("data back at rank 0"));
-            s.verify(
-                ctx,
-                &data,
-                GUARD_SEND,
-                &what("rank 0's send buffer after the send"),
-            );
+            s.verify(ctx, &data, GUARD_SEND, &what("rank 0's send buffer after the send"));
             s.release(ctx);
             r.release(ctx);
         } else {
@@ -596,11 +525,7 @@ fn pingpong(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u
                 // Let the message arrive first: the unexpected-message path.
                 let deadline = Instant::now() + Duration::from_secs(20);
                 while ctx.iprobe(Some(0), Some(tag)).or_fail("iprobe").is_none() {
-                    ensure!(
-                        Instant::now() < deadline,
-                        "{}: message never arrived (iprobe)",
-                        what("probe")
-                    );
+                    ensure!(Instant::now() < deadline, "{}: message never arrived (iprobe)", what("probe"));
                 }
             }
             let rr = irecv(ctx, &mut r, Some(0), Some(tag));
@@ -610,20 +535,12 @@ fn pingpong(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u
             let sr = isend(ctx, &mut r, size, 0, tag);
             let st = ctx.wait(sr).or_fail(what("send 1->0"));
             expect_status(&st, 0, tag, size, &what("send status 1->0"));
-            r.verify(
-                ctx,
-                &data,
-                GUARD_RECV,
-                &what("rank 1's buffer after sending it back"),
-            );
+            r.verify(ctx, &data, GUARD_RECV, &what("rank 1's buffer after sending it back"));
             r.release(ctx);
         }
         // Collective on both ranks: releases this size's device buffers.
         ctx.mem_free_commit().or_fail(what("mem_free_commit"));
-        println!(
-            "rank={me} size={size} placement={k0}{k1} ms={:.1}",
-            t0.elapsed().as_secs_f64() * 1e3
-        );
+        println!("rank={me} size={size} placement={k0}{k1} ms={:.1}", t0.elapsed().as_secs_f64() * 1e3);
     }
 }
 
@@ -651,24 +568,13 @@ fn a2a_sender_kind(src: u32, dst: u32, iter: u32) -> Kind {
 
 fn alltoall(ctx: &mut Context, iters: u32, include_self: bool) {
     let (me, n) = (ctx.rank(), ctx.size());
-    let peers: Vec<u32> = (1..n)
-        .map(|k| (me + k) % n)
-        .chain(include_self.then_some(me))
-        .collect();
+    let peers: Vec<u32> = (1..n).map(|k| (me + k) % n).chain(include_self.then_some(me)).collect();
     let slots = peers.len();
     // Receive buffers per slot (host and device), send buffers per destination.
-    let mut rh: Vec<Buf> = (0..slots)
-        .map(|_| Buf::new(ctx, Kind::Host, A2A_MAX, A2A_OFF, GUARD_RECV))
-        .collect();
-    let mut rd: Vec<Buf> = (0..slots)
-        .map(|_| Buf::new(ctx, Kind::Dev, A2A_MAX, A2A_OFF, GUARD_RECV))
-        .collect();
-    let mut sh: Vec<Buf> = (0..slots)
-        .map(|_| Buf::new(ctx, Kind::Host, A2A_MAX, A2A_OFF, GUARD_SEND))
-        .collect();
-    let mut sd: Vec<Buf> = (0..slots)
-        .map(|_| Buf::new(ctx, Kind::Dev, A2A_MAX, A2A_OFF, GUARD_SEND))
-        .collect();
+    let mut rh: Vec<Buf> = (0..slots).map(|_| Buf::new(ctx, Kind::Host, A2A_MAX, A2A_OFF, GUARD_RECV)).collect();
+    let mut rd: Vec<Buf> = (0..slots).map(|_| Buf::new(ctx, Kind::Dev, A2A_MAX, A2A_OFF, GUARD_RECV)).collect();
+    let mut sh: Vec<Buf> = (0..slots).map(|_| Buf::new(ctx, Kind::Host, A2A_MAX, A2A_OFF, GUARD_SEND)).collect();
+    let mut sd: Vec<Buf> = (0..slots).map(|_| Buf::new(ctx, Kind::Dev, A2A_MAX, A2A_OFF, GUARD_SEND)).collect();
     let mut received = 0u64;
     for iter in 0..iters {
         let tag = 100 + iter as Tag;
@@ -681,11 +587,7 @@ fn alltoall(ctx: &mut Context, iters: u32, include_self: bool) {
         };
         let mut rreqs = Vec::new();
         for j in 0..slots {
-            let b = if recv_kind(j) == Kind::Dev {
-                &mut rd[j]
-            } else {
-                &mut rh[j]
-            };
+            let b = if recv_kind(j) == Kind::Dev { &mut rd[j] } else { &mut rh[j] };
             if iter > 0 {
                 b.fill(ctx, GUARD_RECV);
             }
@@ -695,17 +597,11 @@ fn alltoall(ctx: &mut Context, iters: u32, include_self: bool) {
         for (j, &dst) in peers.iter().enumerate() {
             let len = a2a_size(me, dst, iter);
             let data = pattern(msg_seed(me, dst, iter, 1), len);
-            let b = if a2a_sender_kind(me, dst, iter) == Kind::Dev {
-                &mut sd[j]
-            } else {
-                &mut sh[j]
-            };
+            let b = if a2a_sender_kind(me, dst, iter) == Kind::Dev { &mut sd[j] } else { &mut sh[j] };
             b.write(ctx, &data);
             sreqs.push(isend(ctx, b, len, dst, tag));
         }
-        let statuses = ctx
-            .wait_all(rreqs)
-            .or_fail(format!("alltoall iteration {iter}: receives"));
+        let statuses = ctx.wait_all(rreqs).or_fail(format!("alltoall iteration {iter}: receives"));
         let mut seen = BTreeSet::new();
         for (j, st) in statuses.iter().enumerate() {
             let src = st.source;
@@ -713,24 +609,11 @@ fn alltoall(ctx: &mut Context, iters: u32, include_self: bool) {
                 peers.contains(&src),
                 "alltoall iteration {iter}: receive {j} completed with source {src}, not a peer ({st:?})"
             );
-            ensure!(
-                seen.insert(src),
-                "alltoall iteration {iter}: two messages from rank {src}"
-            );
+            ensure!(seen.insert(src), "alltoall iteration {iter}: two messages from rank {src}");
             let len = a2a_size(src, me, iter);
-            expect_status(
-                st,
-                src,
-                tag,
-                len,
-                &format!("alltoall iteration {iter} from {src}"),
-            );
+            expect_status(st, src, tag, len, &format!("alltoall iteration {iter} from {src}"));
             let data = pattern(msg_seed(src, me, iter, 1), len);
-            let b = if recv_kind(j) == Kind::Dev {
-                &rd[j]
-            } else {
-                &rh[j]
-            };
+            let b = if recv_kind(j) == Kind::Dev { &rd[j] } else { &rh[j] };
             b.verify(
                 ctx,
                 &data,
@@ -742,21 +625,10 @@ fn alltoall(ctx: &mut Context, iters: u32, include_self: bool) {
             );
             received += 1;
         }
-        ensure!(
-            seen.len() == slots,
-            "alltoall iteration {iter}: got messages from {seen:?}, expected {peers:?}"
-        );
-        let sst = ctx
-            .wait_all(sreqs)
-            .or_fail(format!("alltoall iteration {iter}: sends"));
+        ensure!(seen.len() == slots, "alltoall iteration {iter}: got messages from {seen:?}, expected {peers:?}");
+        let sst = ctx.wait_all(sreqs).or_fail(format!("alltoall iteration {iter}: sends"));
         for (j, st) in sst.iter().enumerate() {
-            expect_status(
-                st,
-                peers[j],
-                tag,
-                a2a_size(me, peers[j], iter),
-                &format!("alltoall send status {iter}"),
-            );
+            expect_status(st, peers[j], tag, a2a_size(me, peers[j], iter), &format!("alltoall send status {iter}"));
         }
     }
     println!("rank={me} alltoall received={received}");
@@ -764,8 +636,7 @@ fn alltoall(ctx: &mut Context, iters: u32, include_self: bool) {
         b.release(ctx);
     }
     drop((rh, sh));
-    ctx.mem_free_commit()
-        .or_fail("alltoall: final mem_free_commit");
+    ctx.mem_free_commit().or_fail("alltoall: final mem_free_commit");
 }
 
 fn same_device(ctx: &mut Context, iters: u32) {
@@ -811,14 +682,7 @@ fn truncate(ctx: &mut Context, placement: &str) {
         return;
     }
     // (message, receive buffer): eager and rendezvous sizes, off by one, and empty.
-    let cases = [
-        (100usize, 50usize),
-        (8192, 8191),
-        (1, 0),
-        (65537, 65536),
-        (1 << 20, 1 << 19),
-        (4 << 20, 4096),
-    ];
+    let cases = [(100usize, 50usize), (8192, 8191), (1, 0), (65537, 65536), (1 << 20, 1 << 19), (4 << 20, 4096)];
     let off = 256;
     for (i, &(mlen, blen)) in cases.iter().enumerate() {
         let tag = 10 + 2 * i as Tag;
@@ -829,9 +693,7 @@ fn truncate(ctx: &mut Context, placement: &str) {
             s.write(ctx, &data);
             let sr = isend(ctx, &mut s, mlen, 1, tag);
             // MPI: the send of a truncated message succeeds; the receiver reports it.
-            let st = ctx
-                .wait(sr)
-                .or_fail(format!("{what}: the sender must complete Ok"));
+            let st = ctx.wait(sr).or_fail(format!("{what}: the sender must complete Ok"));
             expect_status(&st, 1, tag, mlen, &what);
             s.release(ctx);
         } else {
@@ -855,14 +717,10 @@ fn truncate(ctx: &mut Context, placement: &str) {
                 "{what}: the receive buffer holds neither its old bytes nor the message's prefix"
             );
             if let Some(i) = first_not(&w[off + blen..], GUARD_RECV) {
-                fail(format!(
-                    "{what}: guard byte {i} after the receive buffer was overwritten"
-                ));
+                fail(format!("{what}: guard byte {i} after the receive buffer was overwritten"));
             }
             if let Some(i) = first_not(&w[..off], GUARD_RECV) {
-                fail(format!(
-                    "{what}: guard byte {i} before the receive buffer was overwritten"
-                ));
+                fail(format!("{what}: guard byte {i} before the receive buffer was overwritten"));
             }
             r.release(ctx);
         }
@@ -870,29 +728,17 @@ fn truncate(ctx: &mut Context, placement: &str) {
         let ok_len = 65536 + 8;
         let back = pattern(msg_seed(1, 0, i as u32, 4), ok_len);
         let fwd = pattern(msg_seed(0, 1, i as u32, 4), ok_len);
-        let (mine, theirs, kind) = if me == 0 {
-            (&fwd, &back, k0)
-        } else {
-            (&back, &fwd, k1)
-        };
+        let (mine, theirs, kind) = if me == 0 { (&fwd, &back, k0) } else { (&back, &fwd, k1) };
         let peer = 1 - me;
         let mut s = Buf::new(ctx, kind, ok_len, off, GUARD_SEND);
         s.write(ctx, mine);
         let mut r = Buf::new(ctx, kind, ok_len, off, GUARD_RECV);
         let rr = irecv(ctx, &mut r, Some(peer), Some(tag + 1));
         let sr = isend(ctx, &mut s, ok_len, peer, tag + 1);
-        let st = ctx
-            .wait(rr)
-            .or_fail(format!("{what}: the normal message after it"));
+        let st = ctx.wait(rr).or_fail(format!("{what}: the normal message after it"));
         expect_status(&st, peer, tag + 1, ok_len, &what);
-        ctx.wait(sr)
-            .or_fail(format!("{what}: the normal send after it"));
-        r.verify(
-            ctx,
-            theirs,
-            GUARD_RECV,
-            &format!("{what}: the normal message after it"),
-        );
+        ctx.wait(sr).or_fail(format!("{what}: the normal send after it"));
+        r.verify(ctx, theirs, GUARD_RECV, &format!("{what}: the normal message after it"));
         s.release(ctx);
         r.release(ctx);
         ctx.mem_free_commit().or_fail("truncate: mem_free_commit");
@@ -901,10 +747,7 @@ fn truncate(ctx: &mut Context, placement: &str) {
 
 fn expect_err(r: Result<Request, Error>, what: &str, ok: impl Fn(&Error) -> bool) {
     match r {
-        Ok(req) => fail(format!(
-            "{what}: accepted (request {}), expected an error",
-            req.id()
-        )),
+        Ok(req) => fail(format!("{what}: accepted (request {}), expected an error", req.id())),
         Err(e) if ok(&e) => println!("rank={} rejected {what}: {e}", RANK.load(Ordering::Relaxed)),
         Err(e) => fail(format!("{what}: wrong error {e:?}")),
     }
@@ -923,58 +766,22 @@ fn zero_and_bad(ctx: &mut Context) {
     // Bad destination / source ranks: an error at once, no hang.
     let t0 = Instant::now();
     let is_bad_rank = |r: u32| move |e: &Error| matches!(e.as_transfer(), Some(ProtoError::BadRank { rank, size }) if *rank == r && *size == n);
-    expect_err(
-        unsafe { ctx.isend(small.ptr(), 4, n, 1) },
-        "isend to rank == size",
-        is_bad_rank(n),
-    );
-    expect_err(
-        unsafe { ctx.isend(small.ptr(), 0, n + 5, 1) },
-        "zero-length isend to rank > size",
-        is_bad_rank(n + 5),
-    );
+    expect_err(unsafe { ctx.isend(small.ptr(), 4, n, 1) }, "isend to rank == size", is_bad_rank(n));
+    expect_err(unsafe { ctx.isend(small.ptr(), 0, n + 5, 1) }, "zero-length isend to rank > size", is_bad_rank(n + 5));
     expect_err(
         unsafe { ctx.isend(dev.ptr(), 4096, u32::MAX, 1) },
         "device isend to rank u32::MAX",
         is_bad_rank(u32::MAX),
     );
-    expect_err(
-        unsafe { ctx.irecv(small.ptr(), 16, Some(n), Some(1)) },
-        "irecv from rank == size",
-        is_bad_rank(n),
-    );
+    expect_err(unsafe { ctx.irecv(small.ptr(), 16, Some(n), Some(1)) }, "irecv from rank == size", is_bad_rank(n));
     // Bad tags.
     let invalid = |e: &Error| matches!(e, Error::InvalidArgument(_));
-    expect_err(
-        unsafe { ctx.isend(small.ptr(), 4, peer, -1) },
-        "isend with tag -1",
-        invalid,
-    );
-    expect_err(
-        unsafe { ctx.isend(small.ptr(), 4, peer, i32::MIN) },
-        "isend with tag i32::MIN",
-        invalid,
-    );
-    expect_err(
-        unsafe { ctx.isend(small.ptr(), 4, peer, TAG_UB) },
-        "isend with the reserved tag TAG_UB",
-        invalid,
-    );
-    expect_err(
-        unsafe { ctx.isend(small.ptr(), 4, peer, i32::MAX - 1) },
-        "isend with the barrier's tag",
-        invalid,
-    );
-    expect_err(
-        unsafe { ctx.irecv(small.ptr(), 16, Some(peer), Some(-7)) },
-        "irecv with tag -7",
-        invalid,
-    );
-    expect_err(
-        unsafe { ctx.irecv(small.ptr(), 16, None, Some(TAG_UB)) },
-        "irecv with tag TAG_UB",
-        invalid,
-    );
+    expect_err(unsafe { ctx.isend(small.ptr(), 4, peer, -1) }, "isend with tag -1", invalid);
+    expect_err(unsafe { ctx.isend(small.ptr(), 4, peer, i32::MIN) }, "isend with tag i32::MIN", invalid);
+    expect_err(unsafe { ctx.isend(small.ptr(), 4, peer, TAG_UB) }, "isend with the reserved tag TAG_UB", invalid);
+    expect_err(unsafe { ctx.isend(small.ptr(), 4, peer, i32::MAX - 1) }, "isend with the barrier's tag", invalid);
+    expect_err(unsafe { ctx.irecv(small.ptr(), 16, Some(peer), Some(-7)) }, "irecv with tag -7", invalid);
+    expect_err(unsafe { ctx.irecv(small.ptr(), 16, None, Some(TAG_UB)) }, "irecv with tag TAG_UB", invalid);
     // A device range running past its allocation.
     expect_err(
         unsafe { ctx.isend(dev.ptr().add(100), 4096, peer, 1) },
@@ -989,27 +796,16 @@ fn zero_and_bad(ctx: &mut Context) {
     // Unknown request.
     match ctx.test(&Request::from_id(0xdead_beef)) {
         Err(Error::InvalidArgument(_)) => {}
-        other => fail(format!(
-            "test of an unknown request: {other:?}, expected InvalidArgument"
-        )),
+        other => fail(format!("test of an unknown request: {other:?}, expected InvalidArgument")),
     }
-    ensure!(
-        t0.elapsed() < Duration::from_secs(2),
-        "rejecting bad arguments took {:?}",
-        t0.elapsed()
-    );
+    ensure!(t0.elapsed() < Duration::from_secs(2), "rejecting bad arguments took {:?}", t0.elapsed());
 
     // Cancel a receive that cannot match.
     let rq = irecv(ctx, &mut small, Some(peer), Some(999));
-    ensure!(
-        ctx.cancel(&rq),
-        "cancel of an unmatched receive returned false"
-    );
+    ensure!(ctx.cancel(&rq), "cancel of an unmatched receive returned false");
     match ctx.wait(rq) {
         Err(e) if matches!(e.as_transfer(), Some(ProtoError::Cancelled)) => {}
-        other => fail(format!(
-            "a cancelled receive completed with {other:?}, expected Cancelled"
-        )),
+        other => fail(format!("a cancelled receive completed with {other:?}, expected Cancelled")),
     }
 
     let top = TAG_UB - 1;
@@ -1017,107 +813,57 @@ fn zero_and_bad(ctx: &mut Context) {
         // Zero-length messages from host (dangling pointer), device memory, with the
         // largest user tag; then a 3-byte message for iprobe.
         let dangling = std::ptr::NonNull::<u8>::dangling().as_ptr();
-        let r1 = unsafe { ctx.isend(dangling, 0, 1, 10) }
-            .or_fail("zero-length isend from a dangling host pointer");
-        let r2 = unsafe { ctx.isend(dev.ptr(), 0, 1, 11) }
-            .or_fail("zero-length isend from device memory");
-        let r3 = unsafe { ctx.isend(dangling, 0, 1, top) }
-            .or_fail("zero-length isend with tag TAG_UB-1");
-        let r4 = unsafe { ctx.isend(std::ptr::null(), 0, 1, 12) }
-            .or_fail("zero-length isend from a null pointer");
+        let r1 = unsafe { ctx.isend(dangling, 0, 1, 10) }.or_fail("zero-length isend from a dangling host pointer");
+        let r2 = unsafe { ctx.isend(dev.ptr(), 0, 1, 11) }.or_fail("zero-length isend from device memory");
+        let r3 = unsafe { ctx.isend(dangling, 0, 1, top) }.or_fail("zero-length isend with tag TAG_UB-1");
+        let r4 = unsafe { ctx.isend(std::ptr::null(), 0, 1, 12) }.or_fail("zero-length isend from a null pointer");
         let probe = [1u8, 2, 3];
         let r5 = unsafe { ctx.isend(probe.as_ptr(), 3, 1, 20) }.or_fail("3-byte isend");
-        for (i, st) in ctx
-            .wait_all(vec![r1, r2, r3, r4, r5])
-            .or_fail("zero-length sends")
-            .iter()
-            .enumerate()
-        {
+        for (i, st) in ctx.wait_all(vec![r1, r2, r3, r4, r5]).or_fail("zero-length sends").iter().enumerate() {
             let (tag, len) = [(10, 0), (11, 0), (top, 0), (12, 0), (20, 3)][i];
             expect_status(st, 1, tag, len, "zero-length send status");
         }
         // And one zero-length message back into device memory.
         let rr = irecv(ctx, &mut dev, Some(1), Some(13));
-        let st = ctx
-            .wait(rr)
-            .or_fail("zero-length receive into device memory");
+        let st = ctx.wait(rr).or_fail("zero-length receive into device memory");
         expect_status(&st, 1, 13, 0, "zero-length receive into device memory");
-        dev.verify(
-            ctx,
-            &[],
-            GUARD_RECV,
-            "device buffer after a zero-length receive",
-        );
+        dev.verify(ctx, &[], GUARD_RECV, "device buffer after a zero-length receive");
     } else {
         // Into a 16-byte host buffer: nothing may be written.
         let rr = irecv(ctx, &mut small, Some(0), Some(10));
         let st = ctx.wait(rr).or_fail("zero-length receive");
         expect_status(&st, 0, 10, 0, "zero-length receive");
-        small.verify(
-            ctx,
-            &[],
-            GUARD_RECV,
-            "16-byte buffer after a zero-length receive",
-        );
+        small.verify(ctx, &[], GUARD_RECV, "16-byte buffer after a zero-length receive");
         // Into device memory.
         let rr = irecv(ctx, &mut dev, Some(0), Some(11));
-        let st = ctx
-            .wait(rr)
-            .or_fail("zero-length receive into device memory");
+        let st = ctx.wait(rr).or_fail("zero-length receive into device memory");
         expect_status(&st, 0, 11, 0, "zero-length receive into device memory");
-        dev.verify(
-            ctx,
-            &[],
-            GUARD_RECV,
-            "device buffer after a zero-length receive",
-        );
+        dev.verify(ctx, &[], GUARD_RECV, "device buffer after a zero-length receive");
         // Zero-length receive buffer, any tag (the TAG_UB-1 message is next in order).
-        let rr = unsafe { ctx.irecv(std::ptr::null_mut(), 0, Some(0), None) }
-            .or_fail("zero-length irecv, any tag");
+        let rr = unsafe { ctx.irecv(std::ptr::null_mut(), 0, Some(0), None) }.or_fail("zero-length irecv, any tag");
         let st = ctx.wait(rr).or_fail("zero-length receive with any tag");
         expect_status(&st, 0, top, 0, "zero-length receive, any tag");
-        let rr = unsafe { ctx.irecv(std::ptr::null_mut(), 0, Some(0), Some(12)) }
-            .or_fail("zero-length irecv, null");
-        let st = ctx
-            .wait(rr)
-            .or_fail("zero-length receive into a null pointer");
+        let rr = unsafe { ctx.irecv(std::ptr::null_mut(), 0, Some(0), Some(12)) }.or_fail("zero-length irecv, null");
+        let st = ctx.wait(rr).or_fail("zero-length receive into a null pointer");
         expect_status(&st, 0, 12, 0, "zero-length receive into a null pointer");
         // iprobe sees the envelope without consuming it.
         let deadline = Instant::now() + Duration::from_secs(10);
         let st = loop {
-            ensure!(
-                ctx.iprobe(Some(0), Some(21)).or_fail("iprobe").is_none(),
-                "iprobe matched tag 21, never sent"
-            );
+            ensure!(ctx.iprobe(Some(0), Some(21)).or_fail("iprobe").is_none(), "iprobe matched tag 21, never sent");
             if let Some(st) = ctx.iprobe(Some(0), Some(20)).or_fail("iprobe") {
                 break st;
             }
-            ensure!(
-                Instant::now() < deadline,
-                "iprobe never saw the 3-byte message"
-            );
+            ensure!(Instant::now() < deadline, "iprobe never saw the 3-byte message");
         };
         expect_status(&st, 0, 20, 3, "iprobe");
         let again = ctx.iprobe(None, None).or_fail("iprobe(any, any)");
-        ensure!(
-            again == Some(st),
-            "a second iprobe saw {again:?}, expected {st:?} (iprobe must not consume)"
-        );
+        ensure!(again == Some(st), "a second iprobe saw {again:?}, expected {st:?} (iprobe must not consume)");
         let mut got = [0u8; 8];
-        let st = ctx
-            .recv(&mut got, None, Some(20))
-            .or_fail("receive of the probed message");
+        let st = ctx.recv(&mut got, None, Some(20)).or_fail("receive of the probed message");
         expect_status(&st, 0, 20, 3, "receive of the probed message");
-        ensure!(
-            got == [1, 2, 3, 0, 0, 0, 0, 0],
-            "probed message: got {got:?}"
-        );
-        ensure!(
-            ctx.iprobe(Some(0), None).or_fail("iprobe").is_none(),
-            "iprobe still sees a consumed message"
-        );
-        let sr = unsafe { ctx.isend(dev.ptr(), 0, 0, 13) }
-            .or_fail("zero-length isend into device memory");
+        ensure!(got == [1, 2, 3, 0, 0, 0, 0, 0], "probed message: got {got:?}");
+        ensure!(ctx.iprobe(Some(0), None).or_fail("iprobe").is_none(), "iprobe still sees a consumed message");
+        let sr = unsafe { ctx.isend(dev.ptr(), 0, 0, 13) }.or_fail("zero-length isend into device memory");
         ctx.wait(sr).or_fail("zero-length send 1->0");
     }
     dev.release(ctx);
@@ -1160,10 +906,7 @@ fn selfsend(ctx: &mut Context) {
         r.release(ctx);
     }
     // Truncated messages to oneself: eager and rendezvous.
-    for (i, (mlen, blen)) in [(100usize, 99usize), (1 << 20, 4096)]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, (mlen, blen)) in [(100usize, 99usize), (1 << 20, 4096)].into_iter().enumerate() {
         let tag = 70 + i as Tag;
         let what = format!("self-send of {mlen} bytes into {blen}");
         let mut s = Buf::new(ctx, Kind::Host, mlen, 0, GUARD_SEND);
@@ -1174,12 +917,9 @@ fn selfsend(ctx: &mut Context) {
         match ctx.wait(rr) {
             Err(e) if matches!(e.as_transfer(), Some(ProtoError::Truncated { msg_len, buf_len }) if *msg_len == mlen as u64 && *buf_len == blen as u64) =>
                 {}
-            other => fail(format!(
-                "{what}: receive completed with {other:?}, expected Truncated"
-            )),
+            other => fail(format!("{what}: receive completed with {other:?}, expected Truncated")),
         }
-        ctx.wait(sr)
-            .or_fail(format!("{what}: the send must complete Ok"));
+        ctx.wait(sr).or_fail(format!("{what}: the send must complete Ok"));
         let w = r.whole(ctx);
         ensure!(
             first_not(&w[64 + blen..], GUARD_RECV).is_none(),
@@ -1237,13 +977,10 @@ fn survivors_carry_on(ctx: &mut Context, mine: Option<Buf>) {
         for r in 2..n {
             buf.write(ctx, &pattern(msg_seed(0, r, 0, 11), len));
             let sr = isend(ctx, &mut buf, len, r, DIE_TAG + 3);
-            ctx.wait(sr)
-                .or_fail(format!("after rank 1 died: send to rank {r}"));
+            ctx.wait(sr).or_fail(format!("after rank 1 died: send to rank {r}"));
             buf.fill(ctx, GUARD_RECV);
             let rr = irecv(ctx, &mut buf, Some(r), Some(DIE_TAG + 4));
-            let st = ctx
-                .wait(rr)
-                .or_fail(format!("after rank 1 died: receive from rank {r}"));
+            let st = ctx.wait(rr).or_fail(format!("after rank 1 died: receive from rank {r}"));
             expect_status(&st, r, DIE_TAG + 4, len, "after rank 1 died");
             buf.verify(
                 ctx,
@@ -1254,16 +991,9 @@ fn survivors_carry_on(ctx: &mut Context, mine: Option<Buf>) {
         }
     } else {
         let rr = irecv(ctx, &mut buf, Some(0), Some(DIE_TAG + 3));
-        let st = ctx
-            .wait(rr)
-            .or_fail("after rank 1 died: receive from rank 0");
+        let st = ctx.wait(rr).or_fail("after rank 1 died: receive from rank 0");
         expect_status(&st, 0, DIE_TAG + 3, len, "after rank 1 died");
-        buf.verify(
-            ctx,
-            &pattern(msg_seed(0, me, 0, 11), len),
-            GUARD_RECV,
-            "after rank 1 died: data from rank 0",
-        );
+        buf.verify(ctx, &pattern(msg_seed(0, me, 0, 11), len), GUARD_RECV, "after rank 1 died: data from rank 0");
         buf.write(ctx, &pattern(msg_seed(me, 0, 0, 11), len));
         let sr = isend(ctx, &mut buf, len, 0, DIE_TAG + 4);
         ctx.wait(sr).or_fail("after rank 1 died: send to rank 0");
@@ -1281,11 +1011,7 @@ fn survivors_carry_on(ctx: &mut Context, mine: Option<Buf>) {
             Err(e) => format!("Err({e})"),
         }
     );
-    ensure!(
-        t0.elapsed() < Duration::from_secs(5),
-        "survivors' exchange and commit took {:?}",
-        t0.elapsed()
-    );
+    ensure!(t0.elapsed() < Duration::from_secs(5), "survivors' exchange and commit took {:?}", t0.elapsed());
     res.or_fail("mem_free_commit among survivors after a peer died");
 }
 
@@ -1300,11 +1026,7 @@ fn bystander(mut ctx: Context) -> ! {
 fn finalize_survivor(ctx: Context, me: u32) -> ! {
     let t = Instant::now();
     let fin = ctx.finalize();
-    ensure!(
-        t.elapsed() < Duration::from_secs(5),
-        "finalize with a dead peer took {:?}",
-        t.elapsed()
-    );
+    ensure!(t.elapsed() < Duration::from_secs(5), "finalize with a dead peer took {:?}", t.elapsed());
     println!(
         "rank={me} finalize with a dead peer: {}",
         match &fin {
@@ -1313,22 +1035,12 @@ fn finalize_survivor(ctx: Context, me: u32) -> ! {
         }
     );
     let left = my_sim_objects();
-    ensure!(
-        left.is_empty(),
-        "after finalize (with a dead peer), sim device objects of this process remain: {left:?}"
-    );
+    ensure!(left.is_empty(), "after finalize (with a dead peer), sim device objects of this process remain: {left:?}");
     println!("survivor-ok");
     std::process::exit(0)
 }
 
-fn survivor(
-    mut ctx: Context,
-    kind: Kind,
-    role: Role,
-    len: usize,
-    free_mapped: bool,
-    any_source: bool,
-) -> ! {
+fn survivor(mut ctx: Context, kind: Kind, role: Role, len: usize, free_mapped: bool, any_source: bool) -> ! {
     let ctx_ = &mut ctx;
     let mut b = Buf::new(ctx_, kind, len, 4096, GUARD_SEND);
     let req = match role {
@@ -1336,12 +1048,7 @@ fn survivor(
             b.write(ctx_, &pattern(99, len));
             isend(ctx_, &mut b, len, 1, DIE_TAG)
         }
-        Role::Recv => irecv(
-            ctx_,
-            &mut b,
-            if any_source { None } else { Some(1) },
-            Some(DIE_TAG),
-        ),
+        Role::Recv => irecv(ctx_, &mut b, if any_source { None } else { Some(1) }, Some(DIE_TAG)),
     };
     let t0 = Instant::now();
     let res = ctx_.wait(req);
@@ -1355,38 +1062,25 @@ fn survivor(
             _ => fail(format!("the transfer with the dead rank 1 failed with {e:?}, expected PeerFailed or Aborted")),
         },
     }
-    ensure!(
-        took < Duration::from_secs(5),
-        "noticing the dead peer took {took:?}"
-    );
+    ensure!(took < Duration::from_secs(5), "noticing the dead peer took {took:?}");
     // New operations with the dead peer fail at once instead of hanging.
     let t1 = Instant::now();
     let mut small = Buf::new(ctx_, Kind::Host, 65536, 0, GUARD_SEND);
     let r = isend(ctx_, &mut small, 65536, 1, DIE_TAG + 1);
     match ctx_.wait(r) {
         Err(e) if matches!(e.as_transfer(), Some(ProtoError::PeerFailed { rank: 1 })) => {}
-        other => fail(format!(
-            "a send to the dead rank 1 completed with {other:?}, expected PeerFailed"
-        )),
+        other => fail(format!("a send to the dead rank 1 completed with {other:?}, expected PeerFailed")),
     }
     let r = irecv(ctx_, &mut small, Some(1), Some(DIE_TAG + 2));
     match ctx_.wait(r) {
         Err(e) if matches!(e.as_transfer(), Some(ProtoError::PeerFailed { rank: 1 })) => {}
-        other => fail(format!(
-            "a receive from the dead rank 1 completed with {other:?}, expected PeerFailed"
-        )),
+        other => fail(format!("a receive from the dead rank 1 completed with {other:?}, expected PeerFailed")),
     }
-    ensure!(
-        t1.elapsed() < Duration::from_secs(2),
-        "operations with the dead peer took {:?}",
-        t1.elapsed()
-    );
+    ensure!(t1.elapsed() < Duration::from_secs(2), "operations with the dead peer took {:?}", t1.elapsed());
     // Self-messages still work.
     let mut one = [0u8; 4];
-    let sr =
-        unsafe { ctx_.isend(b"ping".as_ptr(), 4, 0, 5) }.or_fail("self-send after a peer died");
-    ctx_.recv(&mut one, Some(0), Some(5))
-        .or_fail("self-receive after a peer died");
+    let sr = unsafe { ctx_.isend(b"ping".as_ptr(), 4, 0, 5) }.or_fail("self-send after a peer died");
+    ctx_.recv(&mut one, Some(0), Some(5)).or_fail("self-receive after a peer died");
     ctx_.wait(sr).or_fail("self-send after a peer died");
     ensure!(&one == b"ping", "self-message after a peer died: {one:?}");
     drop(small);
@@ -1403,11 +1097,7 @@ fn victim(mut ctx: Context, kind: Kind, when: When, how: How, role: Role, len: u
     match (role, when) {
         (Role::Send, When::Before) => {
             // Wait until rank 0's message is here (so it is waiting on it), then die.
-            while ctx
-                .iprobe(Some(0), Some(DIE_TAG))
-                .or_fail("iprobe")
-                .is_none()
-            {
+            while ctx.iprobe(Some(0), Some(DIE_TAG)).or_fail("iprobe").is_none() {
                 ensure!(Instant::now() < deadline, "rank 0's message never arrived");
             }
             die_now(how)
@@ -1422,10 +1112,7 @@ fn victim(mut ctx: Context, kind: Kind, when: When, how: How, role: Role, len: u
             // pipeline, so a watcher thread kills the process as soon as the third
             // chunk has landed in the receive buffer.
             let chunk = ctx.config().chunk_size as usize;
-            ensure!(
-                len >= 4 * chunk,
-                "die --when mid: the message must span at least 4 SHM chunks"
-            );
+            ensure!(len >= 4 * chunk, "die --when mid: the message must span at least 4 SHM chunks");
             let watch = b.ptr() as usize + 2 * chunk;
             std::thread::spawn(move || loop {
                 // SAFETY: inside the receive buffer, which lives until the process
@@ -1439,9 +1126,7 @@ fn victim(mut ctx: Context, kind: Kind, when: When, how: How, role: Role, len: u
             });
             let r = irecv(ctx, &mut b, Some(0), Some(DIE_TAG));
             let res = ctx.wait(r);
-            fail(format!(
-                "the transfer completed ({res:?}) before rank 1 could die mid-way"
-            ))
+            fail(format!("the transfer completed ({res:?}) before rank 1 could die mid-way"))
         }
         (_, When::Mid) => {
             ensure!(
@@ -1492,12 +1177,7 @@ fn free(ctx: &mut Context, rounds: u32, fresh_open: bool) {
         let rr = irecv(ctx, &mut b, Some(left), Some(tag));
         let sr = isend(ctx, &mut a, sz, right, tag);
         ctx.wait_all(vec![rr, sr]).or_fail(what("transfer from A"));
-        b.verify(
-            ctx,
-            &data(left, round, 1),
-            GUARD_RECV,
-            &what("data from the left neighbour's A"),
-        );
+        b.verify(ctx, &data(left, round, 1), GUARD_RECV, &what("data from the left neighbour's A"));
 
         // Round 2 in flight (from C) while A is freed with a commit.
         let mut c = Buf::new(ctx, Kind::Dev, sz, 0, GUARD_SEND);
@@ -1508,71 +1188,52 @@ fn free(ctx: &mut Context, rounds: u32, fresh_open: bool) {
         ctx.mem_free(a_ptr).or_fail(what("mem_free(A)"));
         match ctx.mem_free(a_ptr) {
             Err(Error::Free(_)) => {}
-            other => fail(what(&format!(
-                "double mem_free(A) returned {other:?}, expected Error::Free"
-            ))),
+            other => fail(what(&format!("double mem_free(A) returned {other:?}, expected Error::Free"))),
         }
         let host = [0u8; 64];
         match ctx.mem_free(host.as_ptr() as usize) {
             Err(Error::Free(_)) => {}
-            other => fail(what(&format!(
-                "mem_free of a host pointer returned {other:?}, expected Error::Free"
-            ))),
+            other => fail(what(&format!("mem_free of a host pointer returned {other:?}, expected Error::Free"))),
         }
         match ctx.mem_free(c.dev + 8) {
             Err(Error::Free(_)) => {}
-            other => fail(what(&format!("mem_free of a pointer inside an allocation returned {other:?}, expected Error::Free"))),
+            other => fail(what(&format!(
+                "mem_free of a pointer inside an allocation returned {other:?}, expected Error::Free"
+            ))),
         }
         match ctx.mem_free(0) {
             Err(_) => {}
             Ok(()) => fail(what("mem_free(null) succeeded")),
         }
-        ctx.mem_free_commit()
-            .or_fail(what("mem_free_commit with transfers in flight"));
-        ctx.wait_all(vec![rr, sr])
-            .or_fail(what("transfer from C across the commit"));
-        d.verify(
-            ctx,
-            &data(left, round, 2),
-            GUARD_RECV,
-            &what("data from the left neighbour's C"),
-        );
+        ctx.mem_free_commit().or_fail(what("mem_free_commit with transfers in flight"));
+        ctx.wait_all(vec![rr, sr]).or_fail(what("transfer from C across the commit"));
+        d.verify(ctx, &data(left, round, 2), GUARD_RECV, &what("data from the left neighbour's C"));
         // A is gone: freeing it again is an error.
         match ctx.mem_free(a_ptr) {
             Err(Error::Free(_)) => {}
-            other => fail(what(&format!(
-                "mem_free of released A returned {other:?}, expected Error::Free"
-            ))),
+            other => fail(what(&format!("mem_free of released A returned {other:?}, expected Error::Free"))),
         }
         // A commit with nothing marked.
-        ctx.mem_free_commit()
-            .or_fail(what("mem_free_commit with nothing marked"));
+        ctx.mem_free_commit().or_fail(what("mem_free_commit with nothing marked"));
 
         // A2: possibly at A's address; the neighbour must map it afresh.
         let opens_before = ctx.stats().cache.opens;
         let mut a2 = Buf::new(ctx, Kind::Dev, sz, 0, GUARD_SEND);
-        println!(
-            "rank={me} round={round} realloc recycled_address={}",
-            a2.dev == a_ptr
-        );
+        println!("rank={me} round={round} realloc recycled_address={}", a2.dev == a_ptr);
         a2.write(ctx, &data(me, round, 3));
         b.fill(ctx, GUARD_RECV);
         let rr = irecv(ctx, &mut b, Some(left), Some(tag + 2));
         let sr = isend(ctx, &mut a2, sz, right, tag + 2);
-        ctx.wait_all(vec![rr, sr])
-            .or_fail(what("transfer from the new allocation"));
-        b.verify(
-            ctx,
-            &data(left, round, 3),
-            GUARD_RECV,
-            &what("data from the left neighbour's new allocation"),
-        );
+        ctx.wait_all(vec![rr, sr]).or_fail(what("transfer from the new allocation"));
+        b.verify(ctx, &data(left, round, 3), GUARD_RECV, &what("data from the left neighbour's new allocation"));
         if fresh_open {
             let opens = ctx.stats().cache.opens;
             ensure!(
                 opens == opens_before + 1,
                 "{}",
-                what(&format!("the neighbour's new allocation was not opened afresh (opens {opens_before} -> {opens})"))
+                what(&format!(
+                    "the neighbour's new allocation was not opened afresh (opens {opens_before} -> {opens})"
+                ))
             );
         }
         // Free A2 and C; double free is an error.
@@ -1580,13 +1241,10 @@ fn free(ctx: &mut Context, rounds: u32, fresh_open: bool) {
         a2.release(ctx);
         match ctx.mem_free(a2_ptr) {
             Err(Error::Free(_)) => {}
-            other => fail(what(&format!(
-                "double mem_free(A2) returned {other:?}, expected Error::Free"
-            ))),
+            other => fail(what(&format!("double mem_free(A2) returned {other:?}, expected Error::Free"))),
         }
         c.release(ctx);
-        ctx.mem_free_commit()
-            .or_fail(what("mem_free_commit of A2 and C"));
+        ctx.mem_free_commit().or_fail(what("mem_free_commit of A2 and C"));
     }
     b.release(ctx);
     d.release(ctx);
@@ -1621,9 +1279,7 @@ fn window(ctx: &mut Context, placement: &str, count: u32, sizes: &str, same_tag:
     let tag = |i: usize| if same_tag { 5 } else { 5 + i as Tag };
     let data = |i: usize| pattern(msg_seed(0, 1, i as u32, 13), size(i));
     if me == 0 {
-        let mut bufs: Vec<Buf> = (0..k)
-            .map(|i| Buf::new(ctx, k0, size(i), 64, GUARD_SEND))
-            .collect();
+        let mut bufs: Vec<Buf> = (0..k).map(|i| Buf::new(ctx, k0, size(i), 64, GUARD_SEND)).collect();
         let mut reqs = Vec::new();
         for (i, b) in bufs.iter_mut().enumerate() {
             b.write(ctx, &data(i));
@@ -1639,14 +1295,8 @@ fn window(ctx: &mut Context, placement: &str, count: u32, sizes: &str, same_tag:
     } else {
         // Every receive buffer holds the largest message: with one tag, only the order
         // of matching decides which message lands where.
-        let mut bufs: Vec<Buf> = (0..k)
-            .map(|_| Buf::new(ctx, k1, max, 64, GUARD_RECV))
-            .collect();
-        let order: Vec<usize> = if same_tag {
-            (0..k).collect()
-        } else {
-            (0..k).rev().collect()
-        };
+        let mut bufs: Vec<Buf> = (0..k).map(|_| Buf::new(ctx, k1, max, 64, GUARD_RECV)).collect();
+        let order: Vec<usize> = if same_tag { (0..k).collect() } else { (0..k).rev().collect() };
         let mut reqs = Vec::new();
         for &i in &order {
             reqs.push(irecv(ctx, &mut bufs[i], Some(0), Some(tag(i))));
@@ -1660,12 +1310,7 @@ fn window(ctx: &mut Context, placement: &str, count: u32, sizes: &str, same_tag:
                 size(i),
                 &format!("window: receive of message {i} (non-overtaking order)"),
             );
-            bufs[i].verify(
-                ctx,
-                &data(i),
-                GUARD_RECV,
-                &format!("window: message {i} of {} bytes", size(i)),
-            );
+            bufs[i].verify(ctx, &data(i), GUARD_RECV, &format!("window: message {i} of {} bytes", size(i)));
         }
         for b in bufs {
             b.release(ctx);
@@ -1679,9 +1324,7 @@ const FORGED_MSG: u64 = 1 << 40;
 
 fn forged(ctx: &mut Context) {
     use gpulmt::shm::job::{node_id, JobSegment};
-    use gpulmt_protocols::wire::{
-        AbortReason, CtsMode, Dir, MemDesc, Packet, Region, WIRE_VERSION,
-    };
+    use gpulmt_protocols::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet, Region, WIRE_VERSION};
     need_ranks(ctx, 2, "forged");
     let me = ctx.rank();
     if me >= 2 {
@@ -1690,25 +1333,17 @@ fn forged(ctx: &mut Context) {
     // Receives that forged RTSs match (tags 42..=44).
     let tags: [Tag; 3] = [42, 43, 44];
     if me == 0 {
-        let mut bufs: Vec<Buf> = (0..3)
-            .map(|_| Buf::new(ctx, Kind::Dev, FORGED_LEN, 4096, GUARD_RECV))
-            .collect();
-        let reqs: Vec<Request> = bufs
-            .iter_mut()
-            .zip(tags)
-            .map(|(b, t)| irecv(ctx, b, Some(1), Some(t)))
-            .collect();
+        let mut bufs: Vec<Buf> = (0..3).map(|_| Buf::new(ctx, Kind::Dev, FORGED_LEN, 4096, GUARD_RECV)).collect();
+        let reqs: Vec<Request> = bufs.iter_mut().zip(tags).map(|(b, t)| irecv(ctx, b, Some(1), Some(t))).collect();
         let v0 = ctx.stats().violations;
         ctx.send(b"ready", 1, 1).or_fail("forged: ready");
         let mut done = [0u8; 4];
-        ctx.recv(&mut done, Some(1), Some(2))
-            .or_fail("forged: done");
+        ctx.recv(&mut done, Some(1), Some(2)).or_fail("forged: done");
         let t0 = Instant::now();
         let mut reqs = reqs.into_iter();
-        for (i, what) in [
-            (0, "an RTS whose region claims more than its allocation"),
-            (1, "an RTS with a forged handle"),
-        ] {
+        for (i, what) in
+            [(0, "an RTS whose region claims more than its allocation"), (1, "an RTS with a forged handle")]
+        {
             let r = reqs.next().expect("three requests");
             match ctx.wait(r) {
                 Err(e) if e.as_transfer().is_some() => println!("rank=0 forged: {what}: {e}"),
@@ -1716,54 +1351,27 @@ fn forged(ctx: &mut Context) {
                     "forged: the receive matched by {what} completed with {other:?}, expected a transfer error"
                 )),
             }
-            bufs[i].verify(
-                ctx,
-                &[],
-                GUARD_RECV,
-                &format!("forged: receive buffer after {what}"),
-            );
+            bufs[i].verify(ctx, &[], GUARD_RECV, &format!("forged: receive buffer after {what}"));
         }
         // The RTS of another node was refused: its receive is still waiting.
         let r = reqs.next().expect("three requests");
-        ensure!(
-            ctx.test(&r).or_fail("test").is_none(),
-            "forged: a receive matched an RTS of another node"
-        );
+        ensure!(ctx.test(&r).or_fail("test").is_none(), "forged: a receive matched an RTS of another node");
         ensure!(ctx.cancel(&r), "forged: cancel");
         ensure!(
             matches!(ctx.wait(r), Err(e) if matches!(e.as_transfer(), Some(ProtoError::Cancelled))),
             "forged: cancelled receive"
         );
-        bufs[2].verify(
-            ctx,
-            &[],
-            GUARD_RECV,
-            "forged: receive buffer of the refused RTS",
-        );
-        ensure!(
-            t0.elapsed() < Duration::from_secs(5),
-            "forged: failing forged transfers took {:?}",
-            t0.elapsed()
-        );
+        bufs[2].verify(ctx, &[], GUARD_RECV, "forged: receive buffer of the refused RTS");
+        ensure!(t0.elapsed() < Duration::from_secs(5), "forged: failing forged transfers took {:?}", t0.elapsed());
         let violations = ctx.stats().violations - v0;
         println!("rank=0 forged violations={violations}");
-        ensure!(
-            violations >= 12,
-            "forged: only {violations} protocol violations counted for 16 forged packets"
-        );
+        ensure!(violations >= 12, "forged: only {violations} protocol violations counted for 16 forged packets");
         // Still working: a real rendezvous from rank 1 and one back.
         let mut b = Buf::new(ctx, Kind::Dev, FORGED_LEN, 4096, GUARD_RECV);
         let rr = irecv(ctx, &mut b, Some(1), Some(3));
-        let st = ctx
-            .wait(rr)
-            .or_fail("forged: a real message after the forged ones");
+        let st = ctx.wait(rr).or_fail("forged: a real message after the forged ones");
         expect_status(&st, 1, 3, FORGED_LEN, "forged: real message");
-        b.verify(
-            ctx,
-            &pattern(17, FORGED_LEN),
-            GUARD_RECV,
-            "forged: real message after the forged ones",
-        );
+        b.verify(ctx, &pattern(17, FORGED_LEN), GUARD_RECV, "forged: real message after the forged ones");
         let sr = isend(ctx, &mut b, FORGED_LEN, 1, 4);
         ctx.wait(sr).or_fail("forged: a real message back");
         b.release(ctx);
@@ -1774,11 +1382,7 @@ fn forged(ctx: &mut Context) {
         let mut x = Buf::new(ctx, Kind::Dev, 65536, 0, GUARD_SEND);
         x.write(ctx, &pattern(16, 65536));
         let info = ctx.backend().pointer_info(x.dev).or_fail("pointer_info");
-        let handle = ctx
-            .backend()
-            .export_handle(x.dev)
-            .or_fail("export_handle")
-            .0;
+        let handle = ctx.backend().export_handle(x.dev).or_fail("export_handle").0;
         let region = Region {
             handle,
             alloc_size: 65536,
@@ -1787,26 +1391,14 @@ fn forged(ctx: &mut Context) {
             node: node_id(),
             buffer_id: info.buffer_id,
         };
-        let job =
-            std::env::var("GPULMT_JOB").unwrap_or_else(|_| fail("forged: GPULMT_JOB is not set"));
-        let seg = JobSegment::open(&job, Duration::from_secs(5))
-            .or_fail("forged: opening the job segment");
+        let job = std::env::var("GPULMT_JOB").unwrap_or_else(|_| fail("forged: GPULMT_JOB is not set"));
+        let seg = JobSegment::open(&job, Duration::from_secs(5)).or_fail("forged: opening the job segment");
         let mut ready = [0u8; 5];
-        ctx.recv(&mut ready, Some(0), Some(1))
-            .or_fail("forged: ready");
-        let rts = |n: u64, tag: Tag, len: u64, src: MemDesc| Packet::Rts {
-            msg: FORGED_MSG + n,
-            tag,
-            len,
-            src,
-        };
+        ctx.recv(&mut ready, Some(0), Some(1)).or_fail("forged: ready");
+        let rts = |n: u64, tag: Tag, len: u64, src: MemDesc| Packet::Rts { msg: FORGED_MSG + n, tag, len, src };
         let big = FORGED_LEN as u64;
         let dev = |r: Region| MemDesc::Device(r);
-        let mut wrong_version = Packet::Done {
-            msg: FORGED_MSG,
-            dir: Dir::ToSender,
-        }
-        .to_vec();
+        let mut wrong_version = Packet::Done { msg: FORGED_MSG, dir: Dir::ToSender }.to_vec();
         wrong_version[0] = WIRE_VERSION.wrapping_add(1);
         let packets: Vec<Vec<u8>> = vec![
             vec![0xff; 40],
@@ -1814,102 +1406,24 @@ fn forged(ctx: &mut Context) {
             // The region does not cover the message.
             rts(1, 41, big, dev(region)).to_vec(),
             // Lies about the allocation's size: a real 64 KiB handle claimed as 1 MiB.
-            rts(
-                2,
-                42,
-                big,
-                dev(Region {
-                    alloc_size: big,
-                    ..region
-                }),
-            )
-            .to_vec(),
+            rts(2, 42, big, dev(Region { alloc_size: big, ..region })).to_vec(),
             // A forged handle.
-            rts(
-                3,
-                43,
-                big,
-                dev(Region {
-                    handle: [0xab; 64],
-                    alloc_size: big,
-                    buffer_id: 999_999,
-                    ..region
-                }),
-            )
-            .to_vec(),
+            rts(3, 43, big, dev(Region { handle: [0xab; 64], alloc_size: big, buffer_id: 999_999, ..region })).to_vec(),
             // Another node's memory.
-            rts(
-                4,
-                44,
-                big,
-                dev(Region {
-                    alloc_size: big,
-                    node: region.node ^ 1,
-                    ..region
-                }),
-            )
-            .to_vec(),
+            rts(4, 44, big, dev(Region { alloc_size: big, node: region.node ^ 1, ..region })).to_vec(),
             // A device that does not exist.
-            rts(
-                5,
-                45,
-                big,
-                dev(Region {
-                    alloc_size: big,
-                    device: 999,
-                    ..region
-                }),
-            )
-            .to_vec(),
+            rts(5, 45, big, dev(Region { alloc_size: big, device: 999, ..region })).to_vec(),
             // An empty rendezvous.
             rts(6, 46, 0, MemDesc::Host).to_vec(),
             // An offset that overflows.
-            rts(
-                7,
-                47,
-                big,
-                dev(Region {
-                    offset: u64::MAX - 10,
-                    alloc_size: big,
-                    ..region
-                }),
-            )
-            .to_vec(),
+            rts(7, 47, big, dev(Region { offset: u64::MAX - 10, alloc_size: big, ..region })).to_vec(),
             // Answers to messages that do not exist.
-            Packet::Cts {
-                msg: FORGED_MSG + 8,
-                mode: CtsMode::Put,
-                dst: Some(region),
-                split: 0,
-            }
-            .to_vec(),
-            Packet::Done {
-                msg: FORGED_MSG + 9,
-                dir: Dir::ToSender,
-            }
-            .to_vec(),
-            Packet::Done {
-                msg: FORGED_MSG + 10,
-                dir: Dir::ToReceiver,
-            }
-            .to_vec(),
-            Packet::Chunk {
-                msg: FORGED_MSG + 11,
-                index: 0,
-                len: 10,
-                slot: u32::MAX,
-            }
-            .to_vec(),
-            Packet::Cookie {
-                msg: FORGED_MSG + 12,
-            }
-            .to_vec(),
-            Packet::Abort {
-                msg: FORGED_MSG + 13,
-                reason: AbortReason::CopyFailed,
-                dir: Dir::ToSender,
-            }
-            .to_vec(),
+            Packet::Cts { msg: FORGED_MSG + 8, mode: CtsMode::Put, dst: Some(region), split: 0 }.to_vec(),
+            Packet::Done { msg: FORGED_MSG + 9, dir: Dir::ToSender }.to_vec(),
+            Packet::Done { msg: FORGED_MSG + 10, dir: Dir::ToReceiver }.to_vec(),
+            Packet::Chunk { msg: FORGED_MSG + 11, index: 0, len: 10, slot: u32::MAX }.to_vec(),
+            Packet::Cookie { msg: FORGED_MSG + 12 }.to_vec(),
+            Packet::Abort { msg: FORGED_MSG + 13, reason: AbortReason::CopyFailed, dir: Dir::ToSender }.to_vec(),
             Packet::FreeAck { epoch: 123_456 }.to_vec(),
         ];
         // This rank's context has no packet of its own waiting for this ring, and
@@ -1918,10 +1432,7 @@ fn forged(ctx: &mut Context) {
         let deadline = Instant::now() + Duration::from_secs(10);
         for p in &packets {
             while !ring.try_push(p).or_fail("forged: pushing into the ring") {
-                ensure!(
-                    Instant::now() < deadline,
-                    "forged: rank 0 does not drain its ring"
-                );
+                ensure!(Instant::now() < deadline, "forged: rank 0 does not drain its ring");
                 std::thread::yield_now();
             }
         }
@@ -1930,30 +1441,18 @@ fn forged(ctx: &mut Context) {
         let mut b = Buf::new(ctx, Kind::Dev, FORGED_LEN, 4096, GUARD_SEND);
         b.write(ctx, &pattern(17, FORGED_LEN));
         let sr = isend(ctx, &mut b, FORGED_LEN, 0, 3);
-        ctx.wait(sr)
-            .or_fail("forged: a real message after the forged ones");
+        ctx.wait(sr).or_fail("forged: a real message after the forged ones");
         b.fill(ctx, GUARD_RECV);
         let rr = irecv(ctx, &mut b, Some(0), Some(4));
         ctx.wait(rr).or_fail("forged: a real message back");
-        b.verify(
-            ctx,
-            &pattern(17, FORGED_LEN),
-            GUARD_RECV,
-            "forged: real message back",
-        );
+        b.verify(ctx, &pattern(17, FORGED_LEN), GUARD_RECV, "forged: real message back");
         b.release(ctx);
         x.release(ctx);
     }
     ctx.mem_free_commit().or_fail("forged: mem_free_commit");
 }
 
-fn cache(
-    ctx: &mut Context,
-    iters: u32,
-    size: &str,
-    expect_recv: Option<u64>,
-    expect_send: Option<u64>,
-) {
+fn cache(ctx: &mut Context, iters: u32, size: &str, expect_recv: Option<u64>, expect_send: Option<u64>) {
     need_ranks(ctx, 2, "cache");
     let me = ctx.rank();
     if me >= 2 {
@@ -1962,13 +1461,7 @@ fn cache(
     let msg = parse_size(size);
     let w = iters as usize;
     // One allocation on each side; rank 1 receives every message at its own offset.
-    let mut buf = Buf::new(
-        ctx,
-        Kind::Dev,
-        w * msg,
-        4096,
-        if me == 0 { GUARD_SEND } else { GUARD_RECV },
-    );
+    let mut buf = Buf::new(ctx, Kind::Dev, w * msg, 4096, if me == 0 { GUARD_SEND } else { GUARD_RECV });
     let piece = |i: usize| pattern(msg_seed(0, 1, i as u32, 5), msg);
     let t0 = Instant::now();
     for phase in 0..2 {
@@ -1985,8 +1478,7 @@ fn cache(
                 .map(|i| {
                     let off = if phase == 0 { 0 } else { i * msg };
                     // SAFETY: inside `buf`, which outlives the requests (wait_all below).
-                    unsafe { ctx.isend(base.add(off), msg, 1, tag) }
-                        .or_fail(format!("cache: isend {i}"))
+                    unsafe { ctx.isend(base.add(off), msg, 1, tag) }.or_fail(format!("cache: isend {i}"))
                 })
                 .collect();
             for st in ctx.wait_all(reqs).or_fail("cache: window of sends") {
@@ -2009,20 +1501,12 @@ fn cache(
             for i in 0..w {
                 all.extend_from_slice(&piece(if phase == 0 { 0 } else { i }));
             }
-            buf.verify(
-                ctx,
-                &all,
-                GUARD_RECV,
-                &format!("cache phase {phase}: {w} messages of {msg} bytes"),
-            );
+            buf.verify(ctx, &all, GUARD_RECV, &format!("cache phase {phase}: {w} messages of {msg} bytes"));
         }
     }
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     let c = ctx.stats().cache;
-    println!(
-        "rank={me} window size={w} msg={msg} ms={ms:.1} opens={} hits={} misses={}",
-        c.opens, c.hits, c.misses
-    );
+    println!("rank={me} window size={w} msg={msg} ms={ms:.1} opens={} hits={} misses={}", c.opens, c.hits, c.misses);
     let expect = if me == 1 { expect_recv } else { expect_send };
     if let Some(e) = expect {
         ensure!(
@@ -2045,29 +1529,16 @@ fn wildcard_barrier(ctx: &mut Context, timeout_s: u64) {
     // A watchdog: the failure mode is a hang.
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(timeout_s));
-        fail(format!(
-            "wildcard-barrier: still not done after {timeout_s} s (barrier or receive hangs)"
-        ));
+        fail(format!("wildcard-barrier: still not done after {timeout_s} s (barrier or receive hangs)"));
     });
     if me == 0 {
         let mut got = [0u8; 64];
         // SAFETY: `got` outlives the request.
         let r = unsafe { ctx.irecv(got.as_mut_ptr(), 64, None, None) }.or_fail("wildcard irecv");
-        ctx.barrier()
-            .or_fail("barrier with a wildcard receive posted");
+        ctx.barrier().or_fail("barrier with a wildcard receive posted");
         let st = ctx.wait(r).or_fail("wildcard receive");
-        expect_status(
-            &st,
-            1,
-            7,
-            5,
-            "the wildcard receive posted before the barrier",
-        );
-        ensure!(
-            &got[..5] == b"hello",
-            "wildcard receive: got {:?}",
-            &got[..5]
-        );
+        expect_status(&st, 1, 7, 5, "the wildcard receive posted before the barrier");
+        ensure!(&got[..5] == b"hello", "wildcard receive: got {:?}", &got[..5]);
     } else {
         ctx.barrier().or_fail("barrier");
         ctx.send(b"hello", 0, 7).or_fail("send");
@@ -2082,26 +1553,13 @@ fn main() {
     if me == 0 {
         println!("job={}", std::env::var("GPULMT_JOB").unwrap_or_default());
     }
-    println!(
-        "rank={me} pid={} device={} size={}",
-        std::process::id(),
-        ctx.device(),
-        ctx.size()
-    );
+    println!("rank={me} pid={} device={} size={}", std::process::id(), ctx.device(), ctx.size());
     let name = match &cli.cmd {
-        Cmd::Pingpong {
-            placement,
-            sizes,
-            offset,
-            seed,
-        } => {
+        Cmd::Pingpong { placement, sizes, offset, seed } => {
             pingpong(&mut ctx, placement, sizes, *offset, *seed);
             "pingpong"
         }
-        Cmd::Alltoall {
-            iters,
-            include_self,
-        } => {
+        Cmd::Alltoall { iters, include_self } => {
             alltoall(&mut ctx, *iters, *include_self);
             "alltoall"
         }
@@ -2121,30 +1579,10 @@ fn main() {
             selfsend(&mut ctx);
             "selfsend"
         }
-        Cmd::Die {
-            when,
-            how,
-            placement,
-            role,
-            size,
-            free_mapped,
-            any_source,
-        } => die(
-            ctx,
-            *when,
-            *how,
-            placement,
-            *role,
-            size,
-            *free_mapped,
-            *any_source,
-        ),
-        Cmd::Window {
-            placement,
-            count,
-            sizes,
-            same_tag,
-        } => {
+        Cmd::Die { when, how, placement, role, size, free_mapped, any_source } => {
+            die(ctx, *when, *how, placement, *role, size, *free_mapped, *any_source)
+        }
+        Cmd::Window { placement, count, sizes, same_tag } => {
             window(&mut ctx, placement, *count, sizes, *same_tag);
             "window"
         }
@@ -2159,19 +1597,8 @@ fn main() {
             free(&mut ctx, *rounds, *fresh_open);
             "free"
         }
-        Cmd::Cache {
-            iters,
-            size,
-            expect_recv_opens,
-            expect_send_opens,
-        } => {
-            cache(
-                &mut ctx,
-                *iters,
-                size,
-                *expect_recv_opens,
-                *expect_send_opens,
-            );
+        Cmd::Cache { iters, size, expect_recv_opens, expect_send_opens } => {
+            cache(&mut ctx, *iters, size, *expect_recv_opens, *expect_send_opens);
             "cache"
         }
         Cmd::WildcardBarrier { timeout_s } => {

@@ -78,7 +78,14 @@ enum Parsed {
 }
 
 fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
-    let mut a = Args { n: None, bind: true, timeout: None, grace: Duration::from_millis(3000), cleanup: false, prog: Vec::new() };
+    let mut a = Args {
+        n: None,
+        bind: true,
+        timeout: None,
+        grace: Duration::from_millis(3000),
+        cleanup: false,
+        prog: Vec::new(),
+    };
     // The value of an option: `--opt=V` or the next argument.
     fn value(name: &str, inline: Option<&str>, it: &mut dyn Iterator<Item = OsString>) -> Result<String, String> {
         match inline {
@@ -137,7 +144,8 @@ fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> 
             }
             "--abort-grace-ms" => {
                 let v = value(opt, inline, &mut it)?;
-                let ms: u64 = v.parse().map_err(|_| format!("--abort-grace-ms: {v:?} is not a number of milliseconds"))?;
+                let ms: u64 =
+                    v.parse().map_err(|_| format!("--abort-grace-ms: {v:?} is not a number of milliseconds"))?;
                 a.grace = Duration::from_millis(ms);
             }
             _ => return Err(format!("unknown option {s:?}")),

@@ -423,7 +423,11 @@ impl CopyServer {
             if self.posted < USEFUL_COPIES {
                 self.backoff = (self.backoff * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
                 self.launch_not_before = Some(now + self.backoff);
-                tracing::debug!(copies = self.posted, backoff_us = self.backoff.as_micros() as u64, "copy server left after few copies: small copies use the engine meanwhile");
+                tracing::debug!(
+                    copies = self.posted,
+                    backoff_us = self.backoff.as_micros() as u64,
+                    "copy server left after few copies: small copies use the engine meanwhile"
+                );
             } else {
                 self.backoff = Duration::ZERO;
                 self.launch_not_before = None;
@@ -435,7 +439,11 @@ impl CopyServer {
     /// Whether copy `seq` has finished. Never blocks; a copy that waits long while no
     /// server runs gets one launched. `enter` makes the device's context current, which
     /// only that check needs.
-    pub fn finished<G>(&mut self, seq: u64, enter: impl FnOnce() -> Result<G, DeviceError>) -> Result<bool, DeviceError> {
+    pub fn finished<G>(
+        &mut self,
+        seq: u64,
+        enter: impl FnOnce() -> Result<G, DeviceError>,
+    ) -> Result<bool, DeviceError> {
         if self.done() >= seq {
             self.stalled_polls = 0;
             return Ok(true);
@@ -460,7 +468,12 @@ impl CopyServer {
 impl Drop for CopyServer {
     /// Stops a running server (a descriptor of length `~0`) and waits for its stream.
     fn drop(&mut self) {
-        tracing::info!(copies = self.next - 1, declined = self.declined, launches = self.launches, "copy server stopped");
+        tracing::info!(
+            copies = self.next - 1,
+            declined = self.declined,
+            launches = self.launches,
+            "copy server stopped"
+        );
         if !self.stream.is_null() && !self.host.is_null() && self.generation > 0 {
             let seq = self.next;
             // If the ring is full of unserved copies, waiting for the stream below still
@@ -573,7 +586,10 @@ mod tests {
             for g in 2..12 {
                 serve_and_leave(s, g, USEFUL_COPIES - 1);
                 assert!(!declined_at(s, t), "generation {g}: launched with no backoff");
-                assert!(!declined_at(s, t + expected - Duration::from_micros(1)), "generation {g}: backoff shorter than {expected:?}");
+                assert!(
+                    !declined_at(s, t + expected - Duration::from_micros(1)),
+                    "generation {g}: backoff shorter than {expected:?}"
+                );
                 assert!(declined_at(s, t + expected), "generation {g}: backoff longer than {expected:?}");
                 t += expected;
                 expected = (expected * 2).min(MAX_BACKOFF);

@@ -29,8 +29,8 @@ use rustc_hash::FxHashMap;
 
 use super::copy_server::CopyServer;
 use super::{
-    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, IpcHandle, Mapping,
-    MemoryKind, PointerInfo, IPC_HANDLE_BYTES,
+    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, IpcHandle, Mapping, MemoryKind,
+    PointerInfo, IPC_HANDLE_BYTES,
 };
 
 /// Calls `sys::$f(..)` and checks its result, naming the call by its own identifier so that an
@@ -93,10 +93,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
 /// Where container runtimes mount the driver library. Loading it by path makes cudarc's later
 /// `dlopen("libcuda.so.1")` find it by soname even when that directory is not on the loader's
 /// search path.
-const FALLBACK_LIBCUDA: &[&CStr] = &[
-    c"/usr/local/nvidia/lib64/libcuda.so.1",
-    c"/usr/lib64/libcuda.so.1",
-];
+const FALLBACK_LIBCUDA: &[&CStr] = &[c"/usr/local/nvidia/lib64/libcuda.so.1", c"/usr/lib64/libcuda.so.1"];
 
 /// Set once libcuda and all [`REQUIRED_SYMBOLS`] are known present: only then may an error be
 /// described through `cuGetErrorName`/`cuGetErrorString`.
@@ -147,11 +144,7 @@ impl Benign for Result<(), CuFailure> {
 
 impl From<CuFailure> for DeviceError {
     fn from(f: CuFailure) -> Self {
-        DeviceError::Driver {
-            call: f.call,
-            code: f.code as i64,
-            message: describe(f.code),
-        }
+        DeviceError::Driver { call: f.call, code: f.code as i64, message: describe(f.code) }
     }
 }
 
@@ -190,19 +183,14 @@ fn load_driver() -> Result<(), String> {
                 }
             }
             if !sys::is_culib_present() {
-                return Err(
-                    "libcuda cannot be loaded: no NVIDIA driver on this machine, or its \
+                return Err("libcuda cannot be loaded: no NVIDIA driver on this machine, or its \
                             library directory is not on LD_LIBRARY_PATH"
-                        .into(),
-                );
+                    .into());
             }
         }
         let lib = sys::culib();
-        let missing: Vec<&str> = REQUIRED_SYMBOLS
-            .iter()
-            .copied()
-            .filter(|name| lib.get::<unsafe extern "C" fn()>(*name).is_err())
-            .collect();
+        let missing: Vec<&str> =
+            REQUIRED_SYMBOLS.iter().copied().filter(|name| lib.get::<unsafe extern "C" fn()>(*name).is_err()).collect();
         if !missing.is_empty() {
             return Err(format!(
                 "libcuda lacks {}: the driver is older than this build (CUDA 13) needs",
@@ -273,9 +261,7 @@ impl CtxGuard {
         let mut current: sys::CUcontext = ptr::null_mut();
         cu!(cuCtxGetCurrent(&mut current))?;
         if current == ctx.0 {
-            return Ok(Self {
-                restore: ptr::null_mut(),
-            });
+            return Ok(Self { restore: ptr::null_mut() });
         }
         cu!(cuCtxSetCurrent(ctx.0))?;
         Ok(Self { restore: current })
@@ -377,9 +363,7 @@ pub struct CudaBackend {
 }
 
 fn to_raw_handle(h: &IpcHandle) -> sys::CUipcMemHandle {
-    sys::CUipcMemHandle {
-        reserved: h.0.map(|b| b as c_char),
-    }
+    sys::CUipcMemHandle { reserved: h.0.map(|b| b as c_char) }
 }
 
 fn from_raw_handle(h: &sys::CUipcMemHandle) -> IpcHandle {
@@ -390,15 +374,10 @@ fn from_raw_handle(h: &sys::CUipcMemHandle) -> IpcHandle {
 fn open_error(f: CuFailure) -> DeviceError {
     match f.code {
         // The driver's own double-open check, when the same allocation came with other bytes.
-        CUresult::CUDA_ERROR_ALREADY_MAPPED => DeviceError::DoubleOpen {
-            owner: 0,
-            buffer_id: 0,
-        },
-        CUresult::CUDA_ERROR_INVALID_VALUE
-        | CUresult::CUDA_ERROR_INVALID_HANDLE
-        | CUresult::CUDA_ERROR_MAP_FAILED => DeviceError::BadHandle {
-            reason: DeviceError::from(f).to_string(),
-        },
+        CUresult::CUDA_ERROR_ALREADY_MAPPED => DeviceError::DoubleOpen { owner: 0, buffer_id: 0 },
+        CUresult::CUDA_ERROR_INVALID_VALUE | CUresult::CUDA_ERROR_INVALID_HANDLE | CUresult::CUDA_ERROR_MAP_FAILED => {
+            DeviceError::BadHandle { reason: DeviceError::from(f).to_string() }
+        }
         _ => f.into(),
     }
 }
@@ -487,12 +466,7 @@ impl CudaBackend {
     }
 
     fn device(&self, dev: DevId) -> Result<&Device, DeviceError> {
-        self.devices
-            .get(dev as usize)
-            .ok_or(DeviceError::NoSuchDevice {
-                dev,
-                count: self.devices.len() as u32,
-            })
+        self.devices.get(dev as usize).ok_or(DeviceError::NoSuchDevice { dev, count: self.devices.len() as u32 })
     }
 
     /// The primary context of `dev`, retained on first use.
@@ -533,17 +507,11 @@ impl CudaBackend {
                     continue;
                 }
                 let enabled = CtxGuard::enter(from_ctx).and_then(|_current| {
-                    cu!(cuCtxEnablePeerAccess(to_ctx.0, 0))
-                        .benign(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+                    cu!(cuCtxEnablePeerAccess(to_ctx.0, 0)).benign(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
                 });
                 // Not fatal: copies between the pair still work, staged through host memory.
                 if let Err(f) = enabled {
-                    tracing::warn!(
-                        from,
-                        to,
-                        "peer access not enabled: {}",
-                        DeviceError::from(f)
-                    );
+                    tracing::warn!(from, to, "peer access not enabled: {}", DeviceError::from(f));
                 }
             }
         }
@@ -557,10 +525,7 @@ impl CudaBackend {
     /// A device for work that involves no device memory (host registration, host-to-host
     /// copies): one already in use, so that no other GPU gets a context for it.
     fn fallback_device(&self) -> DevId {
-        self.devices
-            .iter()
-            .position(|d| d.ctx.get().is_some())
-            .unwrap_or(0) as DevId
+        self.devices.iter().position(|d| d.ctx.get().is_some()).unwrap_or(0) as DevId
     }
 
     /// The priority of `d`'s new streams: the context's greatest, or the default (0);
@@ -596,10 +561,7 @@ impl CudaBackend {
             return Ok(ev);
         }
         let mut ev: sys::CUevent = ptr::null_mut();
-        cu!(cuEventCreate(
-            &mut ev,
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint
-        ))?;
+        cu!(cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint))?;
         Ok(Event(ev))
     }
 
@@ -621,21 +583,25 @@ impl CudaBackend {
         if after_app {
             let ev = Self::take_event(d)?;
             // The wait takes the event's state now, so it can go back to the pool at once.
-            let ordered = cu!(cuEventRecord(ev.0, LEGACY_STREAM)).and_then(|()| cu!(cuStreamWaitEvent(stream, ev.0, 0)));
+            let ordered =
+                cu!(cuEventRecord(ev.0, LEGACY_STREAM)).and_then(|()| cu!(cuStreamWaitEvent(stream, ev.0, 0)));
             lock(&d.events).push(ev);
             ordered?;
         }
-        cu!(cuMemcpyAsync(
-            dst as CUdeviceptr,
-            src as CUdeviceptr,
-            len,
-            stream
-        ))?;
+        cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
         then(d, stream)
     }
 
     /// Queues a copy on stream `slot` of `engine`'s device (its context current).
-    fn engine_copy(&self, engine: DevId, d: &Device, slot: usize, dst: usize, src: usize, len: usize) -> Result<CopyTicket, DeviceError> {
+    fn engine_copy(
+        &self,
+        engine: DevId,
+        d: &Device,
+        slot: usize,
+        dst: usize,
+        src: usize,
+        len: usize,
+    ) -> Result<CopyTicket, DeviceError> {
         let stream = Self::stream(d, slot)?;
         // Held across the driver calls, so that the copy that gets an event below is still
         // the newest on the stream when the next one is queued behind it, and so that the
@@ -689,16 +655,8 @@ impl CudaBackend {
     /// The device of the allocation that starts at `ptr`, for operations that need one.
     fn allocation_device(&self, op: &'static str, ptr: usize) -> Result<DevId, DeviceError> {
         match self.pointer_info(ptr)? {
-            PointerInfo {
-                kind: MemoryKind::Device(dev),
-                base,
-                ..
-            } if base == ptr => Ok(dev),
-            _ => Err(DeviceError::InvalidPointer {
-                op,
-                ptr,
-                expected: "the start of a device allocation",
-            }),
+            PointerInfo { kind: MemoryKind::Device(dev), base, .. } if base == ptr => Ok(dev),
+            _ => Err(DeviceError::InvalidPointer { op, ptr, expected: "the start of a device allocation" }),
         }
     }
 }
@@ -770,9 +728,7 @@ impl DeviceBackend for CudaBackend {
     fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError> {
         let dev = self.allocation_device("export_handle", base)?;
         let _current = self.enter(dev)?;
-        let mut raw = sys::CUipcMemHandle {
-            reserved: [0; IPC_HANDLE_BYTES],
-        };
+        let mut raw = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
         cu!(cuIpcGetMemHandle(&mut raw, base as CUdeviceptr))?;
         Ok(from_raw_handle(&raw))
     }
@@ -782,20 +738,12 @@ impl DeviceBackend for CudaBackend {
         // Held across the driver call so that two threads cannot both pass the check.
         let mut open = lock(&self.open);
         if open.by_handle.contains_key(&handle.0) {
-            return Err(DeviceError::DoubleOpen {
-                owner: 0,
-                buffer_id: 0,
-            });
+            return Err(DeviceError::DoubleOpen { owner: 0, buffer_id: 0 });
         }
         let _current = CtxGuard::enter(ctx)?;
         let mut ptr: CUdeviceptr = 0;
         let lazy_peer = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
-        cu!(cuIpcOpenMemHandle_v2(
-            &mut ptr,
-            to_raw_handle(handle),
-            lazy_peer
-        ))
-        .map_err(open_error)?;
+        cu!(cuIpcOpenMemHandle_v2(&mut ptr, to_raw_handle(handle), lazy_peer)).map_err(open_error)?;
         let mut base: CUdeviceptr = 0;
         let mut size: usize = 0;
         if let Err(f) = cu!(cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) {
@@ -817,13 +765,7 @@ impl DeviceBackend for CudaBackend {
             }
         }
         open.by_handle.insert(handle.0, ptr);
-        open.by_ptr.insert(
-            ptr,
-            OpenMapping {
-                handle: handle.0,
-                on,
-            },
-        );
+        open.by_ptr.insert(ptr, OpenMapping { handle: handle.0, on });
         Ok(Mapping { ptr, size })
     }
 
@@ -958,9 +900,7 @@ impl DeviceBackend for CudaBackend {
             }
         }
         let dev = dev.unwrap_or_else(|| self.fallback_device());
-        self.enqueue(dev, SYNC_SLOT, (dst, src, len), true, |_, stream| {
-            Ok(cu!(cuStreamSynchronize(stream))?)
-        })
+        self.enqueue(dev, SYNC_SLOT, (dst, src, len), true, |_, stream| Ok(cu!(cuStreamSynchronize(stream))?))
     }
 
     fn wait_app_default_stream(&self, dev: DevId) -> Result<(), DeviceError> {
@@ -995,18 +935,13 @@ impl DeviceBackend for CudaBackend {
         // PORTABLE: pinned for every context, so any device's engine may DMA it, whichever
         // context registered it.
         let _current = self.enter(self.fallback_device())?;
-        Ok(cu!(cuMemHostRegister_v2(
-            ptr as *mut c_void,
-            len,
-            sys::CU_MEMHOSTREGISTER_PORTABLE
-        ))
-        .benign(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)?)
+        Ok(cu!(cuMemHostRegister_v2(ptr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE))
+            .benign(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)?)
     }
 
     fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError> {
         let _current = self.enter(self.fallback_device())?;
-        Ok(cu!(cuMemHostUnregister(ptr as *mut c_void))
-            .benign(CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)?)
+        Ok(cu!(cuMemHostUnregister(ptr as *mut c_void)).benign(CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)?)
     }
 }
 
@@ -1014,24 +949,15 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let open = std::mem::take(self.open.get_mut().unwrap_or_else(PoisonError::into_inner));
         for (ptr, m) in open.by_ptr {
-            warn_teardown(
-                self.enter(m.on)
-                    .and_then(|_current| Ok(cu!(cuIpcCloseMemHandle(ptr as CUdeviceptr))?)),
-            );
+            warn_teardown(self.enter(m.on).and_then(|_current| Ok(cu!(cuIpcCloseMemHandle(ptr as CUdeviceptr))?)));
         }
         // Events of copies never polled to completion are destroyed with the pool; the driver
         // defers the release of an event still pending.
-        let tickets = self
-            .tickets
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
+        let tickets = self.tickets.get_mut().unwrap_or_else(PoisonError::into_inner);
         tickets.bare.clear();
         for (_, p) in tickets.pending.drain() {
             if let (Some(ev), Some(d)) = (p.event, self.devices.get_mut(p.dev as usize)) {
-                d.events
-                    .get_mut()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(ev);
+                d.events.get_mut().unwrap_or_else(PoisonError::into_inner).push(ev);
             }
         }
         for d in &mut self.devices {
@@ -1057,10 +983,7 @@ impl Drop for CudaBackend {
         // must not keep a context whose last reference may just have been released.
         let mut current: sys::CUcontext = ptr::null_mut();
         if cu!(cuCtxGetCurrent(&mut current)).is_ok()
-            && self
-                .devices
-                .iter()
-                .any(|d| d.ctx.get().is_some_and(|c| c.0 == current))
+            && self.devices.iter().any(|d| d.ctx.get().is_some_and(|c| c.0 == current))
         {
             warn_teardown(cu!(cuCtxSetCurrent(ptr::null_mut())));
         }
@@ -1098,12 +1021,7 @@ impl CudaBackend {
             (&mut size as *mut usize).cast(),
             (&mut buffer_id as *mut u64).cast(),
         ];
-        let host = PointerInfo {
-            kind: MemoryKind::Host,
-            base: ptr,
-            size: 0,
-            buffer_id: 0,
-        };
+        let host = PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 };
         // No context needed: the driver resolves unified addresses process-wide.
         match cu!(cuPointerGetAttributes(
             attrs.len() as c_uint,
@@ -1118,12 +1036,9 @@ impl CudaBackend {
         }
         let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint;
         Ok(match u32::try_from(ordinal) {
-            Ok(dev) if mem_type == device => PointerInfo {
-                kind: MemoryKind::Device(dev),
-                base: start as usize,
-                size,
-                buffer_id,
-            },
+            Ok(dev) if mem_type == device => {
+                PointerInfo { kind: MemoryKind::Device(dev), base: start as usize, size, buffer_id }
+            }
             // Unknown to CUDA (0), registered or pinned host memory (HOST).
             _ => host,
         })
@@ -1142,36 +1057,24 @@ mod tests {
             (false, Err(DeviceError::Unavailable { reason })) => assert!(!reason.is_empty()),
             (true, Ok(b)) => assert!(b.device_count() > 0),
             (available, other) => {
-                panic!(
-                    "cuda_available() = {available} but try_new() = {:?}",
-                    other.err()
-                )
+                panic!("cuda_available() = {available} but try_new() = {:?}", other.err())
             }
         }
     }
 
     #[test]
     fn driver_errors_name_the_call_and_code() {
-        let failure = CuFailure {
-            call: "cuMemAlloc_v2",
-            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-        };
+        let failure = CuFailure { call: "cuMemAlloc_v2", code: CUresult::CUDA_ERROR_OUT_OF_MEMORY };
         let err = DeviceError::from(failure);
         match &err {
-            DeviceError::Driver {
-                call,
-                code,
-                message,
-            } => {
+            DeviceError::Driver { call, code, message } => {
                 assert_eq!(*call, "cuMemAlloc_v2");
                 assert_eq!(*code, 2);
                 assert!(message.starts_with("CUDA_ERROR_OUT_OF_MEMORY"), "{message}");
             }
             other => panic!("not a driver error: {other:?}"),
         }
-        assert!(err
-            .to_string()
-            .starts_with("cuMemAlloc_v2 failed with 2: CUDA_ERROR_OUT_OF_MEMORY"));
+        assert!(err.to_string().starts_with("cuMemAlloc_v2 failed with 2: CUDA_ERROR_OUT_OF_MEMORY"));
     }
 
     #[test]
@@ -1179,8 +1082,7 @@ mod tests {
         let code = CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
         let benign = check("cuCtxEnablePeerAccess", code).benign(code);
         assert_eq!(benign, Ok(()));
-        let other =
-            check("cuCtxEnablePeerAccess", CUresult::CUDA_ERROR_TOO_MANY_PEERS).benign(code);
+        let other = check("cuCtxEnablePeerAccess", CUresult::CUDA_ERROR_TOO_MANY_PEERS).benign(code);
         assert_eq!(other.unwrap_err().code, CUresult::CUDA_ERROR_TOO_MANY_PEERS);
     }
 
@@ -1196,24 +1098,10 @@ mod tests {
 
     #[test]
     fn open_errors_keep_their_meaning() {
-        let fail = |code| {
-            open_error(CuFailure {
-                call: "cuIpcOpenMemHandle_v2",
-                code,
-            })
-        };
-        assert!(matches!(
-            fail(CUresult::CUDA_ERROR_INVALID_VALUE),
-            DeviceError::BadHandle { .. }
-        ));
-        assert!(matches!(
-            fail(CUresult::CUDA_ERROR_ALREADY_MAPPED),
-            DeviceError::DoubleOpen { .. }
-        ));
-        assert!(matches!(
-            fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
-            DeviceError::Driver { .. }
-        ));
+        let fail = |code| open_error(CuFailure { call: "cuIpcOpenMemHandle_v2", code });
+        assert!(matches!(fail(CUresult::CUDA_ERROR_INVALID_VALUE), DeviceError::BadHandle { .. }));
+        assert!(matches!(fail(CUresult::CUDA_ERROR_ALREADY_MAPPED), DeviceError::DoubleOpen { .. }));
+        assert!(matches!(fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY), DeviceError::Driver { .. }));
     }
 
     /// Identifiers of driver functions called in the code (not the tests) of this file and
@@ -1226,10 +1114,7 @@ mod tests {
         {
             let code = &src[..src.find("#[cfg(test)]").expect("test module")];
             for rest in code.split(marker).skip(1) {
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
+                let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
                 let is_call = rest[name.len()..].starts_with('(');
                 if name.starts_with("cu") && name != "culib" && (is_call || marker == "cu!(") {
                     found.insert(name);
@@ -1243,8 +1128,7 @@ mod tests {
 
     #[test]
     fn every_called_symbol_is_checked_at_load() {
-        let required: std::collections::BTreeSet<String> =
-            REQUIRED_SYMBOLS.iter().map(|s| s.to_string()).collect();
+        let required: std::collections::BTreeSet<String> = REQUIRED_SYMBOLS.iter().map(|s| s.to_string()).collect();
         assert_eq!(called_symbols(), required);
     }
 
@@ -1262,9 +1146,7 @@ mod tests {
     }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
     }
 
     /// Copies until the copy server of `engine` takes one; fails after 2 s.
@@ -1290,7 +1172,10 @@ mod tests {
             copy_by_server(&b, 0, q + off, p + off, n);
             b.copy_sync(back.as_mut_ptr() as usize, q, len).unwrap();
             assert!(back[off..off + n] == src[off..off + n], "{n} B at +{off}");
-            assert!(back[..off].iter().chain(&back[off + n..]).all(|&x| x == 0), "{n} B at +{off}: nothing else written");
+            assert!(
+                back[..off].iter().chain(&back[off + n..]).all(|&x| x == 0),
+                "{n} B at +{off}: nothing else written"
+            );
         }
         // Above the limit, or from host memory: the copy engine.
         let t = b.copy_async(0, 0, q, p, (64 << 10) + 1).unwrap();
@@ -1302,7 +1187,8 @@ mod tests {
         // A window larger than the ring: the overflow goes to the engine; every byte lands.
         copy_by_server(&b, 0, q, p, 8);
         b.copy_sync(q, vec![0u8; len].as_ptr() as usize, len).unwrap();
-        let tickets: Vec<CopyTicket> = (0..256).map(|i| b.copy_async(0, 0, q + i * 4096, p + i * 4096, 4096).unwrap()).collect();
+        let tickets: Vec<CopyTicket> =
+            (0..256).map(|i| b.copy_async(0, 0, q + i * 4096, p + i * 4096, 4096).unwrap()).collect();
         let by_server = tickets.iter().filter(|&&t| b.copy_served(t)).count();
         // How many find room in the ring depends on how fast the server drains it.
         assert!(by_server >= 1, "{by_server} of 256 served");
@@ -1394,10 +1280,7 @@ mod tests {
             // A fresh thread has no current context.
             let seen = std::thread::scope(|s| s.spawn(|| b.pointer_info(p)).join().unwrap());
             assert_eq!(seen.unwrap(), info);
-            assert!(matches!(
-                b.export_handle(p + 4096),
-                Err(DeviceError::InvalidPointer { .. })
-            ));
+            assert!(matches!(b.export_handle(p + 4096), Err(DeviceError::InvalidPointer { .. })));
 
             let q = b.alloc(dev, len).unwrap();
             b.copy_sync(p, src.as_ptr() as usize, len).unwrap();
@@ -1408,22 +1291,13 @@ mod tests {
 
             // Two lanes, then the reverse direction issued from another thread.
             let t0 = b.copy_async(dev, 0, q, p, len / 2).unwrap();
-            let t1 = b
-                .copy_async(dev, 1, q + len / 2, p + len / 2, len / 2)
-                .unwrap();
+            let t1 = b.copy_async(dev, 1, q + len / 2, p + len / 2, len / 2).unwrap();
             poll_until_done(&b, t0);
             poll_until_done(&b, t1);
-            assert!(matches!(
-                b.copy_poll(t0),
-                Err(DeviceError::InvalidPointer { .. })
-            ));
+            assert!(matches!(b.copy_poll(t0), Err(DeviceError::InvalidPointer { .. })));
             back.fill(0);
             let dst = back.as_mut_ptr() as usize;
-            let t = std::thread::scope(|s| {
-                s.spawn(|| b.copy_async(dev, 0, dst, q, len).unwrap())
-                    .join()
-                    .unwrap()
-            });
+            let t = std::thread::scope(|s| s.spawn(|| b.copy_async(dev, 0, dst, q, len).unwrap()).join().unwrap());
             poll_until_done(&b, t);
             assert!(back == src, "async round trip on device {dev}");
 
@@ -1434,25 +1308,11 @@ mod tests {
             assert!(b.free(p).is_err());
         }
         let host = b.pointer_info(back.as_ptr() as usize).unwrap();
-        assert_eq!(
-            host,
-            PointerInfo {
-                kind: MemoryKind::Host,
-                base: back.as_ptr() as usize,
-                size: 0,
-                buffer_id: 0
-            }
-        );
-        assert_eq!(
-            b.pointer_info(src.as_ptr() as usize).unwrap().kind,
-            MemoryKind::Host
-        );
+        assert_eq!(host, PointerInfo { kind: MemoryKind::Host, base: back.as_ptr() as usize, size: 0, buffer_id: 0 });
+        assert_eq!(b.pointer_info(src.as_ptr() as usize).unwrap().kind, MemoryKind::Host);
         b.unregister_host(src.as_ptr() as usize).unwrap();
         b.unregister_host(src.as_ptr() as usize).unwrap();
-        assert!(matches!(
-            b.alloc(b.device_count(), 1),
-            Err(DeviceError::NoSuchDevice { .. })
-        ));
+        assert!(matches!(b.alloc(b.device_count(), 1), Err(DeviceError::NoSuchDevice { .. })));
     }
 
     #[test]
@@ -1463,11 +1323,7 @@ mod tests {
             eprintln!("skipped: one device");
             return;
         }
-        println!(
-            "peer 0->1: {}, 1->0: {}",
-            b.can_access_peer(0, 1),
-            b.can_access_peer(1, 0)
-        );
+        println!("peer 0->1: {}, 1->0: {}", b.can_access_peer(0, 1), b.can_access_peer(1, 0));
         let len = 64 << 20;
         let src = pattern(len, 3);
         let (a, c) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
@@ -1511,7 +1367,8 @@ mod tests {
             for &d in &dsts {
                 b.copy_sync(d, zeros.as_ptr() as usize, len).unwrap();
             }
-            let tickets: Vec<CopyTicket> = (0..n).map(|k| b.copy_async(engine, 0, dsts[k], srcs[k], len).unwrap()).collect();
+            let tickets: Vec<CopyTicket> =
+                (0..n).map(|k| b.copy_async(engine, 0, dsts[k], srcs[k], len).unwrap()).collect();
             let empty = b.copy_async(engine, 0, dsts[0], srcs[0], 0).unwrap();
             assert!(b.copy_poll(empty).unwrap(), "a zero-length copy is done at once");
             let mut left = order.to_vec();
@@ -1520,7 +1377,10 @@ mod tests {
             while !left.is_empty() {
                 left.retain(|&k| {
                     if !b.copy_poll(tickets[k]).unwrap() {
-                        assert!(newest_done.is_none_or(|n| n < k), "{name}: copy {k} not done after copy {newest_done:?}");
+                        assert!(
+                            newest_done.is_none_or(|n| n < k),
+                            "{name}: copy {k} not done after copy {newest_done:?}"
+                        );
                         return true;
                     }
                     newest_done = newest_done.max(Some(k));
@@ -1548,20 +1408,14 @@ mod tests {
             let t = b.copy_async(0, 0, q, p, 8).unwrap();
             poll_until_done(&b, t);
         }
-        println!(
-            "8-byte copy_async + copy_poll: {:.2} us each",
-            start.elapsed().as_secs_f64() * 1e6 / reps as f64
-        );
+        println!("8-byte copy_async + copy_poll: {:.2} us each", start.elapsed().as_secs_f64() * 1e6 / reps as f64);
         let t = b.copy_async(0, 0, q, p, 8).unwrap();
         let start = std::time::Instant::now();
         let polls = 20_000;
         for _ in 0..polls {
             let _ = b.copy_poll(t);
         }
-        println!(
-            "copy_poll: {:.3} us each",
-            start.elapsed().as_secs_f64() * 1e6 / polls as f64
-        );
+        println!("copy_poll: {:.3} us each", start.elapsed().as_secs_f64() * 1e6 / polls as f64);
         b.free(p).unwrap();
         b.free(q).unwrap();
     }
@@ -1579,31 +1433,14 @@ mod tests {
         let p = b.alloc(0, len).unwrap();
         b.copy_sync(p, src.as_ptr() as usize, len).unwrap();
         let handle = b.export_handle(p).unwrap();
-        assert_eq!(
-            b.export_handle(p).unwrap(),
-            handle,
-            "exporting twice gives the same bytes"
-        );
+        assert_eq!(b.export_handle(p).unwrap(), handle, "exporting twice gives the same bytes");
         let freed = b.alloc(0, len).unwrap();
         let stale = b.export_handle(freed).unwrap();
         b.free(freed).unwrap();
         let hex = |h: IpcHandle| h.0.iter().map(|x| format!("{x:02x}")).collect::<String>();
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "device::cuda::tests::gpu_ipc_child",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env(
-                IPC_ENV,
-                format!(
-                    "{}:{len}:{}:{}",
-                    hex(handle),
-                    b.device_count() - 1,
-                    hex(stale)
-                ),
-            )
+            .args(["--exact", "device::cuda::tests::gpu_ipc_child", "--ignored", "--nocapture"])
+            .env(IPC_ENV, format!("{}:{len}:{}:{}", hex(handle), b.device_count() - 1, hex(stale)))
             .status()
             .unwrap();
         assert!(status.success(), "child failed");
@@ -1630,33 +1467,21 @@ mod tests {
         let stale = parse(parts.next().unwrap());
         let b = backend();
         let m = b.open_handle(&handle, on).unwrap();
-        assert!(
-            m.size >= len,
-            "mapping {} bytes for an allocation of {len}",
-            m.size
-        );
-        assert!(matches!(
-            b.open_handle(&handle, on),
-            Err(DeviceError::DoubleOpen { .. })
-        ));
+        assert!(m.size >= len, "mapping {} bytes for an allocation of {len}", m.size);
+        assert!(matches!(b.open_handle(&handle, on), Err(DeviceError::DoubleOpen { .. })));
         let info = b.pointer_info(m.ptr).unwrap();
         println!("mapped on device {on}: {info:?}");
         // The answer kept for the mapping's lifetime is the driver's.
         assert_eq!(info, b.query_pointer(m.ptr + 1).unwrap());
         assert_eq!(info.base, m.ptr);
         let mut back = vec![0u8; len];
-        let t = b
-            .copy_async(on, 0, back.as_mut_ptr() as usize, m.ptr, len)
-            .unwrap();
+        let t = b.copy_async(on, 0, back.as_mut_ptr() as usize, m.ptr, len).unwrap();
         poll_until_done(&b, t);
         assert!(back == pattern(len, 11), "data through the IPC mapping");
         b.close_handle(m).unwrap();
         // Forgotten with the mapping: the address is nobody's now.
         assert_eq!(b.pointer_info(m.ptr).unwrap().kind, MemoryKind::Host);
-        assert!(matches!(
-            b.close_handle(m),
-            Err(DeviceError::InvalidPointer { .. })
-        ));
+        assert!(matches!(b.close_handle(m), Err(DeviceError::InvalidPointer { .. })));
         let again = b.open_handle(&handle, on).unwrap();
         b.close_handle(again).unwrap();
         let mut forged = handle;

@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::{
-    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, IpcHandle, Mapping,
-    MemoryKind, PointerInfo, IPC_HANDLE_BYTES,
+    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, IpcHandle, Mapping, MemoryKind,
+    PointerInfo, IPC_HANDLE_BYTES,
 };
 
 /// Environment variable: number of simulated devices.
@@ -142,13 +142,9 @@ impl PeerMatrix {
         let mut pairs = Vec::new();
         for item in t.split(',') {
             let item = item.trim();
-            let (a, b) = item
-                .split_once('-')
-                .ok_or_else(|| format!("item {item:?} is not a pair `A-B`"))?;
+            let (a, b) = item.split_once('-').ok_or_else(|| format!("item {item:?} is not a pair `A-B`"))?;
             let parse = |s: &str| {
-                s.trim()
-                    .parse::<DevId>()
-                    .map_err(|_| format!("item {item:?}: {s:?} is not a device ordinal"))
+                s.trim().parse::<DevId>().map_err(|_| format!("item {item:?}: {s:?} is not a device ordinal"))
             };
             let (a, b) = (parse(a)?, parse(b)?);
             let pair = (a.min(b), a.max(b));
@@ -240,17 +236,9 @@ impl SimConfig {
         };
         let mut cfg = SimConfig::default();
         if let Some(v) = get(ENV_DEVICES) {
-            cfg.devices = v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=MAX_SIM_DEVICES).contains(n))
-                .ok_or_else(|| {
-                    bad(
-                        ENV_DEVICES,
-                        &v,
-                        &format!("an integer from 1 to {MAX_SIM_DEVICES} (default 2)"),
-                    )
+            cfg.devices =
+                v.trim().parse::<u32>().ok().filter(|n| (1..=MAX_SIM_DEVICES).contains(n)).ok_or_else(|| {
+                    bad(ENV_DEVICES, &v, &format!("an integer from 1 to {MAX_SIM_DEVICES} (default 2)"))
                 })?;
         }
         if let Some(v) = get(ENV_PEER) {
@@ -258,23 +246,19 @@ impl SimConfig {
                 bad(
                     ENV_PEER,
                     &v,
-                    &format!(
-                        "`all` (default), `none`, or comma-separated device pairs like `0-1,2-3` ({why})"
-                    ),
+                    &format!("`all` (default), `none`, or comma-separated device pairs like `0-1,2-3` ({why})"),
                 )
             })?;
         }
         if let Some(v) = get(ENV_IPC_OPEN_US) {
-            cfg.ipc_open_us = v.trim().parse::<u64>().map_err(|_| {
-                bad(
-                    ENV_IPC_OPEN_US,
-                    &v,
-                    "a whole number of microseconds, e.g. 930 (default 0)",
-                )
-            })?;
+            cfg.ipc_open_us = v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| bad(ENV_IPC_OPEN_US, &v, "a whole number of microseconds, e.g. 930 (default 0)"))?;
         }
         if let Some(v) = get(ENV_COPY) {
-            let accepted = "`thread` (default), `inline` or `inline:NS` (NS: nanoseconds from a copy's issue to its completion)";
+            let accepted =
+                "`thread` (default), `inline` or `inline:NS` (NS: nanoseconds from a copy's issue to its completion)";
             (cfg.copy_inline, cfg.copy_done_ns) = match v.trim() {
                 "thread" => (false, 0),
                 "inline" => (true, 0),
@@ -287,8 +271,16 @@ impl SimConfig {
         if let Some(v) = get(ENV_DRIVER_NS) {
             let ns: Vec<Option<u64>> = v.split(',').map(|x| x.trim().parse().ok()).collect();
             cfg.driver = match ns[..] {
-                [Some(issue_ns), Some(done_ns), Some(not_ready_ns)] => Some(DriverCost { issue_ns, done_ns, not_ready_ns }),
-                _ => return Err(bad(ENV_DRIVER_NS, &v, "three whole numbers of nanoseconds `ISSUE,DONE,NOT_READY`, e.g. 1600,1400,150")),
+                [Some(issue_ns), Some(done_ns), Some(not_ready_ns)] => {
+                    Some(DriverCost { issue_ns, done_ns, not_ready_ns })
+                }
+                _ => {
+                    return Err(bad(
+                        ENV_DRIVER_NS,
+                        &v,
+                        "three whole numbers of nanoseconds `ISSUE,DONE,NOT_READY`, e.g. 1600,1400,150",
+                    ))
+                }
             };
         }
         cfg.validate()?;
@@ -382,9 +374,7 @@ impl HandleFields {
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         if u64_at(0) != HANDLE_MAGIC {
-            return Err(bad_handle(
-                "bad magic: not a handle exported by the sim backend (a CUDA handle, or corrupt)",
-            ));
+            return Err(bad_handle("bad magic: not a handle exported by the sim backend (a CUDA handle, or corrupt)"));
         }
         let version = u32_at(8);
         if version != HANDLE_VERSION {
@@ -403,9 +393,7 @@ impl HandleFields {
             device: u32_at(40),
         };
         if f.buffer_id == 0 || f.size == 0 || f.owner_pid == 0 {
-            return Err(bad_handle(
-                "zero owner pid, buffer id or size (corrupt handle)",
-            ));
+            return Err(bad_handle("zero owner pid, buffer id or size (corrupt handle)"));
         }
         Ok(f)
     }
@@ -413,30 +401,22 @@ impl HandleFields {
 
 /// Name of an allocation's shared-memory object, as passed to `shm_open`.
 fn shm_name(pid: u32, nonce: u64, buffer_id: u64) -> CString {
-    CString::new(format!("/{SHM_PREFIX}{pid}-{nonce:016x}-{buffer_id}"))
-        .expect("formatted name has no NUL")
+    CString::new(format!("/{SHM_PREFIX}{pid}-{nonce:016x}-{buffer_id}")).expect("formatted name has no NUL")
 }
 
 /// Bytes of the whole object (header page + data rounded up) for a data size.
 fn object_len(size: usize) -> Option<usize> {
-    let data =
-        size.max(1).checked_add(ALLOC_GRANULARITY - 1)? / ALLOC_GRANULARITY * ALLOC_GRANULARITY;
+    let data = size.max(1).checked_add(ALLOC_GRANULARITY - 1)? / ALLOC_GRANULARITY * ALLOC_GRANULARITY;
     data.checked_add(HEADER_BYTES)
 }
 
 fn bad_handle(reason: impl Into<String>) -> DeviceError {
-    DeviceError::BadHandle {
-        reason: reason.into(),
-    }
+    DeviceError::BadHandle { reason: reason.into() }
 }
 
 /// Turns the current `errno` into a [`DeviceError::Driver`] naming the libc call.
 fn os_error(call: &'static str, what: impl std::fmt::Display) -> DeviceError {
-    errno_error(
-        call,
-        io::Error::last_os_error().raw_os_error().unwrap_or(0),
-        what,
-    )
+    errno_error(call, io::Error::last_os_error().raw_os_error().unwrap_or(0), what)
 }
 
 fn errno_error(call: &'static str, errno: i32, what: impl std::fmt::Display) -> DeviceError {
@@ -457,10 +437,7 @@ fn fresh_nonce() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     h.write_u128(now);
     h.finish()
 }
@@ -516,32 +493,18 @@ impl Drop for MapGuard {
 
 fn map_shared(fd: &ShmFd, len: usize, what: &str) -> Result<MapGuard, DeviceError> {
     // SAFETY: a fresh mapping chosen by the kernel; aliases nothing of ours.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.0,
-            0,
-        )
-    };
+    let p =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.0, 0) };
     if p == libc::MAP_FAILED {
         return Err(os_error("mmap", format!("mapping {what} ({len} bytes)")));
     }
-    Ok(MapGuard {
-        base: p as usize,
-        len,
-    })
+    Ok(MapGuard { base: p as usize, len })
 }
 
 fn unmap(base: usize, len: usize) -> Result<(), DeviceError> {
     // SAFETY: callers pass a mapping they created and no longer use.
     if unsafe { libc::munmap(base as *mut libc::c_void, len) } != 0 {
-        return Err(os_error(
-            "munmap",
-            format!("unmapping {base:#x} ({len} bytes)"),
-        ));
+        return Err(os_error("munmap", format!("unmapping {base:#x} ({len} bytes)")));
     }
     Ok(())
 }
@@ -549,10 +512,7 @@ fn unmap(base: usize, len: usize) -> Result<(), DeviceError> {
 fn unlink(name: &CString) -> Result<(), DeviceError> {
     // SAFETY: name is a valid NUL-terminated string.
     if unsafe { libc::shm_unlink(name.as_ptr()) } != 0 {
-        return Err(os_error(
-            "shm_unlink",
-            format!("removing {}", name.to_string_lossy()),
-        ));
+        return Err(os_error("shm_unlink", format!("removing {}", name.to_string_lossy())));
     }
     Ok(())
 }
@@ -560,14 +520,8 @@ fn unlink(name: &CString) -> Result<(), DeviceError> {
 /// Decrements a header's `mappers` without wrapping: a count corrupted by a crashed
 /// peer must not turn into 4 billion phantom mappers.
 fn release_mapper(h: &Header, buffer_id: u64) {
-    if h.mappers
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_err()
-    {
-        warn!(
-            buffer_id,
-            "sim: mapper count of a peer allocation was already 0"
-        );
+    if h.mappers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_err() {
+        warn!(buffer_id, "sim: mapper count of a peer allocation was already 0");
     }
 }
 
@@ -640,11 +594,7 @@ impl State {
     /// of shared memory would hide the bug.
     fn check_range(&self, op: &'static str, ptr: usize, len: usize) -> Result<(), DeviceError> {
         if ptr == 0 {
-            return Err(DeviceError::InvalidPointer {
-                op,
-                ptr,
-                expected: "a non-null address",
-            });
+            return Err(DeviceError::InvalidPointer { op, ptr, expected: "a non-null address" });
         }
         if let Some((base, r)) = self.find(ptr) {
             if len > r.size() - (ptr - base) {
@@ -783,10 +733,7 @@ impl SimBackend {
 
     fn check_dev(&self, dev: DevId) -> Result<(), DeviceError> {
         if dev >= self.cfg.devices {
-            return Err(DeviceError::NoSuchDevice {
-                dev,
-                count: self.cfg.devices,
-            });
+            return Err(DeviceError::NoSuchDevice { dev, count: self.cfg.devices });
         }
         Ok(())
     }
@@ -812,10 +759,7 @@ impl SimBackend {
                 code: e.raw_os_error().unwrap_or(0) as i64,
                 message: format!("starting the copy engine thread of sim device {dev}: {e}"),
             })?;
-        *slot = Some(Engine {
-            tx: tx.clone(),
-            thread,
-        });
+        *slot = Some(Engine { tx: tx.clone(), thread });
         Ok(tx)
     }
 
@@ -863,13 +807,7 @@ impl DeviceBackend for SimBackend {
         let shown = name.to_string_lossy().into_owned();
 
         // SAFETY: valid C string; O_EXCL so we never adopt someone else's object.
-        let fd = unsafe {
-            libc::shm_open(
-                name.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                0o600,
-            )
-        };
+        let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
         if fd < 0 {
             return Err(os_error("shm_open", format!("creating {shown}")));
         }
@@ -890,10 +828,7 @@ impl DeviceBackend for SimBackend {
             })
         })?;
         if unsafe { libc::ftruncate(fd.0, off) } != 0 {
-            return Err(fail(os_error(
-                "ftruncate",
-                format!("sizing {shown} to {map_len} bytes"),
-            )));
+            return Err(fail(os_error("ftruncate", format!("sizing {shown} to {map_len} bytes"))));
         }
         // Reserve the pages now: a full /dev/shm must fail here, like cuMemAlloc
         // returning out-of-memory, not as a SIGBUS on first touch deep in a copy.
@@ -926,24 +861,10 @@ impl DeviceBackend for SimBackend {
         };
         let map_base = map.keep();
         let data = map_base + HEADER_BYTES;
-        lock(&self.state).regions.insert(
-            data,
-            Region::Local(LocalAlloc {
-                dev,
-                size,
-                buffer_id,
-                map_base,
-                map_len,
-                name,
-            }),
-        );
-        debug!(
-            dev,
-            bytes,
-            buffer_id,
-            ptr = format_args!("{data:#x}"),
-            "sim: alloc"
-        );
+        lock(&self.state)
+            .regions
+            .insert(data, Region::Local(LocalAlloc { dev, size, buffer_id, map_base, map_len, name }));
+        debug!(dev, bytes, buffer_id, ptr = format_args!("{data:#x}"), "sim: alloc");
         Ok(data)
     }
 
@@ -965,11 +886,7 @@ impl DeviceBackend for SimBackend {
             }
         };
         let mappers = Self::release_local(&local)?;
-        debug!(
-            buffer_id = local.buffer_id,
-            ptr = format_args!("{ptr:#x}"),
-            "sim: free"
-        );
+        debug!(buffer_id = local.buffer_id, ptr = format_args!("{ptr:#x}"), "sim: free");
         if mappers > 0 {
             warn!(
                 buffer_id = local.buffer_id,
@@ -977,11 +894,7 @@ impl DeviceBackend for SimBackend {
                 mappers,
                 "sim: allocation freed while peers still map it (their pages stay alive, as with CUDA)"
             );
-            return Err(DeviceError::FreedWhileMapped {
-                ptr,
-                buffer_id: local.buffer_id,
-                mappers,
-            });
+            return Err(DeviceError::FreedWhileMapped { ptr, buffer_id: local.buffer_id, mappers });
         }
         Ok(())
     }
@@ -989,24 +902,13 @@ impl DeviceBackend for SimBackend {
     fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError> {
         let st = lock(&self.state);
         Ok(match st.find(ptr) {
-            Some((base, Region::Local(l))) => PointerInfo {
-                kind: MemoryKind::Device(l.dev),
-                base,
-                size: l.size,
-                buffer_id: l.buffer_id,
-            },
-            Some((base, Region::Peer(p))) => PointerInfo {
-                kind: MemoryKind::Device(p.owner_dev),
-                base,
-                size: p.size,
-                buffer_id: p.key.buffer_id,
-            },
-            None => PointerInfo {
-                kind: MemoryKind::Host,
-                base: ptr,
-                size: 0,
-                buffer_id: 0,
-            },
+            Some((base, Region::Local(l))) => {
+                PointerInfo { kind: MemoryKind::Device(l.dev), base, size: l.size, buffer_id: l.buffer_id }
+            }
+            Some((base, Region::Peer(p))) => {
+                PointerInfo { kind: MemoryKind::Device(p.owner_dev), base, size: p.size, buffer_id: p.key.buffer_id }
+            }
+            None => PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 },
         })
     }
 
@@ -1038,23 +940,14 @@ impl DeviceBackend for SimBackend {
             )));
         }
         self.check_dev(on)?;
-        let size =
-            usize::try_from(f.size).map_err(|_| bad_handle("size does not fit this machine"))?;
-        let map_len =
-            object_len(size).ok_or_else(|| bad_handle("size too large (corrupt handle)"))?;
-        let key = OpenKey {
-            owner_pid: f.owner_pid,
-            nonce: f.nonce,
-            buffer_id: f.buffer_id,
-        };
+        let size = usize::try_from(f.size).map_err(|_| bad_handle("size does not fit this machine"))?;
+        let map_len = object_len(size).ok_or_else(|| bad_handle("size too large (corrupt handle)"))?;
+        let key = OpenKey { owner_pid: f.owner_pid, nonce: f.nonce, buffer_id: f.buffer_id };
 
         // Reserve the key before the slow part, so a concurrent second open fails
         // instead of both mapping it; released again if the open fails.
         if !lock(&self.state).open_keys.insert(key) {
-            return Err(DeviceError::DoubleOpen {
-                owner: f.owner_pid,
-                buffer_id: f.buffer_id,
-            });
+            return Err(DeviceError::DoubleOpen { owner: f.owner_pid, buffer_id: f.buffer_id });
         }
         struct Reservation<'a> {
             st: &'a Mutex<State>,
@@ -1065,10 +958,7 @@ impl DeviceBackend for SimBackend {
                 lock(self.st).open_keys.remove(&self.key);
             }
         }
-        let reservation = Reservation {
-            st: &self.state,
-            key,
-        };
+        let reservation = Reservation { st: &self.state, key };
 
         let name = shm_name(f.owner_pid, f.nonce, f.buffer_id);
         let shown = name.to_string_lossy().into_owned();
@@ -1082,11 +972,7 @@ impl DeviceBackend for SimBackend {
                     f.buffer_id, f.owner_pid
                 )));
             }
-            return Err(errno_error(
-                "shm_open",
-                err.raw_os_error().unwrap_or(0),
-                format!("opening {shown}"),
-            ));
+            return Err(errno_error("shm_open", err.raw_os_error().unwrap_or(0), format!("opening {shown}")));
         }
         let fd = ShmFd(fd);
         // Check the length before mapping: mapping more than the object holds would
@@ -1130,10 +1016,7 @@ impl DeviceBackend for SimBackend {
             )));
         }
         if h.freed.load(Ordering::SeqCst) != 0 {
-            return Err(bad_handle(format!(
-                "buffer {} of pid {}: the owner freed it",
-                f.buffer_id, f.owner_pid
-            )));
+            return Err(bad_handle(format!("buffer {} of pid {}: the owner freed it", f.buffer_id, f.owner_pid)));
         }
         if !self.can_access_peer(on, f.device) {
             return Err(DeviceError::Driver {
@@ -1149,35 +1032,19 @@ impl DeviceBackend for SimBackend {
         h.mappers.fetch_add(1, Ordering::SeqCst);
         if h.freed.load(Ordering::SeqCst) != 0 {
             release_mapper(h, f.buffer_id);
-            return Err(bad_handle(format!(
-                "buffer {} of pid {}: the owner freed it",
-                f.buffer_id, f.owner_pid
-            )));
+            return Err(bad_handle(format!("buffer {} of pid {}: the owner freed it", f.buffer_id, f.owner_pid)));
         }
         if self.cfg.ipc_open_us > 0 {
             std::thread::sleep(Duration::from_micros(self.cfg.ipc_open_us));
         }
         let map_base = map.keep();
         let data = map_base + HEADER_BYTES;
-        lock(&self.state).regions.insert(
-            data,
-            Region::Peer(PeerMap {
-                key,
-                owner_dev: f.device,
-                size,
-                map_base,
-                map_len,
-            }),
-        );
+        lock(&self.state)
+            .regions
+            .insert(data, Region::Peer(PeerMap { key, owner_dev: f.device, size, map_base, map_len }));
         // The key stays reserved until close_handle.
         std::mem::forget(reservation);
-        debug!(
-            owner = f.owner_pid,
-            buffer_id = f.buffer_id,
-            on,
-            ptr = format_args!("{data:#x}"),
-            "sim: open_handle"
-        );
+        debug!(owner = f.owner_pid, buffer_id = f.buffer_id, on, ptr = format_args!("{data:#x}"), "sim: open_handle");
         Ok(Mapping { ptr: data, size })
     }
 
@@ -1203,11 +1070,7 @@ impl DeviceBackend for SimBackend {
         // SAFETY: still mapped until the unmap below.
         release_mapper(unsafe { header(peer.map_base) }, peer.key.buffer_id);
         unmap(peer.map_base, peer.map_len)?;
-        debug!(
-            owner = peer.key.owner_pid,
-            buffer_id = peer.key.buffer_id,
-            "sim: close_handle"
-        );
+        debug!(owner = peer.key.owner_pid, buffer_id = peer.key.buffer_id, "sim: close_handle");
         Ok(())
     }
 
@@ -1238,27 +1101,20 @@ impl DeviceBackend for SimBackend {
                 unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
                 done.store(true, Ordering::Release);
                 let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-                let seen_at = (self.cfg.copy_done_ns > 0)
-                    .then(|| Instant::now() + Duration::from_nanos(self.cfg.copy_done_ns));
+                let seen_at =
+                    (self.cfg.copy_done_ns > 0).then(|| Instant::now() + Duration::from_nanos(self.cfg.copy_done_ns));
                 lock(&self.tickets).pending.insert(id, SimTicket { done, seen_at, engine });
                 return Ok(CopyTicket(id));
             }
             // Lanes are accepted and ignored: one FIFO per device keeps each lane's
             // order trivially and serialises lanes, which the trait allows (lanes *may*
             // run concurrently) and which makes contention on one engine visible.
-            let job = CopyJob {
-                dst,
-                src,
-                len,
-                done: done.clone(),
-            };
-            self.engine_sender(engine)?
-                .send(job)
-                .map_err(|_| DeviceError::Driver {
-                    call: "copy_async",
-                    code: 0,
-                    message: format!("copy engine thread of sim device {engine} has stopped"),
-                })?;
+            let job = CopyJob { dst, src, len, done: done.clone() };
+            self.engine_sender(engine)?.send(job).map_err(|_| DeviceError::Driver {
+                call: "copy_async",
+                code: 0,
+                message: format!("copy engine thread of sim device {engine} has stopped"),
+            })?;
         }
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         lock(&self.tickets).pending.insert(id, SimTicket { done, seen_at: None, engine });
@@ -1271,10 +1127,7 @@ impl DeviceBackend for SimBackend {
             return Err(DeviceError::Driver {
                 call: "copy_poll",
                 code: CUDA_ERROR_INVALID_HANDLE,
-                message: format!(
-                    "unknown copy ticket {} (never issued, or already reported done)",
-                    ticket.0
-                ),
+                message: format!("unknown copy ticket {} (never issued, or already reported done)", ticket.0),
             });
         };
         // Acquire: pairs with the engine's Release store, so once this reads true the
@@ -1323,11 +1176,7 @@ impl DeviceBackend for SimBackend {
         }
         // cuMemHostRegister rejects device memory; catching it here keeps CI honest.
         if st.find(ptr).is_some() {
-            return Err(DeviceError::InvalidPointer {
-                op: "register_host",
-                ptr,
-                expected: "host memory",
-            });
+            return Err(DeviceError::InvalidPointer { op: "register_host", ptr, expected: "host memory" });
         }
         let e = st.host.entry(ptr).or_insert(len);
         *e = (*e).max(len);
@@ -1400,19 +1249,11 @@ fn remove_objects_where(mut pick: impl FnMut(u32) -> bool) -> Result<usize, Devi
     let dir = match std::fs::read_dir("/dev/shm") {
         Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => {
-            return Err(errno_error(
-                "opendir",
-                e.raw_os_error().unwrap_or(0),
-                "listing /dev/shm",
-            ))
-        }
+        Err(e) => return Err(errno_error("opendir", e.raw_os_error().unwrap_or(0), "listing /dev/shm")),
     };
     let mut removed = 0;
     for entry in dir {
-        let entry = entry.map_err(|e| {
-            errno_error("readdir", e.raw_os_error().unwrap_or(0), "listing /dev/shm")
-        })?;
+        let entry = entry.map_err(|e| errno_error("readdir", e.raw_os_error().unwrap_or(0), "listing /dev/shm"))?;
         let file_name = entry.file_name();
         let Some(name) = file_name.to_str() else {
             continue;
@@ -1468,9 +1309,8 @@ pub fn cleanup_stale_sim_objects() -> Result<usize, DeviceError> {
             Some(libc::ESRCH) => true,
             Some(libc::EPERM) => false,
             other => {
-                first_error.get_or_insert_with(|| {
-                    errno_error("kill", other.unwrap_or(0), format!("probing pid {pid}"))
-                });
+                first_error
+                    .get_or_insert_with(|| errno_error("kill", other.unwrap_or(0), format!("probing pid {pid}")));
                 false
             }
         }
@@ -1499,15 +1339,8 @@ mod tests {
     use std::time::Instant;
 
     fn backend(devices: u32, peer: PeerMatrix, ipc_open_us: u64) -> SimBackend {
-        SimBackend::new(SimConfig {
-            devices,
-            peer,
-            ipc_open_us,
-            copy_inline: false,
-            copy_done_ns: 0,
-            driver: None,
-        })
-        .expect("valid config")
+        SimBackend::new(SimConfig { devices, peer, ipc_open_us, copy_inline: false, copy_done_ns: 0, driver: None })
+            .expect("valid config")
     }
 
     fn two() -> SimBackend {
@@ -1515,16 +1348,11 @@ mod tests {
     }
 
     fn shm_path(b: &SimBackend, buffer_id: u64) -> std::path::PathBuf {
-        format!(
-            "/dev/shm/{SHM_PREFIX}{}-{:016x}-{buffer_id}",
-            b.pid, b.nonce
-        )
-        .into()
+        format!("/dev/shm/{SHM_PREFIX}{}-{:016x}-{buffer_id}", b.pid, b.nonce).into()
     }
 
     fn fill(b: &SimBackend, ptr: usize, bytes: &[u8]) {
-        b.copy_sync(ptr, bytes.as_ptr() as usize, bytes.len())
-            .unwrap();
+        b.copy_sync(ptr, bytes.as_ptr() as usize, bytes.len()).unwrap();
     }
 
     fn read(b: &SimBackend, ptr: usize, len: usize) -> Vec<u8> {
@@ -1543,9 +1371,7 @@ mod tests {
 
     fn mappers_of(b: &SimBackend, ptr: usize) -> u32 {
         let st = lock(&b.state);
-        let Some(Region::Local(l)) = st.regions.get(&ptr) else {
-            panic!("not local")
-        };
+        let Some(Region::Local(l)) = st.regions.get(&ptr) else { panic!("not local") };
         unsafe { header(l.map_base) }.mappers.load(Ordering::SeqCst)
     }
 
@@ -1564,12 +1390,7 @@ mod tests {
         let host = 0x1234usize;
         assert_eq!(
             b.pointer_info(host).unwrap(),
-            PointerInfo {
-                kind: MemoryKind::Host,
-                base: host,
-                size: 0,
-                buffer_id: 0
-            }
+            PointerInfo { kind: MemoryKind::Host, base: host, size: 0, buffer_id: 0 }
         );
         // The object exists with mode 0600 and the rounded size.
         let path = shm_path(&b, info.buffer_id);
@@ -1579,18 +1400,12 @@ mod tests {
         assert_eq!(md.len(), 4096 + 12_288);
 
         // Only an allocation's base can be freed, and only once.
-        assert!(matches!(
-            b.free(p + 1),
-            Err(DeviceError::InvalidPointer { .. })
-        ));
+        assert!(matches!(b.free(p + 1), Err(DeviceError::InvalidPointer { .. })));
         b.free(p).unwrap();
         assert!(!path.exists(), "free must unlink the object");
         assert!(matches!(b.free(p), Err(DeviceError::InvalidPointer { .. })));
         assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
-        assert!(matches!(
-            b.alloc(2, 1),
-            Err(DeviceError::NoSuchDevice { dev: 2, count: 2 })
-        ));
+        assert!(matches!(b.alloc(2, 1), Err(DeviceError::NoSuchDevice { dev: 2, count: 2 })));
 
         // Zero-size allocations get a byte.
         let z = b.alloc(0, 0).unwrap();
@@ -1632,59 +1447,33 @@ mod tests {
         let id = owner.pointer_info(p).unwrap().buffer_id;
         fill(&owner, p, &[7u8; 5000]);
 
-        assert!(matches!(
-            owner.export_handle(p + 8),
-            Err(DeviceError::InvalidPointer { .. })
-        ));
+        assert!(matches!(owner.export_handle(p + 8), Err(DeviceError::InvalidPointer { .. })));
         let h = owner.export_handle(p).unwrap();
         // A process cannot open its own handle.
-        assert!(matches!(
-            owner.open_handle(&h, 0),
-            Err(DeviceError::BadHandle { .. })
-        ));
+        assert!(matches!(owner.open_handle(&h, 0), Err(DeviceError::BadHandle { .. })));
 
         let m = peer.open_handle(&h, 0).unwrap();
         assert_eq!(m.size, 5000);
         assert_eq!(mappers_of(&owner, p), 1);
         let info = peer.pointer_info(m.ptr + 4999).unwrap();
-        assert_eq!(
-            info,
-            PointerInfo {
-                kind: MemoryKind::Device(1),
-                base: m.ptr,
-                size: 5000,
-                buffer_id: id
-            }
-        );
+        assert_eq!(info, PointerInfo { kind: MemoryKind::Device(1), base: m.ptr, size: 5000, buffer_id: id });
         // Shared pages: writes on either side are seen by the other.
         assert_eq!(read(&peer, m.ptr, 5000), vec![7u8; 5000]);
         fill(&peer, m.ptr + 100, b"peer");
         assert_eq!(read(&owner, p + 100, 4), b"peer");
 
         // The second open of one handle is rejected, as by the CUDA driver.
-        assert_eq!(
-            peer.open_handle(&h, 1),
-            Err(DeviceError::DoubleOpen {
-                owner: std::process::id(),
-                buffer_id: id
-            })
-        );
+        assert_eq!(peer.open_handle(&h, 1), Err(DeviceError::DoubleOpen { owner: std::process::id(), buffer_id: id }));
         peer.close_handle(m).unwrap();
         assert_eq!(mappers_of(&owner, p), 0);
         assert_eq!(peer.pointer_info(m.ptr).unwrap().kind, MemoryKind::Host);
-        assert!(matches!(
-            peer.close_handle(m),
-            Err(DeviceError::InvalidPointer { .. })
-        ));
+        assert!(matches!(peer.close_handle(m), Err(DeviceError::InvalidPointer { .. })));
         // Closed, it can be opened again.
         let m2 = peer.open_handle(&h, 1).unwrap();
         peer.close_handle(m2).unwrap();
         owner.free(p).unwrap();
         // Freed: the handle is dead.
-        assert!(matches!(
-            peer.open_handle(&h, 0),
-            Err(DeviceError::BadHandle { .. })
-        ));
+        assert!(matches!(peer.open_handle(&h, 0), Err(DeviceError::BadHandle { .. })));
     }
 
     #[test]
@@ -1702,10 +1491,7 @@ mod tests {
             .collect();
         let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(ok.len(), 1, "{results:?}");
-        assert!(results
-            .iter()
-            .filter(|r| r.is_err())
-            .all(|r| matches!(r, Err(DeviceError::DoubleOpen { .. }))));
+        assert!(results.iter().filter(|r| r.is_err()).all(|r| matches!(r, Err(DeviceError::DoubleOpen { .. }))));
         peer.close_handle(*ok[0]).unwrap();
         owner.free(p).unwrap();
     }
@@ -1717,8 +1503,7 @@ mod tests {
         let p = owner.alloc(0, 100).unwrap();
         let h = owner.export_handle(p).unwrap();
         let f = HandleFields::decode(&h).unwrap();
-        let is_bad =
-            |r: Result<Mapping, DeviceError>| matches!(r, Err(DeviceError::BadHandle { .. }));
+        let is_bad = |r: Result<Mapping, DeviceError>| matches!(r, Err(DeviceError::BadHandle { .. }));
 
         let mut magic = h;
         magic.0[0] ^= 0xff;
@@ -1727,41 +1512,15 @@ mod tests {
         version.0[8] = 9;
         assert!(is_bad(peer.open_handle(&version, 0)));
         // Same page count, different size: caught by the header.
-        assert!(is_bad(
-            peer.open_handle(&HandleFields { size: 200, ..f }.encode(), 0)
-        ));
+        assert!(is_bad(peer.open_handle(&HandleFields { size: 200, ..f }.encode(), 0)));
         // Larger size: caught by the object's length before mapping.
-        assert!(is_bad(
-            peer.open_handle(&HandleFields { size: 1 << 20, ..f }.encode(), 0)
-        ));
+        assert!(is_bad(peer.open_handle(&HandleFields { size: 1 << 20, ..f }.encode(), 0)));
         // Wrong device: caught by the header.
-        assert!(is_bad(
-            peer.open_handle(&HandleFields { device: 1, ..f }.encode(), 0)
-        ));
+        assert!(is_bad(peer.open_handle(&HandleFields { device: 1, ..f }.encode(), 0)));
         // No such object.
-        assert!(is_bad(
-            peer.open_handle(
-                &HandleFields {
-                    buffer_id: u64::MAX,
-                    ..f
-                }
-                .encode(),
-                0
-            )
-        ));
-        assert!(is_bad(
-            peer.open_handle(
-                &HandleFields {
-                    nonce: f.nonce ^ 1,
-                    ..f
-                }
-                .encode(),
-                0
-            )
-        ));
-        assert!(is_bad(
-            peer.open_handle(&IpcHandle([0; IPC_HANDLE_BYTES]), 0)
-        ));
+        assert!(is_bad(peer.open_handle(&HandleFields { buffer_id: u64::MAX, ..f }.encode(), 0)));
+        assert!(is_bad(peer.open_handle(&HandleFields { nonce: f.nonce ^ 1, ..f }.encode(), 0)));
+        assert!(is_bad(peer.open_handle(&IpcHandle([0; IPC_HANDLE_BYTES]), 0)));
         // Failed opens leave nothing behind: the genuine handle still opens.
         assert_eq!(mappers_of(&owner, p), 0);
         let m = peer.open_handle(&h, 0).unwrap();
@@ -1777,14 +1536,7 @@ mod tests {
         let id = owner.pointer_info(p).unwrap().buffer_id;
         let h = owner.export_handle(p).unwrap();
         let m = peer.open_handle(&h, 1).unwrap();
-        assert_eq!(
-            owner.free(p),
-            Err(DeviceError::FreedWhileMapped {
-                ptr: p,
-                buffer_id: id,
-                mappers: 1
-            })
-        );
+        assert_eq!(owner.free(p), Err(DeviceError::FreedWhileMapped { ptr: p, buffer_id: id, mappers: 1 }));
         // Released locally all the same.
         assert_eq!(owner.pointer_info(p).unwrap().kind, MemoryKind::Host);
         assert!(!shm_path(&owner, id).exists());
@@ -1793,10 +1545,7 @@ mod tests {
         assert_eq!(read(&peer, m.ptr, 5), b"alive");
         peer.close_handle(m).unwrap();
         // A fresh open of the freed allocation fails.
-        assert!(matches!(
-            peer.open_handle(&h, 1),
-            Err(DeviceError::BadHandle { .. })
-        ));
+        assert!(matches!(peer.open_handle(&h, 1), Err(DeviceError::BadHandle { .. })));
     }
 
     #[test]
@@ -1808,19 +1557,12 @@ mod tests {
         let p = owner.alloc(0, 64).unwrap();
         let h = owner.export_handle(p).unwrap();
         match peer.open_handle(&h, 1) {
-            Err(DeviceError::Driver {
-                call: "cuIpcOpenMemHandle",
-                message,
-                ..
-            }) => {
+            Err(DeviceError::Driver { call: "cuIpcOpenMemHandle", message, .. }) => {
                 assert!(message.contains("peer access unavailable"), "{message}")
             }
             other => panic!("expected a peer-access error, got {other:?}"),
         }
-        assert!(matches!(
-            peer.open_handle(&h, 7),
-            Err(DeviceError::NoSuchDevice { dev: 7, count: 3 })
-        ));
+        assert!(matches!(peer.open_handle(&h, 7), Err(DeviceError::NoSuchDevice { dev: 7, count: 3 })));
         // The failed opens released their reservation and left no mapper behind.
         assert_eq!(mappers_of(&owner, p), 0);
         let m = peer.open_handle(&h, 2).unwrap();
@@ -1831,10 +1573,7 @@ mod tests {
         let owner2 = backend(2, PeerMatrix::NoPeers, 0);
         let q = owner2.alloc(1, 64).unwrap();
         let h2 = owner2.export_handle(q).unwrap();
-        assert!(matches!(
-            isolated.open_handle(&h2, 0),
-            Err(DeviceError::Driver { .. })
-        ));
+        assert!(matches!(isolated.open_handle(&h2, 0), Err(DeviceError::Driver { .. })));
         let m = isolated.open_handle(&h2, 1).unwrap();
         isolated.close_handle(m).unwrap();
         owner2.free(q).unwrap();
@@ -1867,19 +1606,11 @@ mod tests {
         wait(&b, t);
         let t = b.copy_async(1, 3, d1, d0, len).unwrap();
         wait(&b, t);
-        let t = b
-            .copy_async(1, 0, dst.as_mut_ptr() as usize, d1, len)
-            .unwrap();
+        let t = b.copy_async(1, 0, dst.as_mut_ptr() as usize, d1, len).unwrap();
         wait(&b, t);
         assert!(dst == src);
         // A done ticket is consumed.
-        assert!(matches!(
-            b.copy_poll(t),
-            Err(DeviceError::Driver {
-                call: "copy_poll",
-                ..
-            })
-        ));
+        assert!(matches!(b.copy_poll(t), Err(DeviceError::Driver { call: "copy_poll", .. })));
         assert!(b.copy_poll(CopyTicket(u64::MAX)).is_err());
 
         // Copies on one engine run in submission order: the last write wins.
@@ -1899,18 +1630,9 @@ mod tests {
         // Zero-length copies are done at once; bad engines and overruns are refused.
         let t = b.copy_async(1, 0, 0, 0, 0).unwrap();
         assert!(b.copy_poll(t).unwrap());
-        assert!(matches!(
-            b.copy_async(2, 0, d0, d1, 1),
-            Err(DeviceError::NoSuchDevice { .. })
-        ));
-        assert!(matches!(
-            b.copy_async(0, 0, d0 + 1, d1, len),
-            Err(DeviceError::InvalidPointer { .. })
-        ));
-        assert!(matches!(
-            b.copy_sync(d0, 0, 1),
-            Err(DeviceError::InvalidPointer { .. })
-        ));
+        assert!(matches!(b.copy_async(2, 0, d0, d1, 1), Err(DeviceError::NoSuchDevice { .. })));
+        assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
+        assert!(matches!(b.copy_sync(d0, 0, 1), Err(DeviceError::InvalidPointer { .. })));
 
         // Overlapping copy_sync behaves like memmove.
         fill(&b, d1, &[1, 2, 3, 4, 5]);
@@ -1926,7 +1648,8 @@ mod tests {
         // answers are each copy's own state, and an older copy polled after a newer one
         // was seen done is done (as the CUDA backend answers it without a query).
         let driver = Some(DriverCost { issue_ns: 1000, done_ns: 500, not_ready_ns: 100 });
-        let b = SimBackend::new(SimConfig { copy_inline: true, copy_done_ns: 1_000_000, driver, ..Default::default() }).unwrap();
+        let b = SimBackend::new(SimConfig { copy_inline: true, copy_done_ns: 1_000_000, driver, ..Default::default() })
+            .unwrap();
         let len = 4096;
         let (d0, d1) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
         let t: Vec<CopyTicket> = (0..4).map(|_| b.copy_async(1, 0, d1, d0, len).unwrap()).collect();
@@ -1983,9 +1706,7 @@ mod tests {
         let id = owner.pointer_info(p).unwrap().buffer_id;
         let _q = peer.alloc(1, 64).unwrap();
         let qid = peer.pointer_info(_q).unwrap().buffer_id;
-        let m = peer
-            .open_handle(&owner.export_handle(p).unwrap(), 0)
-            .unwrap();
+        let m = peer.open_handle(&owner.export_handle(p).unwrap(), 0).unwrap();
         let t = peer.copy_async(0, 0, m.ptr, _q, 64).unwrap();
         let _ = t;
         let qpath = shm_path(&peer, qid);
@@ -2001,17 +1722,9 @@ mod tests {
     #[test]
     fn config_parsing() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                pairs
-                    .iter()
-                    .find(|(k, _)| *k == name)
-                    .map(|(_, v)| v.to_string())
-            }
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
         };
-        assert_eq!(
-            SimConfig::from_lookup(env(&[])).unwrap(),
-            SimConfig::default()
-        );
+        assert_eq!(SimConfig::from_lookup(env(&[])).unwrap(), SimConfig::default());
         let c = SimConfig::from_lookup(env(&[
             (ENV_DEVICES, "4"),
             (ENV_PEER, "none"),
@@ -2035,33 +1748,23 @@ mod tests {
         assert!(c.copy_inline && c.copy_done_ns == 6500);
         let c = SimConfig::from_lookup(env(&[(ENV_DRIVER_NS, "1600, 1400,150")])).unwrap();
         assert_eq!(c.driver, Some(DriverCost { issue_ns: 1600, done_ns: 1400, not_ready_ns: 150 }));
-        let c =
-            SimConfig::from_lookup(env(&[(ENV_DEVICES, "4"), (ENV_PEER, " 1-0, 2-3 ")])).unwrap();
+        let c = SimConfig::from_lookup(env(&[(ENV_DEVICES, "4"), (ENV_PEER, " 1-0, 2-3 ")])).unwrap();
         assert_eq!(c.peer, PeerMatrix::Pairs(vec![(0, 1), (2, 3)]));
-        assert!(
-            c.peer.allows(0, 1)
-                && c.peer.allows(1, 0)
-                && c.peer.allows(3, 2)
-                && c.peer.allows(2, 2)
-        );
+        assert!(c.peer.allows(0, 1) && c.peer.allows(1, 0) && c.peer.allows(3, 2) && c.peer.allows(2, 2));
         assert!(!c.peer.allows(0, 2) && !c.peer.allows(1, 3));
         assert_eq!(PeerMatrix::parse("ALL").unwrap(), PeerMatrix::All);
         assert_eq!(c.peer.to_string(), "0-1,2-3");
         assert_eq!(PeerMatrix::NoPeers.to_string(), "none");
         assert!(!PeerMatrix::NoPeers.allows(0, 1) && PeerMatrix::NoPeers.allows(1, 1));
-        assert_eq!(
-            SimConfig::from_lookup(env(&[(ENV_PEER, "")])).unwrap().peer,
-            PeerMatrix::All
-        );
+        assert_eq!(SimConfig::from_lookup(env(&[(ENV_PEER, "")])).unwrap().peer, PeerMatrix::All);
 
-        let rejected = |vars: &'static [(&'static str, &'static str)], var: &str| {
-            match SimConfig::from_lookup(env(vars)) {
+        let rejected =
+            |vars: &'static [(&'static str, &'static str)], var: &str| match SimConfig::from_lookup(env(vars)) {
                 Err(DeviceError::Unavailable { reason }) => {
                     assert!(reason.contains(var), "{reason}");
                 }
                 other => panic!("{vars:?} should be rejected, got {other:?}"),
-            }
-        };
+            };
         rejected(&[(ENV_PEER, "garbage")], ENV_PEER);
         rejected(&[(ENV_PEER, "0-1,")], ENV_PEER);
         rejected(&[(ENV_PEER, "0-x")], ENV_PEER);
@@ -2074,22 +1777,12 @@ mod tests {
         rejected(&[(ENV_COPY, "inline:soon")], ENV_COPY);
         rejected(&[(ENV_DRIVER_NS, "1600,1400")], ENV_DRIVER_NS);
         rejected(&[(ENV_DRIVER_NS, "1600,1400,fast")], ENV_DRIVER_NS);
-        assert!(SimBackend::new(SimConfig {
-            devices: 0,
-            ..Default::default()
-        })
-        .is_err());
+        assert!(SimBackend::new(SimConfig { devices: 0, ..Default::default() }).is_err());
     }
 
     #[test]
     fn handle_round_trip() {
-        let f = HandleFields {
-            owner_pid: 42,
-            nonce: 0xdead_beef,
-            buffer_id: 9,
-            size: 123,
-            device: 3,
-        };
+        let f = HandleFields { owner_pid: 42, nonce: 0xdead_beef, buffer_id: 9, size: 123, device: 3 };
         assert_eq!(HandleFields::decode(&f.encode()).unwrap(), f);
         let mut h = f.encode();
         h.0[63] = 1;
@@ -2133,22 +1826,15 @@ mod tests {
         let Ok(hex) = std::env::var(CHILD_HANDLE_VAR) else {
             return;
         };
-        let bytes: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
+        let bytes: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
         let h = IpcHandle(bytes.try_into().unwrap());
         let b = two();
         let m = b.open_handle(&h, 1).unwrap();
-        assert!(matches!(
-            b.open_handle(&h, 0),
-            Err(DeviceError::DoubleOpen { .. })
-        ));
+        assert!(matches!(b.open_handle(&h, 0), Err(DeviceError::DoubleOpen { .. })));
         assert_eq!(read(&b, m.ptr, 4), b"ping");
         // Write back through this process's copy engine.
-        let t = b
-            .copy_async(1, 0, m.ptr, b"pong".as_ptr() as usize, 4)
-            .unwrap();
+        let t = b.copy_async(1, 0, m.ptr, b"pong".as_ptr() as usize, 4).unwrap();
         wait(&b, t);
         b.close_handle(m).unwrap();
     }
@@ -2161,12 +1847,7 @@ mod tests {
         let h = owner.export_handle(p).unwrap();
         let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "device::sim::tests::cross_process_child",
-                "--test-threads=1",
-                "--nocapture",
-            ])
+            .args(["--exact", "device::sim::tests::cross_process_child", "--test-threads=1", "--nocapture"])
             .env(CHILD_HANDLE_VAR, hex)
             .output()
             .unwrap();
@@ -2177,11 +1858,7 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
         // Make sure the child really ran the test rather than filtering it out.
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&out.stdout));
         assert_eq!(read(&owner, p, 4), b"pong");
         assert_eq!(mappers_of(&owner, p), 0);
         owner.free(p).unwrap();

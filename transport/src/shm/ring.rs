@@ -82,7 +82,9 @@ pub enum RingError {
     /// A slot claimed a length larger than a slot can hold: the shared memory was
     /// overwritten or the peer is broken. The slot was skipped (released) so that the
     /// ring keeps flowing, and the packet is lost: the caller should fail the job.
-    #[error("corrupt packet in ring slot #{index}: length {len} exceeds the maximum payload {max}; the packet was skipped")]
+    #[error(
+        "corrupt packet in ring slot #{index}: length {len} exceeds the maximum payload {max}; the packet was skipped"
+    )]
     CorruptLength { index: u64, len: u32, max: usize },
     /// The indices are impossible (`tail - head > slots`): the ring is unusable.
     #[error("corrupt ring indices: head {head}, tail {tail}, capacity {slots} (shared memory overwritten?)")]
@@ -405,7 +407,13 @@ pub(crate) mod tests {
     fn push_upto_publishes_the_length_the_fill_wrote() {
         let buf = Buf::new(PacketRing::bytes_needed(4, 32));
         let r = ring(&buf, 4, 32);
-        assert_eq!(r.try_push_upto(24, |d| { d[..5].copy_from_slice(b"short"); 5 }), Ok(true));
+        assert_eq!(
+            r.try_push_upto(24, |d| {
+                d[..5].copy_from_slice(b"short");
+                5
+            }),
+            Ok(true)
+        );
         assert_eq!(r.try_push_upto(25, |_| 0), Err(RingError::TooLarge { len: 25, max: 24 }));
         let over = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.try_push_upto(8, |_| 9)));
         assert!(over.is_err(), "a fill claiming more than it was given panics");

@@ -67,13 +67,7 @@ pub enum ShmError {
     Timeout { what: String, waited: Duration },
     /// A job barrier could not complete.
     #[error("barrier #{generation} of job segment \"/{name}\" failed on rank {me}: {reason}; ranks that have not arrived: {missing:?}")]
-    Barrier {
-        name: String,
-        me: usize,
-        generation: u64,
-        missing: Vec<usize>,
-        reason: String,
-    },
+    Barrier { name: String, me: usize, generation: u64, missing: Vec<usize>, reason: String },
 }
 
 impl ShmError {
@@ -246,7 +240,10 @@ impl ShmSegment {
             Ok(n) => n,
             Err(_) => {
                 close_fd(fd, &bare);
-                return Err(ShmError::BadSegment { name: bare, reason: format!("size {} does not fit usize", st.st_size) });
+                return Err(ShmError::BadSegment {
+                    name: bare,
+                    reason: format!("size {} does not fit usize", st.st_size),
+                });
             }
         };
         // SAFETY: fd is open with at least len bytes; fresh mapping anywhere.
@@ -408,8 +405,7 @@ fn object_age(name: &str) -> Option<Duration> {
 ///
 /// Pids are checked on this machine: run it on the node that ran the job.
 pub fn cleanup_stale_jobs() -> usize {
-    let names: Vec<String> =
-        shm_entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
+    let names: Vec<String> = shm_entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
     // (segment name, all owners dead)
     let mut jobs: Vec<(String, bool)> = Vec::new();
     for n in &names {
