@@ -26,6 +26,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// Pure state machines: nothing here needs unsafe, and it stays so.
+#![forbid(unsafe_code)]
+
 pub mod cache;
 pub mod export;
 pub mod free;

@@ -14,6 +14,9 @@
 //! - [`policy`]: which protocol moves a message, and why.
 //! - [`engine`]: the per-rank protocol engine.
 
+// Pure state machines: nothing here needs unsafe, and it stays so.
+#![forbid(unsafe_code)]
+
 pub mod engine;
 pub mod matching;
 pub mod policy;

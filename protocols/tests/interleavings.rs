@@ -2,6 +2,11 @@
 //! copy completions in random order, over a model of their memories, and checks
 //! that every request completes with the right status and bytes, for every
 //! protocol and placement, and that nothing is left behind.
+//!
+//! The order is a [`Schedule`]: in the property tests, proptest draws the choices
+//! themselves (which packet or copy goes next, and each message's peer, size and
+//! placement), so a failing case shrinks to a short schedule of small choices; the
+//! fixed tests take a repeatable pseudo-random order per seed.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -10,19 +15,56 @@ use gpulmt_protocols::policy::{Protocol, ProtocolOverride};
 use gpulmt_protocols::wire::{Packet, Region};
 use gpulmt_protocols::{CopyId, ProtoError, Rank, ReqId, Status, Tag};
 use proptest::prelude::*;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 
-/// A deterministic pseudo-random stream (xorshift), so a failing seed replays.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+/// The scheduler's choices: at each step, which ready packet or copy goes next.
+#[derive(Debug)]
+enum Schedule {
+    /// Drawn by proptest ([`schedule`]): one pick per choice (the candidate at the pick
+    /// modulo their number), then, once they run out, always the first candidate (the
+    /// lowest directed pair's packet, else the oldest copy). Shrinking shortens the
+    /// picks and moves them towards 0, the first candidate.
+    Drawn { picks: Vec<u8>, next: usize },
+    /// The fixed tests' order: pseudo-random without end, the same for the same seed.
+    Seeded(Box<TestRng>),
+}
+
+impl Schedule {
+    fn seeded(seed: u64) -> Self {
+        let mut bytes = [0u8; 32];
+        bytes[..8].copy_from_slice(&seed.to_le_bytes());
+        Schedule::Seeded(Box::new(TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)))
     }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+
+    /// Which of `n` candidates goes next.
+    fn pick(&mut self, n: usize) -> usize {
+        match self {
+            Schedule::Drawn { picks, next } => {
+                let pick = picks.get(*next).map_or(0, |&p| p as usize % n);
+                *next += 1;
+                pick
+            }
+            Schedule::Seeded(rng) => (rng.next_u64() % n as u64) as usize,
+        }
     }
+}
+
+/// Most picks a drawn schedule holds. An all-to-all run takes a few hundred (about 230
+/// typically, 550 at most), so most drawn schedules stay random to the end and the
+/// rest end first-come.
+const SCHEDULE_PICKS: usize = 1500;
+
+/// A scheduler's picks, as proptest draws and shrinks them. (A byte per pick: rarely
+/// more than a few dozen candidates are ready at once, and small values shrink fast.)
+fn schedule() -> impl Strategy<Value = Schedule> {
+    prop::collection::vec(any::<u8>(), 0..SCHEDULE_PICKS).prop_map(|picks| Schedule::Drawn { picks, next: 0 })
+}
+
+/// The property tests' configuration: `cases` random cases, and on failure enough
+/// shrinking to delete and minimise hundreds of picks (the default budget, 4 per case,
+/// would stop long before; it costs nothing unless a case fails).
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig { cases, max_shrink_iters: 20_000, max_shrink_time: 120_000, ..ProptestConfig::default() }
 }
 
 /// One rank's buffers: allocation bytes, and where the request's buffer starts.
@@ -45,7 +87,7 @@ struct World {
     devices: HashMap<(Rank, ReqId), Option<u32>>,
     /// Per rank: offered regions it was asked to map.
     mapped: Vec<u32>,
-    rng: Rng,
+    schedule: Schedule,
     chunk: u64,
     dead: Vec<bool>,
 }
@@ -58,7 +100,7 @@ fn region(owner: Rank, req: ReqId, alloc_len: u64, offset: u64, device: u32) -> 
 }
 
 impl World {
-    fn new(n: u32, seed: u64, mode: ProtocolOverride, coop_min: u64, devices: u32, peer: bool) -> Self {
+    fn new(n: u32, schedule: Schedule, mode: ProtocolOverride, coop_min: u64, devices: u32, peer: bool) -> Self {
         let chunk = 4096;
         let engines = (0..n)
             .map(|r| {
@@ -93,7 +135,7 @@ impl World {
             chosen: HashMap::new(),
             devices: HashMap::new(),
             mapped: vec![0; n as usize],
-            rng: Rng(seed | 1),
+            schedule,
             chunk,
             dead: vec![false; n as usize],
         }
@@ -205,16 +247,18 @@ impl World {
         a[abs as usize..abs as usize + data.len()].copy_from_slice(data);
     }
 
-    /// One random step; false when nothing is left to do.
+    /// One step in the schedule's order; false when nothing is left to do.
     fn step(&mut self) -> bool {
-        let wires: Vec<(Rank, Rank)> = self.wires.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
+        let mut wires: Vec<(Rank, Rank)> = self.wires.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
+        // In a fixed order (the map's is random per process), so that a schedule replays.
+        wires.sort_unstable();
         let copiers: Vec<Rank> =
             (0..self.copies.len() as Rank).filter(|r| !self.copies[*r as usize].is_empty()).collect();
         let n = wires.len() + copiers.len();
         if n == 0 {
             return false;
         }
-        let pick = self.rng.below(n);
+        let pick = self.schedule.pick(n);
         if pick < wires.len() {
             let (from, to) = wires[pick];
             let p = self.wires.get_mut(&(from, to)).unwrap().pop_front().unwrap();
@@ -225,16 +269,13 @@ impl World {
         } else {
             let r = copiers[pick - wires.len()];
             // Copies on different lanes may finish in any order.
-            let i = self.rng.below(self.copies[r as usize].len());
-            let c = self.copies[r as usize].swap_remove(i);
+            let i = self.schedule.pick(self.copies[r as usize].len());
+            let c = self.copies[r as usize].remove(i);
             self.execute(r, c);
         }
         true
     }
 
-    /// A staging slot is written by one copy at a time and never while a copy reads
-    /// it: a new copy that touches a slot another unfinished copy touches (a fill
-    /// over a chunk not yet drained, a drain of a slot being refilled) is a bug.
     /// A device engine must reach the memory of both ends (its own device's, or a peer's
     /// it has access to); staging is host memory, which every engine reaches.
     fn check_engine_reaches_both_ends(&self, rank: Rank, c: &CopyCmd) {
@@ -252,6 +293,9 @@ impl World {
         }
     }
 
+    /// A staging slot is written by one copy at a time and never while a copy reads
+    /// it: a new copy that touches a slot another unfinished copy touches (a fill
+    /// over a chunk not yet drained, a drain of a slot being refilled) is a bug.
     fn check_staging_conflicts(&self, c: &CopyCmd) {
         let slot_of = |l: &Loc| match *l {
             Loc::Staging { from, to, slot } => Some((from, to, slot)),
@@ -317,9 +361,20 @@ impl World {
     }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(seed.wrapping_mul(2654435761).wrapping_add(12345) | 1);
-    (0..len).map(|_| r.next() as u8).collect()
+/// Message bytes that differ between messages (`id`) and along each, so that bytes
+/// delivered to the wrong message or offset show. (A fill, not a source of choices:
+/// nothing here decides what a test does.)
+fn pattern(id: u64, len: usize) -> Vec<u8> {
+    let mut x = id.wrapping_mul(2654435761).wrapping_add(12345) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift64: cheap, and no period short enough to hide a misplaced chunk.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 fn placement(i: u8) -> (Option<u32>, Option<u32>) {
@@ -347,7 +402,7 @@ fn expected(mode: ProtocolOverride, s: Option<u32>, d: Option<u32>, peer: bool, 
 }
 
 fn one_transfer(seed: u64, len: usize, mode: ProtocolOverride, place: u8, peer: bool, recv_first: bool) {
-    let mut w = World::new(2, seed, mode, u64::MAX, 2, peer);
+    let mut w = World::new(2, Schedule::seeded(seed), mode, u64::MAX, 2, peer);
     let (s, d) = placement(place);
     let data = pattern(seed, len);
     if recv_first {
@@ -396,7 +451,7 @@ fn every_protocol_placement_and_size() {
 
 #[test]
 fn coop_auto_threshold_and_same_device() {
-    let mut w = World::new(2, 3, ProtocolOverride::Auto, 100_000, 1, true);
+    let mut w = World::new(2, Schedule::seeded(3), ProtocolOverride::Auto, 100_000, 1, true);
     let data = pattern(1, 300_000);
     w.send(0, ReqId(1), 1, 0, data.clone(), Some(0));
     w.recv(1, ReqId(1), None, None, 300_000, Some(0));
@@ -405,7 +460,7 @@ fn coop_auto_threshold_and_same_device() {
     assert_eq!(w.chosen[&(1, ReqId(1))], Protocol::Get);
     assert_eq!(&w.user(1, ReqId(1))[..300_000], &data[..]);
 
-    let mut w = World::new(2, 4, ProtocolOverride::Auto, 100_000, 2, true);
+    let mut w = World::new(2, Schedule::seeded(4), ProtocolOverride::Auto, 100_000, 2, true);
     w.send(0, ReqId(1), 1, 0, data.clone(), Some(0));
     w.recv(1, ReqId(1), None, None, 300_000, Some(1));
     w.run();
@@ -416,7 +471,7 @@ fn coop_auto_threshold_and_same_device() {
 #[test]
 fn balance_spreads_a_window_over_both_engines_and_leaves_lone_messages() {
     for balance in [false, true] {
-        let mut w = World::new(2, 9, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let mut w = World::new(2, Schedule::seeded(9), ProtocolOverride::Auto, u64::MAX, 2, true);
         if !balance {
             let mut c = w.engines[1].config().clone();
             c.policy.balance_max = 0;
@@ -457,7 +512,7 @@ fn balance_spreads_a_window_over_both_engines_and_leaves_lone_messages() {
 /// A rank-1 receive of `len` device bytes from rank 0 with tag 7, offered by RTR, and the
 /// offer delivered to rank 0.
 fn offered_world(seed: u64, len: usize) -> World {
-    let mut w = World::new(2, seed, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(seed), ProtocolOverride::Auto, u64::MAX, 2, true);
     w.recv(1, ReqId(1), Some(0), Some(7), len, Some(1));
     assert!(matches!(w.wires[&(1, 0)].front(), Some(Packet::Rtr { expect: 0, tag: 7, .. })), "receive offered");
     w.deliver(1, 0);
@@ -513,7 +568,7 @@ fn offers_are_not_used_for_other_tags_sizes_or_messages() {
 
 #[test]
 fn a_late_offer_makes_the_next_send_wait_for_one() {
-    let mut w = World::new(2, 16, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(16), ProtocolOverride::Auto, u64::MAX, 2, true);
     let b = BufDesc { len: 1000, device: Some(0), region: None };
     // The receive is posted, but its offer reaches the sender only after the send went
     // out as an RTS: late.
@@ -539,7 +594,7 @@ fn a_late_offer_makes_the_next_send_wait_for_one() {
 
 #[test]
 fn offers_are_mapped_by_ranks_that_send_device_memory() {
-    let mut w = World::new(2, 18, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(18), ProtocolOverride::Auto, u64::MAX, 2, true);
     // Rank 0 sends rank 1 host memory only: its offers are not worth a mapping.
     w.recv(1, ReqId(1), Some(0), Some(7), 1000, Some(1));
     w.send(0, ReqId(1), 1, 7, pattern(20, 1000), None);
@@ -562,7 +617,7 @@ fn offers_are_mapped_by_ranks_that_send_device_memory() {
 
 #[test]
 fn waits_in_vain_use_up_the_credit_then_only_probe() {
-    let mut w = World::new(2, 17, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(17), ProtocolOverride::Auto, u64::MAX, 2, true);
     let b = BufDesc { len: 1000, device: Some(0), region: None };
     // Every offer is late: each send waits in vain, until the credit (4) is gone.
     let mut waits = Vec::new();
@@ -612,7 +667,7 @@ fn cancelling_an_offered_receive_waits_for_the_sender() {
 fn truncation_is_reported_and_nothing_overflows() {
     for len in [100usize, 50_000] {
         for place in 0..4 {
-            let mut w = World::new(2, 9, ProtocolOverride::Auto, u64::MAX, 2, true);
+            let mut w = World::new(2, Schedule::seeded(9), ProtocolOverride::Auto, u64::MAX, 2, true);
             let (s, d) = placement(place);
             w.send(0, ReqId(1), 1, 1, pattern(2, len), s);
             w.recv(1, ReqId(1), Some(0), Some(1), len / 2, d);
@@ -633,7 +688,7 @@ fn self_messages() {
     for len in [10usize, 100_000] {
         for place in 0..4 {
             let (s, d) = placement(place);
-            let mut w = World::new(1, 5, ProtocolOverride::Auto, u64::MAX, 2, true);
+            let mut w = World::new(1, Schedule::seeded(5), ProtocolOverride::Auto, u64::MAX, 2, true);
             let data = pattern(3, len);
             w.send(0, ReqId(1), 0, 3, data.clone(), s);
             w.recv(0, ReqId(2), Some(0), Some(3), len, d);
@@ -648,7 +703,7 @@ fn self_messages() {
 
 #[test]
 fn forged_rts_outside_allocation_is_rejected() {
-    let mut w = World::new(2, 1, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(1), ProtocolOverride::Auto, u64::MAX, 2, true);
     w.recv(1, ReqId(1), Some(0), None, 1 << 20, Some(1));
     let mut r = region(0, ReqId(9), 1000, 0, 0);
     r.offset = 10;
@@ -670,7 +725,7 @@ fn forged_rts_outside_allocation_is_rejected() {
 fn forged_offers_and_pushes_are_refused() {
     // A push into a receive that was never offered (posted with ANY_TAG: no RTR) is a
     // violation, answered by ABORT; the receive stays posted for a real message.
-    let mut w = World::new(2, 2, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(2), ProtocolOverride::Auto, u64::MAX, 2, true);
     w.recv(1, ReqId(1), Some(0), None, 100, Some(1));
     assert!(w.wires.get(&(1, 0)).is_none_or(|q| q.is_empty()), "ANY_TAG receives are not offered");
     w.engines[1].on_packet(0, Packet::RtrPut { msg: 1, tag: 0, len: 10, recv: 1 });
@@ -687,7 +742,7 @@ fn forged_offers_and_pushes_are_refused() {
     w.run();
     assert!(w.user(1, ReqId(1))[..100] == pattern(10, 100)[..]);
     // An offer whose region runs past its allocation is dropped as a violation.
-    let mut w = World::new(2, 3, ProtocolOverride::Auto, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(3), ProtocolOverride::Auto, u64::MAX, 2, true);
     let mut r = region(1, ReqId(9), 1000, 0, 1);
     r.offset = 990;
     w.engines[0].on_packet(1, Packet::Rtr { recv: 9, expect: 0, tag: 7, len: 100, dst: r });
@@ -703,7 +758,7 @@ fn forged_offers_and_pushes_are_refused() {
 fn peer_death_fails_requests_after_copies_stop() {
     for place in 0..4 {
         for mode in MODES {
-            let mut w = World::new(2, 11, mode, u64::MAX, 2, true);
+            let mut w = World::new(2, Schedule::seeded(11), mode, u64::MAX, 2, true);
             let (s, d) = placement(place);
             w.send(0, ReqId(1), 1, 0, pattern(1, 100_000), s);
             w.recv(1, ReqId(1), Some(0), None, 100_000, d);
@@ -733,7 +788,7 @@ fn peer_death_fails_requests_after_copies_stop() {
 
 #[test]
 fn copy_failure_aborts_both_sides() {
-    let mut w = World::new(2, 2, ProtocolOverride::Get, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(2), ProtocolOverride::Get, u64::MAX, 2, true);
     w.send(0, ReqId(1), 1, 0, pattern(1, 10_000), Some(0));
     w.recv(1, ReqId(1), Some(0), None, 10_000, Some(1));
     // Deliver the RTS; the receiver starts GET copies.
@@ -752,46 +807,74 @@ fn copy_failure_aborts_both_sides() {
     assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })));
 }
 
-/// Body of the random all-to-all properties: posts a receive before its send with
-/// probability 1/`recv_first_one_in`.
-fn all_to_all(seed: u64, mode: ProtocolOverride, peer: bool, recv_first_one_in: usize) -> Result<(), TestCaseError> {
-    let n = 4u32;
-    let mut w = World::new(n, seed, mode, 50_000, 2, peer);
-    let mut rng = Rng(seed ^ 0x9e3779b97f4a7c15 | 1);
-    // (from, to, tag, data)
-    let mut msgs = Vec::new();
-    for from in 0..n {
-        for k in 0..3u64 {
-            let to = rng.below(n as usize) as u32;
-            let len = [0usize, 1, 64, 65, 5000, 30_000, 70_000][rng.below(7)];
-            let dev = if rng.below(2) == 0 { Some(from % 2) } else { None };
-            msgs.push((from, to, (k % 2) as Tag, pattern(seed ^ (from as u64 * 31 + k), len), dev));
-        }
-    }
+/// Ranks of the all-to-all properties, and messages each sends.
+const A2A_RANKS: u32 = 4;
+const A2A_PER_SENDER: usize = 3;
+
+/// One message of an all-to-all: its sender's `k`-th (sender and `k` come from its
+/// place in the plan), where it goes, how big, where both buffers live, and how its
+/// posting interleaves with progress.
+#[derive(Clone, Debug)]
+struct A2aMsg {
+    to: Rank,
+    len: usize,
+    send_device: bool,
+    recv_device: bool,
+    /// The receive (exact source and tag) is posted before the send, so that an RTR
+    /// offer may reach the sender in time, and `steps_after_recv` steps run between.
+    recv_first: bool,
+    steps_after_recv: usize,
+    /// Steps run after the message is posted, before the next one.
+    steps_after_send: usize,
+}
+
+/// The messages of an all-to-all, `A2A_PER_SENDER` per rank in rank order; each
+/// receive is posted first with probability `recv_first`.
+fn a2a_plan(recv_first: f64) -> impl Strategy<Value = Vec<A2aMsg>> {
+    let msg =
+        (
+            0..A2A_RANKS,
+            prop::sample::select(vec![0usize, 1, 64, 65, 5000, 30_000, 70_000]),
+            any::<bool>(),
+            any::<bool>(),
+            prop::bool::weighted(recv_first),
+            0..12usize,
+            0..20usize,
+        )
+            .prop_map(|(to, len, send_device, recv_device, recv_first, steps_after_recv, steps_after_send)| {
+                A2aMsg { to, len, send_device, recv_device, recv_first, steps_after_recv, steps_after_send }
+            });
+    prop::collection::vec(msg, A2A_RANKS as usize * A2A_PER_SENDER)
+}
+
+/// Body of the random all-to-all properties.
+fn all_to_all(plan: Vec<A2aMsg>, schedule: Schedule, mode: ProtocolOverride, peer: bool) -> Result<(), TestCaseError> {
+    let n = A2A_RANKS;
+    let mut w = World::new(n, schedule, mode, 50_000, 2, peer);
     let mut next_req = vec![1u64; n as usize];
     let mut recvs = Vec::new();
-    for (from, to, tag, data, dev) in &msgs {
-        let s = ReqId(next_req[*from as usize]);
-        next_req[*from as usize] += 1;
-        let r = ReqId(next_req[*to as usize]);
-        next_req[*to as usize] += 1;
-        let ddev = if rng.below(2) == 0 { Some(*to % 2) } else { None };
-        // Receive with exact source and tag, posted before the send (so that an RTR
-        // offer may reach the sender in time) or after; posting interleaves with
-        // progress.
-        let recv_first = rng.below(recv_first_one_in) == 0;
-        if recv_first {
-            w.recv(*to, r, Some(*from), Some(*tag), 70_000, ddev);
-            for _ in 0..rng.below(12) {
+    for (i, m) in plan.iter().enumerate() {
+        let (from, k) = ((i / A2A_PER_SENDER) as Rank, i % A2A_PER_SENDER);
+        let (to, tag) = (m.to, (k % 2) as Tag);
+        let data = pattern(i as u64, m.len);
+        let dev = m.send_device.then_some(from % 2);
+        let ddev = m.recv_device.then_some(to % 2);
+        let s = ReqId(next_req[from as usize]);
+        next_req[from as usize] += 1;
+        let r = ReqId(next_req[to as usize]);
+        next_req[to as usize] += 1;
+        if m.recv_first {
+            w.recv(to, r, Some(from), Some(tag), 70_000, ddev);
+            for _ in 0..m.steps_after_recv {
                 w.step();
             }
         }
-        w.send(*from, s, *to, *tag, data.clone(), *dev);
-        if !recv_first {
-            w.recv(*to, r, Some(*from), Some(*tag), 70_000, ddev);
+        w.send(from, s, to, tag, data.clone(), dev);
+        if !m.recv_first {
+            w.recv(to, r, Some(from), Some(tag), 70_000, ddev);
         }
-        recvs.push((*to, r, data.clone(), *from, *tag));
-        for _ in 0..rng.below(20) {
+        recvs.push((to, r, data, from, tag));
+        for _ in 0..m.steps_after_send {
             w.step();
         }
     }
@@ -811,29 +894,34 @@ fn all_to_all(seed: u64, mode: ProtocolOverride, peer: bool, recv_first_one_in: 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(config(64))]
 
     /// Four ranks, each sending a few messages of random size, placement and tag to
-    /// random peers, received with a mix of exact and wildcard receives posted
-    /// before or after, delivered in a random interleaving: everything completes,
-    /// no deadlock, and each receive gets the bytes of the message MPI's rules say
-    /// it matches (per sender, in order).
+    /// random peers, received with exact receives posted before or after the send,
+    /// delivered in a random interleaving, under every mode, with and without peer
+    /// access: everything completes, no deadlock, and each receive gets the bytes of
+    /// the message MPI's rules say it matches (per sender, in order).
     #[test]
-    fn random_all_to_all(seed in any::<u64>(), mode in 0usize..5, peer in any::<bool>()) {
-        all_to_all(seed, MODES[mode], peer, 2)?;
+    fn random_all_to_all(
+        plan in a2a_plan(0.5),
+        schedule in schedule(),
+        mode in prop::sample::select(MODES.to_vec()),
+        peer in any::<bool>(),
+    ) {
+        all_to_all(plan, schedule, mode, peer)?;
     }
 
     /// The same under `auto` with every receive posted first and given time to reach
     /// its sender, so that RTR offers are taken, go stale and cross RTSs.
     #[test]
-    fn random_all_to_all_with_offers(seed in any::<u64>()) {
-        all_to_all(seed, ProtocolOverride::Auto, true, 1)?;
+    fn random_all_to_all_with_offers(plan in a2a_plan(1.0), schedule in schedule()) {
+        all_to_all(plan, schedule, ProtocolOverride::Auto, true)?;
     }
 
     #[test]
-    fn any_source_receives_get_each_message_once(seed in any::<u64>()) {
+    fn any_source_receives_get_each_message_once(schedule in schedule()) {
         let n = 4u32;
-        let mut w = World::new(n, seed, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let mut w = World::new(n, schedule, ProtocolOverride::Auto, u64::MAX, 2, true);
         let mut expected = Vec::new();
         for from in 1..n {
             for k in 0..2u64 {
@@ -867,7 +955,7 @@ proptest! {
 
 #[test]
 fn cts_for_an_unknown_message_aborts_the_receiver() {
-    let mut w = World::new(2, 5, ProtocolOverride::Put, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(5), ProtocolOverride::Put, u64::MAX, 2, true);
     w.engines[1].on_packet(0, Packet::Cts { msg: 77, mode: gpulmt_protocols::wire::CtsMode::Shm, dst: None, split: 0 });
     let mut aborted = false;
     while let Some(a) = w.engines[1].poll_action() {
@@ -886,7 +974,7 @@ fn cts_for_an_unknown_message_aborts_the_receiver() {
 /// first frees a slot, before the first one's receive has drained the rest.
 #[test]
 fn shm_sends_to_one_peer_stream_through_the_ring() {
-    let mut w = World::new(2, 5, ProtocolOverride::Shm, u64::MAX, 2, true);
+    let mut w = World::new(2, Schedule::seeded(5), ProtocolOverride::Shm, u64::MAX, 2, true);
     let (a, b) = (pattern(1, 3 * 4096), pattern(2, 3 * 4096 - 7));
     w.recv(1, ReqId(1), Some(0), Some(0), a.len(), None);
     w.recv(1, ReqId(2), Some(0), Some(0), b.len(), None);
@@ -917,29 +1005,33 @@ fn shm_sends_to_one_peer_stream_through_the_ring() {
     assert!(w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok());
 }
 
-/// A receiver's staging copy fails halfway through an SHM message: both sides fail
-/// that message, every slot it held comes back (late CHUNKs are acknowledged), and
-/// the next message to the same peer goes through the ring intact.
-#[test]
-fn shm_copy_failure_leaves_the_ring_usable() {
-    for seed in 0..32 {
-        let mut w = World::new(2, seed, ProtocolOverride::Shm, u64::MAX, 2, true);
+proptest! {
+    #![proptest_config(config(32))]
+
+    /// A receiver's staging copy fails halfway through an SHM message: both sides fail
+    /// that message, every slot it held comes back (late CHUNKs are acknowledged), and
+    /// the next message to the same peer goes through the ring intact, whatever the
+    /// order of the rest.
+    #[test]
+    fn shm_copy_failure_leaves_the_ring_usable(schedule in schedule()) {
+        let mut w = World::new(2, schedule, ProtocolOverride::Shm, u64::MAX, 2, true);
         let (a, b) = (pattern(3, 7 * 4096 + 11), pattern(4, 5 * 4096));
         w.recv(1, ReqId(1), Some(0), Some(0), a.len(), Some(1));
         w.recv(1, ReqId(2), Some(0), Some(0), b.len(), None);
         w.send(0, ReqId(1), 1, 0, a.clone(), Some(0));
         w.send(0, ReqId(2), 1, 0, b.clone(), None);
         while w.copies[1].is_empty() {
-            assert!(w.step());
+            prop_assert!(w.step());
         }
         let failed = w.copies[1].remove(0);
         w.engines[1].on_copy_done(failed.id, Err("staging unreadable".into()));
         w.drain(1);
         w.run();
         w.assert_quiet();
-        assert!(matches!(w.done[&(1, ReqId(1))], Err(ProtoError::CopyFailed { .. })), "seed {seed}");
-        assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })), "seed {seed}");
-        assert!(w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok(), "seed {seed}");
-        assert_eq!(&w.user(1, ReqId(2))[..b.len()], &b[..], "seed {seed}");
+        let (recv, send) = (&w.done[&(1, ReqId(1))], &w.done[&(0, ReqId(1))]);
+        prop_assert!(matches!(recv, Err(ProtoError::CopyFailed { .. })), "receive: {:?}", recv);
+        prop_assert!(matches!(send, Err(ProtoError::Aborted { rank: 1, .. })), "send: {:?}", send);
+        prop_assert!(w.done[&(0, ReqId(2))].is_ok() && w.done[&(1, ReqId(2))].is_ok());
+        prop_assert_eq!(&w.user(1, ReqId(2))[..b.len()], &b[..]);
     }
 }

@@ -1,0 +1,65 @@
+//! The engine's outputs: [`Action`]s the transport executes in order, and the copy
+//! commands ([`CopyCmd`]) among them with their ends ([`Loc`]) and engines
+//! ([`CopyEngine`]).
+//!
+//! Actions are queued inside the engine and drained with
+//! [`Engine::poll_action`](super::Engine::poll_action), so every input handler only
+//! changes state and the transport decides when to act (the quinn-proto shape).
+
+use crate::policy::ProtocolChoice;
+use crate::wire::{Packet, Region};
+use crate::{CopyId, ProtoError, Rank, ReqId};
+
+use super::Status;
+
+/// One end of a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// The buffer of a local request, at `offset`.
+    User { req: ReqId, offset: u64 },
+    /// A peer's exported buffer, at `offset` from the start of the user's buffer
+    /// (`region.offset + offset` from the allocation's start).
+    Peer { peer: Rank, region: Region, offset: u64 },
+    /// Staging slot `slot` of the directed pair `from -> to`, at its start.
+    Staging { from: Rank, to: Rank, slot: u32 },
+}
+
+/// Which engine drives a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyEngine {
+    /// The copy engine of this device.
+    Device(u32),
+    /// The CPU (both ends in host memory).
+    Host,
+}
+
+/// A copy the transport must start, and report with [`Engine::on_copy_done`](super::Engine::on_copy_done).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyCmd {
+    pub id: CopyId,
+    pub engine: CopyEngine,
+    pub lane: u32,
+    pub src: Loc,
+    pub dst: Loc,
+    pub len: u64,
+}
+
+/// What the transport must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send a control packet (in order with earlier sends to the same rank).
+    Send { to: Rank, packet: Packet },
+    /// Start a copy.
+    Copy(CopyCmd),
+    /// Write an eager payload into the request's buffer at offset 0.
+    Deliver { req: ReqId, payload: Vec<u8> },
+    /// The request is complete.
+    Complete { req: ReqId, result: Result<Status, ProtoError> },
+    /// A rendezvous protocol was chosen for the request (for logs and counters).
+    Chose { req: ReqId, peer: Rank, len: u64, choice: ProtocolChoice },
+    /// A peer broke the protocol; the packet was dropped.
+    Violation { peer: Rank, what: String },
+    /// A peer offered this region (RTR): map it now, so that a send that uses the offer
+    /// does not pay for opening the mapping (and one that does not, later, neither).
+    MapPeer { peer: Rank, region: Region },
+}

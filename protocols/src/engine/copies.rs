@@ -1,0 +1,149 @@
+//! Copies in flight: who owns each ([`CopyOwner`]), the id-indexed window that finds
+//! it again on completion ([`CopyWindow`]), issuing a range as split copies over the
+//! lanes, and routing a completion to the send or receive that waits for it.
+//!
+//! Every copy issued is reported done exactly once, failed ones included: requests
+//! complete only once their copies stop, because an engine may still read or write
+//! their buffers until then.
+
+use std::collections::VecDeque;
+
+use super::shm::StagedChunk;
+use super::{Action, CopyCmd, CopyEngine, Engine, Loc};
+use crate::{CopyId, MsgId, Rank};
+
+/// Who owns a copy in flight.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum CopyOwner {
+    Send { msg: MsgId, chunk: Option<StagedChunk> },
+    Recv { from: Rank, msg: MsgId, chunk: Option<u32> },
+}
+
+/// The copies in flight, by id. Ids are issued in sequence and copies finish in about that
+/// order, so a window that starts at the oldest unfinished copy serves as the map, with no
+/// hashing on the path of every copy. A copy that finishes late keeps the window open
+/// behind it (a slot per later copy) until it does; every copy issued is reported done,
+/// failed ones included, so the window always closes.
+#[derive(Debug, Default)]
+pub(super) struct CopyWindow {
+    /// Id of `slots[0]`.
+    base: u64,
+    slots: VecDeque<Option<CopyOwner>>,
+    live: usize,
+}
+
+impl CopyWindow {
+    /// Adds the copy with the next id in sequence.
+    fn insert(&mut self, id: CopyId, owner: CopyOwner) {
+        if self.slots.is_empty() {
+            self.base = id.0;
+        }
+        debug_assert_eq!(id.0, self.base + self.slots.len() as u64, "copy ids are inserted in sequence");
+        self.slots.push_back(Some(owner));
+        self.live += 1;
+    }
+
+    fn remove(&mut self, id: CopyId) -> Option<CopyOwner> {
+        let i = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
+        let owner = self.slots.get_mut(i)?.take()?;
+        self.live -= 1;
+        while matches!(self.slots.front(), Some(None)) {
+            self.slots.pop_front();
+            self.base += 1;
+        }
+        Some(owner)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+}
+
+impl Engine {
+    /// Issues copies for `[start, end)`, split by `copy_split` over `lanes`; returns
+    /// how many were issued.
+    pub(super) fn issue_range(
+        &mut self,
+        owner: CopyOwner,
+        engine: CopyEngine,
+        src: impl Fn(u64) -> Loc,
+        dst: impl Fn(u64) -> Loc,
+        start: u64,
+        end: u64,
+    ) -> u32 {
+        let piece = if self.cfg.copy_split == 0 { end - start } else { self.cfg.copy_split };
+        let mut n = 0;
+        let mut off = start;
+        while off < end {
+            let len = piece.min(end - off);
+            let id = self.new_copy(owner);
+            let lane = n % self.cfg.lanes.max(1);
+            self.emit(Action::Copy(CopyCmd { id, engine, lane, src: src(off), dst: dst(off), len }));
+            n += 1;
+            off += len;
+        }
+        n
+    }
+
+    pub(super) fn new_copy(&mut self, owner: CopyOwner) -> CopyId {
+        let id = CopyId(self.next_copy);
+        self.next_copy += 1;
+        self.copies.insert(id, owner);
+        id
+    }
+
+    /// A copy finished (Err carries the transport's description of the failure).
+    pub fn on_copy_done(&mut self, id: CopyId, result: Result<(), String>) {
+        let Some(owner) = self.copies.remove(id) else {
+            return self.violation(self.cfg.rank, format!("completion of unknown copy {id:?}"));
+        };
+        match owner {
+            CopyOwner::Send { msg, chunk } => self.on_send_copy_done(msg, chunk, result),
+            CopyOwner::Recv { from, msg, chunk } => self.on_recv_copy_done((from, msg), chunk, result),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(msg: MsgId) -> CopyOwner {
+        CopyOwner::Send { msg, chunk: None }
+    }
+
+    fn msg_of(o: Option<CopyOwner>) -> Option<MsgId> {
+        match o {
+            Some(CopyOwner::Send { msg, .. }) => Some(msg),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn copy_window_finds_copies_finished_in_any_order() {
+        let mut w = CopyWindow::default();
+        for id in 10..20 {
+            w.insert(CopyId(id), owner(id));
+        }
+        // Out of order: the window stays open behind the oldest copy.
+        for id in [12, 19, 15] {
+            assert_eq!(msg_of(w.remove(CopyId(id))), Some(id));
+        }
+        assert_eq!(w.slots.len(), 10);
+        assert!(w.remove(CopyId(12)).is_none(), "each copy is reported once");
+        assert!(w.remove(CopyId(9)).is_none() && w.remove(CopyId(20)).is_none(), "ids outside the window");
+        for id in [10, 11, 13, 14] {
+            assert_eq!(msg_of(w.remove(CopyId(id))), Some(id));
+        }
+        // The oldest four and the holes behind them are gone.
+        assert_eq!((w.base, w.slots.len(), w.live), (16, 4, 3));
+        for id in [16, 17, 18] {
+            assert_eq!(msg_of(w.remove(CopyId(id))), Some(id));
+        }
+        assert!(w.is_empty() && w.slots.is_empty());
+        // Empty, it starts again at the next id issued.
+        w.insert(CopyId(40), owner(40));
+        assert_eq!(msg_of(w.remove(CopyId(40))), Some(40));
+        assert!(w.is_empty());
+    }
+}

@@ -1,0 +1,298 @@
+//! The sender's side of a message: posting it (eager inline, an RTS, or a push into
+//! the receiver's RTR offer), answering the receiver's CTS with PUT or COOPERATE copies
+//! or a place in the SHM ring, and ending the send on DONE, COOKIE, ABORT or its last
+//! copy.
+//!
+//! A rendezvous send is tracked ([`SendXfer`]) from its RTS until no engine reads its
+//! buffer any more. Its request may complete before that (SHM completes it once every
+//! chunk is staged), but never while a copy still reads the buffer.
+
+use crate::policy::Protocol;
+use crate::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet, Region};
+use crate::{MsgId, ProtoError, Rank, ReqId, Tag};
+
+use super::copies::CopyOwner;
+use super::shm::{ShmState, StagedChunk};
+use super::{BufDesc, CopyEngine, Engine, Loc, Status};
+
+/// A rendezvous send in progress.
+#[derive(Debug)]
+pub(super) struct SendXfer {
+    pub(super) req: ReqId,
+    pub(super) to: Rank,
+    tag: Tag,
+    pub(super) buf: BufDesc,
+    pub(super) proto: Option<Protocol>,
+    /// Copies this side started and that have not finished.
+    pub(super) pending: u32,
+    /// COOPERATE: the receiver's COOKIE arrived.
+    cookie: bool,
+    /// The user request was completed (SHM completes it before the ring drains).
+    completed: bool,
+    pub(super) shm: Option<ShmState>,
+    pub(super) error: Option<ProtoError>,
+}
+
+impl SendXfer {
+    /// A rendezvous send of `buf`, its protocol `proto` when already known.
+    pub(super) fn new(req: ReqId, to: Rank, tag: Tag, buf: BufDesc, proto: Option<Protocol>, pending: u32) -> Self {
+        Self { req, to, tag, buf, proto, pending, cookie: false, completed: false, shm: None, error: None }
+    }
+}
+
+impl Engine {
+    /// Eager send fast path: checks the destination and assigns the message id; the
+    /// caller then sends `Packet::Eager { msg, tag, payload }` to `to` itself (in
+    /// order with this engine's other packets to `to`) and the send is complete.
+    pub fn send_eager(&mut self, to: Rank) -> Result<MsgId, ProtoError> {
+        if to >= self.cfg.size {
+            return Err(ProtoError::BadRank { rank: to, size: self.cfg.size });
+        }
+        if self.dead[to as usize] {
+            return Err(ProtoError::PeerFailed { rank: to });
+        }
+        let msg = self.next_msg;
+        self.next_msg += 1;
+        self.rtr[to as usize].sent += 1;
+        Ok(msg)
+    }
+
+    /// Posts a send of `buf` to `to` with `tag`: eager with `payload` (the buffer's
+    /// bytes; the caller decides with [`is_eager`](Self::is_eager)), else a
+    /// rendezvous (which a host that does its own matching may use at any size).
+    pub fn post_send(&mut self, req: ReqId, to: Rank, tag: Tag, buf: BufDesc, payload: Option<Vec<u8>>) {
+        if to >= self.cfg.size {
+            return self.complete(req, Err(ProtoError::BadRank { rank: to, size: self.cfg.size }));
+        }
+        if self.dead[to as usize] {
+            return self.complete(req, Err(ProtoError::PeerFailed { rank: to }));
+        }
+        let msg = self.next_msg;
+        self.next_msg += 1;
+        if let Some(payload) = payload {
+            if payload.len() as u64 != buf.len {
+                let what = format!("eager payload of {} bytes for a {}-byte buffer", payload.len(), buf.len);
+                return self.complete(req, Err(ProtoError::Unsupported { what }));
+            }
+            self.rtr[to as usize].sent += 1;
+            self.send(to, Packet::Eager { msg, tag, payload });
+            return self.complete(req, Ok(Status { source: to, tag, len: buf.len }));
+        }
+        if buf.len == 0 {
+            let what = "a rendezvous needs a non-empty buffer: send empty messages eagerly".into();
+            return self.complete(req, Err(ProtoError::Unsupported { what }));
+        }
+        let src = match (buf.device, buf.region) {
+            (None, _) => MemDesc::Host,
+            (Some(_), Some(r)) => MemDesc::Device(r),
+            (Some(d), None) => {
+                return self.complete(
+                    req,
+                    Err(ProtoError::Unsupported { what: format!("device {d} buffer was not exported for rendezvous") }),
+                )
+            }
+        };
+        if buf.device.is_some() {
+            self.rtr[to as usize].sends_device = true;
+        }
+        if let Some(offer) = self.take_rtr(to, tag, &buf) {
+            return self.put_offered(req, msg, to, tag, buf, offer);
+        }
+        self.rtr[to as usize].sent += 1;
+        self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
+        self.sends_to[to as usize] += 1;
+        self.sends.insert(msg, SendXfer::new(req, to, tag, buf, None, 0));
+    }
+
+    /// The receiver chose PUT, COOPERATE or SHM for `msg` (CTS): start this side's part.
+    /// A CTS that does not fit the send fails it, and the receiver is told.
+    pub(super) fn on_cts(&mut self, from: Rank, msg: MsgId, mode: CtsMode, dst: Option<Region>, split: u64) {
+        let Some(s) = self.sends.get_mut(&msg) else {
+            // Tell the receiver, whose request would otherwise wait for a DONE that
+            // never comes (the RTS it answers was not ours: forged or stale).
+            self.violation(from, format!("CTS for unknown message {msg}"));
+            return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToReceiver });
+        };
+        if s.to != from || s.proto.is_some() {
+            return self.violation(from, format!("CTS for message {msg} not awaiting one"));
+        }
+        let len = s.buf.len;
+        let (req, dev) = (s.req, s.buf.device);
+        let bad = |what: &str| format!("CTS {mode:?} for message {msg}: {what}");
+        match mode {
+            CtsMode::Put | CtsMode::Coop => {
+                let Some(region) = dst.filter(|r| r.covers(len)) else {
+                    let what = bad("receiver region missing or smaller than the message");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                };
+                let Some(dev) = dev else {
+                    let what = bad("sender buffer is host memory");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                };
+                if !self.cfg.can_access(dev, region.device) || region.node != self.cfg.node {
+                    let what = bad("this device cannot reach the receiver's");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                }
+                let end = if mode == CtsMode::Put { len } else { split };
+                if end > len || (mode == CtsMode::Coop && end == 0) {
+                    let what = bad("split outside the message");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                }
+                let proto = if mode == CtsMode::Put { Protocol::Put } else { Protocol::Coop };
+                let n = self.issue_range(
+                    CopyOwner::Send { msg, chunk: None },
+                    CopyEngine::Device(dev),
+                    |o| Loc::User { req, offset: o },
+                    |o| Loc::Peer { peer: from, region, offset: o },
+                    0,
+                    end,
+                );
+                let s = self.sends.get_mut(&msg).expect("checked above");
+                s.proto = Some(proto);
+                s.pending += n;
+            }
+            CtsMode::Shm => {
+                s.proto = Some(Protocol::Shm);
+                s.shm = Some(ShmState::new(len, self.cfg.chunk_size));
+                self.shm_rings.entry(from).or_default().queue.push_back(msg);
+                self.pump_shm(from);
+            }
+        }
+    }
+
+    /// COOPERATE: the receiver's part is done; the send ends once this side's is too.
+    pub(super) fn on_cookie(&mut self, from: Rank, msg: MsgId) {
+        match self.sends.get_mut(&msg) {
+            Some(s) if s.to == from && s.proto == Some(Protocol::Coop) && !s.cookie => {
+                s.cookie = true;
+                self.try_finish_send(msg);
+            }
+            _ => self.violation(from, format!("COOKIE for unknown or non-cooperative message {msg}")),
+        }
+    }
+
+    /// DONE to the sender ends a GET: the receiver pulled everything; our buffer is free.
+    pub(super) fn on_done_to_sender(&mut self, from: Rank, msg: MsgId) {
+        match self.sends.get_mut(&msg) {
+            Some(s) if s.to == from && s.proto.is_none() => {
+                s.proto = Some(Protocol::Get);
+                self.finish_send(msg);
+            }
+            _ => self.violation(from, format!("DONE for message {msg} that awaits none")),
+        }
+    }
+
+    /// The receiver gave the message up (it was truncated, a copy failed, or the RTS was
+    /// refused).
+    pub(super) fn on_abort_to_sender(&mut self, from: Rank, msg: MsgId, reason: AbortReason) {
+        match self.sends.get(&msg) {
+            Some(s) if s.to == from => {
+                if reason == AbortReason::Truncated && s.proto.is_none() {
+                    // MPI: the send succeeds; the receiver reports the truncation.
+                    self.finish_send(msg);
+                } else {
+                    let err = ProtoError::Aborted { rank: from, reason: format!("{reason:?}") };
+                    self.fail_send(msg, err, false);
+                }
+            }
+            _ => self.violation(from, format!("ABORT for unknown message {msg}")),
+        }
+    }
+
+    /// A copy of send `msg` finished: a PUT or COOPERATE piece, or the fill of SHM chunk
+    /// `chunk`.
+    pub(super) fn on_send_copy_done(&mut self, msg: MsgId, chunk: Option<StagedChunk>, result: Result<(), String>) {
+        let Some(s) = self.sends.get_mut(&msg) else { return };
+        s.pending -= 1;
+        if result.is_err() || s.error.is_some() {
+            // A fill that will not be announced: the receiver never reads its slot.
+            if let Some(c) = chunk {
+                let to = s.to;
+                self.free_slot(to, c.slot);
+            }
+        }
+        if let Err(what) = result {
+            return self.fail_send(msg, ProtoError::CopyFailed { what }, true);
+        }
+        let Some(s) = self.sends.get_mut(&msg) else { return };
+        if s.error.is_some() {
+            return self.try_finish_send(msg);
+        }
+        match chunk {
+            Some(c) => self.on_chunk_filled(msg, c),
+            None => self.try_finish_send(msg),
+        }
+    }
+
+    /// PUT and COOPERATE senders finish when their copies are done (and, for
+    /// COOPERATE, the receiver's COOKIE arrived); failed sends when no copy runs.
+    fn try_finish_send(&mut self, msg: MsgId) {
+        let Some(s) = self.sends.get(&msg) else { return };
+        if s.pending > 0 {
+            return;
+        }
+        if s.error.is_some() {
+            return self.finish_send(msg);
+        }
+        let ready = match s.proto {
+            Some(Protocol::Put) => true,
+            Some(Protocol::Coop) => s.cookie,
+            _ => false,
+        };
+        if ready {
+            let to = s.to;
+            self.send(to, Packet::Done { msg, dir: Dir::ToReceiver });
+            self.finish_send(msg);
+        }
+    }
+
+    /// Completes the user's request of send `msg`, once (SHM completes it before the
+    /// transfer ends, so this is called again at the end).
+    pub(super) fn complete_send_request(&mut self, msg: MsgId) {
+        let s = self.sends.get_mut(&msg).expect("live send");
+        if s.completed {
+            return;
+        }
+        s.completed = true;
+        let (req, result) = match &s.error {
+            Some(e) => (s.req, Err(e.clone())),
+            None => (s.req, Ok(Status { source: s.to, tag: s.tag, len: s.buf.len })),
+        };
+        self.complete(req, result);
+    }
+
+    /// Ends a send: completes its request (with its error, if any) and releases its
+    /// SHM ring, unless copies still run (it then ends at the last one).
+    pub(super) fn finish_send(&mut self, msg: MsgId) {
+        let Some(s) = self.sends.get(&msg) else { return };
+        if s.pending > 0 {
+            return;
+        }
+        self.complete_send_request(msg);
+        let s = self.sends.remove(&msg).expect("live send");
+        self.sends_to[s.to as usize] -= 1;
+        if s.proto == Some(Protocol::Shm) {
+            if let Some(ring) = self.shm_rings.get_mut(&s.to) {
+                ring.queue.retain(|m| *m != msg);
+            }
+        }
+    }
+
+    /// Fails send `msg` with `err` (the first error stands), telling the receiver if
+    /// `notify`; it ends once its copies stop.
+    pub(super) fn fail_send(&mut self, msg: MsgId, err: ProtoError, notify: bool) {
+        let Some(s) = self.sends.get_mut(&msg) else { return };
+        if s.error.is_none() {
+            s.error = Some(err);
+            if notify {
+                let to = s.to;
+                self.send(to, Packet::Abort { msg, reason: AbortReason::CopyFailed, dir: Dir::ToReceiver });
+            }
+        }
+        self.finish_send(msg);
+    }
+}
