@@ -13,8 +13,11 @@
 //! - [`matching`]: MPI matching (source, tag, wildcards, non-overtaking order).
 //! - [`policy`]: which protocol moves a message, and why.
 //! - [`engine`]: the per-rank protocol engine.
+//! - [`gio`]: GIO device queues of the internode path: packet format, producer, consumer,
+//!   completions, fence and quiet.
 
 pub mod engine;
+pub mod gio;
 pub mod matching;
 pub mod policy;
 pub mod wire;
