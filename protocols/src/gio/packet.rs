@@ -26,6 +26,7 @@
 //! | 6               | - | - | - | - | - | - | - |
 //! | 7 cookie        | cookie | cookie | cookie | cookie | cookie | cookie | cookie |
 //!
+//! A NOP reads only the cookie.
 //! Every word is written by the **producer** (a host thread, or a GPU thread block) and
 //! read by the **proxy**. Local addresses are the producer's own (host or device, as
 //! `SRC_DEVICE`/`DST_DEVICE` say); remote offsets are offsets into the target's window
@@ -243,13 +244,21 @@ pub enum AmoOp {
 /// which). Addresses are the producer's; offsets are into the target's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// Nothing.
     Nop,
+    /// Send the `size` bytes of an encoded control packet at `src` (host memory).
     Ctrl { src: u64, size: u64 },
+    /// Send `size` bytes at `src` under transfer tag `tag`.
     Send { src: u64, size: u64, tag: u64 },
+    /// Receive up to `size` bytes into `dst` under transfer tag `tag`.
     Recv { dst: u64, size: u64, tag: u64 },
+    /// Write `size` bytes at `src` to `dst_offset` in the target's window.
     Put { src: u64, dst_offset: u64, size: u64 },
+    /// PUT, then update the 8-byte word at `signal_offset` with `signal_value`.
     PutSignal { src: u64, dst_offset: u64, size: u64, signal_offset: u64, signal_value: u64, signal_op: SignalOp },
+    /// Read `size` bytes at `src_offset` in the target's window into `dst`.
     Get { dst: u64, src_offset: u64, size: u64 },
+    /// A 64-bit atomic on the word at `offset`; the old value goes to `result` (0: none).
     Amo { amo: AmoOp, offset: u64, operand: u64, compare: u64, result: u64 },
 }
 

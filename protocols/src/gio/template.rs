@@ -15,8 +15,7 @@
 //! business, as they are for `MPI_Isend`. Windows are the target's memory, which a
 //! producer must never reach outside of.
 
-use super::Op;
-use super::{OpCode, Packet, RawPacket, MAX_TARGET};
+use super::{AmoOp, Op, OpCode, Packet, RawPacket, MAX_TARGET};
 use crate::Rank;
 
 /// A target's registered window: the memory that one-sided ops address by offset.
@@ -197,9 +196,8 @@ impl TemplateTable {
         }
         let template = self.get(target).ok_or(BadPacket::TargetOutOfRange { target, templates: self.len() })?;
         let window = match template.window {
-            Some(w) => w,
             None if op.one_sided() => return Err(BadPacket::NoWindow { op, target }),
-            None => Window { id: 0, base: 0, size: 0 },
+            window => window,
         };
         let limits = &self.limits;
         let local = |addr: u64, size: u64| match addr.checked_add(size) {
@@ -214,9 +212,10 @@ impl TemplateTable {
             true => Ok(()),
             false => Err(BadPacket::TagTooLarge { tag, limit: limits.max_tag }),
         };
-        let inside = |offset: u64, size: u64| match window.address_of(offset, size) {
-            Some(_) => Ok(()),
-            None => Err(BadPacket::OutOfWindow { op, target, offset, size, window: window.size }),
+        let inside = |offset: u64, size: u64| match window.map(|w| (w.size, w.address_of(offset, size))) {
+            Some((_, Some(_))) => Ok(()),
+            Some((window, None)) => Err(BadPacket::OutOfWindow { op, target, offset, size, window }),
+            None => unreachable!("one-sided ops have a window (checked above)"),
         };
         let word = |offset: u64| match offset % 8 {
             0 => inside(offset, 8),
@@ -252,7 +251,7 @@ impl TemplateTable {
             Op::Amo { amo, offset, result, .. } => {
                 word(offset)?;
                 match (amo, result) {
-                    (super::AmoOp::Fetch, 0) => return Err(BadPacket::NoResultAddress),
+                    (AmoOp::Fetch, 0) => return Err(BadPacket::NoResultAddress),
                     (_, 0) => {}
                     (_, r) => local(r, 8)?,
                 }
