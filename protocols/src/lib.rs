@@ -13,11 +13,14 @@
 //! - [`matching`]: MPI matching (source, tag, wildcards, non-overtaking order).
 //! - [`policy`]: which protocol moves a message, and why.
 //! - [`engine`]: the per-rank protocol engine.
+//! - [`gio`]: GIO device queues of the internode path: packet format, producer, consumer,
+//!   completions, fence and quiet.
 
 // Pure state machines: nothing here needs unsafe, and it stays so.
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod gio;
 pub mod matching;
 pub mod policy;
 pub mod wire;
