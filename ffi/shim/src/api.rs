@@ -59,6 +59,10 @@ pub extern "C" fn gpulmt_mpi_free(ptr: *mut c_void) -> c_int {
 
 /// Copies `bytes` between any two buffers, host or device, and waits: 0 on success.
 /// Without an active shim, a plain memcpy of host memory.
+///
+/// # Safety
+/// `dst` and `src` are each valid for `bytes` bytes (host memory, or device memory of this
+/// process: from `gpulmt_mpi_alloc` or CUDA), and the two ranges do not overlap.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_mpi_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize) -> c_int {
     match with(|s| s.ctx.copy_sync(dst as usize, src as usize, bytes)) {
@@ -78,6 +82,9 @@ pub unsafe extern "C" fn gpulmt_mpi_memcpy(dst: *mut c_void, src: *const c_void,
 }
 
 /// Copies the shim's counters to `*out`: 0 on success, -1 when not active.
+///
+/// # Safety
+/// `out` is NULL or valid for writes of a `gpulmt_mpi_counters`.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_mpi_get_counters(out: *mut gpulmt_mpi_counters) -> c_int {
     match with(|s| {

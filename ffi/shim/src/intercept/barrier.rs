@@ -9,6 +9,11 @@ use super::completion::MPI_Wait;
 use super::{active, progress_idle};
 use crate::raw::*;
 
+/// `MPI_Barrier`: while the shim has transfers running, a non-blocking barrier waited for with
+/// progress.
+///
+/// # Safety
+/// As `MPI_Barrier`: `comm` is a valid communicator.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Barrier(comm: MPI_Comm) -> c_int {
     if !active() || progress_idle() {

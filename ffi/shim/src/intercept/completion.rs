@@ -19,6 +19,10 @@ use crate::state::errored;
 /// shim request that failed, MPI would hand the error to MPI_COMM_WORLD's handler
 /// (a generalized request has no communicator): that handler is set aside for the
 /// call, and the failed request's communicator's handler gets the error instead.
+///
+/// # Safety
+/// `reqs` is NULL or holds `n` request handles, and `call` is a completion call of the MPI
+/// library on them (safe to run with the arguments it captured).
 unsafe fn complete(reqs: *const MPI_Request, n: c_int, call: impl FnOnce() -> c_int) -> c_int {
     let comm = {
         let e = errored();
@@ -45,6 +49,11 @@ unsafe fn complete(reqs: *const MPI_Request, n: c_int, call: impl FnOnce() -> c_
     }
 }
 
+/// `MPI_Wait`: while the shim has transfers running, tests with its progress in between.
+///
+/// # Safety
+/// As `MPI_Wait`: `request` points to a request handle, and `status` is `MPI_STATUS_IGNORE` or
+/// valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Wait(request: *mut MPI_Request, status: *mut MPI_Status) -> c_int {
     loop {
@@ -61,6 +70,11 @@ pub unsafe extern "C" fn MPI_Wait(request: *mut MPI_Request, status: *mut MPI_St
     }
 }
 
+/// `MPI_Test`, after a round of the shim's progress.
+///
+/// # Safety
+/// As `MPI_Test`: `request` points to a request handle, `flag` is valid for writes, and
+/// `status` is `MPI_STATUS_IGNORE` or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Test(request: *mut MPI_Request, flag: *mut c_int, status: *mut MPI_Status) -> c_int {
     if active() {
@@ -70,6 +84,11 @@ pub unsafe extern "C" fn MPI_Test(request: *mut MPI_Request, flag: *mut c_int, s
     unsafe { complete(request, 1, || PMPI_Test(request, flag, status)) }
 }
 
+/// `MPI_Waitall`: while the shim has transfers running, tests with its progress in between.
+///
+/// # Safety
+/// As `MPI_Waitall`: `requests` holds `count` request handles, and `statuses` is
+/// `MPI_STATUSES_IGNORE` or has room for `count` statuses.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Waitall(count: c_int, requests: *mut MPI_Request, statuses: *mut MPI_Status) -> c_int {
     loop {
@@ -86,6 +105,11 @@ pub unsafe extern "C" fn MPI_Waitall(count: c_int, requests: *mut MPI_Request, s
     }
 }
 
+/// `MPI_Testall`, after a round of the shim's progress.
+///
+/// # Safety
+/// As `MPI_Testall`: `requests` holds `count` request handles, `flag` is valid for writes,
+/// and `statuses` is `MPI_STATUSES_IGNORE` or has room for `count` statuses.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Testall(
     count: c_int,
@@ -100,6 +124,11 @@ pub unsafe extern "C" fn MPI_Testall(
     unsafe { complete(requests, count, || PMPI_Testall(count, requests, flag, statuses)) }
 }
 
+/// `MPI_Waitany`: while the shim has transfers running, tests with its progress in between.
+///
+/// # Safety
+/// As `MPI_Waitany`: `requests` holds `count` request handles, `index` is valid for writes,
+/// and `status` is `MPI_STATUS_IGNORE` or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Waitany(
     count: c_int,
@@ -121,6 +150,11 @@ pub unsafe extern "C" fn MPI_Waitany(
     }
 }
 
+/// `MPI_Testany`, after a round of the shim's progress.
+///
+/// # Safety
+/// As `MPI_Testany`: `requests` holds `count` request handles, `index` and `flag` are valid
+/// for writes, and `status` is `MPI_STATUS_IGNORE` or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Testany(
     count: c_int,
@@ -136,6 +170,12 @@ pub unsafe extern "C" fn MPI_Testany(
     unsafe { complete(requests, count, || PMPI_Testany(count, requests, index, flag, status)) }
 }
 
+/// `MPI_Waitsome`: while the shim has transfers running, tests with its progress in between.
+///
+/// # Safety
+/// As `MPI_Waitsome`: `requests` holds `incount` request handles, `outcount` is valid for
+/// writes, `indices` has room for `incount` ints, and `statuses` is `MPI_STATUSES_IGNORE`
+/// or has room for `incount` statuses.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Waitsome(
     incount: c_int,
@@ -161,6 +201,12 @@ pub unsafe extern "C" fn MPI_Waitsome(
     }
 }
 
+/// `MPI_Testsome`, after a round of the shim's progress.
+///
+/// # Safety
+/// As `MPI_Testsome`: `requests` holds `incount` request handles, `outcount` is valid for
+/// writes, `indices` has room for `incount` ints, and `statuses` is `MPI_STATUSES_IGNORE`
+/// or has room for `incount` statuses.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Testsome(
     incount: c_int,

@@ -65,6 +65,10 @@ unsafe fn direct_done(status: *mut MPI_Status, st: &MPI_Status, rc: c_int) -> c_
 /// its first bytes kept aside to be put back should one arrive; a smaller one receives
 /// into the `landing` buffer (`recv_landing`), or where there is none, takes a matched
 /// probe and a receive.
+///
+/// # Safety
+/// The caller's `MPI_Recv` arguments (see `MPI_Recv`), into a contiguous host buffer of
+/// `cap` bytes; `landing` is this thread's landing buffer (`hostmem::landing`).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 pub(super) unsafe fn recv_direct(
@@ -137,6 +141,9 @@ pub(super) unsafe fn recv_direct(
 /// (`scratch`): one receive, not a matched probe and a receive, which cost Open MPI
 /// about 0.2 us more; the data is copied out. Inline: the fast path of small host
 /// receives.
+///
+/// # Safety
+/// As [`recv_direct`], with `cap` below `ENVELOPE_BYTES` and a landing buffer.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) unsafe fn recv_landing(
@@ -201,6 +208,9 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
 }
 
 /// Marks a direct receive truncated and reports it to the communicator's handler.
+///
+/// # Safety
+/// `comm` is a valid communicator.
 #[cold]
 unsafe fn truncated(comm: MPI_Comm, st: &mut MPI_Status) -> c_int {
     st.MPI_ERROR = ERR_TRUNCATE;
@@ -210,6 +220,10 @@ unsafe fn truncated(comm: MPI_Comm, st: &mut MPI_Status) -> c_int {
 
 /// Hands a message of an envelope's size that a direct receive took (`st`, `bytes`) to
 /// the shim (`Shim::deliver_direct`), and waits for the receive it completes.
+///
+/// # Safety
+/// The caller's `MPI_Recv` arguments (see `MPI_Recv`); `st` and `bytes` are the message the
+/// direct receive took.
 #[allow(clippy::too_many_arguments)]
 #[cold]
 unsafe fn deliver(

@@ -41,6 +41,10 @@ fn start() {
     }
 }
 
+/// `MPI_Init`: initializes the MPI library (`PMPI_Init`), then starts the shim.
+///
+/// # Safety
+/// As `MPI_Init`: `argc` and `argv` are NULL or point to `main`'s arguments.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
     // SAFETY: the caller's arguments, passed on.
@@ -51,6 +55,11 @@ pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char)
     rc
 }
 
+/// `MPI_Init_thread`: initializes the MPI library (`PMPI_Init_thread`), then starts the shim.
+///
+/// # Safety
+/// As `MPI_Init_thread`: `argc` and `argv` are NULL or point to `main`'s arguments, and
+/// `provided` is valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Init_thread(
     argc: *mut c_int,
@@ -66,6 +75,12 @@ pub unsafe extern "C" fn MPI_Init_thread(
     rc
 }
 
+/// `MPI_Finalize`: lets the shim's transfers finish and releases gpulmt (collectively over
+/// the node), then finalizes the MPI library.
+///
+/// # Safety
+/// As `MPI_Finalize`: MPI is initialized and not yet finalized, and no other thread of the
+/// process is in an MPI call.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Finalize() -> c_int {
     if ACTIVE.swap(false, Ordering::AcqRel) {

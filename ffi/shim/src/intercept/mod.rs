@@ -68,6 +68,9 @@ fn wait_op(id: u64) -> Done {
 
 /// Reports an error the shim found itself to the communicator's error handler (which
 /// aborts under MPI_ERRORS_ARE_FATAL), and returns it.
+///
+/// # Safety
+/// `comm` is a valid communicator.
 unsafe fn raise(comm: MPI_Comm, code: c_int) -> c_int {
     if code != SUCCESS {
         // SAFETY: the user's communicator.

@@ -9,6 +9,12 @@ use mpi_sys::{MPI_Comm, MPI_Status, PMPI_Iprobe, PMPI_Probe};
 use super::{active, with};
 use crate::raw::*;
 
+/// `MPI_Iprobe`: whether a receive of (`source`, `tag`, `comm`) would get a message now, and its
+/// status, with the payload's size for an envelope.
+///
+/// # Safety
+/// As `MPI_Iprobe`: `comm` is a valid communicator, `flag` is valid for writes, and `status`
+/// is `MPI_STATUS_IGNORE` or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Iprobe(
     source: c_int,
@@ -37,6 +43,11 @@ pub unsafe extern "C" fn MPI_Iprobe(
     }
 }
 
+/// `MPI_Probe`: [`MPI_Iprobe`] until a message is there (the shim's progress runs meanwhile).
+///
+/// # Safety
+/// As `MPI_Probe`: `comm` is a valid communicator, and `status` is `MPI_STATUS_IGNORE` or
+/// valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Probe(source: c_int, tag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
     if !active() || source == proc_null() {

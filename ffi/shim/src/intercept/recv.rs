@@ -23,6 +23,13 @@ fn host_recv_ready(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Option
     hostmem::recv_ready(buf as usize, count, dt)
 }
 
+/// `MPI_Recv`: a contiguous host buffer while the shim is idle receives through the MPI
+/// library directly; otherwise the shim matches the receive (an envelope's payload comes
+/// through gpulmt, other data from the MPI library).
+///
+/// # Safety
+/// As `MPI_Recv`: `buf` has room for `count` elements of `dt`, `dt` and `comm` are valid
+/// handles, and `status` is `MPI_STATUS_IGNORE` or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Recv(
     buf: *mut c_void,
@@ -57,6 +64,10 @@ pub unsafe extern "C" fn MPI_Recv(
 
 /// A blocking receive that is not a small host receive the fast path takes itself:
 /// `ready` is what `host_recv_ready` found. Out of line, like `send_blocking`.
+///
+/// # Safety
+/// The caller's `MPI_Recv` arguments (see [`MPI_Recv`]); `ready` is what `host_recv_ready`
+/// found for them.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 unsafe fn recv_blocking(
@@ -100,6 +111,13 @@ unsafe fn recv_blocking(
     }
 }
 
+/// `MPI_Irecv`: posted to the shim, which matches it in post order; the request is a
+/// generalized request the shim completes.
+///
+/// # Safety
+/// As `MPI_Irecv`: `buf` has room for `count` elements of `dt` and stays valid (and unused by
+/// the program) until the request completes, `dt` and `comm` are valid handles, and
+/// `request` is valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Irecv(
     buf: *mut c_void,

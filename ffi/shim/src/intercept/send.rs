@@ -56,6 +56,9 @@ fn send_passes(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int) 
 
 /// A blocking send of an active shim that `send_passes` did not let through: a host
 /// buffer (`host_ready`) still goes to the library, anything else to `send_blocking`.
+///
+/// # Safety
+/// The caller's `MPI_Send` arguments (see [`MPI_Send`]), with the shim active.
 #[inline(never)]
 unsafe fn send_checked<const SYNC: bool>(
     buf: *const c_void,
@@ -80,6 +83,9 @@ type PmpiIsend =
 
 /// A blocking send of an active shim that is not a host send the shim may leave to
 /// the library without its lock: decided under the lock.
+///
+/// # Safety
+/// The caller's `MPI_Send` arguments (see [`MPI_Send`]), with the shim active.
 #[inline(never)]
 unsafe fn send_blocking(
     buf: *const c_void,
@@ -133,6 +139,12 @@ unsafe fn send_blocking(
     unsafe { raise(comm, d.error) }
 }
 
+/// The non-blocking sends, `MPI_Isend` and (with `sync`) `MPI_Issend`: a contiguous device
+/// buffer is the shim's (a generalized request in `*request`), anything else goes to the
+/// MPI library.
+///
+/// # Safety
+/// The caller's `MPI_Isend` arguments (see [`MPI_Isend`]).
 #[allow(clippy::too_many_arguments)]
 unsafe fn send_nonblocking(
     buf: *const c_void,
@@ -182,6 +194,11 @@ unsafe fn send_nonblocking(
     }
 }
 
+/// `MPI_Send`: a contiguous device buffer to a rank of this node moves through gpulmt (an
+/// envelope, then the transfer); anything else goes to `PMPI_Send`.
+///
+/// # Safety
+/// As `MPI_Send`: `buf` holds `count` elements of `dt`, and `dt` and `comm` are valid handles.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Send(
     buf: *const c_void,
@@ -199,6 +216,10 @@ pub unsafe extern "C" fn MPI_Send(
     unsafe { send_checked::<false>(buf, count, dt, dest, tag, comm) }
 }
 
+/// `MPI_Ssend`: as [`MPI_Send`], completing once the receive has matched.
+///
+/// # Safety
+/// As `MPI_Ssend`: `buf` holds `count` elements of `dt`, and `dt` and `comm` are valid handles.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Ssend(
     buf: *const c_void,
@@ -217,6 +238,12 @@ pub unsafe extern "C" fn MPI_Ssend(
     unsafe { send_checked::<true>(buf, count, dt, dest, tag, comm) }
 }
 
+/// `MPI_Isend`: as [`MPI_Send`], without blocking; a device send's request is a generalized
+/// request the shim completes.
+///
+/// # Safety
+/// As `MPI_Isend`: `buf` holds `count` elements of `dt` and stays valid and unchanged until the
+/// request completes, `dt` and `comm` are valid handles, and `request` is valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Isend(
     buf: *const c_void,
@@ -231,6 +258,11 @@ pub unsafe extern "C" fn MPI_Isend(
     unsafe { send_nonblocking(buf, count, dt, dest, tag, comm, request, false) }
 }
 
+/// `MPI_Issend`: as [`MPI_Isend`], completing once the receive has matched.
+///
+/// # Safety
+/// As `MPI_Issend`: `buf` holds `count` elements of `dt` and stays valid and unchanged until the
+/// request completes, `dt` and `comm` are valid handles, and `request` is valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Issend(
     buf: *const c_void,

@@ -11,6 +11,11 @@ use super::recv::MPI_Irecv;
 use super::send::MPI_Isend;
 use crate::raw::*;
 
+/// `MPI_Sendrecv`: the shim's [`MPI_Irecv`] and [`MPI_Isend`], then [`MPI_Waitall`].
+///
+/// # Safety
+/// As `MPI_Sendrecv`: the send arguments as for `MPI_Send`, the receive arguments and
+/// `status` as for `MPI_Recv`, and the two buffers do not overlap.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Sendrecv(
     sendbuf: *const c_void,

@@ -24,7 +24,7 @@
 //! (`MPI_Iprobe` to look, `MPI_Improbe` on the concrete source and tag to take).
 //!
 //! This module holds the [`Shim`] itself and its counters; the rest, by idea:
-//! - [`lock`]: the global shim behind its lock, and the busy flag the host fast paths
+//! - [`lock`](mod@lock): the global shim behind its lock, and the busy flag the host fast paths
 //!   read without it;
 //! - [`setup`]: joining the node's gpulmt job at `MPI_Init`, leaving it at
 //!   `MPI_Finalize`;
