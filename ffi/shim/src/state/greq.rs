@@ -41,6 +41,12 @@ pub fn errored() -> MutexGuard<'static, Vec<Errored>> {
     ERRORED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// MPI's `query_fn` of the shim's generalized requests: the status the shim wrote before
+/// it completed the request.
+///
+/// # Safety
+/// `extra` is the `GreqState` given to `MPI_Grequest_start` (`Shim::new_op`), not yet freed,
+/// and `status` is valid for writes; MPI calls it so.
 pub(super) unsafe extern "C" fn query_fn(extra: *mut c_void, status: *mut MPI_Status) -> c_int {
     // SAFETY: our GreqState, alive until free_fn.
     let d = unsafe { (*(extra as *const GreqState)).done };
@@ -49,6 +55,12 @@ pub(super) unsafe extern "C" fn query_fn(extra: *mut c_void, status: *mut MPI_St
     d.error
 }
 
+/// MPI's `free_fn`: frees the request's `GreqState` and forgets it among the failed
+/// requests.
+///
+/// # Safety
+/// `extra` is the `GreqState` given to `MPI_Grequest_start`, freed by no one else; MPI
+/// calls it once per request.
 pub(super) unsafe extern "C" fn free_fn(extra: *mut c_void) -> c_int {
     errored().retain(|e| e.state != extra as usize);
     // SAFETY: the Box made in new_op; MPI calls free_fn once.
@@ -56,6 +68,12 @@ pub(super) unsafe extern "C" fn free_fn(extra: *mut c_void) -> c_int {
     SUCCESS
 }
 
+/// MPI's `cancel_fn`: cancels the operation of a request that has not completed (a
+/// receive no message was matched to; other operations go on).
+///
+/// # Safety
+/// `extra` is the `GreqState` given to `MPI_Grequest_start`, not yet freed; MPI calls it
+/// so (before `free_fn`).
 pub(super) unsafe extern "C" fn cancel_fn(extra: *mut c_void, complete: c_int) -> c_int {
     if complete != 0 {
         return SUCCESS;
