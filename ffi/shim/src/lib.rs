@@ -3,8 +3,11 @@
 //! the sim backend's shared memory):
 //!
 //! ```text
-//! mpirun -x LD_PRELOAD=/path/to/libgpulmt_mpi.so ./app
+//! mpirun -np 2 -x LD_PRELOAD=/path/to/libgpulmt_mpi.so ./app
 //! ```
+//!
+//! (Open MPI as root, as in containers, also wants `--allow-run-as-root`, and more ranks
+//! than cores `--oversubscribe`; README.md has the details and a sim example.)
 //!
 //! The shim defines the MPI functions below; each calls the MPI library's `PMPI_*`
 //! entry point for what it does not handle itself:

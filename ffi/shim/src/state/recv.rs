@@ -37,8 +37,9 @@ impl Shim {
     }
 
     /// Whether a blocking receive into `buf` may go straight to the MPI library (see
-    /// `recv_direct` in lib.rs): a contiguous host buffer while no shim operation or
-    /// stashed message could claim the next message first. Returns its bytes then.
+    /// `recv_direct` in intercept/direct_recv.rs): a contiguous host buffer while no shim
+    /// operation or stashed message could claim the next message first. Returns its bytes
+    /// then.
     pub fn direct_recv_bytes(&mut self, buf: usize, count: c_int, dtype: MPI_Datatype) -> Option<usize> {
         if !self.quiet() {
             return None;
