@@ -28,6 +28,7 @@ pub(crate) use direct_recv::DIRECT_HOST_RECVS;
 /// that lets every call pass straight through when it is not.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
+/// Whether the shim is active ([`ACTIVE`]).
 #[inline(always)]
 pub(crate) fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
