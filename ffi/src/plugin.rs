@@ -373,6 +373,9 @@ mod tests {
     use std::ptr::{null, null_mut};
 
     /// A `send_blob` that reports a broken channel.
+    ///
+    /// # Safety
+    /// None: it reads no argument (`unsafe` only to match the callback's type).
     unsafe extern "C" fn broken(_: *mut c_void, _: c_int, _: *const c_void, _: usize) -> c_int {
         -1
     }

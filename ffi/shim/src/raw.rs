@@ -13,52 +13,35 @@ pub const ERR_INTERN: c_int = MPI_ERR_INTERN as c_int;
 pub const ERR_TYPE: c_int = MPI_ERR_TYPE as c_int;
 pub const ERR_COUNT: c_int = MPI_ERR_COUNT as c_int;
 
-// SAFETY (all accessors below): rsmpi's constants are immutable statics defined in C
-// from the MPI library's own constants; reading them has no precondition.
-pub fn comm_world() -> MPI_Comm {
-    unsafe { RSMPI_COMM_WORLD }
+/// Defines `pub fn $name() -> $ty` reading rsmpi's static `$konst`.
+macro_rules! mpi_constants {
+    ($($name:ident: $ty:ty = $konst:ident;)*) => {$(
+        #[doc = concat!("`", stringify!($konst), "`, as the MPI library defines it.")]
+        pub fn $name() -> $ty {
+            // SAFETY: rsmpi's constants are immutable statics, initialized in C from the MPI
+            // library's own constants before any Rust code runs; reading one has no
+            // precondition.
+            unsafe { $konst }
+        }
+    )*};
 }
-pub fn comm_null() -> MPI_Comm {
-    unsafe { RSMPI_COMM_NULL }
-}
-pub fn group_null() -> MPI_Group {
-    unsafe { RSMPI_GROUP_NULL }
-}
-pub fn byte() -> MPI_Datatype {
-    unsafe { RSMPI_UINT8_T }
-}
-pub fn int32() -> MPI_Datatype {
-    unsafe { RSMPI_INT32_T }
-}
-pub fn op_min() -> MPI_Op {
-    unsafe { RSMPI_MIN }
-}
-pub fn any_source() -> c_int {
-    unsafe { RSMPI_ANY_SOURCE }
-}
-pub fn any_tag() -> c_int {
-    unsafe { RSMPI_ANY_TAG }
-}
-pub fn proc_null() -> c_int {
-    unsafe { RSMPI_PROC_NULL }
-}
-pub fn undefined() -> c_int {
-    unsafe { RSMPI_UNDEFINED }
-}
-pub fn comm_type_shared() -> c_int {
-    unsafe { RSMPI_COMM_TYPE_SHARED }
-}
-pub fn info_null() -> MPI_Info {
-    unsafe { RSMPI_INFO_NULL }
-}
-pub fn request_null() -> MPI_Request {
-    unsafe { RSMPI_REQUEST_NULL }
-}
-pub fn message_null() -> MPI_Message {
-    unsafe { RSMPI_MESSAGE_NULL }
-}
-pub fn status_ignore() -> *mut MPI_Status {
-    unsafe { RSMPI_STATUS_IGNORE }
+
+mpi_constants! {
+    comm_world: MPI_Comm = RSMPI_COMM_WORLD;
+    comm_null: MPI_Comm = RSMPI_COMM_NULL;
+    group_null: MPI_Group = RSMPI_GROUP_NULL;
+    byte: MPI_Datatype = RSMPI_UINT8_T;
+    int32: MPI_Datatype = RSMPI_INT32_T;
+    op_min: MPI_Op = RSMPI_MIN;
+    any_source: c_int = RSMPI_ANY_SOURCE;
+    any_tag: c_int = RSMPI_ANY_TAG;
+    proc_null: c_int = RSMPI_PROC_NULL;
+    undefined: c_int = RSMPI_UNDEFINED;
+    comm_type_shared: c_int = RSMPI_COMM_TYPE_SHARED;
+    info_null: MPI_Info = RSMPI_INFO_NULL;
+    request_null: MPI_Request = RSMPI_REQUEST_NULL;
+    message_null: MPI_Message = RSMPI_MESSAGE_NULL;
+    status_ignore: *mut MPI_Status = RSMPI_STATUS_IGNORE;
 }
 
 /// A zeroed status to be filled by the MPI library.

@@ -10,6 +10,9 @@
 //! reordered ranks). These tests assert that every rank finished
 //! clean, which path the shim took (its counters), and that /dev/shm is clean after.
 //!
+//! The shim's sim example, `examples/device_pingpong.c`, is built and run the same way
+//! (as its comment tells a user to), so that it cannot rot.
+//!
 //! Needs `mpicc` and `mpirun` (Open MPI; `.ci/run` installs them); without them the
 //! tests print why and pass without running anything.
 
@@ -54,29 +57,39 @@ fn shim_lib() -> PathBuf {
     lib
 }
 
-/// `tests/c/p2p.c`, compiled once with mpicc and strict warnings.
+/// Compiles the C program `source` (relative to this crate) with mpicc and strict
+/// warnings into the test directory as `name`.
+fn mpicc(name: &str, source: &str) -> PathBuf {
+    let dir = target_profile_dir().join("shim-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    let o = Command::new("mpicc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(crate_dir().join(source))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .expect("run mpicc");
+    assert!(
+        o.status.success(),
+        "mpicc {source} failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+/// `tests/c/p2p.c`, compiled once.
 fn p2p() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = target_profile_dir().join("shim-tests");
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join("p2p");
-        let o = Command::new("mpicc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-I"])
-            .arg(crate_dir().join("include"))
-            .arg(crate_dir().join("tests/c/p2p.c"))
-            .arg("-o")
-            .arg(&out)
-            .output()
-            .expect("run mpicc");
-        assert!(
-            o.status.success(),
-            "mpicc tests/c/p2p.c failed:\n{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        out
-    })
+    BIN.get_or_init(|| mpicc("p2p", "tests/c/p2p.c"))
+}
+
+/// `examples/device_pingpong.c`, compiled once.
+fn device_pingpong() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| mpicc("device_pingpong", "examples/device_pingpong.c"))
 }
 
 struct Run {
@@ -117,7 +130,7 @@ impl Run {
 
 /// Runs `prog args` under `mpirun -np N` with only the given GPULMT_* settings (plus
 /// GPULMT_DEVICE=sim), the shim preloaded if `preload`; kills it after 300 s.
-fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run {
+fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
     for (k, _) in std::env::vars_os() {
@@ -133,10 +146,11 @@ fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run 
     for (k, v) in &vars {
         cmd.arg("-x").arg(format!("{k}={v}"));
     }
-    cmd.arg(p2p()).args(args);
+    cmd.arg(prog).args(args);
     let what = format!(
-        "mpirun -np {np} {} p2p {}",
+        "mpirun -np {np} {} {} {}",
         vars.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        prog.file_name().unwrap_or_default().to_string_lossy(),
         args.join(" ")
     );
     let mut child =
@@ -175,10 +189,10 @@ fn mpirun(np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run 
     run
 }
 
-/// Runs the program and checks that it left no shared memory behind.
-fn clean_run(np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
+/// Runs `prog` with the shim and checks that it left no shared memory behind.
+fn clean_run(prog: &Path, np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
     let before = shm_entries("gpulmt-");
-    let run = mpirun(np, true, env, args);
+    let run = mpirun(prog, np, true, env, args);
     let left: Vec<String> = shm_entries("gpulmt-").into_iter().filter(|n| !before.contains(n)).collect();
     assert!(left.is_empty(), "/dev/shm objects left behind: {left:?}\n{}", run.dump());
     run
@@ -194,7 +208,7 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
     // MPI_THREAD_MULTIPLE the shim shares its host-message state between threads, with
     // it each thread has its own (hostmem.rs): both are run.
     for (np, args) in [(2, &[][..]), (3, &[][..]), (4, &["thread"][..]), (2, &["multiple"][..])] {
-        let run = clean_run(np, &[], args);
+        let run = clean_run(p2p(), np, &[], args);
         run.assert_all_ok(np);
         assert!(
             run.counter("lmt_sends") > 0 && run.counter("lmt_recvs") > 0,
@@ -214,7 +228,7 @@ fn device_messages_keep_mpi_semantics_when_control_rings_fill() {
         return;
     }
     let _lock = job_lock();
-    let run = clean_run(2, &[("GPULMT_RING_SLOTS", "4")], &[]);
+    let run = clean_run(p2p(), 2, &[("GPULMT_RING_SLOTS", "4")], &[]);
     run.assert_all_ok(2);
     assert!(run.counter("lmt_sends") >= 96, "the window's device messages did not go through gpulmt\n{}", run.dump());
 }
@@ -228,7 +242,7 @@ fn device_buffers_staged_through_host_memory_keep_mpi_semantics() {
     // Every device message below 1 GiB is staged: the path of device buffers sent to
     // ranks on other nodes.
     for np in [2, 4] {
-        let run = clean_run(np, &[("GPULMT_MPI_LMT_MIN", "1G")], &[]);
+        let run = clean_run(p2p(), np, &[("GPULMT_MPI_LMT_MIN", "1G")], &[]);
         run.assert_all_ok(np);
         assert_eq!(run.counter("lmt_sends"), 0, "{}", run.dump());
         assert!(run.counter("staged_sends") > 0 && run.counter("staged_recvs") > 0, "{}", run.dump());
@@ -243,8 +257,40 @@ fn the_program_runs_only_with_the_shim_active() {
     let _lock = job_lock();
     // Not preloaded, or preloaded and switched off: the program sees no shim and stops.
     for (preload, env) in [(false, &[][..]), (true, &[("GPULMT_MPI_DISABLE", "1")][..])] {
-        let run = mpirun(2, preload, env, &[]);
+        let run = mpirun(p2p(), 2, preload, env, &[]);
         assert_ne!(run.code, Some(0), "{}", run.dump());
         assert!(run.stderr.contains("the gpulmt shim is not active"), "{}", run.dump());
     }
+}
+
+/// The sim example a user builds and runs from its comment (README.md): device buffers
+/// from `gpulmt_mpi_alloc` on sim devices ping-pong between two ranks through gpulmt,
+/// every byte checked by the program; a third rank only takes part in the barriers.
+#[test]
+fn the_sim_example_pingpongs_device_buffers_through_gpulmt() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in [2, 3] {
+        let run = clean_run(device_pingpong(), np, &[], &["5"]);
+        assert_eq!(run.code, Some(0), "{}", run.dump());
+        assert!(!run.stderr.contains("FAIL"), "{}", run.dump());
+        // Both partners checked every round; each sent its 6 sizes x 5 rounds through gpulmt.
+        for r in 0..2 {
+            let line = run
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("rank {r} ok ")))
+                .unwrap_or_else(|| panic!("rank {r} did not finish clean\n{}", run.dump()));
+            assert!(line.contains("lmt_sends=30 lmt_recvs=30 staged_sends=0"), "rank {r}: {line}\n{}", run.dump());
+        }
+        // A latency row per size.
+        let rows = run.stdout.lines().filter(|l| l.split_whitespace().count() == 2 && !l.starts_with('#')).count();
+        assert_eq!(rows, 6, "{}", run.dump());
+    }
+    // Without the shim the program says what is missing.
+    let run = mpirun(device_pingpong(), 2, false, &[], &[]);
+    assert_ne!(run.code, Some(0), "{}", run.dump());
+    assert!(run.stderr.contains("LD_PRELOAD=/path/to/libgpulmt_mpi.so"), "{}", run.dump());
 }

@@ -3,7 +3,7 @@
  * plain MPI calls on buffers from gpulmt_mpi_alloc (device memory of the shim's
  * context: sim devices in CI, CUDA on GPUs) and malloc, with every byte checked.
  *
- * mpirun -np N -x LD_PRELOAD=libgpulmt_mpi.so -x GPULMT_DEVICE=sim ./p2p [thread]
+ * mpirun -np N [--allow-run-as-root --oversubscribe] -x LD_PRELOAD=libgpulmt_mpi.so -x GPULMT_DEVICE=sim ./p2p [thread]
  *
  * N >= 2; with "thread" the program starts MPI with MPI_Init_thread(FUNNELED), with
  * "multiple" with MPI_Init_thread(MULTIPLE) (the shim then keeps per-thread state).

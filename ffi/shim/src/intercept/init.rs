@@ -1,0 +1,94 @@
+//! Set-up and tear-down: `MPI_Init` and `MPI_Init_thread` start the shim after the MPI
+//! library is up (unless `GPULMT_MPI_DISABLE` is set); `MPI_Finalize` drains and
+//! releases it before the library goes.
+
+use std::ffi::{c_char, c_int};
+use std::sync::atomic::Ordering;
+
+use mpi_sys::{PMPI_Finalize, PMPI_Init, PMPI_Init_thread, PMPI_Query_thread};
+
+use super::ACTIVE;
+use crate::raw::*;
+use crate::state::{lock, Shim};
+use crate::{hostmem, raw};
+
+/// Installs the log subscriber before gpulmt does, with one difference to gpulmt's
+/// default (`GPULMT_LOG`, default `warn`): the sim backend's warning that a device
+/// buffer was freed while a peer still maps it is expected here (peers keep mappings
+/// cached, and gpulmt_mpi_free is not collective; CUDA behaves the same, silently),
+/// so without `GPULMT_LOG` only its errors show.
+fn init_logging() {
+    gpulmt::logging::init("warn,gpulmt::device::sim=error");
+}
+
+fn start() {
+    init_logging();
+    let off = std::env::var("GPULMT_MPI_DISABLE").is_ok_and(|v| !matches!(v.trim(), "" | "0"));
+    if off {
+        return;
+    }
+    raw::find_count_word();
+    let mut level = 0;
+    // SAFETY: a local out-pointer; MPI is initialized.
+    let known = unsafe { PMPI_Query_thread(&mut level) } == SUCCESS;
+    hostmem::set_serialized(known && level < mpi_sys::MPI_THREAD_MULTIPLE as c_int);
+    match Shim::init() {
+        Ok(s) => {
+            *lock() = Some(s);
+            ACTIVE.store(true, Ordering::Release);
+        }
+        Err(why) => eprintln!("gpulmt-mpi: shim disabled, device buffers go to the MPI library as they are: {why}"),
+    }
+}
+
+/// `MPI_Init`: initializes the MPI library (`PMPI_Init`), then starts the shim.
+///
+/// # Safety
+/// As `MPI_Init`: `argc` and `argv` are NULL or point to `main`'s arguments.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
+    // SAFETY: the caller's arguments, passed on.
+    let rc = unsafe { PMPI_Init(argc, argv) };
+    if rc == SUCCESS {
+        start();
+    }
+    rc
+}
+
+/// `MPI_Init_thread`: initializes the MPI library (`PMPI_Init_thread`), then starts the shim.
+///
+/// # Safety
+/// As `MPI_Init_thread`: `argc` and `argv` are NULL or point to `main`'s arguments, and
+/// `provided` is valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Init_thread(
+    argc: *mut c_int,
+    argv: *mut *mut *mut c_char,
+    required: c_int,
+    provided: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's arguments, passed on.
+    let rc = unsafe { PMPI_Init_thread(argc, argv, required, provided) };
+    if rc == SUCCESS {
+        start();
+    }
+    rc
+}
+
+/// `MPI_Finalize`: lets the shim's transfers finish and releases gpulmt (collectively over
+/// the node), then finalizes the MPI library.
+///
+/// # Safety
+/// As `MPI_Finalize`: MPI is initialized and not yet finalized, and no other thread of the
+/// process is in an MPI call.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Finalize() -> c_int {
+    if ACTIVE.swap(false, Ordering::AcqRel) {
+        let shim = lock().take();
+        if let Some(s) = shim {
+            s.finalize();
+        }
+    }
+    // SAFETY: no arguments.
+    unsafe { PMPI_Finalize() }
+}
