@@ -117,7 +117,7 @@ fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> 
         match opt {
             "-h" | "--help" => return Ok(Parsed::Help),
             "--config-table" => {
-                print!("{}", gpulmt::config::Config::markdown_table());
+                print!("{}", gpulmt::config::reference_markdown());
                 std::process::exit(0);
             }
             "--cleanup" => a.cleanup = true,
