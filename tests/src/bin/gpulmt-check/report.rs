@@ -1,5 +1,5 @@
 //! How a rank reports a failed check: one `FAIL:` line on stderr and exit status 1, at
-//! the first mismatch or unexpected result ([`fail`], [`ensure!`], [`OrFail`]).
+//! the first mismatch or unexpected result ([`fail`], `ensure!`, [`OrFail`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
