@@ -50,6 +50,13 @@ pub fn launcher() -> PathBuf {
     p
 }
 
+/// `target/<profile>/gpulmt-info`; panics with the command to build it.
+pub fn info_program() -> PathBuf {
+    let p = target_profile_dir().join("gpulmt-info");
+    assert!(p.is_file(), "{} is missing: run `cargo build --workspace --bins` first", p.display());
+    p
+}
+
 /// The rank program. Tests pass `env!("CARGO_BIN_EXE_gpulmt-check")`; this is the
 /// fallback next to the launcher.
 pub fn check_program(from_cargo: Option<&str>) -> PathBuf {

@@ -10,11 +10,11 @@ use std::collections::VecDeque;
 
 // Request ids and buffer ids are ours: a fast hasher is safe on this hot path.
 use rustc_hash::FxHashMap as HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpulmt_handles::{CacheLimits, ExportCache, FreeCommit, FreeMarks, HandleCache};
-use gpulmt_protocols::engine::{BufDesc, Engine, EngineConfig};
-use gpulmt_protocols::policy::{PolicyConfig, Protocol, ProtocolOverride};
+use gpulmt_protocols::engine::{BufDesc, Engine};
+use gpulmt_protocols::policy::Protocol;
 use gpulmt_protocols::wire::{Packet, Region, RegionMemo};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
@@ -96,10 +96,9 @@ impl JobInfo {
 /// Starts the copy server of this rank's device (`GPULMT_COPY_SERVER_MAX`); where it
 /// cannot run, small copies keep using the copy engine.
 fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device: DevId) {
-    let idle = Duration::from_micros(cfg.copy_server_idle_us);
-    match backend.enable_copy_server(device, cfg.copy_server_max as usize, idle) {
+    match backend.enable_copy_server(device, cfg.copy_server_max as usize, cfg.copy_server_idle) {
         Ok(()) => {
-            tracing::info!(device, max = cfg.copy_server_max, idle_us = cfg.copy_server_idle_us, "copy server enabled")
+            tracing::info!(device, max = cfg.copy_server_max, idle = ?cfg.copy_server_idle, "copy server enabled")
         }
         Err(device::DeviceError::Unsupported { backend, .. }) => {
             tracing::info!(?backend, "GPULMT_COPY_SERVER_MAX ignored: this backend has no copy server")
@@ -202,7 +201,7 @@ impl Context {
         let seg = if info.rank == 0 {
             JobSegment::create(&info.job, layout)?
         } else {
-            JobSegment::open(&info.job, Duration::from_millis(cfg.init_timeout_ms))?
+            JobSegment::open(&info.job, cfg.init_timeout)?
         };
         if seg.layout() != layout {
             return Err(Error::Bootstrap(format!(
@@ -215,8 +214,7 @@ impl Context {
         let node = node_id();
         seg.set_rank(info.rank as usize, std::process::id(), node, device);
         let me = info.rank as usize;
-        let init_timeout = Duration::from_millis(cfg.init_timeout_ms);
-        if let Err(e) = seg.barrier(me, init_timeout, || false) {
+        if let Err(e) = seg.barrier(me, cfg.init_timeout, || false) {
             seg.mark_state(me, RankState::Failed);
             return Err(e.into());
         }
@@ -249,25 +247,8 @@ impl Context {
             }
         }
 
-        let mut ecfg = EngineConfig::new(info.rank, info.size, ndev);
-        ecfg.node = node;
-        ecfg.eager_limit = cfg.eager_limit;
-        ecfg.device_eager_limit = cfg.device_eager_limit;
-        ecfg.policy = PolicyConfig {
-            mode: cfg.protocol,
-            coop_min: cfg.coop_min,
-            put_min: cfg.put_min,
-            bidir_put_min: cfg.bidir_put_min,
-            balance_max: cfg.balance_max,
-        };
-        // A forced protocol is the one that runs: no RTR offers then.
-        ecfg.rtr_put_max = if cfg.protocol == ProtocolOverride::Auto { cfg.rtr_put_max } else { 0 };
-        ecfg.chunk_size = cfg.chunk_size;
-        ecfg.depth = cfg.depth;
-        ecfg.copy_split = cfg.copy_split;
-        ecfg.lanes = cfg.lanes;
-        ecfg.coop_sender_permille = cfg.coop_sender_permille;
-        ecfg.peer_access = (0..ndev * ndev).map(|i| backend.can_access_peer(i / ndev, i % ndev)).collect();
+        let peer_access = (0..ndev * ndev).map(|i| backend.can_access_peer(i / ndev, i % ndev)).collect();
+        let ecfg = cfg.engine_config(info.rank, info.size, node, ndev, peer_access);
 
         let limits = if cfg.handle_cache {
             CacheLimits { max_entries: cfg.cache_entries, max_bytes: cfg.cache_bytes, enabled: true }
@@ -467,10 +448,10 @@ impl Context {
             // about to arrive (see `Engine::rtr_wait_begin`): pushing into it as soon as it
             // does beats an RTS, whose copy starts a ring hop and a match later.
             self.take_packets();
-            if self.cfg.rtr_wait_ns > 0 && self.engine.rtr_wait_begin(dst, tag, &desc) {
+            if !self.cfg.rtr_wait.is_zero() && self.engine.rtr_wait_begin(dst, tag, &desc) {
                 // The clock (25-50 ns a read on 2x H200's host, about a poll's own cost) is
                 // read every 16th poll only: the deadline is a heuristic's, not a promise.
-                let deadline = Instant::now() + Duration::from_nanos(self.cfg.rtr_wait_ns);
+                let deadline = Instant::now() + self.cfg.rtr_wait;
                 let mut polls = 0u32;
                 while !self.engine.rtr_ready(dst, tag, &desc) {
                     polls = polls.wrapping_add(1);
@@ -708,7 +689,7 @@ impl Context {
         let me = self.rank() as usize;
         let seg = &self.seg;
         let failed = || (0..seg.nranks()).any(|r| r != me && seg.rank_state(r) == RankState::Failed);
-        self.seg.barrier(me, Duration::from_millis(self.cfg.init_timeout_ms), failed)?;
+        self.seg.barrier(me, self.cfg.init_timeout, failed)?;
         self.seg.mark_state(me, RankState::Finalized);
         for (_, ptr) in self.allocations.drain() {
             if let Err(e) = self.backend.free(ptr) {

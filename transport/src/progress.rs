@@ -3,7 +3,7 @@
 //! peers dead). Everything here is I/O; every decision is in `gpulmt-protocols`.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpulmt_handles::CacheStats;
 use gpulmt_protocols::engine::{Action, CopyCmd, CopyEngine, Loc};
@@ -84,7 +84,7 @@ impl Context {
         self.polls_since_liveness += 1;
         if self.polls_since_liveness >= 256 {
             self.polls_since_liveness = 0;
-            if self.last_liveness.elapsed() >= Duration::from_millis(self.cfg.liveness_ms) {
+            if self.last_liveness.elapsed() >= self.cfg.liveness_interval {
                 self.check_liveness();
             }
         }

@@ -3,6 +3,7 @@
 //! ```text
 //! gpulmt-run -n N [--bind core|none] [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]
 //! gpulmt-run --cleanup
+//! gpulmt-run --config-table
 //! ```
 //!
 //! Starts N copies of `prog` with `GPULMT_JOB` (a fresh job id), `GPULMT_RANK`,
@@ -29,29 +30,18 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::error::ErrorKind;
+use clap::{ColorChoice, Parser, ValueEnum};
+
 use gpulmt::shm::job::{JobSegment, RankState, JOB_ENV, MAX_RANKS};
 use gpulmt::shm::segment::{
     cleanup_stale_jobs, cleanup_stale_sim_objects, remove_job_objects, remove_objects_with_prefix, SIM_PREFIX,
 };
 
-const USAGE: &str = "usage: gpulmt-run -n N [--bind core|none] [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]\n       gpulmt-run --cleanup";
+/// The synopsis, printed with every usage error and at the top of `--help`.
+const USAGE: &str = "usage: gpulmt-run -n N [--bind core|none] [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]\n       gpulmt-run --cleanup\n       gpulmt-run --config-table";
 
-const HELP: &str = "\
-Starts N ranks of a gpulmt job on this node.
-
-options:
-  -n, --np N            number of ranks (1..=1024)
-  --bind core|none      core (default): each rank on a core of its own, one thread per
-                        physical core first; no binding when the ranks outnumber the
-                        CPUs this launcher may use. none: the scheduler places them
-  --timeout SECS        kill the job after SECS seconds (fractions allowed); exit 124
-  --abort-grace-ms MS   after a rank fails, wait MS ms for the others to exit before
-                        terminating them (default 3000)
-  --cleanup             remove shared-memory leftovers of dead gpulmt jobs; alone, do
-                        only that
-  --config-table        print every GPULMT_* setting as a Markdown table
-  -h, --help            this help
-
+const ENVIRONMENT: &str = "\
 environment of each rank: GPULMT_JOB, GPULMT_RANK, GPULMT_SIZE, GPULMT_LOCAL_RANK,
 GPULMT_LOCAL_SIZE. Set GPULMT_LOG (e.g. debug) for the launcher's own logs.";
 
@@ -61,97 +51,76 @@ const POLL: Duration = Duration::from_millis(5);
 /// From SIGTERM to SIGKILL when we terminate ranks.
 const KILL_AFTER: Duration = Duration::from_secs(2);
 
-/// Command line.
-#[derive(Debug)]
+/// Where the ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Bind {
+    /// Each rank on a core of its own, one thread per physical core first; no binding
+    /// when the ranks outnumber the CPUs this launcher may use.
+    Core,
+    /// The scheduler places them.
+    None,
+}
+
+/// The command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpulmt-run",
+    about = "Starts N ranks of a gpulmt job on this node.",
+    override_usage = USAGE.trim_start_matches("usage: "),
+    after_help = ENVIRONMENT,
+    color = ColorChoice::Never,
+    disable_version_flag = true
+)]
 struct Args {
+    /// Number of ranks (1..=1024).
+    #[arg(short = 'n', long = "np", value_name = "N", value_parser = parse_n)]
     n: Option<usize>,
-    bind: bool,
+    /// core: each rank on a core of its own, one thread per physical core
+    /// first; no binding when the ranks outnumber the CPUs this launcher may use.
+    /// none: the scheduler places them.
+    #[arg(long, value_enum, value_name = "core|none", default_value = "core", hide_possible_values = true)]
+    bind: Bind,
+    /// Kill the job after SECS seconds (fractions allowed); exit 124.
+    #[arg(long, value_name = "SECS", value_parser = parse_timeout, allow_negative_numbers = true)]
     timeout: Option<Duration>,
+    /// After a rank fails, wait MS ms for the others to exit before terminating them.
+    #[arg(long = "abort-grace-ms", value_name = "MS", default_value = "3000", value_parser = parse_grace)]
     grace: Duration,
+    /// Remove shared-memory leftovers of dead gpulmt jobs; alone, do only that.
+    #[arg(long)]
     cleanup: bool,
+    /// Print the configuration reference (every GPULMT_* setting) in Markdown, as
+    /// docs/configuration.md holds it.
+    #[arg(long)]
+    config_table: bool,
+    /// The program each rank runs, and its arguments: options after the program are its
+    /// own, with or without `--`.
+    #[arg(value_name = "prog [args...]", trailing_var_arg = true)]
     prog: Vec<OsString>,
 }
 
+/// What the command line asks for.
 enum Parsed {
     Run(Args),
-    Help,
+    /// `--help`: clap's text, to print.
+    Help(String),
+    ConfigTable,
 }
 
-fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
-    let mut a = Args {
-        n: None,
-        bind: true,
-        timeout: None,
-        grace: Duration::from_millis(3000),
-        cleanup: false,
-        prog: Vec::new(),
+fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Parsed, String> {
+    let a = match Args::try_parse_from(std::iter::once(OsString::from("gpulmt-run")).chain(args)) {
+        Ok(a) => a,
+        Err(e) if e.kind() == ErrorKind::DisplayHelp => return Ok(Parsed::Help(e.to_string())),
+        // clap's message without its own usage lines: the caller prints ours.
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.split("\n\n").next().unwrap_or(&text);
+            return Err(first.trim_start_matches("error: ").trim().to_string());
+        }
     };
-    // The value of an option: `--opt=V` or the next argument.
-    fn value(name: &str, inline: Option<&str>, it: &mut dyn Iterator<Item = OsString>) -> Result<String, String> {
-        match inline {
-            Some(v) => Ok(v.to_owned()),
-            None => it
-                .next()
-                .ok_or_else(|| format!("{name} needs a value"))?
-                .into_string()
-                .map_err(|v| format!("{name}: value {v:?} is not UTF-8")),
-        }
+    if a.config_table {
+        return Ok(Parsed::ConfigTable);
     }
-    while let Some(arg) = it.next() {
-        let Some(s) = arg.to_str() else {
-            // Not UTF-8: cannot be one of our options, so it starts the program.
-            a.prog.push(arg);
-            break;
-        };
-        if !s.starts_with('-') || s == "-" {
-            a.prog.push(arg);
-            break;
-        }
-        if s == "--" {
-            break;
-        }
-        let (opt, inline) = match s.split_once('=') {
-            Some((o, v)) if o.starts_with("--") || o == "-n" => (o, Some(v)),
-            _ => (s, None),
-        };
-        match opt {
-            "-h" | "--help" => return Ok(Parsed::Help),
-            "--config-table" => {
-                print!("{}", gpulmt::config::Config::markdown_table());
-                std::process::exit(0);
-            }
-            "--cleanup" => a.cleanup = true,
-            "-n" | "--np" => {
-                let v = value(opt, inline, &mut it)?;
-                a.n = Some(parse_n(&v)?);
-            }
-            // -n4
-            _ if opt.starts_with("-n") && !opt.starts_with("--") => a.n = Some(parse_n(&opt[2..])?),
-            "--bind" => {
-                a.bind = match value(opt, inline, &mut it)?.as_str() {
-                    "core" => true,
-                    "none" => false,
-                    v => return Err(format!("--bind: {v:?} is not core or none")),
-                };
-            }
-            "--timeout" => {
-                let v = value(opt, inline, &mut it)?;
-                let secs: f64 = v.parse().map_err(|_| format!("--timeout: {v:?} is not a number of seconds"))?;
-                if !(secs > 0.0 && secs.is_finite() && secs < 1e9) {
-                    return Err(format!("--timeout: {v} must be a positive number of seconds"));
-                }
-                a.timeout = Some(Duration::from_secs_f64(secs));
-            }
-            "--abort-grace-ms" => {
-                let v = value(opt, inline, &mut it)?;
-                let ms: u64 =
-                    v.parse().map_err(|_| format!("--abort-grace-ms: {v:?} is not a number of milliseconds"))?;
-                a.grace = Duration::from_millis(ms);
-            }
-            _ => return Err(format!("unknown option {s:?}")),
-        }
-    }
-    a.prog.extend(it);
     if a.prog.is_empty() {
         if !a.cleanup {
             return Err("no program to run".into());
@@ -168,8 +137,20 @@ fn parse_args(mut it: impl Iterator<Item = OsString>) -> Result<Parsed, String> 
 fn parse_n(v: &str) -> Result<usize, String> {
     match v.parse::<usize>() {
         Ok(n) if (1..=MAX_RANKS as usize).contains(&n) => Ok(n),
-        _ => Err(format!("-n: {v:?} must be a number of ranks in 1..={MAX_RANKS}")),
+        _ => Err(format!("must be a number of ranks in 1..={MAX_RANKS}")),
     }
+}
+
+fn parse_timeout(v: &str) -> Result<Duration, String> {
+    let secs: f64 = v.parse().map_err(|_| "not a number of seconds".to_string())?;
+    if !(secs > 0.0 && secs.is_finite() && secs < 1e9) {
+        return Err("must be a positive number of seconds".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_grace(v: &str) -> Result<Duration, String> {
+    v.parse().map(Duration::from_millis).map_err(|_| "not a number of milliseconds".into())
 }
 
 /// Signals received and not handled yet, as a bit mask (bit = signal number).
@@ -414,7 +395,7 @@ fn run(args: Args) -> u8 {
         return 1;
     }
     let mut l = Launcher { job: new_job_id(), ranks: Vec::with_capacity(n), segment: None };
-    let cpus = if args.bind { gpulmt::binding::cpus_for_ranks(n) } else { None };
+    let cpus = if args.bind == Bind::Core { gpulmt::binding::cpus_for_ranks(n) } else { None };
     tracing::debug!(job = %l.job, n, ?cpus, "starting job");
 
     for r in 0..n {
@@ -524,8 +505,12 @@ fn main() -> ExitCode {
     gpulmt::logging::init("warn");
 
     match parse_args(std::env::args_os().skip(1)) {
-        Ok(Parsed::Help) => {
-            println!("{USAGE}\n\n{HELP}");
+        Ok(Parsed::Help(text)) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Ok(Parsed::ConfigTable) => {
+            print!("{}", gpulmt::config::reference_markdown());
             ExitCode::SUCCESS
         }
         Ok(Parsed::Run(args)) => ExitCode::from(run(args)),
