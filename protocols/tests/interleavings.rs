@@ -197,6 +197,9 @@ impl World {
                     self.chosen.insert((rank, req), choice.protocol);
                 }
                 Action::Violation { peer, what } => panic!("rank {rank}: violation by {peer}: {what}"),
+                Action::NetSend { .. } | Action::NetRecv { .. } | Action::NetCancel { .. } => {
+                    panic!("rank {rank}: network transfer in a job of one node: {a:?}")
+                }
                 Action::MapPeer { peer, region } => {
                     assert_ne!(peer, rank);
                     self.mapped[rank as usize] += 1;

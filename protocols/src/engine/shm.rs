@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use crate::wire::Packet;
 use crate::{MsgId, ProtoError, Rank};
 
-use super::copies::CopyOwner;
+use super::copies::OpOwner;
 use super::{Action, CopyCmd, CopyEngine, Engine, Loc};
 
 /// How many failed SHM receives an engine remembers (see `Engine::failed_shm_recvs`).
@@ -108,7 +108,7 @@ impl Engine {
             ));
         }
         for (msg, c, req, off, n, engine) in cmds {
-            let id = self.new_copy(CopyOwner::Send { msg, chunk: Some(c) });
+            let id = self.new_copy(OpOwner::Send { msg, chunk: Some(c) });
             self.emit(Action::Copy(CopyCmd {
                 id,
                 engine,
@@ -164,7 +164,7 @@ impl Engine {
         let req = r.req;
         let engine = r.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
         r.pending += 1;
-        let id = self.new_copy(CopyOwner::Recv { from, msg, chunk: Some(index) });
+        let id = self.new_copy(OpOwner::Recv { from, msg, chunk: Some(index) });
         self.emit(Action::Copy(CopyCmd {
             id,
             engine,
