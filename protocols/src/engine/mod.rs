@@ -74,6 +74,28 @@ use rtr::{RtrOffer, RtrPeer};
 use send::SendXfer;
 use shm::ShmRing;
 
+/// The last few transfers of one kind that ended here, by (peer, message): enough to tell
+/// a packet the peer sent before it learnt of the end from a forged or stray one.
+#[derive(Debug, Default)]
+struct RecentXfers(VecDeque<(Rank, MsgId)>);
+
+impl RecentXfers {
+    /// Transfers remembered; older ones are forgotten (a packet about one of those is
+    /// then reported as a violation, and dropped all the same).
+    const KEPT: usize = 64;
+
+    fn remember(&mut self, key: (Rank, MsgId)) {
+        if self.0.len() == Self::KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back(key);
+    }
+
+    fn contains(&self, key: (Rank, MsgId)) -> bool {
+        self.0.contains(&key)
+    }
+}
+
 /// The protocol engine of one rank.
 ///
 /// Its methods, by role:
@@ -114,7 +136,10 @@ pub struct Engine {
     shm_rings: HashMap<Rank, ShmRing>,
     /// The latest SHM receives that failed while their sender lived: CHUNKs it sent
     /// before it learnt of the failure are acknowledged without complaint.
-    failed_shm_recvs: VecDeque<(Rank, MsgId)>,
+    failed_shm_recvs: RecentXfers,
+    /// The latest NET sends that ended while their receiver lived: an ABORT it sent
+    /// (its network receive failed after ours completed) is dropped without complaint.
+    ended_net_sends: RecentXfers,
     dead: Vec<bool>,
     /// Per peer: rendezvous sends to it not finished yet (its engine may be
     /// moving them: the policy avoids loading it further).
@@ -151,7 +176,8 @@ impl Engine {
             nets: OpWindow::default(),
             next_net: 1,
             shm_rings: HashMap::default(),
-            failed_shm_recvs: VecDeque::new(),
+            failed_shm_recvs: RecentXfers::default(),
+            ended_net_sends: RecentXfers::default(),
             dead,
             sends_to,
             pulling: vec![0; n],

@@ -30,7 +30,9 @@
 //! died) asks for it to end ([`Action::NetCancel`]); one with none outstanding fails at
 //! once. A transfer that fails fails its request, with `ProtoError::CopyFailed` (the data
 //! movement failed; a variant of its own would need a C error code too), and the peer is
-//! told by ABORT, so its side is cancelled.
+//! told by ABORT, so its side is cancelled. MPI may complete the sender's side before the
+//! receiver's fails: that ABORT then finds the send ended, and is dropped without
+//! complaint (the engine remembers its last NET sends for this).
 //!
 //! What never crosses nodes: RTR offers (they carry a region; `rtr`), the copy and SHM
 //! packets (COOKIE, DONE, CHUNK, CHUNK_ACK) and CTSs other than NET: a rank on another

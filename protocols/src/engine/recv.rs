@@ -13,7 +13,7 @@ use crate::wire::{AbortReason, Dir, MemDesc, Packet};
 use crate::{MsgId, NetId, ProtoError, Rank, ReqId, Tag};
 
 use super::rtr::Offered;
-use super::shm::{ShmState, FAILED_SHM_MEMORY};
+use super::shm::ShmState;
 use super::{Action, BufDesc, Engine, Status};
 
 /// A message that arrived before its receive.
@@ -307,10 +307,7 @@ impl Engine {
         }
         if r.proto == Protocol::Shm && r.error.is_some() && !self.dead[key.0 as usize] {
             // The sender may have announced chunks before it learnt of the failure.
-            if self.failed_shm_recvs.len() == FAILED_SHM_MEMORY {
-                self.failed_shm_recvs.pop_front();
-            }
-            self.failed_shm_recvs.push_back(key);
+            self.failed_shm_recvs.remember(key);
         }
         let result = match r.error {
             Some(e) => Err(e),

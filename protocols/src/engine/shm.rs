@@ -16,9 +16,6 @@ use crate::{MsgId, ProtoError, Rank};
 use super::copies::OpOwner;
 use super::{Action, CopyCmd, CopyEngine, Engine, Loc};
 
-/// How many failed SHM receives an engine remembers (see `Engine::failed_shm_recvs`).
-pub(super) const FAILED_SHM_MEMORY: usize = 64;
-
 /// Where an SHM transfer stands.
 #[derive(Debug)]
 pub(super) struct ShmState {
@@ -142,7 +139,7 @@ impl Engine {
         let Some(r) = self.recvs.get_mut(&(from, msg)) else {
             // Nothing is read from the slot; the acknowledgement keeps the sender's
             // ring moving.
-            if !self.failed_shm_recvs.contains(&(from, msg)) {
+            if !self.failed_shm_recvs.contains((from, msg)) {
                 self.violation(from, format!("CHUNK for unknown message {msg}"));
             }
             return self.send(from, Packet::ChunkAck { msg, index });
