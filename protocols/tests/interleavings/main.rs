@@ -9,9 +9,12 @@
 //! fixed tests take a repeatable pseudo-random order per seed.
 //!
 //! Modules: `world` (the model and its checks), `all_to_all` (random all-to-all
-//! properties); the rest of this file tests single protocols and flows.
+//! properties, within a node and across nodes), `internode` (jobs that span nodes: the
+//! NET rendezvous and what may cross nodes); the rest of this file tests single
+//! protocols and flows within a node.
 
 mod all_to_all;
+mod internode;
 mod world;
 
 use gpulmt_protocols::engine::{Action, BufDesc, CopyCmd, CopyEngine, Engine, Loc};

@@ -1,16 +1,24 @@
-//! The model the interleaving tests drive engines over: each rank's memory, the rings
-//! between ranks (FIFO per directed pair), the copies and network transfers in flight,
-//! and the [`Schedule`] that picks which of them goes next. It executes every action the
-//! engines emit and checks on the way what must hold whatever the order (no engine
-//! reaches memory it cannot, no write into a completed receive, no staging slot used
-//! twice at once).
+//! The model the interleaving tests drive engines over: each rank's memory and node, the
+//! control channels between ranks (FIFO per directed pair, as a ring or MPI's order per
+//! source and tag keeps them), the copies and network transfers in flight, and the
+//! [`Schedule`] that picks which of them goes next. It executes every action the engines
+//! emit and checks on the way what must hold whatever the order: no engine reaches
+//! memory it cannot, no write into a completed receive, no staging slot used twice at
+//! once, nothing but eager, RTS(net), CTS(net) and ABORT between nodes (no region, copy,
+//! staging or mapping across them), a network receive posted before its CTS, and no
+//! request completed while its network transfer is outstanding.
+//!
+//! Network transfers model MPI: a send moves its data once the matching receive (same
+//! pair and transfer id) is posted, and completes then; a receive completes once its
+//! data landed. A cancelled transfer ends with an error unless it completed first (for a
+//! send the schedule picks which), and one with a dead peer ends with an error.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use gpulmt_protocols::engine::{Action, BufDesc, CopyCmd, CopyEngine, Engine, EngineConfig, Loc};
 use gpulmt_protocols::policy::{Protocol, ProtocolOverride};
-use gpulmt_protocols::wire::{Packet, Region};
-use gpulmt_protocols::{CopyId, ProtoError, Rank, ReqId, Status, Tag};
+use gpulmt_protocols::wire::{CtsMode, MemDesc, Packet, Region};
+use gpulmt_protocols::{CopyId, MsgId, NetId, ProtoError, Rank, ReqId, Status, Tag};
 use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
@@ -87,7 +95,35 @@ pub struct World {
     pub schedule: Schedule,
     pub chunk: u64,
     pub dead: Vec<bool>,
+    /// Each rank's node.
+    pub nodes: Vec<u32>,
+    /// Network transfers posted and not reported done, in the order posted.
+    pub nets: Vec<NetOp>,
+    /// Network receives ever posted: (receiver, sender, transfer).
+    pub net_recvs_posted: HashSet<(Rank, Rank, MsgId)>,
+    /// Requests whose network transfer fails (at any time; a send then moves nothing).
+    pub net_faults: HashSet<(Rank, ReqId)>,
 }
+
+/// A network transfer (one side's) in flight.
+#[derive(Clone, Debug)]
+pub struct NetOp {
+    pub rank: Rank,
+    pub id: NetId,
+    pub req: ReqId,
+    pub peer: Rank,
+    pub xfer: MsgId,
+    pub len: u64,
+    pub send: bool,
+    /// The engine asked to end it (NetCancel).
+    pub cancelled: bool,
+    /// A receive: the data is in its buffer.
+    pub landed: bool,
+}
+
+/// The eager limit between nodes in the model: between the on-node limits (16 for
+/// device memory, 64 for host), so each size class shows which limit applies.
+pub const NET_EAGER_LIMIT: u64 = 48;
 
 pub fn region(owner: Rank, req: ReqId, alloc_len: u64, offset: u64, device: u32) -> Region {
     let mut handle = [0u8; 64];
@@ -98,10 +134,25 @@ pub fn region(owner: Rank, req: ReqId, alloc_len: u64, offset: u64, device: u32)
 
 impl World {
     pub fn new(n: u32, schedule: Schedule, mode: ProtocolOverride, coop_min: u64, devices: u32, peer: bool) -> Self {
+        Self::with_nodes(vec![0; n as usize], schedule, mode, coop_min, devices, peer)
+    }
+
+    /// A world whose rank r is on node `nodes[r]`.
+    pub fn with_nodes(
+        nodes: Vec<u32>,
+        schedule: Schedule,
+        mode: ProtocolOverride,
+        coop_min: u64,
+        devices: u32,
+        peer: bool,
+    ) -> Self {
+        let n = nodes.len() as u32;
         let chunk = 4096;
         let engines = (0..n)
             .map(|r| {
                 let mut c = EngineConfig::new(r, n, devices);
+                c.on_node = nodes.iter().map(|m| *m == nodes[r as usize]).collect();
+                c.net_eager_limit = NET_EAGER_LIMIT;
                 c.eager_limit = 64;
                 c.device_eager_limit = 16;
                 c.chunk_size = chunk;
@@ -135,7 +186,15 @@ impl World {
             schedule,
             chunk,
             dead: vec![false; n as usize],
+            nodes,
+            nets: Vec::new(),
+            net_recvs_posted: HashSet::new(),
+            net_faults: HashSet::new(),
         }
+    }
+
+    pub fn on_node(&self, a: Rank, b: Rank) -> bool {
+        self.nodes[a as usize] == self.nodes[b as usize]
     }
 
     pub fn buf(&mut self, rank: Rank, req: ReqId, data: Vec<u8>, offset: u64, device: Option<u32>) -> BufDesc {
@@ -157,7 +216,7 @@ impl World {
         let payload = data.clone();
         let b = self.buf(rank, req, data, 5, dev);
         let e = &mut self.engines[rank as usize];
-        let p = e.is_eager(b.len, b.device.is_some()).then_some(payload);
+        let p = e.is_eager_to(to, b.len, b.device.is_some()).then_some(payload);
         e.post_send(req, to, tag, b, p);
         self.drain(rank);
     }
@@ -173,12 +232,14 @@ impl World {
         while let Some(a) = self.engines[rank as usize].poll_action() {
             match a {
                 Action::Send { to, packet } => {
+                    self.check_packet_fits_the_path(rank, to, &packet);
                     // Exercise the encoding on every packet.
                     let bytes = packet.to_vec();
                     let back = Packet::decode(&bytes).expect("own packets decode");
                     self.wires.entry((rank, to)).or_default().push_back(back);
                 }
                 Action::Copy(c) => {
+                    self.check_copy_stays_on_node(rank, &c);
                     self.check_engine_reaches_both_ends(rank, &c);
                     self.check_staging_conflicts(&c);
                     self.copies[rank as usize].push(c);
@@ -188,17 +249,37 @@ impl World {
                     a[*off as usize..*off as usize + payload.len()].copy_from_slice(&payload);
                 }
                 Action::Complete { req, result } => {
+                    let outstanding = self.nets.iter().find(|o| o.rank == rank && o.req == req);
+                    assert!(outstanding.is_none(), "rank {rank} completed {req:?} with {outstanding:?} outstanding");
                     assert!(self.done.insert((rank, req), result).is_none(), "rank {rank} {req:?} completed twice");
                 }
                 Action::Chose { req, choice, .. } => {
                     self.chosen.insert((rank, req), choice.protocol);
                 }
                 Action::Violation { peer, what } => panic!("rank {rank}: violation by {peer}: {what}"),
-                Action::NetSend { .. } | Action::NetRecv { .. } | Action::NetCancel { .. } => {
-                    panic!("rank {rank}: network transfer in a job of one node: {a:?}")
+                Action::NetRecv { id, req, from, xfer, len } => {
+                    assert!(!self.on_node(rank, from), "rank {rank}: network receive from {from}, on its node");
+                    assert!(len <= self.buf_len(rank, req), "rank {rank}: network receive past {req:?}'s buffer");
+                    assert!(self.net_recvs_posted.insert((rank, from, xfer)), "transfer {xfer} received twice");
+                    let op =
+                        NetOp { rank, id, req, peer: from, xfer, len, send: false, cancelled: false, landed: false };
+                    self.nets.push(op);
+                }
+                Action::NetSend { id, req, to, xfer, len } => {
+                    assert!(!self.on_node(rank, to), "rank {rank}: network send to {to}, on its node");
+                    assert_eq!(len, self.buf_len(rank, req), "rank {rank}: network send of part of {req:?}");
+                    let op = NetOp { rank, id, req, peer: to, xfer, len, send: true, cancelled: false, landed: false };
+                    self.nets.push(op);
+                }
+                Action::NetCancel { id } => {
+                    let op = self.nets.iter_mut().find(|o| o.rank == rank && o.id == id);
+                    let op = op.unwrap_or_else(|| panic!("rank {rank}: cancel of {id:?}, not outstanding"));
+                    assert!(!op.cancelled, "rank {rank}: {id:?} cancelled twice");
+                    op.cancelled = true;
                 }
                 Action::MapPeer { peer, region } => {
                     assert_ne!(peer, rank);
+                    assert!(self.on_node(rank, peer), "rank {rank} maps a region of {peer}, on another node");
                     self.mapped[rank as usize] += 1;
                     assert!(self.mem[peer as usize]
                         .allocs
@@ -247,6 +328,110 @@ impl World {
         a[abs as usize..abs as usize + data.len()].copy_from_slice(data);
     }
 
+    /// Bytes of request `req`'s buffer.
+    fn buf_len(&self, rank: Rank, req: ReqId) -> u64 {
+        let (a, off) = &self.mem[rank as usize].allocs[&req];
+        a.len() as u64 - off - 3
+    }
+
+    /// Between nodes only what the NET rendezvous exchanges, and never a region: eager,
+    /// RTS(net), CTS(net) after its network receive was posted, ABORT. Within a node,
+    /// never RTS(net) or CTS(net).
+    fn check_packet_fits_the_path(&self, rank: Rank, to: Rank, p: &Packet) {
+        let net = match p {
+            Packet::Rts { src: MemDesc::Net, .. } => true,
+            Packet::Cts { mode: CtsMode::Net, dst, msg, .. } => {
+                assert!(dst.is_none(), "rank {rank}: region in a CTS(net)");
+                assert!(
+                    self.net_recvs_posted.contains(&(rank, to, *msg)),
+                    "rank {rank}: CTS(net) for message {msg} of {to} before its network receive"
+                );
+                true
+            }
+            Packet::Eager { .. } | Packet::Abort { .. } => return,
+            _ => false,
+        };
+        assert_eq!(net, !self.on_node(rank, to), "rank {rank} to {to} (nodes {:?}): {p:?}", self.nodes);
+    }
+
+    /// A copy's peer buffer or staging slot belongs to a rank of the copier's node.
+    fn check_copy_stays_on_node(&self, rank: Rank, c: &CopyCmd) {
+        for loc in [c.src, c.dst] {
+            match loc {
+                Loc::Peer { peer, .. } => assert!(self.on_node(rank, peer), "rank {rank} copies across nodes: {c:?}"),
+                Loc::Staging { from, to, .. } => {
+                    assert!(self.on_node(rank, from) && self.on_node(rank, to), "staging across nodes: {c:?}")
+                }
+                Loc::User { .. } => {}
+            }
+        }
+    }
+
+    /// Index in `nets` of the receive that send `op` matches.
+    fn net_partner(&self, op: &NetOp) -> Option<usize> {
+        self.nets.iter().position(|o| !o.send && o.rank == op.peer && o.peer == op.rank && o.xfer == op.xfer)
+    }
+
+    /// Whether network transfer `i` can complete now (successfully or not).
+    fn net_ready(&self, i: usize) -> bool {
+        let op = &self.nets[i];
+        op.cancelled
+            || self.dead[op.peer as usize]
+            || self.net_faults.contains(&(op.rank, op.req))
+            || if op.send { self.net_partner(op).is_some() } else { op.landed }
+    }
+
+    /// Completes network transfer `i` (a send first moves its data, unless it is
+    /// cancelled and the schedule says the cancel won) and reports it.
+    fn complete_net(&mut self, i: usize) {
+        let op = self.nets.remove(i);
+        let result = if self.net_faults.contains(&(op.rank, op.req)) {
+            Err("injected fault".to_string())
+        } else if op.send {
+            match self.net_partner(&op) {
+                Some(j) if !op.cancelled || self.schedule.pick(2) == 1 => {
+                    let r = self.nets[j].clone();
+                    assert_eq!(r.len, op.len, "transfer {} sent and received with different lengths", op.xfer);
+                    assert!(
+                        !self.done.contains_key(&(r.rank, r.req)),
+                        "rank {} sends into rank {}'s {:?}, which has completed",
+                        op.rank,
+                        r.rank,
+                        r.req
+                    );
+                    let data = self.read(op.rank, Loc::User { req: op.req, offset: 0 }, op.len);
+                    self.write(r.rank, Loc::User { req: r.req, offset: 0 }, &data);
+                    self.nets[j].landed = true;
+                    Ok(())
+                }
+                _ if op.cancelled => Err("cancelled".to_string()),
+                _ => Err(format!("rank {} failed", op.peer)),
+            }
+        } else if op.landed {
+            Ok(())
+        } else if op.cancelled {
+            Err("cancelled".to_string())
+        } else {
+            Err(format!("rank {} failed", op.peer))
+        };
+        self.engines[op.rank as usize].on_net_done(op.id, result);
+        self.drain(op.rank);
+    }
+
+    /// Rank `r` dies: what it had in flight is gone, and every other rank learns it.
+    pub fn kill(&mut self, r: Rank) {
+        self.dead[r as usize] = true;
+        self.wires.retain(|(f, _), _| *f != r);
+        self.copies[r as usize].clear();
+        self.nets.retain(|o| o.rank != r);
+        for o in 0..self.engines.len() as Rank {
+            if !self.dead[o as usize] {
+                self.engines[o as usize].on_peer_failed(r);
+                self.drain(o);
+            }
+        }
+    }
+
     /// One step in the schedule's order; false when nothing is left to do.
     pub fn step(&mut self) -> bool {
         let mut wires: Vec<(Rank, Rank)> = self.wires.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
@@ -254,7 +439,9 @@ impl World {
         wires.sort_unstable();
         let copiers: Vec<Rank> =
             (0..self.copies.len() as Rank).filter(|r| !self.copies[*r as usize].is_empty()).collect();
-        let n = wires.len() + copiers.len();
+        // Network transfers last: with none (a job of one node) the picks mean what they did.
+        let nets: Vec<usize> = (0..self.nets.len()).filter(|i| self.net_ready(*i)).collect();
+        let n = wires.len() + copiers.len() + nets.len();
         if n == 0 {
             return false;
         }
@@ -266,12 +453,14 @@ impl World {
                 self.engines[to as usize].on_packet(from, p);
                 self.drain(to);
             }
-        } else {
+        } else if pick < wires.len() + copiers.len() {
             let r = copiers[pick - wires.len()];
             // Copies on different lanes may finish in any order.
             let i = self.schedule.pick(self.copies[r as usize].len());
             let c = self.copies[r as usize].remove(i);
             self.execute(r, c);
+        } else {
+            self.complete_net(nets[pick - wires.len() - copiers.len()]);
         }
         true
     }
@@ -358,6 +547,7 @@ impl World {
                 assert!(e.is_idle(), "rank {r} still has transfers: deadlock");
             }
         }
+        assert!(self.nets.is_empty(), "network transfers never ended: {:?}", self.nets);
     }
 }
 
