@@ -13,7 +13,7 @@ use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 use proptest::prelude::*;
 
 use crate::world::{config, pattern, placement, region, schedule, Schedule, World, NET_EAGER_LIMIT};
-use crate::MODES;
+use crate::{transfer_and_check, MODES};
 
 /// Two ranks on different nodes, under `mode`.
 fn two_nodes(seed: u64, mode: ProtocolOverride) -> World {
@@ -32,24 +32,7 @@ fn every_placement_and_size_across_nodes() {
             for len in [0usize, 1, 16, 17, 48, 49, 64, 65, 4097, 65537] {
                 for recv_first in [true, false] {
                     let seed = len as u64 + mi as u64 * 7 + place as u64;
-                    let mut w = two_nodes(seed, *mode);
-                    let (s, d) = placement(place);
-                    let data = pattern(seed, len);
-                    if recv_first {
-                        w.recv(1, ReqId(1), Some(0), Some(7), len, d);
-                    }
-                    w.send(0, ReqId(1), 1, 7, data.clone(), s);
-                    if !recv_first {
-                        w.run();
-                        w.recv(1, ReqId(1), Some(0), Some(7), len, d);
-                    }
-                    w.run();
-                    w.assert_quiet();
-                    let st = Status { source: 0, tag: 7, len: len as u64 };
-                    assert_eq!(w.done[&(1, ReqId(1))], Ok(st));
-                    assert_eq!(w.done[&(0, ReqId(1))], Ok(Status { source: 1, ..st }));
-                    assert!(w.user(1, ReqId(1))[..len] == data[..], "{mode:?} place {place}, {len} bytes");
-                    assert_eq!(&w.user(1, ReqId(1))[len..], &[0xEE; 3], "nothing written past the buffer");
+                    let w = transfer_and_check(two_nodes(seed, *mode), seed, len, place, recv_first);
                     // Eager up to the network's limit whatever the memory (GPULMT_PROTOCOL
                     // forces nothing between nodes), NET above it.
                     let net = len as u64 > NET_EAGER_LIMIT;

@@ -41,7 +41,19 @@ fn expected(mode: ProtocolOverride, s: Option<u32>, d: Option<u32>, peer: bool, 
 }
 
 fn one_transfer(seed: u64, len: usize, mode: ProtocolOverride, place: u8, peer: bool, recv_first: bool) {
-    let mut w = World::new(2, Schedule::seeded(seed), mode, u64::MAX, 2, peer);
+    let w = World::new(2, Schedule::seeded(seed), mode, u64::MAX, 2, peer);
+    let w = transfer_and_check(w, seed, len, place, recv_first);
+    let (s, d) = placement(place);
+    if len > 64 {
+        assert_eq!(w.chosen[&(1, ReqId(1))], expected(mode, s, d, peer, len));
+    }
+}
+
+/// Moves a message of `len` bytes with placement `place` from rank 0 to rank 1 of `w`,
+/// its receive posted first or once the message went as far as it can alone; checks
+/// both statuses and the bytes (none past the buffer), and hands `w` back for checks of
+/// the path it took.
+pub(crate) fn transfer_and_check(mut w: World, seed: u64, len: usize, place: u8, recv_first: bool) -> World {
     let (s, d) = placement(place);
     let data = pattern(seed, len);
     if recv_first {
@@ -60,9 +72,7 @@ fn one_transfer(seed: u64, len: usize, mode: ProtocolOverride, place: u8, peer: 
     assert!(w.user(1, ReqId(1))[..len] == data[..], "data mismatch");
     // Nothing written past the buffer.
     assert_eq!(&w.user(1, ReqId(1))[len..], &[0xEE; 3]);
-    if len > 64 {
-        assert_eq!(w.chosen[&(1, ReqId(1))], expected(mode, s, d, peer, len));
-    }
+    w
 }
 
 pub(crate) const MODES: [ProtocolOverride; 5] = [

@@ -11,7 +11,8 @@
 //! Network transfers model MPI: a send moves its data once the matching receive (same
 //! pair and transfer id) is posted, and completes then; a receive completes once its
 //! data landed. A cancelled transfer ends with an error unless it completed first (for a
-//! send the schedule picks which), and one with a dead peer ends with an error.
+//! send the schedule picks which), one with a dead peer ends with an error, and one of a
+//! request in `net_faults` fails at any moment (a send then moves nothing).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
