@@ -118,7 +118,8 @@ impl Engine {
         }
     }
 
-    /// The CTS mode a rank may send this one: NET from another node, never from this one.
+    /// Whether rank `from` may answer an RTS with `mode`: NET from a rank on another node,
+    /// and only from one.
     pub(super) fn cts_mode_fits_peer(&self, from: Rank, mode: CtsMode) -> bool {
         (mode == CtsMode::Net) != self.cfg.is_on_node(from)
     }
