@@ -419,7 +419,7 @@ mod tests {
 
     #[test]
     fn stats_follow_the_protocol_indices() {
-        let s = Stats { protocols: [1, 2, 3, 4, 5], ..Default::default() };
+        let s = Stats { protocols: [1, 2, 3, 4, 5, 6], ..Default::default() };
         let c = gpulmt_stats::from(&s);
         assert_eq!(c.protocols[GPULMT_PROTOCOL_GET], s.protocol_count(Protocol::Get));
         assert_eq!(c.protocols[GPULMT_PROTOCOL_PUT], s.protocol_count(Protocol::Put));

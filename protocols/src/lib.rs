@@ -2,9 +2,9 @@
 //!
 //! Nothing here performs I/O: no syscalls, threads, clocks, shared memory or GPU
 //! calls. The transport feeds [`Engine`] events (a send or receive was posted, a
-//! control packet arrived, a copy finished, a peer died) and executes the
-//! [`Action`]s it emits (send this packet, start this copy on that engine,
-//! complete that request). That makes every interleaving testable: the unit and
+//! control packet arrived, a copy or network transfer finished, a peer died) and
+//! executes the [`Action`]s it emits (send this packet, start this copy on that engine,
+//! send or receive this message's data through the network, complete that request). That makes every interleaving testable: the unit and
 //! property tests drive two or more engines against each other with packets and
 //! copy completions delivered in arbitrary order.
 //!
@@ -29,7 +29,7 @@ pub use engine::{Action, BufDesc, CopyCmd, CopyEngine, Engine, EngineConfig, Loc
 pub use policy::{Protocol, ProtocolChoice, ProtocolOverride};
 pub use wire::{MemDesc, Packet, Region};
 
-/// A local rank's index within its job (0-based).
+/// A rank's index within its job (0-based; a job may span nodes).
 pub type Rank = u32;
 /// A message tag; wildcards are expressed with `Option<Tag>` (None = any tag).
 pub type Tag = i32;
@@ -41,6 +41,11 @@ pub struct ReqId(pub u64);
 /// Identifier of a copy the engine asked for, echoed back on completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CopyId(pub u64);
+
+/// Identifier of a network transfer (one side's send or receive of a message's data)
+/// the engine asked for, echoed back on completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NetId(pub u64);
 
 /// Sender-assigned identifier of a message, unique per sender for the job's life.
 pub type MsgId = u64;

@@ -2,7 +2,10 @@
 //!
 //! The choice decides which DMA engine works: GET drives the receiver's copy engine,
 //! PUT the sender's, COOPERATE both, SHM both processes' host links through pinned
-//! shared staging. Every decision carries a reason, recorded in the transfer's
+//! shared staging. A sender on another node leaves one choice, NET: the data crosses
+//! the network, moved by MPI, whatever either buffer is and whatever
+//! `GPULMT_PROTOCOL` forces (those protocols need memory both ranks reach, which ranks
+//! of different nodes never have). Every decision carries a reason, recorded in the transfer's
 //! tracing span, so a user can tell why a message took the path it took.
 
 use std::fmt;
@@ -22,6 +25,9 @@ pub enum Protocol {
     Shm,
     /// Sender and receiver are the same process: one local copy.
     SelfCopy,
+    /// Sender and receiver are on different nodes: the receiver's transport posts the
+    /// receive of the data, the sender's sends it, through MPI (`docs/internode.md`).
+    Net,
 }
 
 impl fmt::Display for Protocol {
@@ -32,6 +38,7 @@ impl fmt::Display for Protocol {
             Protocol::Coop => "coop",
             Protocol::Shm => "shm",
             Protocol::SelfCopy => "self",
+            Protocol::Net => "net",
         })
     }
 }
@@ -126,7 +133,8 @@ pub struct PeerLoad {
 /// engine can reach device `b`'s memory. When `load` says the sender's engine is
 /// already moving this receiver's own messages to it (traffic both ways), `auto`
 /// leaves it alone rather than COOPERATE or PUT on it, since two engines each
-/// serving one direction beat two engines sharing both (measured on H200).
+/// serving one direction beat two engines sharing both (measured on H200). A `src` of
+/// [`MemDesc::Net`] (the sender is on another node) always gives NET.
 pub fn choose(
     cfg: &PolicyConfig,
     src: &MemDesc,
@@ -138,6 +146,9 @@ pub fn choose(
 ) -> ProtocolChoice {
     let pick = |protocol, reason| ProtocolChoice { protocol, reason };
     let (s, d) = match (src, dst_device) {
+        // Before the override: forcing an LMT protocol cannot make another node's
+        // memory reachable.
+        (MemDesc::Net, _) => return pick(Protocol::Net, "peer on another node: the network moves it"),
         (MemDesc::Device(r), Some(d)) => (r.device, d),
         (MemDesc::Host, _) => return pick(Protocol::Shm, "sender buffer is host memory"),
         (_, None) => return pick(Protocol::Shm, "receiver buffer is host memory"),
@@ -284,6 +295,25 @@ mod tests {
         // Off by default.
         let off = PolicyConfig::default();
         assert_eq!(choose(&off, &dev(0), Some(1), true, 64 << 10, load(5, 0), all).protocol, Protocol::Get);
+    }
+
+    #[test]
+    fn a_sender_on_another_node_takes_the_network_whatever_is_forced() {
+        for mode in [
+            ProtocolOverride::Auto,
+            ProtocolOverride::Get,
+            ProtocolOverride::Put,
+            ProtocolOverride::Coop,
+            ProtocolOverride::Shm,
+        ] {
+            let c = PolicyConfig { mode, coop_min: 0, put_min: 0, balance_max: u64::MAX, ..Default::default() };
+            for dst in [None, Some(0), Some(1)] {
+                let r = choose(&c, &MemDesc::Net, dst, true, 1 << 20, idle(), |_, _| true);
+                assert_eq!(r.protocol, Protocol::Net, "{mode:?} into {dst:?}");
+                assert!(r.reason.contains("another node"), "{}", r.reason);
+            }
+        }
+        assert_eq!(Protocol::Net.to_string(), "net");
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! Control packets exchanged between local ranks, and their binary encoding.
+//! Control packets exchanged between the ranks of a job, and their binary encoding.
 //!
-//! Packets travel through shared-memory rings written by another process, so a
-//! decoder must treat every byte as untrusted: [`Packet::decode`] rejects wrong
+//! Packets travel through shared-memory rings written by another process (ranks of one
+//! node) or as MPI messages from another node's proxy, so a decoder must treat every
+//! byte as untrusted: [`Packet::decode`] rejects wrong
 //! versions, unknown kinds, short or over-long packets, and regions whose offset
 //! and length do not fit inside the allocation they claim. The engine checks the
 //! semantic rules (that a region covers the message, that a CTS answers an RTS).
@@ -9,7 +10,8 @@
 use crate::{MsgId, Tag};
 
 /// Version of the wire format; a peer speaking another version is rejected.
-pub const WIRE_VERSION: u8 = 3;
+/// 4: RTS source `Net` and CTS mode `Net`, the rendezvous with a rank on another node.
+pub const WIRE_VERSION: u8 = 4;
 /// Bytes of an IPC handle carried in a region (CUDA's `CUipcMemHandle`).
 pub const HANDLE_BYTES: usize = 64;
 
@@ -92,6 +94,9 @@ impl RegionMemo {
 /// The form byte that leads an encoded region.
 const REGION_FULL: u8 = 1;
 const REGION_SHORT: u8 = 2;
+/// The form bytes of an RTS's source that carry no region.
+const SRC_HOST: u8 = 0;
+const SRC_NET: u8 = 3;
 
 /// Where a message's buffer lives, as told to the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +105,11 @@ pub enum MemDesc {
     Host,
     /// Device memory, exported so a peer can map it.
     Device(Region),
+    /// A buffer of a rank on another node, host or device memory alike: nothing of it
+    /// can be mapped by the receiver (no IPC region crosses nodes), and only the
+    /// network rendezvous ([`crate::Protocol::Net`]) moves it. Every RTS between ranks
+    /// of different nodes says this, and only those RTSs do.
+    Net,
 }
 
 /// Why a receiver refused a rendezvous, or a side gave up on it.
@@ -150,6 +160,9 @@ pub enum CtsMode {
     Put = 1,
     Coop = 2,
     Shm = 3,
+    /// The receiver (on another node) posted the receive of the data: the sender's
+    /// transport sends it through the network. Carries no region.
+    Net = 4,
 }
 
 /// A control packet.
@@ -159,7 +172,7 @@ pub enum Packet {
     Eager { msg: MsgId, tag: Tag, payload: Vec<u8> },
     /// Request to send: announces a large message and its buffer.
     Rts { msg: MsgId, tag: Tag, len: u64, src: MemDesc },
-    /// Clear to send: the receiver's choice of PUT, COOPERATE or SHM. PUT and
+    /// Clear to send: the receiver's choice of PUT, COOPERATE, SHM or NET. PUT and
     /// COOPERATE carry the receiver's region; COOPERATE carries where the sender's
     /// part ends (`split`): the sender moves `[0, split)`, the receiver the rest.
     Cts { msg: MsgId, mode: CtsMode, dst: Option<Region>, split: u64 },
@@ -296,7 +309,8 @@ impl Packet {
                 w.i32(*tag);
                 w.u64(*len);
                 match src {
-                    MemDesc::Host => w.u8(0),
+                    MemDesc::Host => w.u8(SRC_HOST),
+                    MemDesc::Net => w.u8(SRC_NET),
                     MemDesc::Device(r) => w.region(r),
                 }
             }
@@ -417,7 +431,8 @@ impl Packet {
                 let tag = r.i32()?;
                 let len = r.u64()?;
                 let src = match r.u8()? {
-                    0 => MemDesc::Host,
+                    SRC_HOST => MemDesc::Host,
+                    SRC_NET => MemDesc::Net,
                     form => MemDesc::Device(r.region(form)?),
                 };
                 Packet::Rts { msg, tag, len, src }
@@ -429,6 +444,7 @@ impl Packet {
                     1 => CtsMode::Put,
                     2 => CtsMode::Coop,
                     3 => CtsMode::Shm,
+                    4 => CtsMode::Net,
                     v => return Err(DecodeError::Field { field: "cts.mode", value: v as u64 }),
                 };
                 let split = r.u64()?;
@@ -673,6 +689,8 @@ mod tests {
             Packet::Eager { msg: 2, tag: 0, payload: vec![] },
             Packet::Rts { msg: 3, tag: 7, len: 1 << 30, src: MemDesc::Host },
             Packet::Rts { msg: 4, tag: 7, len: 10, src: MemDesc::Device(region(5)) },
+            Packet::Rts { msg: 5, tag: -2, len: 1 << 40, src: MemDesc::Net },
+            Packet::Cts { msg: 5, mode: CtsMode::Net, dst: None, split: 0 },
             Packet::Cts { msg: 4, mode: CtsMode::Put, dst: Some(region(6)), split: 0 },
             Packet::Cts { msg: 4, mode: CtsMode::Shm, dst: None, split: 0 },
             Packet::Cookie { msg: 4 },
@@ -697,6 +715,32 @@ mod tests {
             assert_eq!(v.len(), p.encoded_len(), "{p:?}");
             assert_eq!(Packet::decode(&v).unwrap(), p);
         }
+    }
+
+    #[test]
+    fn network_rendezvous_fields_round_trip_without_a_region() {
+        // The RTS to a rank on another node names no region: one form byte, whatever the
+        // sender's memory; the CTS of the network rendezvous carries none either.
+        let rts = Packet::Rts { msg: 9, tag: 4, len: 1 << 33, src: MemDesc::Net };
+        let v = rts.to_vec();
+        assert_eq!(v.len(), HEADER + 8 + 4 + 8 + 1);
+        assert_eq!(v[v.len() - 1], SRC_NET);
+        assert_eq!(Packet::decode(&v), Ok(rts.clone()));
+        // The memo of an ordered channel is neither used nor changed by it.
+        let (mut tx, mut rx) = (RegionMemo::default(), RegionMemo::default());
+        assert_eq!(hop(&rts, &mut tx, &mut rx), (v.len(), Ok(rts)));
+        assert!(tx.slots.iter().chain(rx.slots.iter()).all(Option::is_none));
+        let cts = Packet::Cts { msg: 9, mode: CtsMode::Net, dst: None, split: 0 };
+        let v = cts.to_vec();
+        assert_eq!(v[HEADER + 8], CtsMode::Net as u8);
+        assert_eq!(Packet::decode(&v), Ok(cts));
+        // A peer of the previous wire version (which had neither) is refused.
+        let mut old = v.clone();
+        old[0] = 3;
+        assert_eq!(Packet::decode(&old), Err(DecodeError::Version(3)));
+        let mut bad = v;
+        bad[HEADER + 8] = 5;
+        assert_eq!(Packet::decode(&bad), Err(DecodeError::Field { field: "cts.mode", value: 5 }));
     }
 
     #[test]
@@ -886,8 +930,9 @@ mod tests {
         }
 
         #[test]
-        fn mutated_packets_never_panic(idx in 0usize..14, pos in 0usize..200, val in any::<u8>()) {
-            let p = &samples()[idx];
+        fn mutated_packets_never_panic(idx in 0usize..64, pos in 0usize..200, val in any::<u8>()) {
+            let all = samples();
+            let p = &all[idx % all.len()];
             let mut v = p.to_vec();
             let n = v.len();
             v[pos % n] = val;

@@ -21,8 +21,8 @@ use crate::shm::job::PeerStatus;
 /// Counters of one rank.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
-    /// Rendezvous receives per protocol: get, put, coop, shm, self.
-    pub protocols: [u64; 5],
+    /// Rendezvous receives per protocol: get, put, coop, shm, self, net.
+    pub protocols: [u64; 6],
     pub packets_sent: u64,
     pub packets_received: u64,
     /// Packets that found their ring full and waited in the outbox.
@@ -48,6 +48,7 @@ fn protocol_index(p: Protocol) -> usize {
         Protocol::Coop => 2,
         Protocol::Shm => 3,
         Protocol::SelfCopy => 4,
+        Protocol::Net => 5,
     }
 }
 
@@ -276,6 +277,16 @@ impl Context {
                     tracing::warn!(peer, "protocol violation: {what}");
                 }
                 Action::MapPeer { peer, region } => self.map_offered(peer, region),
+                // Only for peers off this node, which this transport does not have yet
+                // (its engine config keeps every rank on the node).
+                Action::NetSend { id, req, .. } | Action::NetRecv { id, req, .. } => {
+                    const WHY: &str = "internode path not built";
+                    if let Some(st) = self.reqs.get_mut(req.0) {
+                        st.result = Some(Err(gpulmt_protocols::ProtoError::Unsupported { what: WHY.into() }));
+                    }
+                    self.engine.on_net_done(id, Err(WHY.into()));
+                }
+                Action::NetCancel { .. } => {}
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The engine's outputs: [`Action`]s the transport executes in order, and the copy
 //! commands ([`CopyCmd`]) among them with their ends ([`Loc`]) and engines
-//! ([`CopyEngine`]).
+//! ([`CopyEngine`]); the network transfers of the NET rendezvous are described in
+//! `net`.
 //!
 //! Actions are queued inside the engine and drained with
 //! [`Engine::poll_action`](super::Engine::poll_action), so every input handler only
@@ -8,7 +9,7 @@
 
 use crate::policy::ProtocolChoice;
 use crate::wire::{Packet, Region};
-use crate::{CopyId, ProtoError, Rank, ReqId};
+use crate::{CopyId, MsgId, NetId, ProtoError, Rank, ReqId};
 
 use super::Status;
 
@@ -62,4 +63,20 @@ pub enum Action {
     /// A peer offered this region (RTR): map it now, so that a send that uses the offer
     /// does not pay for opening the mapping (and one that does not, later, neither).
     MapPeer { peer: Rank, region: Region },
+    /// NET rendezvous, receiver's side: post the receive of `len` bytes into the buffer
+    /// of request `req` (from its start) from rank `from`, on another node, for the
+    /// sender's transfer `xfer` (its message id: unique per sender, so (`from`, `xfer`)
+    /// names the transfer). Emitted before the CTS that lets the sender start; report
+    /// it with [`Engine::on_net_done`](super::Engine::on_net_done).
+    NetRecv { id: NetId, req: ReqId, from: Rank, xfer: MsgId, len: u64 },
+    /// NET rendezvous, sender's side (on the receiver's CTS): send the first `len`
+    /// bytes of request `req`'s buffer to rank `to`, on another node, as transfer
+    /// `xfer`, which `to` has posted the receive of; report it with
+    /// [`Engine::on_net_done`](super::Engine::on_net_done).
+    NetSend { id: NetId, req: ReqId, to: Rank, xfer: MsgId, len: u64 },
+    /// End network transfer `id` soon: its request failed (the peer gave up, failed or
+    /// died), so it may never be matched. Cancel it if it has not completed; either way
+    /// report it done, once, as for every transfer (an error if cancelled). The
+    /// request completes only then, since its buffer may be in use until then.
+    NetCancel { id: NetId },
 }

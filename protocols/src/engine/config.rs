@@ -1,5 +1,6 @@
-//! [`EngineConfig`]: the static parameters of an engine (job shape, eager limits, SHM
-//! ring geometry, copy splitting, RTR, the node's device peer-access matrix).
+//! [`EngineConfig`]: the static parameters of an engine (job shape and which ranks share
+//! this rank's node, eager limits, SHM ring geometry, copy splitting, RTR, the node's
+//! device peer-access matrix).
 //!
 //! The transport builds it from its configuration table; the engine never reads the
 //! environment itself (sans-IO), so tests set every field directly.
@@ -14,6 +15,17 @@ pub struct EngineConfig {
     pub size: u32,
     /// Node id of this rank; regions from other nodes cannot be mapped.
     pub node: u64,
+    /// Per job rank (`size` entries): whether it shares this rank's node, so that the
+    /// LMT protocols (IPC mappings, SHM staging, rings) reach it. Ranks marked false
+    /// (another node, or another pseudo-node of this host) get only eager messages and
+    /// the network rendezvous ([`Protocol::Net`](crate::Protocol::Net)). This rank is
+    /// always on its own node. All true by default: a job of one node.
+    pub on_node: Vec<bool>,
+    /// Messages to a rank on another node of at most this many bytes travel inline in
+    /// the control message, from host and device memory alike (the transport stages a
+    /// device payload to the host before [`post_send`](super::Engine::post_send), as
+    /// for device eager messages on the node); larger ones take the network rendezvous.
+    pub net_eager_limit: u64,
     /// Host messages of at most this many bytes travel inline in the control packet.
     pub eager_limit: u64,
     /// The same for messages from device memory, whose payload must first be staged
@@ -47,6 +59,8 @@ impl EngineConfig {
             rank,
             size,
             node: 0,
+            on_node: vec![true; size as usize],
+            net_eager_limit: 8192,
             eager_limit: 8192,
             device_eager_limit: 8192,
             policy: PolicyConfig::default(),
@@ -59,6 +73,12 @@ impl EngineConfig {
             devices,
             peer_access: vec![true; (devices * devices) as usize],
         }
+    }
+
+    /// Whether rank `r` shares this rank's node (false for ranks outside the job).
+    #[inline]
+    pub fn is_on_node(&self, r: Rank) -> bool {
+        self.on_node.get(r as usize).copied().unwrap_or(false)
     }
 
     /// Whether device `a`'s engine can reach device `b`'s memory.

@@ -1,5 +1,6 @@
 //! The per-rank LMT protocol engine: eager, and the rendezvous protocols GET, PUT,
-//! COOPERATE and SHM of the seed design, as one sans-IO state machine.
+//! COOPERATE and SHM of the seed design, as one sans-IO state machine; and, for a peer on
+//! another node, eager and the NET rendezvous (`net`), matched by the same engine.
 //!
 //! Flow of a rendezvous (the receiver decides, on the RTS):
 //! - GET: RTS(cookie) → receiver's engine copies from the mapped sender buffer →
@@ -8,6 +9,9 @@
 //! - COOPERATE: RTS → CTS(coop, cookie, split); the sender copies `[0, split)`, the
 //!   receiver `[split, len)`; the receiver sends COOKIE when its part is done, the
 //!   sender DONE when both parts are.
+//! - NET (a peer on another node): RTS → the receiver posts the data receive (NetRecv)
+//!   → CTS(net) → the sender sends the data (NetSend); the transport's MPI completes
+//!   both sides.
 //! - SHM: RTS → CTS(shm); the sender fills the slots of the directed pair's staging
 //!   ring while the receiver drains them; CHUNK says which slot holds chunk k of a
 //!   message, CHUNK_ACK that the chunk was copied out and its slot is free. SHM sends
@@ -37,11 +41,13 @@
 //! - `rtr`: receiver-initiated PUT (offers, pushes, waits, revokes);
 //! - `shm`: the SHM staging ring;
 //! - `copies`: the copies in flight and their completions;
+//! - `net`: the NET rendezvous with ranks of other nodes, and what crosses nodes;
 //! - `peer_failure`: what a peer's death ends.
 
 mod action;
 mod config;
 mod copies;
+mod net;
 mod peer_failure;
 mod recv;
 mod rendezvous;
@@ -62,11 +68,33 @@ pub use request::{BufDesc, Status};
 use crate::matching::Matcher;
 use crate::wire::{Dir, Packet};
 use crate::{MsgId, ProtoError, Rank, ReqId};
-use copies::CopyWindow;
+use copies::OpWindow;
 use recv::{PostedRecv, RecvXfer, Unexpected};
 use rtr::{RtrOffer, RtrPeer};
 use send::SendXfer;
 use shm::ShmRing;
+
+/// The last few transfers of one kind that ended here, by (peer, message): enough to tell
+/// a packet the peer sent before it learnt of the end from a forged or stray one.
+#[derive(Debug, Default)]
+struct RecentXfers(VecDeque<(Rank, MsgId)>);
+
+impl RecentXfers {
+    /// Transfers remembered; older ones are forgotten (a packet about one of those is
+    /// then reported as a violation, and dropped all the same).
+    const KEPT: usize = 64;
+
+    fn remember(&mut self, key: (Rank, MsgId)) {
+        if self.0.len() == Self::KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back(key);
+    }
+
+    fn contains(&self, key: (Rank, MsgId)) -> bool {
+        self.0.contains(&key)
+    }
+}
 
 /// The protocol engine of one rank.
 ///
@@ -76,12 +104,14 @@ use shm::ShmRing;
 ///   [`probe`](Self::probe), and the eager fast paths [`send_eager`](Self::send_eager) and
 ///   [`take_eager_match`](Self::take_eager_match);
 /// - events from the transport: [`on_packet`](Self::on_packet),
-///   [`on_copy_done`](Self::on_copy_done), [`on_peer_failed`](Self::on_peer_failed);
+///   [`on_copy_done`](Self::on_copy_done), [`on_net_done`](Self::on_net_done),
+///   [`on_peer_failed`](Self::on_peer_failed);
 /// - a send's wait for an RTR offer: [`rtr_eligible`](Self::rtr_eligible),
 ///   [`rtr_wait_begin`](Self::rtr_wait_begin), [`rtr_ready`](Self::rtr_ready),
 ///   [`rtr_wait_failed`](Self::rtr_wait_failed);
 /// - output: [`poll_action`](Self::poll_action) (and [`has_actions`](Self::has_actions));
-/// - state: [`config`](Self::config), [`is_eager`](Self::is_eager),
+/// - state: [`config`](Self::config), [`is_eager_to`](Self::is_eager_to),
+///   [`is_eager`](Self::is_eager),
 ///   [`is_idle`](Self::is_idle), [`in_flight`](Self::in_flight),
 ///   [`is_peer_failed`](Self::is_peer_failed).
 ///
@@ -98,12 +128,18 @@ pub struct Engine {
     posted: HashMap<ReqId, PostedRecv>,
     sends: HashMap<MsgId, SendXfer>,
     recvs: HashMap<(Rank, MsgId), RecvXfer>,
-    copies: CopyWindow,
+    copies: OpWindow,
+    /// Network transfers (NET rendezvous) in flight, by [`NetId`](crate::NetId).
+    nets: OpWindow,
+    next_net: u64,
     /// Per destination: the staging ring and the SHM sends that use it.
     shm_rings: HashMap<Rank, ShmRing>,
     /// The latest SHM receives that failed while their sender lived: CHUNKs it sent
     /// before it learnt of the failure are acknowledged without complaint.
-    failed_shm_recvs: VecDeque<(Rank, MsgId)>,
+    failed_shm_recvs: RecentXfers,
+    /// The latest NET sends that ended while their receiver lived: an ABORT it sent
+    /// (its network receive failed after ours completed) is dropped without complaint.
+    ended_net_sends: RecentXfers,
     dead: Vec<bool>,
     /// Per peer: rendezvous sends to it not finished yet (its engine may be
     /// moving them: the policy avoids loading it further).
@@ -121,6 +157,10 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         assert!(cfg.chunk_size > 0 && cfg.depth > 0, "SHM chunk size and depth must be positive");
         assert!(cfg.rank < cfg.size, "rank {} outside job of {}", cfg.rank, cfg.size);
+        assert!(
+            cfg.on_node.len() == cfg.size as usize && cfg.is_on_node(cfg.rank),
+            "on_node needs one entry per rank of the job, true for this rank"
+        );
         let dead = vec![false; cfg.size as usize];
         let sends_to = vec![0; cfg.size as usize];
         let n = cfg.size as usize;
@@ -132,9 +172,12 @@ impl Engine {
             posted: HashMap::default(),
             sends: HashMap::default(),
             recvs: HashMap::default(),
-            copies: CopyWindow::default(),
+            copies: OpWindow::default(),
+            nets: OpWindow::default(),
+            next_net: 1,
             shm_rings: HashMap::default(),
-            failed_shm_recvs: VecDeque::new(),
+            failed_shm_recvs: RecentXfers::default(),
+            ended_net_sends: RecentXfers::default(),
             dead,
             sends_to,
             pulling: vec![0; n],
@@ -149,8 +192,9 @@ impl Engine {
     }
 
     /// Whether a message of `len` bytes from host (or, with `device`, device)
-    /// memory travels eagerly: the caller then passes its payload to
-    /// [`post_send`](Self::post_send). Empty messages always do.
+    /// memory to a rank of this node travels eagerly: the caller then passes its payload
+    /// to [`post_send`](Self::post_send). Empty messages always do. For a destination
+    /// that may be on another node, ask [`is_eager_to`](Self::is_eager_to).
     pub fn is_eager(&self, len: u64, device: bool) -> bool {
         len == 0 || len <= if device { self.cfg.device_eager_limit } else { self.cfg.eager_limit }
     }
@@ -167,9 +211,9 @@ impl Engine {
         self.actions.pop_front()
     }
 
-    /// Whether any request, copy or SHM ring is still active.
+    /// Whether any request, copy, network transfer or SHM ring is still active.
     pub fn is_idle(&self) -> bool {
-        self.sends.is_empty() && self.recvs.is_empty() && self.copies.is_empty()
+        self.sends.is_empty() && self.recvs.is_empty() && self.copies.is_empty() && self.nets.is_empty()
     }
 
     /// Requests in flight (sends and matched receives) and posted receives.
@@ -203,6 +247,11 @@ impl Engine {
     pub fn on_packet(&mut self, from: Rank, packet: Packet) {
         if from >= self.cfg.size {
             return self.violation(from, format!("packet from rank {from} outside the job"));
+        }
+        if !self.cfg.is_on_node(from) && !Self::crosses_nodes(&packet) {
+            let what =
+                format!("{packet:?} from rank {from} on another node: only eager, RTS, CTS and ABORT cross nodes");
+            return self.violation(from, what);
         }
         if matches!(packet, Packet::Eager { .. } | Packet::Rts { .. } | Packet::RtrPut { .. }) {
             self.rtr[from as usize].arrived += 1;

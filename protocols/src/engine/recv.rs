@@ -1,6 +1,6 @@
 //! The receiver's side of a message: posting, probing and cancelling receives, matching
 //! them against arriving messages (eager payloads, RTSs), refusing bad RTSs, and ending
-//! a receive on DONE, ABORT or its last copy.
+//! a receive on DONE, ABORT, its last copy or its network transfer.
 //!
 //! A message that arrives before its receive waits in the matcher as [`Unexpected`]; a
 //! receive posted first waits as a [`PostedRecv`]. Once matched, an eager payload is
@@ -10,10 +10,10 @@
 use crate::matching::Selector;
 use crate::policy::Protocol;
 use crate::wire::{AbortReason, Dir, MemDesc, Packet};
-use crate::{MsgId, ProtoError, Rank, ReqId, Tag};
+use crate::{MsgId, NetId, ProtoError, Rank, ReqId, Tag};
 
 use super::rtr::Offered;
-use super::shm::{ShmState, FAILED_SHM_MEMORY};
+use super::shm::ShmState;
 use super::{Action, BufDesc, Engine, Status};
 
 /// A message that arrived before its receive.
@@ -42,6 +42,8 @@ pub(super) struct RecvXfer {
     /// COOPERATE: this side's part is done and COOKIE was sent.
     pub(super) part_done: bool,
     pub(super) shm: Option<ShmState>,
+    /// NET: the network receive, while outstanding (also counted in `pending`).
+    pub(super) net: Option<NetId>,
     pub(super) error: Option<ProtoError>,
 }
 
@@ -143,13 +145,26 @@ impl Engine {
     }
 
     /// Whether an RTS is acceptable; a bad one is reported and refused (ABORT), so
-    /// it can never make this rank read or write outside the exported allocation.
+    /// it can never make this rank read or write outside the exported allocation, nor
+    /// map memory of a rank on another node (each node's ranks say [`MemDesc::Net`] to
+    /// the others, and only to them).
     pub(super) fn check_rts(&mut self, from: Rank, msg: MsgId, len: u64, src: &MemDesc) -> bool {
         let refuse = |e: &mut Self, reason, what: String| {
             e.violation(from, what);
             e.send(from, Packet::Abort { msg, reason, dir: Dir::ToSender });
             false
         };
+        match (src, self.cfg.is_on_node(from)) {
+            (MemDesc::Net, true) => {
+                let what = format!("RTS {msg}: a network rendezvous from rank {from}, which shares this node");
+                return refuse(self, AbortReason::Unsupported, what);
+            }
+            (MemDesc::Host | MemDesc::Device(_), false) => {
+                let what = format!("RTS {msg} from rank {from}, on another node, names its buffer: only NET moves it");
+                return refuse(self, AbortReason::BadRequest, what);
+            }
+            _ => {}
+        }
         if let MemDesc::Device(r) = src {
             if !r.covers(len) {
                 let what = format!(
@@ -273,6 +288,8 @@ impl Engine {
                 self.finish_send(msg);
                 self.finish_recv(key);
             }
+            // MPI completed the sender's side too: nothing to tell it.
+            (Protocol::Net, _) if r.pending == 0 => self.finish_recv(key),
             _ => {}
         }
     }
@@ -290,10 +307,7 @@ impl Engine {
         }
         if r.proto == Protocol::Shm && r.error.is_some() && !self.dead[key.0 as usize] {
             // The sender may have announced chunks before it learnt of the failure.
-            if self.failed_shm_recvs.len() == FAILED_SHM_MEMORY {
-                self.failed_shm_recvs.pop_front();
-            }
-            self.failed_shm_recvs.push_back(key);
+            self.failed_shm_recvs.remember(key);
         }
         let result = match r.error {
             Some(e) => Err(e),
@@ -303,13 +317,18 @@ impl Engine {
     }
 
     /// Fails receive `key` with `err` (the first error stands), telling the sender if
-    /// `notify`; it ends once its copies stop.
+    /// `notify`; it ends once its copies stop, and its network receive, which it asks to
+    /// end.
     pub(super) fn fail_recv(&mut self, key: (Rank, MsgId), err: ProtoError, notify: bool) {
         let Some(r) = self.recvs.get_mut(&key) else { return };
         if r.error.is_none() {
             r.error = Some(err);
+            let net = r.net;
             if notify {
                 self.send(key.0, Packet::Abort { msg: key.1, reason: AbortReason::CopyFailed, dir: Dir::ToSender });
+            }
+            if let Some(id) = net {
+                self.emit(Action::NetCancel { id });
             }
         }
         self.finish_recv(key);

@@ -2,15 +2,16 @@
 //!
 //! The policy ([`crate::policy::choose`]) picks GET, PUT, COOPERATE or SHM from the
 //! placement of both buffers, peer access, the size and this rank's load per peer
-//! (counted by `insert_recv` here and released by `finish_recv`). Starting
-//! the protocol is either this side's copies (GET, COOPERATE's back part, a copy to
-//! itself) or a CTS that hands the sender its part (PUT, COOPERATE, SHM).
+//! (counted by `insert_recv` here and released by `finish_recv`), and NET for a sender
+//! on another node. Starting the protocol is either this side's copies (GET,
+//! COOPERATE's back part, a copy to itself) or a CTS that hands the sender its part
+//! (PUT, COOPERATE, SHM), after posting the network receive for NET.
 
 use crate::policy::{self, PeerLoad, Protocol, ProtocolChoice};
 use crate::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet};
 use crate::{MsgId, ProtoError, Rank, ReqId, Tag};
 
-use super::copies::CopyOwner;
+use super::copies::OpOwner;
 use super::recv::RecvXfer;
 use super::shm::ShmState;
 use super::{Action, BufDesc, CopyEngine, Engine, Loc};
@@ -60,9 +61,10 @@ impl Engine {
             pending: 0,
             part_done: false,
             shm: None,
+            net: None,
             error: None,
         };
-        let owner = |chunk| CopyOwner::Recv { from, msg, chunk };
+        let owner = |chunk| OpOwner::Recv { from, msg, chunk };
         match choice.protocol {
             Protocol::SelfCopy => {
                 // The sender is this engine: copy straight between the two user buffers.
@@ -114,6 +116,12 @@ impl Engine {
             Protocol::Shm => {
                 self.send(from, Packet::Cts { msg, mode: CtsMode::Shm, dst: None, split: 0 });
                 x.shm = Some(ShmState::new(len, self.cfg.chunk_size));
+            }
+            Protocol::Net => {
+                // The data receive first: the sender starts sending on the CTS.
+                x.net = Some(self.post_net_recv(req, from, msg, len));
+                x.pending = 1;
+                self.send(from, Packet::Cts { msg, mode: CtsMode::Net, dst: None, split: 0 });
             }
         }
         self.insert_recv((from, msg), x);

@@ -15,7 +15,7 @@ use crate::policy::{Protocol, ProtocolChoice};
 use crate::wire::{AbortReason, Dir, Packet, Region};
 use crate::{MsgId, ProtoError, Rank, ReqId, Tag};
 
-use super::copies::CopyOwner;
+use super::copies::OpOwner;
 use super::recv::{PostedRecv, RecvXfer};
 use super::send::SendXfer;
 use super::{Action, BufDesc, CopyEngine, Engine, Loc};
@@ -107,6 +107,9 @@ impl Engine {
         if self.cfg.rtr_put_max == 0 || from == self.cfg.rank || buf.device.is_none() || buf.len == 0 {
             return None; // Nothing can push into it.
         }
+        if !self.cfg.is_on_node(from) {
+            return None; // Its region must not leave the node, and nothing there could map it.
+        }
         if self.matcher.first_posted(from, tag) != Some(req) {
             return None;
         }
@@ -116,14 +119,14 @@ impl Engine {
     }
 
     /// Whether a send of `buf` to `to` is of the kind an RTR can carry: device memory, not
-    /// empty, at most `rtr_put_max` bytes, to another rank. The transport looks for
-    /// offers (and may wait for one) only for these.
+    /// empty, at most `rtr_put_max` bytes, to another rank of this node. The transport
+    /// looks for offers (and may wait for one) only for these.
     pub fn rtr_eligible(&self, to: Rank, buf: &BufDesc) -> bool {
         buf.device.is_some()
             && buf.len > 0
             && buf.len <= self.cfg.rtr_put_max
             && to != self.cfg.rank
-            && to < self.cfg.size
+            && self.cfg.is_on_node(to)
     }
 
     /// Whether an eligible send of `buf` with `tag` to `to` that finds no offer should
@@ -189,7 +192,7 @@ impl Engine {
         p.sent += 1;
         self.sends_to[to as usize] += 1;
         let pending = self.issue_range(
-            CopyOwner::Send { msg, chunk: None },
+            OpOwner::Send { msg, chunk: None },
             CopyEngine::Device(dev),
             |o| Loc::User { req, offset: o },
             |o| Loc::Peer { peer: to, region: offer.dst, offset: o },
@@ -250,7 +253,18 @@ impl Engine {
         self.emit(Action::Chose { req, peer: from, len, choice });
         self.insert_recv(
             (from, msg),
-            RecvXfer { req, tag, len, buf, proto: Protocol::Put, pending: 0, part_done: false, shm: None, error: None },
+            RecvXfer {
+                req,
+                tag,
+                len,
+                buf,
+                proto: Protocol::Put,
+                pending: 0,
+                part_done: false,
+                shm: None,
+                net: None,
+                error: None,
+            },
         );
     }
 

@@ -1,7 +1,7 @@
 //! The sender's side of a message: posting it (eager inline, an RTS, or a push into
-//! the receiver's RTR offer), answering the receiver's CTS with PUT or COOPERATE copies
-//! or a place in the SHM ring, and ending the send on DONE, COOKIE, ABORT or its last
-//! copy.
+//! the receiver's RTR offer), answering the receiver's CTS with PUT or COOPERATE copies,
+//! a place in the SHM ring or (to another node) a network send, and ending the send on
+//! DONE, COOKIE, ABORT, its last copy or its network transfer.
 //!
 //! A rendezvous send is tracked ([`SendXfer`]) from its RTS until no engine reads its
 //! buffer any more. Its request may complete before that (SHM completes it once every
@@ -9,11 +9,11 @@
 
 use crate::policy::Protocol;
 use crate::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet, Region};
-use crate::{MsgId, ProtoError, Rank, ReqId, Tag};
+use crate::{MsgId, NetId, ProtoError, Rank, ReqId, Tag};
 
-use super::copies::CopyOwner;
+use super::copies::OpOwner;
 use super::shm::{ShmState, StagedChunk};
-use super::{BufDesc, CopyEngine, Engine, Loc, Status};
+use super::{Action, BufDesc, CopyEngine, Engine, Loc, Status};
 
 /// A rendezvous send in progress.
 #[derive(Debug)]
@@ -30,13 +30,15 @@ pub(super) struct SendXfer {
     /// The user request was completed (SHM completes it before the ring drains).
     completed: bool,
     pub(super) shm: Option<ShmState>,
+    /// NET: the network send, while outstanding (also counted in `pending`).
+    pub(super) net: Option<NetId>,
     pub(super) error: Option<ProtoError>,
 }
 
 impl SendXfer {
     /// A rendezvous send of `buf`, its protocol `proto` when already known.
     pub(super) fn new(req: ReqId, to: Rank, tag: Tag, buf: BufDesc, proto: Option<Protocol>, pending: u32) -> Self {
-        Self { req, to, tag, buf, proto, pending, cookie: false, completed: false, shm: None, error: None }
+        Self { req, to, tag, buf, proto, pending, cookie: false, completed: false, shm: None, net: None, error: None }
     }
 }
 
@@ -58,8 +60,10 @@ impl Engine {
     }
 
     /// Posts a send of `buf` to `to` with `tag`: eager with `payload` (the buffer's
-    /// bytes; the caller decides with [`is_eager`](Self::is_eager)), else a
-    /// rendezvous (which a host that does its own matching may use at any size).
+    /// bytes; the caller decides with [`is_eager_to`](Self::is_eager_to)), else a
+    /// rendezvous (which a host that does its own matching may use at any size). A
+    /// rendezvous to a rank of this node needs a device buffer's region; one to another
+    /// node never sends it (see `net`).
     pub fn post_send(&mut self, req: ReqId, to: Rank, tag: Tag, buf: BufDesc, payload: Option<Vec<u8>>) {
         if to >= self.cfg.size {
             return self.complete(req, Err(ProtoError::BadRank { rank: to, size: self.cfg.size }));
@@ -83,6 +87,8 @@ impl Engine {
             return self.complete(req, Err(ProtoError::Unsupported { what }));
         }
         let src = match (buf.device, buf.region) {
+            // Nothing of this rank is mapped on another node: the network moves the data.
+            _ if !self.cfg.is_on_node(to) => MemDesc::Net,
             (None, _) => MemDesc::Host,
             (Some(_), Some(r)) => MemDesc::Device(r),
             (Some(d), None) => {
@@ -104,9 +110,10 @@ impl Engine {
         self.sends.insert(msg, SendXfer::new(req, to, tag, buf, None, 0));
     }
 
-    /// The receiver chose PUT, COOPERATE or SHM for `msg` (CTS): start this side's part.
+    /// The receiver chose PUT, COOPERATE, SHM or NET for `msg` (CTS): start this side's part.
     /// A CTS that does not fit the send fails it, and the receiver is told.
     pub(super) fn on_cts(&mut self, from: Rank, msg: MsgId, mode: CtsMode, dst: Option<Region>, split: u64) {
+        let mode_fits = self.cts_mode_fits_peer(from, mode);
         let Some(s) = self.sends.get_mut(&msg) else {
             // Tell the receiver, whose request would otherwise wait for a DONE that
             // never comes (the RTS it answers was not ours: forged or stale).
@@ -119,6 +126,11 @@ impl Engine {
         let len = s.buf.len;
         let (req, dev) = (s.req, s.buf.device);
         let bad = |what: &str| format!("CTS {mode:?} for message {msg}: {what}");
+        if !mode_fits {
+            let what = bad("NET is the protocol with a rank on another node, and only with one");
+            self.violation(from, what.clone());
+            return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+        }
         match mode {
             CtsMode::Put | CtsMode::Coop => {
                 let Some(region) = dst.filter(|r| r.covers(len)) else {
@@ -144,7 +156,7 @@ impl Engine {
                 }
                 let proto = if mode == CtsMode::Put { Protocol::Put } else { Protocol::Coop };
                 let n = self.issue_range(
-                    CopyOwner::Send { msg, chunk: None },
+                    OpOwner::Send { msg, chunk: None },
                     CopyEngine::Device(dev),
                     |o| Loc::User { req, offset: o },
                     |o| Loc::Peer { peer: from, region, offset: o },
@@ -154,6 +166,14 @@ impl Engine {
                 let s = self.sends.get_mut(&msg).expect("checked above");
                 s.proto = Some(proto);
                 s.pending += n;
+            }
+            CtsMode::Net => {
+                if dst.is_some() {
+                    let what = bad("a region for a rank on another node");
+                    self.violation(from, what.clone());
+                    return self.fail_send(msg, ProtoError::Protocol { rank: from, what }, true);
+                }
+                self.post_net_send(msg);
             }
             CtsMode::Shm => {
                 s.proto = Some(Protocol::Shm);
@@ -199,6 +219,7 @@ impl Engine {
                     self.fail_send(msg, err, false);
                 }
             }
+            _ if self.ended_net_sends.contains((from, msg)) => {}
             _ => self.violation(from, format!("ABORT for unknown message {msg}")),
         }
     }
@@ -241,6 +262,8 @@ impl Engine {
         let ready = match s.proto {
             Some(Protocol::Put) => true,
             Some(Protocol::Coop) => s.cookie,
+            // MPI completed the receiver's side too: nothing to tell it.
+            Some(Protocol::Net) => return self.finish_send(msg),
             _ => false,
         };
         if ready {
@@ -275,6 +298,10 @@ impl Engine {
         self.complete_send_request(msg);
         let s = self.sends.remove(&msg).expect("live send");
         self.sends_to[s.to as usize] -= 1;
+        if s.proto == Some(Protocol::Net) && !self.dead[s.to as usize] {
+            // MPI may complete our side before the receiver's fails; it then says so.
+            self.ended_net_sends.remember((s.to, msg));
+        }
         if s.proto == Some(Protocol::Shm) {
             if let Some(ring) = self.shm_rings.get_mut(&s.to) {
                 ring.queue.retain(|m| *m != msg);
@@ -283,14 +310,17 @@ impl Engine {
     }
 
     /// Fails send `msg` with `err` (the first error stands), telling the receiver if
-    /// `notify`; it ends once its copies stop.
+    /// `notify`; it ends once its copies stop, and its network send, which it asks to end.
     pub(super) fn fail_send(&mut self, msg: MsgId, err: ProtoError, notify: bool) {
         let Some(s) = self.sends.get_mut(&msg) else { return };
         if s.error.is_none() {
             s.error = Some(err);
+            let (to, net) = (s.to, s.net);
             if notify {
-                let to = s.to;
                 self.send(to, Packet::Abort { msg, reason: AbortReason::CopyFailed, dir: Dir::ToReceiver });
+            }
+            if let Some(id) = net {
+                self.emit(Action::NetCancel { id });
             }
         }
         self.finish_send(msg);

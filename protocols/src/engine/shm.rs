@@ -13,11 +13,8 @@ use std::collections::VecDeque;
 use crate::wire::Packet;
 use crate::{MsgId, ProtoError, Rank};
 
-use super::copies::CopyOwner;
+use super::copies::OpOwner;
 use super::{Action, CopyCmd, CopyEngine, Engine, Loc};
-
-/// How many failed SHM receives an engine remembers (see `Engine::failed_shm_recvs`).
-pub(super) const FAILED_SHM_MEMORY: usize = 64;
 
 /// Where an SHM transfer stands.
 #[derive(Debug)]
@@ -108,7 +105,7 @@ impl Engine {
             ));
         }
         for (msg, c, req, off, n, engine) in cmds {
-            let id = self.new_copy(CopyOwner::Send { msg, chunk: Some(c) });
+            let id = self.new_copy(OpOwner::Send { msg, chunk: Some(c) });
             self.emit(Action::Copy(CopyCmd {
                 id,
                 engine,
@@ -142,7 +139,7 @@ impl Engine {
         let Some(r) = self.recvs.get_mut(&(from, msg)) else {
             // Nothing is read from the slot; the acknowledgement keeps the sender's
             // ring moving.
-            if !self.failed_shm_recvs.contains(&(from, msg)) {
+            if !self.failed_shm_recvs.contains((from, msg)) {
                 self.violation(from, format!("CHUNK for unknown message {msg}"));
             }
             return self.send(from, Packet::ChunkAck { msg, index });
@@ -164,7 +161,7 @@ impl Engine {
         let req = r.req;
         let engine = r.buf.device.map_or(CopyEngine::Host, CopyEngine::Device);
         r.pending += 1;
-        let id = self.new_copy(CopyOwner::Recv { from, msg, chunk: Some(index) });
+        let id = self.new_copy(OpOwner::Recv { from, msg, chunk: Some(index) });
         self.emit(Action::Copy(CopyCmd {
             id,
             engine,
