@@ -161,8 +161,10 @@ pub struct Context {
 impl Context {
     /// Joins the job described by the environment (see [`JobInfo::from_env`]) with
     /// the configuration of the `GPULMT_*` variables.
+    ///
+    /// Installs no log subscriber: gpulmt's events go to the application's own, if it
+    /// has one (see [`crate::logging`]).
     pub fn init() -> Result<Context> {
-        crate::logging::init("warn");
         Self::init_with(Config::from_env()?, JobInfo::from_env()?)
     }
 
@@ -176,7 +178,6 @@ impl Context {
         info: JobInfo,
         channel: Option<crate::plugin::HostChannel>,
     ) -> Result<Context> {
-        crate::logging::init("warn");
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {

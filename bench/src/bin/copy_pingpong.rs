@@ -226,6 +226,7 @@ impl Side {
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let args = Args::parse();
     let sizes: Vec<usize> = gpulmt_bench::sizes_in(args.sizes).into_iter().filter(|&s| s > 0).collect();
     let max = sizes.iter().copied().max().unwrap_or(1);

@@ -431,6 +431,7 @@ fn backend_variant(tag: &str, b: &CudaBackend, engine: u32, dst: usize, src: usi
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let len: usize = std::env::args().nth(1).map(|s| s.parse().expect("bytes")).unwrap_or(8);
     let b = match CudaBackend::try_new() {
         Ok(b) => b,

@@ -355,6 +355,7 @@ fn hold(b: &CudaBackend, time: std::time::Duration) {
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let sizes: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("bytes")).collect();
     let sizes = if sizes.is_empty() { vec![8, 4096, 65536] } else { sizes };
     let b = CudaBackend::try_new().unwrap_or_else(|e| {

@@ -118,7 +118,7 @@ unsafe fn raise(comm: MPI_Comm, code: c_int) -> c_int {
     code
 }
 
-/// Installs the log subscriber before gpulmt does, with one difference to gpulmt's
+/// Installs the log subscriber (the library installs none), with one difference to gpulmt's
 /// default (`GPULMT_LOG`, default `warn`): the sim backend's warning that a device
 /// buffer was freed while a peer still maps it is expected here (peers keep mappings
 /// cached, and gpulmt_mpi_free is not collective; CUDA behaves the same, silently),

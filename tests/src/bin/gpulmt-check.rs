@@ -1546,6 +1546,7 @@ fn wildcard_barrier(ctx: &mut Context, timeout_s: u64) {
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let cli = Cli::parse();
     let mut ctx = Context::init().unwrap_or_else(|e| fail(format!("Context::init: {e}")));
     RANK.store(ctx.rank(), Ordering::Relaxed);
