@@ -475,7 +475,7 @@ impl Context {
                 let mut polls = 0u32;
                 while !self.engine.rtr_ready(dst, tag, &desc) {
                     polls = polls.wrapping_add(1);
-                    if polls % 16 == 0 && Instant::now() >= deadline {
+                    if polls.is_multiple_of(16) && Instant::now() >= deadline {
                         self.engine.rtr_wait_failed(dst);
                         break;
                     }

@@ -150,7 +150,7 @@ impl Side {
                 return false;
             }
             spins = spins.wrapping_add(1);
-            if spins % (1 << 20) == 0 && since.get_or_insert_with(Instant::now).elapsed() > STALL {
+            if spins.is_multiple_of(1 << 20) && since.get_or_insert_with(Instant::now).elapsed() > STALL {
                 die(format!("rank {} heard nothing from the other process for {STALL:?}", self.rank));
             }
             std::hint::spin_loop();
