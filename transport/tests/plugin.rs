@@ -140,6 +140,6 @@ fn run_every_protocol(rings: bool) {
         });
         t0.join().unwrap();
         t1.join().unwrap();
-        gpulmt::shm::segment::remove_job_objects(&job);
+        gpulmt::shm::object::remove_job_objects(&job);
     }
 }

@@ -35,8 +35,6 @@
 //! the CUDA driver's calls take; unset: none).
 
 use std::collections::{BTreeMap, HashSet};
-use std::ffi::CString;
-use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,6 +42,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
+
+use crate::shm::object::{ShmError, ShmSegment, SIM_PREFIX};
 
 use super::{
     BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, IpcHandle, Mapping, MemoryKind,
@@ -63,9 +63,6 @@ pub const ENV_COPY: &str = "GPULMT_SIM_COPY";
 /// Environment variable: `ISSUE,DONE,NOT_READY` nanoseconds of CPU that starting a copy,
 /// a poll answering "done" and one answering "not yet" spin for.
 pub const ENV_DRIVER_NS: &str = "GPULMT_SIM_DRIVER_NS";
-
-/// Prefix of every shared-memory object of this backend, as it appears in `/dev/shm`.
-pub const SHM_PREFIX: &str = "gpulmt-sim-";
 
 /// Upper bound on `GPULMT_SIM_DEVICES`: far beyond any real node, low enough that a
 /// typo (an extra digit) is caught rather than silently accepted.
@@ -335,15 +332,6 @@ struct Header {
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
 
-/// Views the header of a mapping that starts at `map_base`.
-///
-/// # Safety
-/// `map_base` must be the start of a live mapping of at least `HEADER_BYTES` bytes
-/// that stays mapped for `'a`.
-unsafe fn header<'a>(map_base: usize) -> &'a Header {
-    &*(map_base as *const Header)
-}
-
 /// The fields of an exported handle, little-endian in its 64 bytes:
 /// `[0..8)` magic, `[8..12)` version, `[12..16)` owner pid, `[16..24)` nonce,
 /// `[24..32)` buffer id, `[32..40)` size, `[40..44)` device, rest zero.
@@ -399,32 +387,53 @@ impl HandleFields {
     }
 }
 
-/// Name of an allocation's shared-memory object, as passed to `shm_open`.
-fn shm_name(pid: u32, nonce: u64, buffer_id: u64) -> CString {
-    CString::new(format!("/{SHM_PREFIX}{pid}-{nonce:016x}-{buffer_id}")).expect("formatted name has no NUL")
+/// Name of an allocation's shared-memory object (the file name under `/dev/shm`).
+fn shm_name(pid: u32, nonce: u64, buffer_id: u64) -> String {
+    format!("{SIM_PREFIX}{pid}-{nonce:016x}-{buffer_id}")
 }
 
-/// Bytes of the whole object (header page + data rounded up) for a data size.
+/// Bytes of the whole object (header page + data rounded up) for a data size; None when
+/// no object can be that large (it must fit `off_t`).
 fn object_len(size: usize) -> Option<usize> {
     let data = size.max(1).checked_add(ALLOC_GRANULARITY - 1)? / ALLOC_GRANULARITY * ALLOC_GRANULARITY;
-    data.checked_add(HEADER_BYTES)
+    data.checked_add(HEADER_BYTES).filter(|&len| libc::off_t::try_from(len).is_ok())
 }
 
 fn bad_handle(reason: impl Into<String>) -> DeviceError {
     DeviceError::BadHandle { reason: reason.into() }
 }
 
-/// Turns the current `errno` into a [`DeviceError::Driver`] naming the libc call.
-fn os_error(call: &'static str, what: impl std::fmt::Display) -> DeviceError {
-    errno_error(call, io::Error::last_os_error().raw_os_error().unwrap_or(0), what)
+/// A failure of the shared-memory layer as a [`DeviceError::Driver`] naming the libc call
+/// (and its errno) where there is one.
+fn shm_error(e: ShmError) -> DeviceError {
+    let call = match &e {
+        ShmError::Os { call, .. } => call,
+        _ => "shm",
+    };
+    DeviceError::Driver { call, code: e.raw_os_error().unwrap_or(0) as i64, message: e.to_string() }
 }
 
-fn errno_error(call: &'static str, errno: i32, what: impl std::fmt::Display) -> DeviceError {
-    DeviceError::Driver {
-        call,
-        code: errno as i64,
-        message: format!("{what}: {}", io::Error::from_raw_os_error(errno)),
+/// Removes an allocation's object name; unlike cleanup paths, a name already gone is an
+/// error here: only this instance removes its own names while it lives.
+fn unlink(name: &str) -> Result<(), DeviceError> {
+    match ShmSegment::unlink(name) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(DeviceError::Driver {
+            call: "shm_unlink",
+            code: libc::ENOENT as i64,
+            message: format!("removing /{name}: it was removed by someone else (gpulmt-run --cleanup?)"),
+        }),
+        Err(e) => Err(shm_error(e)),
     }
+}
+
+/// The header page of one of this backend's objects.
+fn header(map: &ShmSegment) -> &Header {
+    assert!(map.len() >= HEADER_BYTES, "a sim object is shorter than its header page");
+    // SAFETY: the mapping is page-aligned (so aligned for Header), at least HEADER_BYTES
+    // long (checked above) and stays mapped while `map` is borrowed. Its plain fields are
+    // written once by the owner before the handle is exported; the rest are atomics.
+    unsafe { &*map.ptr().cast::<Header>() }
 }
 
 /// A per-instance random nonce, so that object names never collide between backends
@@ -440,81 +449,6 @@ fn fresh_nonce() -> u64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     h.write_u128(now);
     h.finish()
-}
-
-/// A shared-memory file descriptor, closed on drop (error paths) or through
-/// [`ShmFd::close`] where the result matters.
-struct ShmFd(libc::c_int);
-
-impl ShmFd {
-    fn close(mut self) -> Result<(), DeviceError> {
-        let fd = std::mem::replace(&mut self.0, -1);
-        // SAFETY: fd is an open descriptor we own; it is closed exactly once.
-        if unsafe { libc::close(fd) } != 0 {
-            return Err(os_error("close", "closing a sim shared-memory object"));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for ShmFd {
-    fn drop(&mut self) {
-        if self.0 >= 0 {
-            // SAFETY: as in `close`. Only reached on error paths, which already fail.
-            if unsafe { libc::close(self.0) } != 0 {
-                warn!(error = %io::Error::last_os_error(), "sim: close of a shared-memory object failed");
-            }
-        }
-    }
-}
-
-/// A mapping unmapped on drop unless [`MapGuard::keep`] is called: keeps the error
-/// paths of alloc/open free of leaks.
-struct MapGuard {
-    base: usize,
-    len: usize,
-}
-
-impl MapGuard {
-    fn keep(self) -> usize {
-        let base = self.base;
-        std::mem::forget(self);
-        base
-    }
-}
-
-impl Drop for MapGuard {
-    fn drop(&mut self) {
-        if let Err(e) = unmap(self.base, self.len) {
-            warn!(error = %e, "sim: unmapping after a failed operation");
-        }
-    }
-}
-
-fn map_shared(fd: &ShmFd, len: usize, what: &str) -> Result<MapGuard, DeviceError> {
-    // SAFETY: a fresh mapping chosen by the kernel; aliases nothing of ours.
-    let p =
-        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.0, 0) };
-    if p == libc::MAP_FAILED {
-        return Err(os_error("mmap", format!("mapping {what} ({len} bytes)")));
-    }
-    Ok(MapGuard { base: p as usize, len })
-}
-
-fn unmap(base: usize, len: usize) -> Result<(), DeviceError> {
-    // SAFETY: callers pass a mapping they created and no longer use.
-    if unsafe { libc::munmap(base as *mut libc::c_void, len) } != 0 {
-        return Err(os_error("munmap", format!("unmapping {base:#x} ({len} bytes)")));
-    }
-    Ok(())
-}
-
-fn unlink(name: &CString) -> Result<(), DeviceError> {
-    // SAFETY: name is a valid NUL-terminated string.
-    if unsafe { libc::shm_unlink(name.as_ptr()) } != 0 {
-        return Err(os_error("shm_unlink", format!("removing {}", name.to_string_lossy())));
-    }
-    Ok(())
 }
 
 /// Decrements a header's `mappers` without wrapping: a count corrupted by a crashed
@@ -542,9 +476,8 @@ struct LocalAlloc {
     dev: DevId,
     size: usize,
     buffer_id: u64,
-    map_base: usize,
-    map_len: usize,
-    name: CString,
+    /// The whole object: header page, then the data.
+    map: ShmSegment,
 }
 
 #[derive(Debug)]
@@ -552,8 +485,8 @@ struct PeerMap {
     key: OpenKey,
     owner_dev: DevId,
     size: usize,
-    map_base: usize,
-    map_len: usize,
+    /// The whole object: header page, then the data.
+    map: ShmSegment,
 }
 
 #[derive(Debug)]
@@ -765,17 +698,16 @@ impl SimBackend {
 
     /// Releases a local allocation already removed from the registry. Returns the
     /// number of peers that still mapped it, or the first libc error.
-    fn release_local(l: &LocalAlloc) -> Result<u32, DeviceError> {
-        // SAFETY: the mapping is live until unmapped below.
-        let h = unsafe { header(l.map_base) };
+    fn release_local(l: LocalAlloc) -> Result<u32, DeviceError> {
+        let h = header(&l.map);
         // SeqCst store-then-load, mirrored by open_handle's add-then-load: at least
         // one side sees the other, so a peer cannot slip in unnoticed between the
         // check and the unlink (at worst both back off, which is safe).
         h.freed.store(1, Ordering::SeqCst);
         let mappers = h.mappers.load(Ordering::SeqCst);
-        let unmapped = unmap(l.map_base, l.map_len);
-        // Unlink even if unmapping failed: the name must not outlive the allocation.
-        let unlinked = unlink(&l.name);
+        // Unlink even if unmapping fails: the name must not outlive the allocation.
+        let unlinked = unlink(l.map.name());
+        let unmapped = l.map.unmap().map_err(shm_error);
         unmapped.and(unlinked)?;
         Ok(mappers)
     }
@@ -804,50 +736,14 @@ impl DeviceBackend for SimBackend {
         })?;
         let buffer_id = NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed);
         let name = shm_name(self.pid, self.nonce, buffer_id);
-        let shown = name.to_string_lossy().into_owned();
-
-        // SAFETY: valid C string; O_EXCL so we never adopt someone else's object.
-        let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
-        if fd < 0 {
-            return Err(os_error("shm_open", format!("creating {shown}")));
-        }
-        let fd = ShmFd(fd);
-        // From here on, any failure must remove the name again.
-        let fail = |e: DeviceError| {
-            if let Err(u) = unlink(&name) {
-                warn!(error = %u, "sim: removing a half-made allocation");
-            }
-            e
-        };
-        // SAFETY: fd is open; the length fits off_t (checked by try_from).
-        let off = libc::off_t::try_from(map_len).map_err(|_| {
-            fail(DeviceError::Driver {
-                call: "alloc",
-                code: CUDA_ERROR_OUT_OF_MEMORY,
-                message: format!("{bytes} bytes cannot be allocated"),
-            })
-        })?;
-        if unsafe { libc::ftruncate(fd.0, off) } != 0 {
-            return Err(fail(os_error("ftruncate", format!("sizing {shown} to {map_len} bytes"))));
-        }
-        // Reserve the pages now: a full /dev/shm must fail here, like cuMemAlloc
-        // returning out-of-memory, not as a SIGBUS on first touch deep in a copy.
-        // SAFETY: fd is open. posix_fallocate returns the error instead of setting errno.
-        let rc = unsafe { libc::posix_fallocate(fd.0, 0, off) };
-        if rc != 0 && rc != libc::EOPNOTSUPP {
-            return Err(fail(errno_error(
-                "posix_fallocate",
-                rc,
-                format!("reserving {map_len} bytes for {shown} (is /dev/shm too small? docker: --shm-size)"),
-            )));
-        }
-        let map = map_shared(&fd, map_len, &shown).map_err(fail)?;
-        fd.close().map_err(fail)?;
+        // Pages reserved now: a full /dev/shm must fail here, like cuMemAlloc returning
+        // out-of-memory, not as a SIGBUS on first touch deep in a copy.
+        let map = ShmSegment::create_reserved(&name, map_len).map_err(shm_error)?;
         // SAFETY: the mapping is fresh, page-aligned and at least HEADER_BYTES long;
         // nobody else can know its name before export, so a plain write is race-free.
         unsafe {
             std::ptr::write(
-                map.base as *mut Header,
+                map.ptr().cast::<Header>(),
                 Header {
                     magic: HEADER_MAGIC,
                     owner_pid: self.pid,
@@ -859,11 +755,8 @@ impl DeviceBackend for SimBackend {
                 },
             )
         };
-        let map_base = map.keep();
-        let data = map_base + HEADER_BYTES;
-        lock(&self.state)
-            .regions
-            .insert(data, Region::Local(LocalAlloc { dev, size, buffer_id, map_base, map_len, name }));
+        let data = map.ptr() as usize + HEADER_BYTES;
+        lock(&self.state).regions.insert(data, Region::Local(LocalAlloc { dev, size, buffer_id, map }));
         debug!(dev, bytes, buffer_id, ptr = format_args!("{data:#x}"), "sim: alloc");
         Ok(data)
     }
@@ -885,16 +778,17 @@ impl DeviceBackend for SimBackend {
                 }
             }
         };
-        let mappers = Self::release_local(&local)?;
-        debug!(buffer_id = local.buffer_id, ptr = format_args!("{ptr:#x}"), "sim: free");
+        let buffer_id = local.buffer_id;
+        let mappers = Self::release_local(local)?;
+        debug!(buffer_id, ptr = format_args!("{ptr:#x}"), "sim: free");
         if mappers > 0 {
             warn!(
-                buffer_id = local.buffer_id,
+                buffer_id,
                 ptr = format_args!("{ptr:#x}"),
                 mappers,
                 "sim: allocation freed while peers still map it (their pages stay alive, as with CUDA)"
             );
-            return Err(DeviceError::FreedWhileMapped { ptr, buffer_id: local.buffer_id, mappers });
+            return Err(DeviceError::FreedWhileMapped { ptr, buffer_id, mappers });
         }
         Ok(())
     }
@@ -961,49 +855,32 @@ impl DeviceBackend for SimBackend {
         let reservation = Reservation { st: &self.state, key };
 
         let name = shm_name(f.owner_pid, f.nonce, f.buffer_id);
-        let shown = name.to_string_lossy().into_owned();
-        // SAFETY: valid C string; no O_CREAT, so we only ever open an existing object.
-        let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDWR, 0) };
-        if fd < 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ENOENT) {
+        // Mapped at the object's own length, never more, so a forged size cannot turn into
+        // a SIGBUS on first touch; the length is checked against the handle's just after.
+        let map = match ShmSegment::open(&name) {
+            Ok(map) => map,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 return Err(bad_handle(format!(
-                    "buffer {} of pid {}: no object {shown}: the owner freed it or exited",
+                    "buffer {} of pid {}: no object /{name}: the owner freed it or exited",
                     f.buffer_id, f.owner_pid
                 )));
             }
-            return Err(errno_error("shm_open", err.raw_os_error().unwrap_or(0), format!("opening {shown}")));
-        }
-        let fd = ShmFd(fd);
-        // Check the length before mapping: mapping more than the object holds would
-        // turn a forged size into a SIGBUS on first touch.
-        // SAFETY: fd is open; st is plain old data filled by the kernel.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd.0, &mut st) } != 0 {
-            return Err(os_error("fstat", format!("sizing {shown}")));
-        }
-        if st.st_size as u64 != map_len as u64 {
+            Err(ShmError::Empty { .. }) => {
+                return Err(bad_handle(format!(
+                    "/{name} is empty: not an allocation (forged handle, or its owner died making it)"
+                )));
+            }
+            Err(e) => return Err(shm_error(e)),
+        };
+        if map.len() != map_len {
             return Err(bad_handle(format!(
-                "{shown} holds {} bytes but the handle's size {} needs {map_len} (forged or corrupt handle)",
-                st.st_size, f.size
+                "/{name} holds {} bytes but the handle's size {} needs {map_len} (forged or corrupt handle)",
+                map.len(),
+                f.size
             )));
         }
-        let map = map_shared(&fd, map_len, &shown)?;
-        fd.close()?;
-        // SAFETY: the mapping is live and at least HEADER_BYTES long; the guard keeps
-        // it mapped for as long as `h` is used below.
-        let h = unsafe { header(map.base) };
-        // SAFETY (reads): plain fields are written once by the owner before export.
-        let (magic, owner_pid, device, buffer_id, hsize) = unsafe {
-            let p = map.base as *const Header;
-            (
-                std::ptr::addr_of!((*p).magic).read(),
-                std::ptr::addr_of!((*p).owner_pid).read(),
-                std::ptr::addr_of!((*p).device).read(),
-                std::ptr::addr_of!((*p).buffer_id).read(),
-                std::ptr::addr_of!((*p).size).read(),
-            )
-        };
+        let h = header(&map);
+        let (magic, owner_pid, device, buffer_id, hsize) = (h.magic, h.owner_pid, h.device, h.buffer_id, h.size);
         if magic != HEADER_MAGIC
             || owner_pid != f.owner_pid
             || buffer_id != f.buffer_id
@@ -1011,7 +888,7 @@ impl DeviceBackend for SimBackend {
             || device != f.device
         {
             return Err(bad_handle(format!(
-                "{shown} does not match the handle (header: pid {owner_pid}, device {device}, buffer {buffer_id}, size {hsize}; handle: pid {}, device {}, buffer {}, size {}): forged or corrupt handle",
+                "/{name} does not match the handle (header: pid {owner_pid}, device {device}, buffer {buffer_id}, size {hsize}; handle: pid {}, device {}, buffer {}, size {}): forged or corrupt handle",
                 f.owner_pid, f.device, f.buffer_id, f.size
             )));
         }
@@ -1037,11 +914,8 @@ impl DeviceBackend for SimBackend {
         if self.cfg.ipc_open_us > 0 {
             std::thread::sleep(Duration::from_micros(self.cfg.ipc_open_us));
         }
-        let map_base = map.keep();
-        let data = map_base + HEADER_BYTES;
-        lock(&self.state)
-            .regions
-            .insert(data, Region::Peer(PeerMap { key, owner_dev: f.device, size, map_base, map_len }));
+        let data = map.ptr() as usize + HEADER_BYTES;
+        lock(&self.state).regions.insert(data, Region::Peer(PeerMap { key, owner_dev: f.device, size, map }));
         // The key stays reserved until close_handle.
         std::mem::forget(reservation);
         debug!(owner = f.owner_pid, buffer_id = f.buffer_id, on, ptr = format_args!("{data:#x}"), "sim: open_handle");
@@ -1067,10 +941,10 @@ impl DeviceBackend for SimBackend {
             st.open_keys.remove(&p.key);
             p
         };
-        // SAFETY: still mapped until the unmap below.
-        release_mapper(unsafe { header(peer.map_base) }, peer.key.buffer_id);
-        unmap(peer.map_base, peer.map_len)?;
-        debug!(owner = peer.key.owner_pid, buffer_id = peer.key.buffer_id, "sim: close_handle");
+        release_mapper(header(&peer.map), peer.key.buffer_id);
+        let (owner, buffer_id) = (peer.key.owner_pid, peer.key.buffer_id);
+        peer.map.unmap().map_err(shm_error)?;
+        debug!(owner, buffer_id, "sim: close_handle");
         Ok(())
     }
 
@@ -1212,121 +1086,24 @@ impl Drop for SimBackend {
         for (ptr, region) in st.regions {
             match region {
                 Region::Peer(p) => {
-                    // SAFETY: mapped until the unmap just after.
-                    release_mapper(unsafe { header(p.map_base) }, p.key.buffer_id);
-                    if let Err(e) = unmap(p.map_base, p.map_len) {
+                    release_mapper(header(&p.map), p.key.buffer_id);
+                    if let Err(e) = p.map.unmap() {
                         warn!(error = %e, "sim: unmapping a peer mapping at shutdown");
                     }
                 }
-                Region::Local(l) => match Self::release_local(&l) {
-                    Ok(0) => {}
-                    Ok(mappers) => warn!(
-                        buffer_id = l.buffer_id,
+                Region::Local(l) => match (l.buffer_id, Self::release_local(l)) {
+                    (_, Ok(0)) => {}
+                    (buffer_id, Ok(mappers)) => warn!(
+                        buffer_id,
                         ptr = format_args!("{ptr:#x}"),
                         mappers,
                         "sim: allocation released at shutdown while peers still map it"
                     ),
-                    Err(e) => warn!(error = %e, "sim: releasing an allocation at shutdown"),
+                    (_, Err(e)) => warn!(error = %e, "sim: releasing an allocation at shutdown"),
                 },
             }
         }
     }
-}
-
-// ---------------------------------------------------------------------------------
-// Cleanup of leftovers
-// ---------------------------------------------------------------------------------
-
-/// The pid in a `/dev/shm` entry name of this backend, if it is one.
-fn object_pid(file_name: &str) -> Option<u32> {
-    let rest = file_name.strip_prefix(SHM_PREFIX)?;
-    let (pid, _) = rest.split_once('-')?;
-    pid.parse().ok()
-}
-
-/// Unlinks every object of this backend in `/dev/shm` whose owner pid satisfies `pick`.
-fn remove_objects_where(mut pick: impl FnMut(u32) -> bool) -> Result<usize, DeviceError> {
-    let dir = match std::fs::read_dir("/dev/shm") {
-        Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(errno_error("opendir", e.raw_os_error().unwrap_or(0), "listing /dev/shm")),
-    };
-    let mut removed = 0;
-    for entry in dir {
-        let entry = entry.map_err(|e| errno_error("readdir", e.raw_os_error().unwrap_or(0), "listing /dev/shm"))?;
-        let file_name = entry.file_name();
-        let Some(name) = file_name.to_str() else {
-            continue;
-        };
-        let Some(pid) = object_pid(name) else {
-            continue;
-        };
-        if !pick(pid) {
-            continue;
-        }
-        let cname = CString::new(format!("/{name}")).expect("directory entries have no NUL");
-        // SAFETY: valid C string.
-        if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
-            let err = io::Error::last_os_error();
-            // Someone else (a concurrent cleanup, the owner) removed it first: fine.
-            if err.raw_os_error() == Some(libc::ENOENT) {
-                continue;
-            }
-            return Err(errno_error(
-                "shm_unlink",
-                err.raw_os_error().unwrap_or(0),
-                format!("removing /dev/shm/{name}"),
-            ));
-        }
-        debug!(name, "sim: removed leftover shared-memory object");
-        removed += 1;
-    }
-    Ok(removed)
-}
-
-/// Removes the objects in `/dev/shm` left by sim backends of processes that no longer
-/// exist (crashed or killed before they could clean up). Returns how many it removed.
-///
-/// Liveness is `kill(pid, 0)` failing with `ESRCH`, so a process of another user
-/// (`EPERM`) counts as alive. Only meaningful within one pid namespace: a container
-/// sharing `/dev/shm` with the host sees other pids.
-pub fn cleanup_stale_sim_objects() -> Result<usize, DeviceError> {
-    let mut first_error = None;
-    let removed = remove_objects_where(|pid| {
-        // kill(0, ..) would address our process group, and pids above i32::MAX
-        // cannot exist; neither is a name we made.
-        let Ok(p) = libc::pid_t::try_from(pid) else {
-            return false;
-        };
-        if p <= 0 {
-            return false;
-        }
-        // SAFETY: signal 0 only checks that the process exists.
-        if unsafe { libc::kill(p, 0) } == 0 {
-            return false;
-        }
-        match io::Error::last_os_error().raw_os_error() {
-            Some(libc::ESRCH) => true,
-            Some(libc::EPERM) => false,
-            other => {
-                first_error
-                    .get_or_insert_with(|| errno_error("kill", other.unwrap_or(0), format!("probing pid {pid}")));
-                false
-            }
-        }
-    })?;
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(removed),
-    }
-}
-
-/// Removes every object in `/dev/shm` made by the sim backend of process `pid`; the
-/// launcher calls it after a child exits, since a crashed child cannot clean up.
-/// Returns how many it removed. Calling it with the pid of a live process pulls the
-/// names from under it (its mappings stay valid, but peers can no longer open them).
-pub fn remove_objects_of_pid(pid: u32) -> Result<usize, DeviceError> {
-    remove_objects_where(|p| p == pid)
 }
 
 // ---------------------------------------------------------------------------------
@@ -1348,7 +1125,7 @@ mod tests {
     }
 
     fn shm_path(b: &SimBackend, buffer_id: u64) -> std::path::PathBuf {
-        format!("/dev/shm/{SHM_PREFIX}{}-{:016x}-{buffer_id}", b.pid, b.nonce).into()
+        format!("/dev/shm/{SIM_PREFIX}{}-{:016x}-{buffer_id}", b.pid, b.nonce).into()
     }
 
     fn fill(b: &SimBackend, ptr: usize, bytes: &[u8]) {
@@ -1372,7 +1149,7 @@ mod tests {
     fn mappers_of(b: &SimBackend, ptr: usize) -> u32 {
         let st = lock(&b.state);
         let Some(Region::Local(l)) = st.regions.get(&ptr) else { panic!("not local") };
-        unsafe { header(l.map_base) }.mappers.load(Ordering::SeqCst)
+        header(&l.map).mappers.load(Ordering::SeqCst)
     }
 
     #[test]
@@ -1787,31 +1564,6 @@ mod tests {
         let mut h = f.encode();
         h.0[63] = 1;
         assert!(HandleFields::decode(&h).is_err());
-    }
-
-    #[test]
-    fn cleanup_of_dead_and_given_pids() {
-        // A pid that surely is dead: a child we started and reaped.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let make = |pid: u32, tag: &str| {
-            let path = format!("/dev/shm/{SHM_PREFIX}{pid}-{tag}-1");
-            std::fs::write(&path, b"x").unwrap();
-            std::path::PathBuf::from(path)
-        };
-        let stale = make(dead, "00000000deadbeef");
-        let live = make(std::process::id(), "00000000feedface");
-        assert!(cleanup_stale_sim_objects().unwrap() >= 1);
-        assert!(!stale.exists());
-        assert!(live.exists(), "objects of live processes must be kept");
-
-        let other = make(dead, "00000000cafef00d");
-        assert_eq!(remove_objects_of_pid(dead).unwrap(), 1);
-        assert!(!other.exists());
-        std::fs::remove_file(&live).unwrap();
-        assert_eq!(object_pid("gpulmt-sim-123-abc-4"), Some(123));
-        assert_eq!(object_pid("gpulmt-other-123-abc-4"), None);
     }
 
     /// Environment variable carrying a hex handle to [`cross_process_child`].
