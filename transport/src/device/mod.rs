@@ -10,7 +10,6 @@
 //!   device, configurable peer topology; for CI and machines without a GPU.
 //! - [`cuda`]: NVIDIA driver API through cudarc, loaded at run time.
 
-mod copy_server;
 pub mod cuda;
 mod finished;
 mod sharing;

@@ -73,14 +73,14 @@ impl PeerMatrix {
     }
 }
 
-/// Configuration of a [`SimBackend`].
+/// Configuration of a [`SimBackend`](super::SimBackend).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
     /// Number of simulated devices (at least 1).
     pub devices: u32,
     /// Peer-access topology.
     pub peer: PeerMatrix,
-    /// How long [`DeviceBackend::open_handle`] sleeps, in microseconds, to model the
+    /// How long [`open_handle`](crate::device::DeviceBackend::open_handle) sleeps, in microseconds, to model the
     /// real driver's cost of opening an IPC handle.
     pub ipc_open_us: u64,
     /// Copies made inside `copy_async`, finished when it returns: an engine that takes no

@@ -6,7 +6,7 @@
 //! - **Device memory** is POSIX shared memory, one named object per allocation
 //!   (`/dev/shm/gpulmt-sim-<pid>-<nonce>-<buffer id>`), so that another process can map
 //!   it from an exported handle exactly as `cuIpcOpenMemHandle` maps a peer's
-//!   allocation. The first 4096 bytes of each object are a [`Header`] that lets the
+//!   allocation. The first 4096 bytes of each object are a header (`object.rs`) that lets the
 //!   opener verify the handle and lets the owner count the peers that map it.
 //! - **IPC rules** of the real driver are enforced because the handle cache above
 //!   relies on them: a handle cannot be opened twice in one process
@@ -33,6 +33,11 @@
 //! paths overlap a copy as they do on a GPU) and `GPULMT_SIM_DRIVER_NS`
 //! (`ISSUE,DONE,NOT_READY`: CPU time a copy's issue and a poll's answers spin for, as
 //! the CUDA driver's calls take; unset: none).
+//!
+//! Files: this one (the backend and its [`DeviceBackend`] table), `config.rs`,
+//! `object.rs` (an allocation's shared-memory object: header page, handle, name),
+//! `registry.rs` (what an instance has mapped), `engine.rs` (copy engine threads and
+//! tickets) and `tests.rs`.
 
 mod config;
 mod engine;

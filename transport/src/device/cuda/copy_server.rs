@@ -53,8 +53,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
-use super::cuda::{check, cu, warn_teardown};
-use super::DeviceError;
+use super::driver::{check, cu, warn_teardown};
+use crate::device::DeviceError;
 
 /// Descriptors in the ring: copies the server may have queued at once. A copy that finds
 /// the ring full goes to the copy engine instead.
@@ -511,7 +511,7 @@ mod tests {
 
     /// No driver here: a call that needs the context fails, which shows it was made.
     fn no_context() -> Result<(), DeviceError> {
-        Err(DeviceError::Unsupported { op: "entering a context", backend: super::super::BackendKind::Sim })
+        Err(DeviceError::Unsupported { op: "entering a context", backend: crate::device::BackendKind::Sim })
     }
 
     /// What the kernel would take from slot `seq`: its fields if the tag matches.
