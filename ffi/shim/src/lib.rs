@@ -1088,7 +1088,10 @@ pub extern "C" fn gpulmt_mpi_free(ptr: *mut c_void) -> c_int {
     with(|s| {
         let Some(i) = s.allocations.iter().position(|&p| p == ptr as usize) else { return -1 };
         s.allocations.swap_remove(i);
-        match s.ctx.backend().free(ptr as usize) {
+        // SAFETY: memory of gpulmt_mpi_alloc (checked above) that the application gives up
+        // here, as with cudaFree: MPI's rules forbid freeing a buffer an operation still
+        // uses, so no copy of ours runs on it.
+        match unsafe { s.ctx.backend().free(ptr as usize) } {
             Ok(()) | Err(gpulmt::device::DeviceError::FreedWhileMapped { .. }) => 0,
             Err(e) => {
                 tracing::warn!(error = %e, "gpulmt_mpi_free");

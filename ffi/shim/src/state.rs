@@ -385,7 +385,9 @@ impl Shim {
         // SAFETY: collective over the node's ranks.
         unsafe { PMPI_Barrier(self.node_comm) };
         for ptr in std::mem::take(&mut self.allocations) {
-            let _ = self.ctx.backend().free(ptr);
+            // SAFETY: memory of gpulmt_mpi_alloc, which the application may not use after
+            // MPI_Finalize; after the barrier no rank drives a copy on it.
+            let _ = unsafe { self.ctx.backend().free(ptr) };
         }
         let Shim { ctx, job, mut node_comm, mut world_group, .. } = self;
         let rank0 = ctx.rank() == 0;
@@ -551,7 +553,9 @@ impl Shim {
         let Some(to) = local else {
             // Another node, or a small message: stage through host memory.
             let mut staging = vec![0u8; bytes];
-            if let Err(e) = self.ctx.copy_sync(staging.as_mut_ptr() as usize, buf, bytes) {
+            // SAFETY: `buf` is the application's device buffer of `bytes` bytes for this send,
+            // which MPI's rules keep valid and unmodified until the send completes.
+            if let Err(e) = unsafe { self.ctx.copy_sync(staging.as_mut_ptr() as usize, buf, bytes) } {
                 tracing::error!(error = %e, "staging a device send");
                 return Err(ERR_OTHER);
             }
@@ -798,7 +802,9 @@ impl Shim {
         let rc = if n == 0 {
             SUCCESS
         } else if spec.contiguous && spec.device {
-            match self.ctx.copy_sync(spec.buf, data.as_ptr() as usize, n) {
+            // SAFETY: `spec.buf` is the receive's contiguous device buffer of `spec.cap >= n`
+            // bytes, which MPI's rules keep valid and unused until the receive completes.
+            match unsafe { self.ctx.copy_sync(spec.buf, data.as_ptr() as usize, n) } {
                 Ok(()) => SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "copying received data to device memory");

@@ -63,7 +63,11 @@ impl CudaBackend {
     /// for, until the copy server takes one (the first copy after the server was enabled
     /// or went idle goes to the engine and starts one; a backoff may delay that start):
     /// for diagnostics and tests. How many copies that took, or None after `limit`.
-    pub fn copy_until_served(
+    ///
+    /// # Safety
+    /// As [`DeviceBackend::copy_sync`]'s: `src..src+len` readable and `dst..dst+len`
+    /// writable for the whole call, with nothing else writing `src` or accessing `dst`.
+    pub unsafe fn copy_until_served(
         &self,
         engine: DevId,
         (dst, src, len): (usize, usize, usize),
@@ -71,7 +75,9 @@ impl CudaBackend {
     ) -> Result<Option<u32>, DeviceError> {
         let start = std::time::Instant::now();
         for copies in 1.. {
-            let t = self.copy_async(engine, 0, dst, src, len)?;
+            // SAFETY: this function's contract keeps both ranges valid until it returns,
+            // and it waits for each copy to finish before the next or its return.
+            let t = unsafe { self.copy_async(engine, 0, dst, src, len)? };
             let served = self.copy_served(t);
             while !self.copy_poll(t)? {
                 std::hint::spin_loop();
@@ -128,7 +134,11 @@ impl CudaBackend {
     /// context is still current. Unified addressing lets the driver work out the direction.
     /// With `after_app`, the copy also waits for the work the application queued so far
     /// on its legacy default stream (see [`DeviceBackend::copy_sync`]).
-    pub(super) fn enqueue<T>(
+    ///
+    /// # Safety
+    /// `src..src+len` readable and `dst..dst+len` writable until the copy has finished on
+    /// the stream (which `then` may wait for), as [`DeviceBackend::copy_async`] requires.
+    pub(super) unsafe fn enqueue<T>(
         &self,
         dev: DevId,
         slot: usize,
@@ -152,7 +162,11 @@ impl CudaBackend {
     }
 
     /// Queues a copy on stream `slot` of `engine`'s device (its context current).
-    pub(super) fn engine_copy(
+    ///
+    /// # Safety
+    /// As [`DeviceBackend::copy_async`]'s: both ranges valid until the ticket's copy is
+    /// reported finished.
+    pub(super) unsafe fn engine_copy(
         &self,
         engine: DevId,
         d: &Device,
@@ -190,7 +204,11 @@ impl CudaBackend {
     /// Posts a copy to `dev`'s copy server if it takes it: both ends in device memory `dev`
     /// reaches (the kernel cannot touch pageable host memory) and room in its ring. Its
     /// sequence number.
-    pub(super) fn serve(
+    ///
+    /// # Safety
+    /// As [`DeviceBackend::copy_async`]'s: both ranges valid until the server reports the
+    /// copy finished.
+    pub(super) unsafe fn serve(
         &self,
         dev: DevId,
         d: &Device,
@@ -215,6 +233,7 @@ impl CudaBackend {
         }
         let mut server = lock(&d.server);
         let Some(server) = server.as_mut() else { return Ok(None) };
-        server.post((dst, src, len), || self.enter(dev), std::time::Instant::now)
+        // SAFETY: this function's contract is post's.
+        unsafe { server.post((dst, src, len), || self.enter(dev), std::time::Instant::now) }
     }
 }

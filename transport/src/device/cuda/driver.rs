@@ -12,11 +12,18 @@ use cudarc::driver::sys::{self, CUresult};
 use crate::device::DeviceError;
 
 /// Calls `sys::$f(..)` and checks its result, naming the call by its own identifier so that an
-/// error can never name the wrong function. Every use passes only values and pointers to locals
-/// that outlive the call, which is what makes the `unsafe` sound.
+/// error can never name the wrong function.
 macro_rules! cu {
     ($f:ident($($arg:expr),* $(,)?)) => {
-        check(stringify!($f), unsafe { sys::$f($($arg),*) })
+        check(
+            stringify!($f),
+            // SAFETY: the driver and every symbol called through this macro were checked
+            // present before the first call (`driver`, `REQUIRED_SYMBOLS`). Every use passes
+            // values, pointers to locals that outlive the call, or addresses of memory that
+            // the enclosing `unsafe fn`'s contract keeps valid for the driver's access
+            // (copies, host registration, the copy server's descriptors).
+            unsafe { sys::$f($($arg),*) },
+        )
     };
 }
 pub(super) use cu;
@@ -123,6 +130,7 @@ pub(super) fn describe(code: CUresult) -> String {
         let mut s: *const c_char = ptr::null();
         // SAFETY: on success the driver points `s` at a static NUL-terminated string.
         let ok = unsafe { get(code, &mut s) } == CUresult::CUDA_SUCCESS && !s.is_null();
+        // SAFETY: `s` is that static string (checked non-null just above).
         ok.then(|| unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned())
     };
     match (text(sys::cuGetErrorName), text(sys::cuGetErrorString)) {
@@ -192,19 +200,29 @@ pub fn cuda_available() -> bool {
 // Raw driver handles. The driver API is thread-safe and a context, stream or event handle is
 // valid on every thread of the process (a call only needs the right context current, which
 // `CtxGuard` provides), so moving and sharing these between threads is sound.
+
+/// A context handle.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct Ctx(pub(super) sys::CUcontext);
+// SAFETY: a context handle is valid on every thread of the process (see above).
 unsafe impl Send for Ctx {}
+// SAFETY: as for Send; the handle is only read.
 unsafe impl Sync for Ctx {}
 
+/// A stream handle.
 #[derive(Clone, Copy)]
 pub(super) struct Stream(pub(super) sys::CUstream);
+// SAFETY: a stream handle is valid on every thread of the process (see above).
 unsafe impl Send for Stream {}
+// SAFETY: as for Send; the handle is only read.
 unsafe impl Sync for Stream {}
 
+/// An event handle.
 #[derive(Clone, Copy)]
 pub(super) struct Event(pub(super) sys::CUevent);
+// SAFETY: an event handle is valid on every thread of the process (see above).
 unsafe impl Send for Event {}
+// SAFETY: as for Send; the handle is only read.
 unsafe impl Sync for Event {}
 
 /// Makes a context current on this thread while it lives. A context the thread had before (the

@@ -243,7 +243,7 @@ impl DeviceBackend for CudaBackend {
         Ok(ptr as usize)
     }
 
-    fn free(&self, ptr: usize) -> Result<(), DeviceError> {
+    unsafe fn free(&self, ptr: usize) -> Result<(), DeviceError> {
         let dev = self.allocation_device("free", ptr)?;
         let _current = self.enter(dev)?;
         cu!(cuMemFree_v2(ptr as CUdeviceptr))?;
@@ -300,7 +300,7 @@ impl DeviceBackend for CudaBackend {
         Ok(Mapping { ptr, size })
     }
 
-    fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError> {
+    unsafe fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError> {
         let mut open = lock(&self.open);
         let Some(m) = open.by_ptr.get(&mapping.ptr) else {
             return Err(DeviceError::InvalidPointer {
@@ -320,7 +320,7 @@ impl DeviceBackend for CudaBackend {
         Ok(())
     }
 
-    fn copy_async(
+    unsafe fn copy_async(
         &self,
         engine: DevId,
         lane: u32,
@@ -337,7 +337,8 @@ impl DeviceBackend for CudaBackend {
         }
         let server_may_take = len <= d.server_max.load(Ordering::Relaxed);
         if server_may_take {
-            if let Some(seq) = self.serve(engine, d, dst, src, len)? {
+            // SAFETY: copy_async's contract is serve's.
+            if let Some(seq) = unsafe { self.serve(engine, d, dst, src, len)? } {
                 let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
                 let p = Pending { dev: engine, stream: None, event: None, served: Some(seq) };
                 lock(&self.tickets).pending.insert(id, p);
@@ -346,7 +347,8 @@ impl DeviceBackend for CudaBackend {
         }
         let slot = lane_slot(lane);
         let _current = self.enter(engine)?;
-        let ticket = self.engine_copy(engine, d, slot, dst, src, len)?;
+        // SAFETY: copy_async's contract is engine_copy's.
+        let ticket = unsafe { self.engine_copy(engine, d, slot, dst, src, len)? };
         if server_may_take {
             // The copy runs; starting a server (if the declined copy asked for one) now
             // overlaps its launch with it.
@@ -419,7 +421,7 @@ impl DeviceBackend for CudaBackend {
     /// pageable memory returns before its DMA has landed, and a copy of ours into the same
     /// buffer must not be overwritten by it afterwards (seen on 2x H200 with two ranks per
     /// GPU under the PMPI shim).
-    fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
         if len == 0 {
             return Ok(());
         }
@@ -431,7 +433,10 @@ impl DeviceBackend for CudaBackend {
             }
         }
         let dev = dev.unwrap_or_else(|| self.fallback_device());
-        self.enqueue(dev, SYNC_SLOT, (dst, src, len), true, |_, stream| Ok(cu!(cuStreamSynchronize(stream))?))
+        let wait = |_: &Device, stream| Ok(cu!(cuStreamSynchronize(stream))?);
+        // SAFETY: copy_sync's contract keeps both ranges valid for the whole call, and the
+        // copy's stream is synchronized (`wait`) before it returns.
+        unsafe { self.enqueue(dev, SYNC_SLOT, (dst, src, len), true, wait) }
     }
 
     fn wait_app_default_stream(&self, dev: DevId) -> Result<(), DeviceError> {
@@ -462,7 +467,7 @@ impl DeviceBackend for CudaBackend {
         Ok(())
     }
 
-    fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
+    unsafe fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
         // PORTABLE: pinned for every context, so any device's engine may DMA it, whichever
         // context registered it.
         let _current = self.enter(self.fallback_device())?;
@@ -470,7 +475,7 @@ impl DeviceBackend for CudaBackend {
             .benign(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)?)
     }
 
-    fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError> {
+    unsafe fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError> {
         let _current = self.enter(self.fallback_device())?;
         Ok(cu!(cuMemHostUnregister(ptr as *mut c_void)).benign(CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)?)
     }

@@ -27,8 +27,10 @@ fn engine_main(rx: mpsc::Receiver<CopyJob>) {
     // Ends when the backend drops the sender, after draining what was queued, so a
     // dropped backend never leaves a copy half done.
     for job in rx {
-        // SAFETY: copy_async's caller guarantees, as with cuMemcpyAsync, that both
-        // ranges stay valid until the copy is observed complete. `copy` handles overlap.
+        // SAFETY: copy_async's contract keeps `src` readable and `dst` writable for `len`
+        // bytes until copy_poll reports the copy finished, which it does only after the
+        // store below; dropping the backend joins this thread before it releases any
+        // memory. `copy` handles overlap.
         unsafe { std::ptr::copy(job.src as *const u8, job.dst as *mut u8, job.len) };
         // Release: publishes the bytes just written to whoever Acquire-loads the flag
         // in copy_poll, so a completed poll implies the data is visible.

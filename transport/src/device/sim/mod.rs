@@ -94,6 +94,9 @@ const CUDA_ERROR_OUT_OF_MEMORY: i64 = 2;
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The simulated device backend. See the module documentation.
+///
+/// Dropping it first lets its copy engines finish the copies queued on them, then releases
+/// its allocations and peer mappings.
 pub struct SimBackend {
     cfg: SimConfig,
     pid: u32,
@@ -214,7 +217,7 @@ impl DeviceBackend for SimBackend {
         Ok(data)
     }
 
-    fn free(&self, ptr: usize) -> Result<(), DeviceError> {
+    unsafe fn free(&self, ptr: usize) -> Result<(), DeviceError> {
         let local = {
             let mut st = lock(&self.state);
             match st.regions.get(&ptr) {
@@ -375,7 +378,7 @@ impl DeviceBackend for SimBackend {
         Ok(Mapping { ptr: data, size })
     }
 
-    fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError> {
+    unsafe fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError> {
         let peer = {
             let mut st = lock(&self.state);
             match st.regions.get(&mapping.ptr) {
@@ -401,7 +404,7 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
-    fn copy_async(
+    unsafe fn copy_async(
         &self,
         engine: DevId,
         _lane: u32,
@@ -423,8 +426,10 @@ impl DeviceBackend for SimBackend {
                 spin_ns(d.issue_ns);
             }
             if self.cfg.copy_inline {
-                // SAFETY: as in engine_main; the caller keeps both ranges valid until the
-                // copy is observed complete, which here is at once.
+                // SAFETY: copy_async's contract keeps `src` readable and `dst` writable for
+                // `len` bytes until the copy is reported finished, which is after this line;
+                // device ranges that overrun their allocation were refused above. `copy`
+                // handles overlap.
                 unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
                 done.store(true, Ordering::Release);
                 let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
@@ -477,7 +482,7 @@ impl DeviceBackend for SimBackend {
         Ok(finished)
     }
 
-    fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
         if len == 0 {
             return Ok(());
         }
@@ -486,13 +491,14 @@ impl DeviceBackend for SimBackend {
             st.check_range("copy_sync", dst, len)?;
             st.check_range("copy_sync", src, len)?;
         }
-        // SAFETY: as with cuMemcpy, the caller guarantees both ranges are valid; the
-        // ranges inside device memory were checked above. `copy` handles overlap.
+        // SAFETY: copy_sync's contract keeps `src` readable and `dst` writable for `len`
+        // bytes during the call; device ranges that overrun their allocation were refused
+        // above. `copy` handles overlap.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
         Ok(())
     }
 
-    fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
+    unsafe fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
         let mut st = lock(&self.state);
         if ptr == 0 || len == 0 {
             return Err(DeviceError::InvalidPointer {
@@ -510,7 +516,7 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
-    fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError> {
+    unsafe fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError> {
         // As cuMemHostUnregister, unregistering what is not registered is an error.
         match lock(&self.state).host.remove(&ptr) {
             Some(_) => Ok(()),

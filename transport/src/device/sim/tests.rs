@@ -21,13 +21,25 @@ fn shm_path(b: &SimBackend, buffer_id: u64) -> std::path::PathBuf {
     format!("/dev/shm/{SIM_PREFIX}{}-{:016x}-{buffer_id}", b.pid, b.nonce).into()
 }
 
-fn fill(b: &SimBackend, ptr: usize, bytes: &[u8]) {
-    b.copy_sync(ptr, bytes.as_ptr() as usize, bytes.len()).unwrap();
+/// Writes `bytes` at `ptr` through the backend.
+///
+/// # Safety
+/// `ptr..ptr+bytes.len()` is memory of `b` (an allocation or an open mapping) that
+/// nothing else accesses meanwhile.
+unsafe fn fill(b: &SimBackend, ptr: usize, bytes: &[u8]) {
+    // SAFETY: the destination by this function's contract; the source is the slice.
+    unsafe { b.copy_sync(ptr, bytes.as_ptr() as usize, bytes.len()) }.unwrap();
 }
 
-fn read(b: &SimBackend, ptr: usize, len: usize) -> Vec<u8> {
+/// Reads `len` bytes at `ptr` through the backend.
+///
+/// # Safety
+/// `ptr..ptr+len` is memory of `b` (an allocation or an open mapping) that nothing
+/// writes meanwhile.
+unsafe fn read(b: &SimBackend, ptr: usize, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
-    b.copy_sync(v.as_mut_ptr() as usize, ptr, len).unwrap();
+    // SAFETY: the source by this function's contract; the destination is `v`.
+    unsafe { b.copy_sync(v.as_mut_ptr() as usize, ptr, len) }.unwrap();
     v
 }
 
@@ -70,17 +82,22 @@ fn alloc_free_pointer_info() {
     assert_eq!(md.len(), 4096 + 12_288);
 
     // Only an allocation's base can be freed, and only once.
-    assert!(matches!(b.free(p + 1), Err(DeviceError::InvalidPointer { .. })));
-    b.free(p).unwrap();
-    assert!(!path.exists(), "free must unlink the object");
-    assert!(matches!(b.free(p), Err(DeviceError::InvalidPointer { .. })));
+    // SAFETY: no copy runs on `p` and nothing touches it after it is freed; the refused
+    // calls release nothing.
+    unsafe {
+        assert!(matches!(b.free(p + 1), Err(DeviceError::InvalidPointer { .. })));
+        b.free(p).unwrap();
+        assert!(!path.exists(), "free must unlink the object");
+        assert!(matches!(b.free(p), Err(DeviceError::InvalidPointer { .. })));
+    }
     assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
     assert!(matches!(b.alloc(2, 1), Err(DeviceError::NoSuchDevice { dev: 2, count: 2 })));
 
     // Zero-size allocations get a byte.
     let z = b.alloc(0, 0).unwrap();
     assert_eq!(b.pointer_info(z).unwrap().size, 1);
-    b.free(z).unwrap();
+    // SAFETY: an allocation of this test that nothing uses.
+    unsafe { b.free(z) }.unwrap();
 }
 
 #[test]
@@ -100,7 +117,8 @@ fn recycled_address_gets_new_buffer_id() {
             }
         }
         last = Some((p, id));
-        b.free(p).unwrap();
+        // SAFETY: an allocation of this test that nothing uses.
+        unsafe { b.free(p) }.unwrap();
     }
     // mmap normally hands the hole straight back; if it never did, the id check
     // above still covered every allocation.
@@ -115,7 +133,8 @@ fn export_open_close_between_instances() {
     let peer = two();
     let p = owner.alloc(1, 5000).unwrap();
     let id = owner.pointer_info(p).unwrap().buffer_id;
-    fill(&owner, p, &[7u8; 5000]);
+    // SAFETY: an allocation of 5000 bytes of `owner`.
+    unsafe { fill(&owner, p, &[7u8; 5000]) };
 
     assert!(matches!(owner.export_handle(p + 8), Err(DeviceError::InvalidPointer { .. })));
     let h = owner.export_handle(p).unwrap();
@@ -128,20 +147,27 @@ fn export_open_close_between_instances() {
     let info = peer.pointer_info(m.ptr + 4999).unwrap();
     assert_eq!(info, PointerInfo { kind: MemoryKind::Device(1), base: m.ptr, size: 5000, buffer_id: id });
     // Shared pages: writes on either side are seen by the other.
-    assert_eq!(read(&peer, m.ptr, 5000), vec![7u8; 5000]);
-    fill(&peer, m.ptr + 100, b"peer");
-    assert_eq!(read(&owner, p + 100, 4), b"peer");
+    // SAFETY: `m` maps `p`'s 5000 bytes; each access is made and finished by one call.
+    unsafe {
+        assert_eq!(read(&peer, m.ptr, 5000), vec![7u8; 5000]);
+        fill(&peer, m.ptr + 100, b"peer");
+        assert_eq!(read(&owner, p + 100, 4), b"peer");
+    }
 
     // The second open of one handle is rejected, as by the CUDA driver.
     assert_eq!(peer.open_handle(&h, 1), Err(DeviceError::DoubleOpen { owner: std::process::id(), buffer_id: id }));
-    peer.close_handle(m).unwrap();
-    assert_eq!(mappers_of(&owner, p), 0);
-    assert_eq!(peer.pointer_info(m.ptr).unwrap().kind, MemoryKind::Host);
-    assert!(matches!(peer.close_handle(m), Err(DeviceError::InvalidPointer { .. })));
-    // Closed, it can be opened again.
-    let m2 = peer.open_handle(&h, 1).unwrap();
-    peer.close_handle(m2).unwrap();
-    owner.free(p).unwrap();
+    // SAFETY: no copy runs on the mappings or on `p`, and nothing touches them once
+    // closed or freed; the refused close releases nothing.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        assert_eq!(mappers_of(&owner, p), 0);
+        assert_eq!(peer.pointer_info(m.ptr).unwrap().kind, MemoryKind::Host);
+        assert!(matches!(peer.close_handle(m), Err(DeviceError::InvalidPointer { .. })));
+        // Closed, it can be opened again.
+        let m2 = peer.open_handle(&h, 1).unwrap();
+        peer.close_handle(m2).unwrap();
+        owner.free(p).unwrap();
+    }
     // Freed: the handle is dead.
     assert!(matches!(peer.open_handle(&h, 0), Err(DeviceError::BadHandle { .. })));
 }
@@ -162,8 +188,11 @@ fn concurrent_opens_of_one_handle_only_one_wins() {
     let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     assert_eq!(ok.len(), 1, "{results:?}");
     assert!(results.iter().filter(|r| r.is_err()).all(|r| matches!(r, Err(DeviceError::DoubleOpen { .. }))));
-    peer.close_handle(*ok[0]).unwrap();
-    owner.free(p).unwrap();
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(*ok[0]).unwrap();
+        owner.free(p).unwrap();
+    }
 }
 
 #[test]
@@ -194,8 +223,11 @@ fn forged_handles_are_rejected() {
     // Failed opens leave nothing behind: the genuine handle still opens.
     assert_eq!(mappers_of(&owner, p), 0);
     let m = peer.open_handle(&h, 0).unwrap();
-    peer.close_handle(m).unwrap();
-    owner.free(p).unwrap();
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
 }
 
 #[test]
@@ -206,14 +238,18 @@ fn free_while_mapped_is_reported_and_pages_survive() {
     let id = owner.pointer_info(p).unwrap().buffer_id;
     let h = owner.export_handle(p).unwrap();
     let m = peer.open_handle(&h, 1).unwrap();
-    assert_eq!(owner.free(p), Err(DeviceError::FreedWhileMapped { ptr: p, buffer_id: id, mappers: 1 }));
-    // Released locally all the same.
-    assert_eq!(owner.pointer_info(p).unwrap().kind, MemoryKind::Host);
-    assert!(!shm_path(&owner, id).exists());
-    // The peer's pages are still there.
-    fill(&peer, m.ptr, b"alive");
-    assert_eq!(read(&peer, m.ptr, 5), b"alive");
-    peer.close_handle(m).unwrap();
+    // SAFETY: no copy runs on `p`, and the owner does not touch it after freeing it; the
+    // peer's mapping keeps its own pages, used by one call at a time until it is closed.
+    unsafe {
+        assert_eq!(owner.free(p), Err(DeviceError::FreedWhileMapped { ptr: p, buffer_id: id, mappers: 1 }));
+        // Released locally all the same.
+        assert_eq!(owner.pointer_info(p).unwrap().kind, MemoryKind::Host);
+        assert!(!shm_path(&owner, id).exists());
+        // The peer's pages are still there.
+        fill(&peer, m.ptr, b"alive");
+        assert_eq!(read(&peer, m.ptr, 5), b"alive");
+        peer.close_handle(m).unwrap();
+    }
     // A fresh open of the freed allocation fails.
     assert!(matches!(peer.open_handle(&h, 1), Err(DeviceError::BadHandle { .. })));
 }
@@ -236,8 +272,11 @@ fn peer_access_is_enforced_on_open() {
     // The failed opens released their reservation and left no mapper behind.
     assert_eq!(mappers_of(&owner, p), 0);
     let m = peer.open_handle(&h, 2).unwrap();
-    peer.close_handle(m).unwrap();
-    owner.free(p).unwrap();
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
 
     let isolated = backend(2, PeerMatrix::NoPeers, 0);
     let owner2 = backend(2, PeerMatrix::NoPeers, 0);
@@ -245,8 +284,11 @@ fn peer_access_is_enforced_on_open() {
     let h2 = owner2.export_handle(q).unwrap();
     assert!(matches!(isolated.open_handle(&h2, 0), Err(DeviceError::Driver { .. })));
     let m = isolated.open_handle(&h2, 1).unwrap();
-    isolated.close_handle(m).unwrap();
-    owner2.free(q).unwrap();
+    // SAFETY: no copy runs on the mapping or on `q`, and nothing touches them afterwards.
+    unsafe {
+        isolated.close_handle(m).unwrap();
+        owner2.free(q).unwrap();
+    }
 }
 
 #[test]
@@ -259,8 +301,11 @@ fn open_cost_is_honoured() {
     let m = peer.open_handle(&h, 0).unwrap();
     let took = t.elapsed();
     assert!(took >= Duration::from_micros(20_000), "open took {took:?}");
-    peer.close_handle(m).unwrap();
-    owner.free(p).unwrap();
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
 }
 
 #[test]
@@ -272,44 +317,51 @@ fn engine_copies_complete_with_right_data() {
     let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
     let mut dst = vec![0u8; len];
 
-    let t = b.copy_async(0, 0, d0, src.as_ptr() as usize, len).unwrap();
-    wait(&b, t);
-    let t = b.copy_async(1, 3, d1, d0, len).unwrap();
-    wait(&b, t);
-    let t = b.copy_async(1, 0, dst.as_mut_ptr() as usize, d1, len).unwrap();
-    wait(&b, t);
-    assert!(dst == src);
-    // A done ticket is consumed.
-    assert!(matches!(b.copy_poll(t), Err(DeviceError::Driver { call: "copy_poll", .. })));
-    assert!(b.copy_poll(CopyTicket(u64::MAX)).is_err());
-
-    // Copies on one engine run in submission order: the last write wins.
-    let a = [1u8; 4096];
-    let c = [2u8; 4096];
-    let tickets: Vec<_> = (0..32)
-        .map(|i| {
-            let s = if i % 2 == 0 { &a } else { &c };
-            b.copy_async(0, i, d0, s.as_ptr() as usize, 4096).unwrap()
-        })
-        .collect();
-    for t in tickets {
+    // SAFETY: every address is in `d0` or `d1` (`len` bytes each, allocations of `b`) or in
+    // a vector or array of this test, all live until the end of the test. Each copy is
+    // waited for before its destination is read; the 32 copies into `d0` run one after
+    // another on one engine and are all waited for before it is read. Nothing touches `d0`
+    // or `d1` once freed, and refused calls access nothing.
+    unsafe {
+        let t = b.copy_async(0, 0, d0, src.as_ptr() as usize, len).unwrap();
         wait(&b, t);
+        let t = b.copy_async(1, 3, d1, d0, len).unwrap();
+        wait(&b, t);
+        let t = b.copy_async(1, 0, dst.as_mut_ptr() as usize, d1, len).unwrap();
+        wait(&b, t);
+        assert!(dst == src);
+        // A done ticket is consumed.
+        assert!(matches!(b.copy_poll(t), Err(DeviceError::Driver { call: "copy_poll", .. })));
+        assert!(b.copy_poll(CopyTicket(u64::MAX)).is_err());
+
+        // Copies on one engine run in submission order: the last write wins.
+        let a = [1u8; 4096];
+        let c = [2u8; 4096];
+        let tickets: Vec<_> = (0..32)
+            .map(|i| {
+                let s = if i % 2 == 0 { &a } else { &c };
+                b.copy_async(0, i, d0, s.as_ptr() as usize, 4096).unwrap()
+            })
+            .collect();
+        for t in tickets {
+            wait(&b, t);
+        }
+        assert_eq!(read(&b, d0, 4096), vec![2u8; 4096]);
+
+        // Zero-length copies are done at once; bad engines and overruns are refused.
+        let t = b.copy_async(1, 0, 0, 0, 0).unwrap();
+        assert!(b.copy_poll(t).unwrap());
+        assert!(matches!(b.copy_async(2, 0, d0, d1, 1), Err(DeviceError::NoSuchDevice { .. })));
+        assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
+        assert!(matches!(b.copy_sync(d0, 0, 1), Err(DeviceError::InvalidPointer { .. })));
+
+        // Overlapping copy_sync behaves like memmove.
+        fill(&b, d1, &[1, 2, 3, 4, 5]);
+        b.copy_sync(d1 + 1, d1, 4).unwrap();
+        assert_eq!(read(&b, d1, 5), [1, 1, 2, 3, 4]);
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
     }
-    assert_eq!(read(&b, d0, 4096), vec![2u8; 4096]);
-
-    // Zero-length copies are done at once; bad engines and overruns are refused.
-    let t = b.copy_async(1, 0, 0, 0, 0).unwrap();
-    assert!(b.copy_poll(t).unwrap());
-    assert!(matches!(b.copy_async(2, 0, d0, d1, 1), Err(DeviceError::NoSuchDevice { .. })));
-    assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
-    assert!(matches!(b.copy_sync(d0, 0, 1), Err(DeviceError::InvalidPointer { .. })));
-
-    // Overlapping copy_sync behaves like memmove.
-    fill(&b, d1, &[1, 2, 3, 4, 5]);
-    b.copy_sync(d1 + 1, d1, 4).unwrap();
-    assert_eq!(read(&b, d1, 5), [1, 1, 2, 3, 4]);
-    b.free(d0).unwrap();
-    b.free(d1).unwrap();
 }
 
 #[test]
@@ -322,15 +374,20 @@ fn driver_cost_model_leaves_the_answers_alone() {
         .unwrap();
     let len = 4096;
     let (d0, d1) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
-    let t: Vec<CopyTicket> = (0..4).map(|_| b.copy_async(1, 0, d1, d0, len).unwrap()).collect();
+    // SAFETY: `d0` and `d1` are allocations of `len` bytes of `b`, freed only below once
+    // every copy was reported finished; the copies are made inline, one after another.
+    let t: Vec<CopyTicket> = (0..4).map(|_| unsafe { b.copy_async(1, 0, d1, d0, len) }.unwrap()).collect();
     assert!(!b.copy_poll(t[3]).unwrap(), "not seen done before its time");
     while !b.copy_poll(t[3]).unwrap() {}
     for &old in &t[..3] {
         assert!(b.copy_poll(old).unwrap());
         assert!(b.copy_poll(old).is_err(), "a ticket is reported done once");
     }
-    b.free(d0).unwrap();
-    b.free(d1).unwrap();
+    // SAFETY: every copy on them was reported finished above; nothing touches them afterwards.
+    unsafe {
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
 }
 
 #[test]
@@ -341,16 +398,22 @@ fn inline_copies_are_done_when_started() {
     let src: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
     let mut dst = vec![0u8; len];
     for (to, from) in [(d0, src.as_ptr() as usize), (d1, d0), (dst.as_mut_ptr() as usize, d1)] {
-        let t = b.copy_async(1, 0, to, from, len).unwrap();
+        // SAFETY: `len` bytes of allocations of `b` or of this test's vectors, live until the
+        // end of the test; the copy is finished when copy_async returns.
+        let t = unsafe { b.copy_async(1, 0, to, from, len) }.unwrap();
         assert!(b.copy_poll(t).unwrap(), "an inline copy is finished when copy_async returns");
         assert!(b.copy_poll(t).is_err(), "and its ticket consumed by that poll");
     }
     assert!(dst == src);
     // The driver's rules still hold, and no engine thread was started.
-    assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
-    assert!(b.engines.iter().all(|e| lock(e).is_none()));
-    b.free(d0).unwrap();
-    b.free(d1).unwrap();
+    // SAFETY: the overrun is refused before anything is accessed; no copy runs on `d0` or
+    // `d1` when they are freed, and nothing touches them afterwards.
+    unsafe {
+        assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
+        assert!(b.engines.iter().all(|e| lock(e).is_none()));
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
 }
 
 #[test]
@@ -358,14 +421,18 @@ fn register_host_ranges() {
     let b = two();
     let buf = vec![0u8; 8192];
     let p = buf.as_ptr() as usize;
-    b.register_host(p, 8192).unwrap();
-    b.register_host(p, 8192).unwrap();
-    assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
-    b.unregister_host(p).unwrap();
-    assert!(b.unregister_host(p).is_err());
     let d = b.alloc(0, 64).unwrap();
-    assert!(b.register_host(d, 64).is_err());
-    b.free(d).unwrap();
+    // SAFETY: `buf` is host memory that outlives its registration, and no copy runs on it
+    // or on `d`; registering `d` is refused, and nothing touches `d` once freed.
+    unsafe {
+        b.register_host(p, 8192).unwrap();
+        b.register_host(p, 8192).unwrap();
+        assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
+        b.unregister_host(p).unwrap();
+        assert!(b.unregister_host(p).is_err());
+        assert!(b.register_host(d, 64).is_err());
+        b.free(d).unwrap();
+    }
 }
 
 #[test]
@@ -377,7 +444,9 @@ fn drop_releases_everything() {
     let _q = peer.alloc(1, 64).unwrap();
     let qid = peer.pointer_info(_q).unwrap().buffer_id;
     let m = peer.open_handle(&owner.export_handle(p).unwrap(), 0).unwrap();
-    let t = peer.copy_async(0, 0, m.ptr, _q, 64).unwrap();
+    // SAFETY: both ends are memory of `peer` (64 bytes each), which it releases only when
+    // dropped, after its engines have finished their copies; the copy is never polled.
+    let t = unsafe { peer.copy_async(0, 0, m.ptr, _q, 64) }.unwrap();
     let _ = t;
     let qpath = shm_path(&peer, qid);
     assert!(qpath.exists());
@@ -475,18 +544,24 @@ fn cross_process_child() {
     let b = two();
     let m = b.open_handle(&h, 1).unwrap();
     assert!(matches!(b.open_handle(&h, 0), Err(DeviceError::DoubleOpen { .. })));
-    assert_eq!(read(&b, m.ptr, 4), b"ping");
-    // Write back through this process's copy engine.
-    let t = b.copy_async(1, 0, m.ptr, b"pong".as_ptr() as usize, 4).unwrap();
-    wait(&b, t);
-    b.close_handle(m).unwrap();
+    // SAFETY: `m` maps the parent's allocation of 4096 bytes, which the parent does not
+    // touch until this process exits; the copy is waited for before the mapping is closed,
+    // and nothing touches it afterwards.
+    unsafe {
+        assert_eq!(read(&b, m.ptr, 4), b"ping");
+        // Write back through this process's copy engine.
+        let t = b.copy_async(1, 0, m.ptr, b"pong".as_ptr() as usize, 4).unwrap();
+        wait(&b, t);
+        b.close_handle(m).unwrap();
+    }
 }
 
 #[test]
 fn cross_process_open() {
     let owner = two();
     let p = owner.alloc(0, 4096).unwrap();
-    fill(&owner, p, b"ping");
+    // SAFETY: an allocation of 4096 bytes of `owner`, no child running yet.
+    unsafe { fill(&owner, p, b"ping") };
     let h = owner.export_handle(p).unwrap();
     let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
@@ -502,7 +577,10 @@ fn cross_process_open() {
     );
     // Make sure the child really ran the test rather than filtering it out.
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&out.stdout));
-    assert_eq!(read(&owner, p, 4), b"pong");
-    assert_eq!(mappers_of(&owner, p), 0);
-    owner.free(p).unwrap();
+    // SAFETY: the child has exited; nothing touches `p` once freed.
+    unsafe {
+        assert_eq!(read(&owner, p, 4), b"pong");
+        assert_eq!(mappers_of(&owner, p), 0);
+        owner.free(p).unwrap();
+    }
 }
