@@ -28,7 +28,7 @@ stencil() { # variant envs extra-args size
   local v=$1 envs=${2//,/ } extra=$3 s=$4
   rm -f /tmp/interk.csv
   # shellcheck disable=SC2086
-  env GPULMT_LOG=gpulmt=warn,gpulmt::device::copy_server=info $envs $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 \
+  env GPULMT_LOG=gpulmt=warn,gpulmt::device::cuda::copy_server=info $envs $bin/gpulmt-run -n 2 --timeout 120 -- $bin/stencil2d --size "$s" --halo 1 \
     --mode "${MODE:-inter-k}" --iters 500 --csv /tmp/interk.csv $extra > /tmp/interk.txt 2>&1 \
     || { echo "FAILED: $v $s" >> "$out/log.txt"; tail -3 /tmp/interk.txt >> "$out/log.txt"; }
   grep -h "timeline:\|copy server stopped\|WARN\|ERROR" /tmp/interk.txt | sed "s/^/$v $s: /" >> "$out/notes.txt"

@@ -167,14 +167,19 @@ impl Buffer {
 
     /// Fills the first `n` bytes with the pattern of `seed`.
     pub fn fill(&self, ctx: &Context, n: usize, seed: u64) -> Result<(), Error> {
+        assert!(n <= self.len, "filling {n} bytes of a {}-byte buffer", self.len);
         let data = pattern(seed, n);
-        ctx.copy_sync(self.ptr, data.as_ptr() as usize, n)
+        // SAFETY: `ptr` is this buffer's own memory of `len` bytes (its vector, or its
+        // allocation from mem_alloc, as `new` made it); `data` holds `n`.
+        unsafe { ctx.copy_sync(self.ptr, data.as_ptr() as usize, n) }
     }
 
     /// Checks the first `n` bytes hold the pattern of `seed`.
     pub fn check(&self, ctx: &Context, n: usize, seed: u64) -> Result<(), String> {
+        assert!(n <= self.len, "checking {n} bytes of a {}-byte buffer", self.len);
         let mut got = vec![0u8; n];
-        ctx.copy_sync(got.as_mut_ptr() as usize, self.ptr, n).map_err(|e| e.to_string())?;
+        // SAFETY: as in `fill`; `got` holds `n`.
+        unsafe { ctx.copy_sync(got.as_mut_ptr() as usize, self.ptr, n) }.map_err(|e| e.to_string())?;
         let want = pattern(seed, n);
         match got.iter().zip(&want).position(|(a, b)| a != b) {
             None => Ok(()),

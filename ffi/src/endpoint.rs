@@ -100,6 +100,7 @@ pub(crate) unsafe fn hand_out(out: *mut *mut gpulmt_ctx, h: gpulmt_ctx) {
 /// `out` is NULL (the call then fails) or valid for writes of a pointer.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_init(out: *mut *mut gpulmt_ctx) -> c_int {
+    gpulmt::logging::init("warn");
     guard(|| {
         // SAFETY: the caller's contract.
         let slot = unsafe { crate::handle::out(out, "out")? };

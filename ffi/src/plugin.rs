@@ -159,6 +159,7 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
     local_size: c_int,
     out: *mut *mut gpulmt_ctx,
 ) -> c_int {
+    gpulmt::logging::init("warn");
     guard(|| {
         // SAFETY: the caller's contract.
         let slot = unsafe { crate::handle::out(out, "out")? };

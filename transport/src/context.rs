@@ -160,8 +160,10 @@ pub struct Context {
 impl Context {
     /// Joins the job described by the environment (see [`JobInfo::from_env`]) with
     /// the configuration of the `GPULMT_*` variables.
+    ///
+    /// Installs no log subscriber: gpulmt's events go to the application's own, if it
+    /// has one (see [`crate::logging`]).
     pub fn init() -> Result<Context> {
-        crate::logging::init("warn");
         Self::init_with(Config::from_env()?, JobInfo::from_env()?)
     }
 
@@ -175,7 +177,6 @@ impl Context {
         info: JobInfo,
         channel: Option<crate::plugin::HostChannel>,
     ) -> Result<Context> {
-        crate::logging::init("warn");
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {
@@ -393,9 +394,14 @@ impl Context {
     /// `buf..buf+len` must stay valid and unmodified until the request completes.
     pub unsafe fn isend(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
         Self::check_tag(tag)?;
-        self.isend_tagged(buf, len, dst, tag)
+        // SAFETY: isend's contract is isend_tagged's.
+        unsafe { self.isend_tagged(buf, len, dst, tag) }
     }
 
+    /// [`isend`](Self::isend) without the check that keeps users off the reserved tags.
+    ///
+    /// # Safety
+    /// As `isend`'s.
     unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
         anatomy::mark(Point::SendPost, 0);
         if dst >= self.size() {
@@ -410,7 +416,10 @@ impl Context {
             // ring slot, and the send is complete (the bytes are in the ring).
             let msg = self.engine.send_eager(dst)?;
             // A zero-length buffer may be null, which from_raw_parts forbids.
-            let payload = if len == 0 { &[][..] } else { std::slice::from_raw_parts(buf, len) };
+            // SAFETY: host memory the caller keeps valid and unmodified for `len` bytes
+            // until the request completes (this function's contract), and it completes
+            // here, after the bytes were copied into the ring.
+            let payload = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(buf, len) } };
             self.send_eager_in_place(dst, msg, tag, payload);
             let span = tracing::Span::none();
             let req = self.new_request(ptr, len, kind, span);
@@ -423,8 +432,12 @@ impl Context {
             let mut v = vec![0u8; len];
             if len > 0 {
                 match kind {
-                    MemoryKind::Host => v.copy_from_slice(std::slice::from_raw_parts(buf, len)),
-                    MemoryKind::Device(_) => self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)?,
+                    // SAFETY: `buf..buf+len` is valid and unmodified until the request
+                    // completes (this function's contract); the bytes are copied out here.
+                    MemoryKind::Host => v.copy_from_slice(unsafe { std::slice::from_raw_parts(buf, len) }),
+                    // SAFETY: the source as above, in device memory of this backend; the
+                    // destination is our own vector of `len` bytes.
+                    MemoryKind::Device(_) => unsafe { self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)? },
                 }
             }
             Some(v)
@@ -455,7 +468,7 @@ impl Context {
                 let mut polls = 0u32;
                 while !self.engine.rtr_ready(dst, tag, &desc) {
                     polls = polls.wrapping_add(1);
-                    if polls % 16 == 0 && Instant::now() >= deadline {
+                    if polls.is_multiple_of(16) && Instant::now() >= deadline {
                         self.engine.rtr_wait_failed(dst);
                         break;
                     }
@@ -481,9 +494,14 @@ impl Context {
         if let Some(t) = tag {
             Self::check_tag(t)?;
         }
-        self.irecv_tagged(buf, len, src, tag)
+        // SAFETY: irecv's contract is irecv_tagged's.
+        unsafe { self.irecv_tagged(buf, len, src, tag) }
     }
 
+    /// [`irecv`](Self::irecv) without the check that keeps users off the reserved tags.
+    ///
+    /// # Safety
+    /// As `irecv`'s.
     unsafe fn irecv_tagged(
         &mut self,
         buf: *mut u8,
@@ -630,8 +648,10 @@ impl Context {
             let to = (me + step) % n;
             let from = (me + n - step) % n;
             let mut byte = 0u8;
-            // SAFETY: zero-length buffers are never dereferenced.
+            // SAFETY: zero-length buffers are never dereferenced, and `byte` outlives both
+            // requests (wait_all below completes them).
             let r = unsafe { self.irecv_tagged(&mut byte, 0, Some(from), Some(BARRIER_TAG))? };
+            // SAFETY: as for the receive.
             let s = unsafe { self.isend_tagged(&byte, 0, to, BARRIER_TAG)? };
             self.wait_all(vec![s, r])?;
             step *= 2;
@@ -639,7 +659,9 @@ impl Context {
         Ok(())
     }
 
-    /// Allocates `bytes` of device memory on this rank's device.
+    /// Allocates `bytes` of device memory on this rank's device. It stays valid until it is
+    /// freed through [`mem_free`](Self::mem_free) and [`mem_free_commit`](Self::mem_free_commit),
+    /// or until [`finalize`](Self::finalize).
     pub fn mem_alloc(&mut self, bytes: usize) -> Result<usize> {
         let ptr = self.backend.alloc(self.device, bytes)?;
         let info = self.backend.pointer_info(ptr)?;
@@ -647,9 +669,17 @@ impl Context {
         Ok(ptr)
     }
 
-    /// Copies between any two buffers (host or device) and waits.
-    pub fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<()> {
-        Ok(self.backend.copy_sync(dst, src, len)?)
+    /// Copies `len` bytes from `src` to `dst` and waits; either end may be host memory or
+    /// device memory of this rank's backend (from [`mem_alloc`](Self::mem_alloc), or the
+    /// application's own on a device the backend drives).
+    ///
+    /// # Safety
+    /// `src..src+len` must be readable and `dst..dst+len` writable for the whole call, with
+    /// nothing else writing `src` or accessing `dst` meanwhile. The backend refuses a device
+    /// range it knows to run past its allocation; host memory it cannot check.
+    pub unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<()> {
+        // SAFETY: this function's contract is the backend's.
+        Ok(unsafe { self.backend.copy_sync(dst, src, len) }?)
     }
 
     /// Ends this rank's part of the job: finishes pending traffic, synchronises with
@@ -691,8 +721,13 @@ impl Context {
         let failed = || (0..seg.nranks()).any(|r| r != me && seg.rank_state(r) == RankState::Failed);
         self.seg.barrier(me, self.cfg.init_timeout, failed)?;
         self.seg.mark_state(me, RankState::Finalized);
+        // Copies of requests never waited for may still run on our memory.
+        self.wait_copies_in_flight();
         for (_, ptr) in self.allocations.drain() {
-            if let Err(e) = self.backend.free(ptr) {
+            // SAFETY: no copy of ours is in flight (above), every peer closed its mappings
+            // of it before the barrier above, and mem_alloc's memory is the application's
+            // only until finalize.
+            if let Err(e) = unsafe { self.backend.free(ptr) } {
                 tracing::warn!(error = %e, "freeing device memory at finalize");
             }
         }
@@ -706,6 +741,8 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        // Before the job segment (staging chunks) and peer mappings go.
+        self.wait_copies_in_flight();
         if !self.finalized {
             // Dropped without finalize (panic, early return): tell peers at once so
             // they fail their transfers with us instead of waiting.

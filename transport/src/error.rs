@@ -4,7 +4,7 @@ use gpulmt_protocols::ProtoError;
 
 use crate::config::ConfigError;
 use crate::device::DeviceError;
-use crate::shm::segment::ShmError;
+use crate::shm::object::ShmError;
 
 /// Errors of the gpulmt API.
 #[derive(Debug, thiserror::Error)]

@@ -11,6 +11,8 @@
 //! - `gpulmt-protocols`: the sans-IO protocol engine (in its own crate).
 //! - [`context`]: the progress engine and public API that ties them together.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod anatomy;
 pub mod binding;
 pub mod config;

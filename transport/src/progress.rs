@@ -219,6 +219,25 @@ impl Context {
         false
     }
 
+    /// Waits until every copy this context started has finished, without telling the
+    /// engine: for a context going away, whose copies must not outlive the memory they
+    /// touch (the staging chunks of its job segment, its peer mappings, its allocations).
+    /// A copy whose poll fails is not waited for further: the backend no longer tracks it.
+    pub(crate) fn wait_copies_in_flight(&mut self) {
+        let mut leases = Vec::new();
+        for q in &mut self.inflight {
+            for c in q.copies.drain(..) {
+                while let Ok(false) = self.backend.copy_poll(c.ticket) {
+                    std::hint::spin_loop();
+                }
+                leases.push(c.lease);
+            }
+        }
+        for lease in leases {
+            self.release_lease(lease);
+        }
+    }
+
     /// Reports a copy that left its queue to the engine and releases its mapping lease.
     fn copy_finished(&mut self, c: InflightCopy, result: std::result::Result<(), String>) {
         anatomy::mark(Point::CopyDone, anatomy::take_polls());
@@ -328,7 +347,11 @@ impl Context {
                 std::ptr::copy_nonoverlapping(payload.as_ptr(), st.ptr as *mut u8, payload.len());
                 Ok(())
             },
-            MemoryKind::Device(_) => self.backend.copy_sync(st.ptr, payload.as_ptr() as usize, payload.len()),
+            // SAFETY: as above, in device memory of this backend; irecv's contract keeps the
+            // buffer valid and unused until the request completes, which it has not yet.
+            MemoryKind::Device(_) => unsafe {
+                self.backend.copy_sync(st.ptr, payload.as_ptr() as usize, payload.len())
+            },
         };
         if let Err(e) = res {
             tracing::error!(error = %e, "writing an eager payload to device memory");
@@ -462,7 +485,10 @@ impl Context {
                 let pair = from * self.size() as usize + to;
                 if !self.staging_registered[pair] {
                     let (base, bytes) = self.seg.staging(from, to);
-                    self.backend.register_host(base, bytes).map_err(|e| e.to_string())?;
+                    // SAFETY: the staging area lies in the job segment, host memory this
+                    // context keeps mapped for its whole life, and it waits for its copies
+                    // in flight before the segment goes (Drop, finalize).
+                    unsafe { self.backend.register_host(base, bytes) }.map_err(|e| e.to_string())?;
                     self.staging_registered[pair] = true;
                 }
                 Ok(self.seg.staging_chunk(from, to, slot as usize))
@@ -515,7 +541,12 @@ impl Context {
                 self.release_lease(lease);
                 self.engine.on_copy_done(c.id, Ok(()));
             }
-            CopyEngine::Device(d) => match self.backend.copy_async(d, c.lane, dst, src, c.len as usize) {
+            // SAFETY: both ends were resolved to ranges of at least `len` bytes that stay
+            // valid until the copy is seen finished: a request's buffer by isend/irecv's
+            // contract (the request completes only after this copy), a peer mapping by the
+            // lease held until then, a staging chunk by the job segment this context keeps
+            // mapped, and waits for its copies in flight before it goes.
+            CopyEngine::Device(d) => match unsafe { self.backend.copy_async(d, c.lane, dst, src, c.len as usize) } {
                 Ok(ticket) => {
                     anatomy::mark(Point::CopyIssued, 0);
                     let copy = InflightCopy { id: c.id, ticket, lease };

@@ -48,7 +48,11 @@ fn rank(
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
     let peer = 1 - me;
     let req = if me == 0 {
-        ctx.copy_sync(buf + 64, data.as_ptr() as usize, len).unwrap();
+        // SAFETY: `buf + 64` starts `len` bytes of this rank's allocation of `len + 64`, which no
+        // transfer uses yet; the source is `data`.
+        unsafe { ctx.copy_sync(buf + 64, data.as_ptr() as usize, len) }.unwrap();
+        // SAFETY: the allocation outlives the request, which is waited for below, and nothing
+        // writes it meanwhile.
         let (req, rts) = unsafe { ctx.lmt_initiate((buf + 64) as *const u8, len, peer).unwrap() };
         tx.send(HostMsg::Rts(rts)).unwrap();
         req
@@ -60,6 +64,8 @@ fn rank(
                 HostMsg::Cts(_) | HostMsg::Bye => panic!("CTS or goodbye before RTS"),
             }
         };
+        // SAFETY: the allocation outlives the request, which is waited for below, and nothing
+        // else uses it meanwhile.
         let (req, cts) = unsafe { ctx.lmt_start_recv(peer, &rts, (buf + 64) as *mut u8, len).unwrap() };
         if rings {
             assert!(cts.is_none(), "{protocol}: with the rings the CTS takes a ring, not the host");
@@ -88,7 +94,8 @@ fn rank(
     assert_eq!(status.len, len as u64);
     if me == 1 {
         let mut got = vec![0u8; len];
-        ctx.copy_sync(got.as_mut_ptr() as usize, buf + 64, len).unwrap();
+        // SAFETY: `len` bytes of this rank's allocation, whose receive has completed, into `got`.
+        unsafe { ctx.copy_sync(got.as_mut_ptr() as usize, buf + 64, len) }.unwrap();
         assert!(got == data, "{protocol}: data mismatch");
         let s = ctx.stats();
         let want = match protocol {
@@ -140,6 +147,6 @@ fn run_every_protocol(rings: bool) {
         });
         t0.join().unwrap();
         t1.join().unwrap();
-        gpulmt::shm::segment::remove_job_objects(&job);
+        gpulmt::shm::object::remove_job_objects(&job);
     }
 }

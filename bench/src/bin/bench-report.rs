@@ -24,6 +24,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    gpulmt::logging::init("warn");
     let args = Args::parse();
     let out = args.out.unwrap_or_else(|| args.dir.clone());
     match gpulmt_bench::report::run(&args.dir, &out) {

@@ -150,7 +150,7 @@ impl Side {
                 return false;
             }
             spins = spins.wrapping_add(1);
-            if spins % (1 << 20) == 0 && since.get_or_insert_with(Instant::now).elapsed() > STALL {
+            if spins.is_multiple_of(1 << 20) && since.get_or_insert_with(Instant::now).elapsed() > STALL {
                 die(format!("rank {} heard nothing from the other process for {STALL:?}", self.rank));
             }
             std::hint::spin_loop();
@@ -160,7 +160,10 @@ impl Side {
 
     /// One leg: copy into the peer's buffer, wait for it, tell the peer.
     fn leg(&self, len: usize, n: u64) {
-        let t = self.b.copy_async(self.dev, 0, self.peer.ptr, self.send, len).unwrap_or_else(|e| die(e));
+        // SAFETY: `send` and the peer's receive buffer (mapped) hold `max >= len` bytes and
+        // stay allocated and mapped until `close`; the copy is waited for just below, and
+        // the peer reads its buffer only once told (`seq`) that the copy finished.
+        let t = unsafe { self.b.copy_async(self.dev, 0, self.peer.ptr, self.send, len) }.unwrap_or_else(|e| die(e));
         while !self.b.copy_poll(t).unwrap_or_else(|e| die(e)) {
             std::hint::spin_loop();
         }
@@ -174,7 +177,8 @@ impl Side {
         let mut n = 0u64;
         for &len in sizes {
             let mine = vec![pattern(self.rank, len); len];
-            self.b.copy_sync(self.send, mine.as_ptr() as usize, len).unwrap_or_else(|e| die(e));
+            // SAFETY: `send` holds `max >= len` bytes, and no copy of ours runs meanwhile.
+            unsafe { self.b.copy_sync(self.send, mine.as_ptr() as usize, len) }.unwrap_or_else(|e| die(e));
             let mut start = Instant::now();
             for i in 0..warmup + iters {
                 if i == warmup {
@@ -195,7 +199,9 @@ impl Side {
             }
             let half_rtt = start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters.max(1) as f64);
             let mut got = vec![0u8; len];
-            self.b.copy_sync(got.as_mut_ptr() as usize, self.recv, len).unwrap_or_else(|e| die(e));
+            // SAFETY: `recv` holds `max >= len` bytes, and the peer's last leg has landed
+            // (wait_peer) and it writes no more before the barrier below.
+            unsafe { self.b.copy_sync(got.as_mut_ptr() as usize, self.recv, len) }.unwrap_or_else(|e| die(e));
             let want = pattern(1 - self.rank, len);
             if let Some(at) = got.iter().position(|&x| x != want) {
                 self.shared.failed.store(1, Ordering::Relaxed);
@@ -217,15 +223,19 @@ impl Side {
     }
 
     fn close(self) {
-        self.b.close_handle(self.peer).unwrap_or_else(|e| die(e));
+        // SAFETY: every leg was waited for, and nothing touches the mapping afterwards.
+        unsafe { self.b.close_handle(self.peer) }.unwrap_or_else(|e| die(e));
         // The peer may still have our receive buffer mapped until it is done.
         for p in [self.send, self.recv] {
-            let _ = self.b.free(p);
+            // SAFETY: no copy of ours runs on them and nothing touches them afterwards; the
+            // peer's copies into `recv` ended with the last size's barrier.
+            let _ = unsafe { self.b.free(p) };
         }
     }
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let args = Args::parse();
     let sizes: Vec<usize> = gpulmt_bench::sizes_in(args.sizes).into_iter().filter(|&s| s > 0).collect();
     let max = sizes.iter().copied().max().unwrap_or(1);

@@ -206,6 +206,8 @@ fn settle_probes(b: &CudaBackend) {
             });
         }
         ck("cuStreamDestroy", sys::cuStreamDestroy_v2(blocking));
+        // SAFETY: every copy on `a2` was waited for (spin_stream), and nothing touches it
+        // afterwards.
         b.free(a2).expect("free");
     }
     measure("settle_backend_wait_app_default_stream", || {
@@ -214,7 +216,8 @@ fn settle_probes(b: &CudaBackend) {
     measure("settle_backend_pointer_info", || {
         b.pointer_info(a).expect("pointer_info");
     });
-    b.free(a).expect("free");
+    // SAFETY: every copy on `a` was waited for, and nothing touches it afterwards.
+    unsafe { b.free(a) }.expect("free");
 }
 
 /// Copy-then-complete variants on `d`'s stream, `d`'s context current.
@@ -423,7 +426,9 @@ fn kernel_variants(tag: &str, d: &Dev, k: &Kernel, dst: usize, src: usize, len: 
 
 fn backend_variant(tag: &str, b: &CudaBackend, engine: u32, dst: usize, src: usize, len: usize) {
     measure(&format!("{tag}_gpulmt_copy_async_poll"), || {
-        let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
+        // SAFETY: every caller (main, child) passes `len` bytes of allocations of `b` or of
+        // mappings open in it, which outlive the measurement; each copy is waited for.
+        let t = unsafe { b.copy_async(engine, 0, dst, src, len) }.expect("copy_async");
         while !b.copy_poll(t).expect("copy_poll") {
             std::hint::spin_loop();
         }
@@ -431,6 +436,7 @@ fn backend_variant(tag: &str, b: &CudaBackend, engine: u32, dst: usize, src: usi
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let len: usize = std::env::args().nth(1).map(|s| s.parse().expect("bytes")).unwrap_or(8);
     let b = match CudaBackend::try_new() {
         Ok(b) => b,
@@ -549,7 +555,8 @@ fn child(b: &CudaBackend, hex: &str, len: usize) {
             check_landed("ipc_cross_map", &d1, local, len);
         }
     }
-    b.close_handle(m).expect("close_handle");
+    // SAFETY: every copy through `m` was waited for, and nothing touches it afterwards.
+    unsafe { b.close_handle(m) }.expect("close_handle");
     let m0 = b.open_handle(&IpcHandle(raw), 0).expect("open_handle on the source device");
     unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(local as CUdeviceptr, 0, len)) };
     variants("ipc_push", &d0, local, m0.ptr, len);
@@ -559,8 +566,12 @@ fn child(b: &CudaBackend, hex: &str, len: usize) {
     let k0 = kernel(&d0);
     kernel_variants("ipc_push", &d0, &k0, local, m0.ptr, len);
     check_landed("ipc_kernel_push", &d1, local, len);
-    b.close_handle(m0).expect("close_handle");
-    b.free(local).unwrap();
+    // SAFETY: every copy through `m0` and into `local` was waited for, and nothing touches
+    // them afterwards.
+    unsafe {
+        b.close_handle(m0).expect("close_handle");
+        b.free(local).unwrap();
+    }
 }
 
 /// Prints whether `len` bytes at `dst` hold the parent's pattern.

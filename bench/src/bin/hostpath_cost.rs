@@ -85,6 +85,7 @@ fn leg(from: &mut Rank, to: &mut Rank, len: usize, tag: i32) {
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let args = Args::parse();
     // SAFETY: set before any thread of ours exists (the contexts start none).
     unsafe {

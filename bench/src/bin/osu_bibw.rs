@@ -3,5 +3,6 @@
 //! Run: `gpulmt-run -n 2 target/release/osu_bibw [-m 1:1G] [-W 64] [-c] D D`.
 
 fn main() {
+    gpulmt::logging::init("warn");
     std::process::exit(gpulmt_bench::window::run(true));
 }

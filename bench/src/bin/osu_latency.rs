@@ -103,6 +103,7 @@ impl Anatomy {
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let o = Options::from_args();
     let mut pair = Pair::setup(&o, "osu_latency");
     let Pair { ref mut ctx, me, ref sbuf, ref rbuf, .. } = pair;

@@ -292,9 +292,14 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 #[allow(clippy::too_many_arguments)]
 fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize, src: usize, len: usize, seed: u8) {
     let want = pattern(seed, len);
-    b.copy_sync(src, want.as_ptr() as usize, len).expect("fill");
     let zero = vec![0u8; len];
-    b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
+    // SAFETY (every backend copy of this function): main passes `src` and `dst` as device
+    // allocations of `b` of at least `len` bytes, alive for the whole run, and every copy is
+    // waited for before the next touches them.
+    unsafe {
+        b.copy_sync(src, want.as_ptr() as usize, len).expect("fill");
+        b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
+    }
     unsafe { ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(s.ctx)) };
     let stream = s.stream;
     row(
@@ -312,7 +317,8 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
             spin_stream(hi);
         }),
     );
-    b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
+    // SAFETY: as above.
+    unsafe { b.copy_sync(dst, zero.as_ptr() as usize, len) }.expect("clear");
     let mut on_gpu = Vec::with_capacity(REPS);
     row(
         &format!("server_{name}_{len}"),
@@ -325,15 +331,18 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
     row(&format!("server_{name}_{len}_gpu_seen_to_store"), on_gpu.split_off(WARM));
     let check = |what: &str| {
         let mut got = vec![0u8; len];
-        b.copy_sync(got.as_mut_ptr() as usize, dst, len).expect("read back");
+        // SAFETY: as above.
+        unsafe { b.copy_sync(got.as_mut_ptr() as usize, dst, len) }.expect("read back");
         println!("server_probe,check_{what}_{name}_{len},{},,", if got == want { "ok" } else { "FAILED" });
-        b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
+        // SAFETY: as above.
+        unsafe { b.copy_sync(dst, zero.as_ptr() as usize, len) }.expect("clear");
     };
     check("probe");
     row(
         &format!("gpulmt_{name}_{len}"),
         timed(|| {
-            let t = b.copy_async(engine, 0, dst, src, len).expect("copy_async");
+            // SAFETY: as above; the copy is waited for just below.
+            let t = unsafe { b.copy_async(engine, 0, dst, src, len) }.expect("copy_async");
             while !b.copy_poll(t).expect("copy_poll") {
                 std::hint::spin_loop();
             }
@@ -348,13 +357,16 @@ fn hold(b: &CudaBackend, time: std::time::Duration) {
     b.enable_copy_server(0, 64, time * 2).expect("enable_copy_server");
     let (p, q) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
     let limit = std::time::Duration::from_secs(10);
-    let copies =
-        b.copy_until_served(0, (q, p, 64), limit).expect("copy").expect("server_probe: the copy server never started");
+    // SAFETY: `p` and `q` are allocations of 64 bytes of `b`, released with it.
+    let copies = unsafe { b.copy_until_served(0, (q, p, 64), limit) }
+        .expect("copy")
+        .expect("server_probe: the copy server never started");
     eprintln!("server_probe: holding the copy server on device 0 for {time:?} (it took copy {copies})");
     std::thread::sleep(time);
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let sizes: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("bytes")).collect();
     let sizes = if sizes.is_empty() { vec![8, 4096, 65536] } else { sizes };
     let b = CudaBackend::try_new().unwrap_or_else(|e| {

@@ -3,5 +3,6 @@
 //! `--help` lists every option. The program is `gpulmt_bench::stencil`.
 
 fn main() {
+    gpulmt::logging::init("warn");
     std::process::exit(gpulmt_bench::stencil::app::main());
 }

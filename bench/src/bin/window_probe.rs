@@ -125,6 +125,7 @@ fn run(route: &str, s: &Setup, dst: CUdeviceptr, src: CUdeviceptr, reps: usize) 
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let reps: usize = match std::env::args().nth(1).as_deref() {
         Some("--reps") => std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(50),
         _ => 50,

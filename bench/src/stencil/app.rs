@@ -253,7 +253,8 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     // Both arrays start alike: the fixed boundary must be in each.
     let init = kernel::initial_field::<T>(&d);
     for f in fields {
-        ctx.copy_sync(f, init.as_ptr() as usize, bytes)?;
+        // SAFETY: `f` is an allocation of `bytes` from mem_alloc; `init` holds `d.len()` values.
+        unsafe { ctx.copy_sync(f, init.as_ptr() as usize, bytes)? };
     }
     drop(init);
     let mut ex: Box<dyn HaloExchange<T>> =
@@ -734,7 +735,9 @@ struct CheckError {
 /// Copies a field's interior to the host.
 fn interior_of<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<Vec<T>> {
     let mut all = vec![T::default(); d.len()];
-    ctx.copy_sync(all.as_mut_ptr() as usize, field, d.len() * size_of::<T>())?;
+    // SAFETY: `field` is one of the run's two fields, allocations of `d.len()` values from
+    // mem_alloc that no transfer writes between steps; `all` holds as many.
+    unsafe { ctx.copy_sync(all.as_mut_ptr() as usize, field, d.len() * size_of::<T>())? };
     Ok(d.extract_interior(&all))
 }
 
@@ -800,9 +803,13 @@ fn check<T: Real>(
 fn corrupt<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<()> {
     let at = field + (d.halo * d.pitch() + d.halo) * size_of::<T>();
     let mut v = T::default();
-    ctx.copy_sync(&mut v as *mut T as usize, at, size_of::<T>())?;
-    v = v + T::from_f64(1.0);
-    ctx.copy_sync(at, &v as *const T as usize, size_of::<T>())?;
+    // SAFETY: `at` is a value inside `field`, one of the run's two fields (allocations of
+    // `d.len()` values from mem_alloc) that no transfer uses between steps; `v` is one value.
+    unsafe {
+        ctx.copy_sync(&mut v as *mut T as usize, at, size_of::<T>())?;
+        v = v + T::from_f64(1.0);
+        ctx.copy_sync(at, &v as *const T as usize, size_of::<T>())?;
+    }
     Ok(())
 }
 

@@ -190,7 +190,9 @@ impl<T: Real> PairwiseExchange<T> {
             let bytes = link.bytes();
             let buf = match &mut link.host {
                 Some((staged, _)) => {
-                    ctx.copy_sync(staged.as_mut_ptr() as usize, sent, bytes)?;
+                    // SAFETY: `sent` is `bytes` of the field's edge layers (or a pack buffer),
+                    // device memory of this context; `staged` is a vector of `bytes`.
+                    unsafe { ctx.copy_sync(staged.as_mut_ptr() as usize, sent, bytes)? };
                     staged.as_ptr() as usize
                 }
                 None => sent,
@@ -231,7 +233,9 @@ impl<T: Real> PairwiseExchange<T> {
         for link in phase {
             let (_, received) = link.device_ends(d, field);
             if let Some((_, staged)) = &link.host {
-                ctx.copy_sync(received, staged.as_ptr() as usize, link.bytes())?;
+                // SAFETY: `received` is the link's bytes of the field's ghost layers (or an
+                // unpack buffer), device memory of this context; its receive has completed.
+                unsafe { ctx.copy_sync(received, staged.as_ptr() as usize, link.bytes())? };
             }
             if let Some((_, unpacked_from)) = link.pack {
                 let (_, first) = d.halo_layers(link.side);

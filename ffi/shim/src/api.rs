@@ -46,7 +46,10 @@ pub extern "C" fn gpulmt_mpi_free(ptr: *mut c_void) -> c_int {
     with(|s| {
         let Some(i) = s.allocations.iter().position(|&p| p == ptr as usize) else { return -1 };
         s.allocations.swap_remove(i);
-        match s.ctx.backend().free(ptr as usize) {
+        // SAFETY: memory of gpulmt_mpi_alloc (checked above) that the application gives up
+        // here, as with cudaFree: MPI's rules forbid freeing a buffer an operation still
+        // uses, so no copy of ours runs on it.
+        match unsafe { s.ctx.backend().free(ptr as usize) } {
             Ok(()) | Err(gpulmt::device::DeviceError::FreedWhileMapped { .. }) => 0,
             Err(e) => {
                 tracing::warn!(error = %e, "gpulmt_mpi_free");
@@ -65,7 +68,8 @@ pub extern "C" fn gpulmt_mpi_free(ptr: *mut c_void) -> c_int {
 /// process: from `gpulmt_mpi_alloc` or CUDA), and the two ranges do not overlap.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_mpi_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize) -> c_int {
-    match with(|s| s.ctx.copy_sync(dst as usize, src as usize, bytes)) {
+    // SAFETY: the caller's guarantee above: both ranges valid for `bytes`, not overlapping.
+    match with(|s| unsafe { s.ctx.copy_sync(dst as usize, src as usize, bytes) }) {
         Some(Ok(())) => 0,
         Some(Err(e)) => {
             tracing::warn!(error = %e, "gpulmt_mpi_memcpy");

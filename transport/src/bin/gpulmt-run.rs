@@ -34,7 +34,7 @@ use clap::error::ErrorKind;
 use clap::{ColorChoice, Parser, ValueEnum};
 
 use gpulmt::shm::job::{JobSegment, RankState, JOB_ENV, MAX_RANKS};
-use gpulmt::shm::segment::{
+use gpulmt::shm::object::{
     cleanup_stale_jobs, cleanup_stale_sim_objects, remove_job_objects, remove_objects_with_prefix, SIM_PREFIX,
 };
 

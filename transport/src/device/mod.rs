@@ -5,12 +5,18 @@
 //! a simulated device pointer and a host pointer travel the same way; the
 //! backend says which is which through [`DeviceBackend::pointer_info`].
 //!
+//! The operations that read or write through an address the caller passes, or release
+//! memory others may still use (`copy_async`, `copy_sync`, `free`, `close_handle`,
+//! `register_host`, `unregister_host`), are `unsafe fn`: a backend checks what it can
+//! (device ranges against their allocations, addresses it never made), but it cannot know
+//! whether host memory is live or whether a buffer is still in use, so the caller
+//! guarantees that, as with the driver calls they stand for.
+//!
 //! Backends:
 //! - [`sim`]: device memory in POSIX shared memory, one copy-engine thread per
 //!   device, configurable peer topology; for CI and machines without a GPU.
 //! - [`cuda`]: NVIDIA driver API through cudarc, loaded at run time.
 
-mod copy_server;
 pub mod cuda;
 mod finished;
 mod sharing;
@@ -148,8 +154,15 @@ pub trait DeviceBackend: Send + Sync {
     /// Allocates `bytes` of memory on `dev`; returns its address.
     fn alloc(&self, dev: DevId, bytes: usize) -> Result<usize, DeviceError>;
 
-    /// Frees an allocation made by [`alloc`](Self::alloc).
-    fn free(&self, ptr: usize) -> Result<(), DeviceError>;
+    /// Frees an allocation made by [`alloc`](Self::alloc). An address that is not the
+    /// start of an allocation of this backend is refused with an error.
+    ///
+    /// # Safety
+    /// No copy that reads or writes the allocation may be in flight (started by
+    /// [`copy_async`](Self::copy_async) and not yet reported finished by
+    /// [`copy_poll`](Self::copy_poll)), and nothing may read or write it afterwards: the
+    /// memory goes at once (the sim unmaps it).
+    unsafe fn free(&self, ptr: usize) -> Result<(), DeviceError>;
 
     /// Classifies a pointer (host or device, allocation range, buffer id).
     fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError>;
@@ -161,13 +174,25 @@ pub trait DeviceBackend: Send + Sync {
     /// [`DeviceError::DoubleOpen`] if this process already holds it open.
     fn open_handle(&self, handle: &IpcHandle, on: DevId) -> Result<Mapping, DeviceError>;
 
-    /// Closes a mapping returned by [`open_handle`](Self::open_handle).
-    fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError>;
+    /// Closes a mapping returned by [`open_handle`](Self::open_handle). A mapping that is
+    /// not open is refused with an error.
+    ///
+    /// # Safety
+    /// No copy that reads or writes the mapping may be in flight, and nothing may read or
+    /// write addresses inside it afterwards: it is unmapped at once.
+    unsafe fn close_handle(&self, mapping: Mapping) -> Result<(), DeviceError>;
 
     /// Starts a copy of `len` bytes on the copy engine of device `engine`, on queue
     /// `lane` of that engine (copies on one lane run in order; lanes run concurrently).
     /// Either end may be host memory, local device memory or a peer mapping.
-    fn copy_async(
+    ///
+    /// # Safety
+    /// `src..src+len` must be readable and `dst..dst+len` writable (host memory of this
+    /// process, device memory of this backend, or a mapping open in it), and both must stay
+    /// so until [`copy_poll`](Self::copy_poll) reports the copy finished: not freed,
+    /// unmapped or closed, with nothing else writing `src` or accessing `dst` meanwhile.
+    /// With `len == 0` nothing is accessed.
+    unsafe fn copy_async(
         &self,
         engine: DevId,
         lane: u32,
@@ -181,7 +206,13 @@ pub trait DeviceBackend: Send + Sync {
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError>;
 
     /// Copies and waits, in any direction (host or device at either end).
-    fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError>;
+    ///
+    /// # Safety
+    /// `src..src+len` must be readable and `dst..dst+len` writable for the whole call (host
+    /// memory of this process, device memory of this backend, or a mapping open in it),
+    /// with nothing else writing `src` or accessing `dst` meanwhile. With `len == 0`
+    /// nothing is accessed.
+    unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError>;
 
     /// Waits until the work the application queued on its default stream of device
     /// `dev` so far has finished, if any is pending. For callers that move buffers an
@@ -216,10 +247,20 @@ pub trait DeviceBackend: Send + Sync {
 
     /// Pins and registers host memory so device engines can DMA it (shared staging
     /// chunks); registering the same range twice is not an error.
-    fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError>;
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be host memory of this process (not device memory: a backend
+    /// that can tell refuses it), and stay mapped while any copy through the registration
+    /// may read or write it.
+    unsafe fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError>;
 
-    /// Undoes [`register_host`](Self::register_host).
-    fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError>;
+    /// Undoes [`register_host`](Self::register_host); a range not registered is refused
+    /// with an error.
+    ///
+    /// # Safety
+    /// No copy that reads or writes the range may be in flight: its pages stop being
+    /// pinned for the engines.
+    unsafe fn unregister_host(&self, ptr: usize) -> Result<(), DeviceError>;
 }
 
 /// A shared backend handle.

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
+use super::object::{pid_alive, ShmError, ShmSegment, OBJECT_PREFIX};
 use super::ring::{PacketRing, RING_ALIGN};
-use super::segment::{pid_alive, ShmError, ShmSegment, OBJECT_PREFIX};
 
 /// Environment variable that carries the job id (set by `gpulmt-run`).
 pub const JOB_ENV: &str = "GPULMT_JOB";
@@ -569,7 +569,7 @@ impl JobSegment {
 /// Warns if `/dev/shm` has less free space than the segment could touch: the mapping
 /// succeeds (it is sparse) but touching pages beyond the free space raises SIGBUS.
 fn warn_if_shm_small(total: usize, layout: &JobLayout) {
-    let Ok(dir) = std::ffi::CString::new(super::segment::SHM_DIR) else { return };
+    let Ok(dir) = std::ffi::CString::new(super::object::SHM_DIR) else { return };
     // SAFETY: zeroed statvfs is a valid out-buffer.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: dir is a valid C string; st a valid out-pointer.
@@ -641,8 +641,8 @@ pub(crate) fn probe_owner_pids(name: &str) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::segment::tests::dead_pid;
-    use crate::shm::segment::{cleanup_stale_jobs, SHM_DIR};
+    use crate::shm::object::tests::dead_pid;
+    use crate::shm::object::{cleanup_stale_jobs, SHM_DIR};
     use std::path::Path;
     use std::sync::atomic::{AtomicBool, AtomicUsize};
 
@@ -659,7 +659,7 @@ mod tests {
     struct Cleanup(String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
-            crate::shm::segment::remove_job_objects(&self.0);
+            crate::shm::object::remove_job_objects(&self.0);
         }
     }
 

@@ -368,6 +368,8 @@ pub(crate) mod tests {
     }
     // SAFETY: plain heap memory; the tests share it between threads through the ring.
     unsafe impl Send for Buf {}
+    // SAFETY: as for Send: `&Buf` hands out the pointer only, and the ring synchronises
+    // what the threads write through it.
     unsafe impl Sync for Buf {}
     impl Buf {
         pub(crate) fn new(len: usize) -> Buf {

@@ -115,7 +115,9 @@ impl Shim {
         let rc = if n == 0 {
             SUCCESS
         } else if spec.contiguous && spec.device {
-            match self.ctx.copy_sync(spec.buf, data.as_ptr() as usize, n) {
+            // SAFETY: `spec.buf` is the receive's contiguous device buffer of `spec.cap >= n`
+            // bytes, which MPI's rules keep valid and unused until the receive completes.
+            match unsafe { self.ctx.copy_sync(spec.buf, data.as_ptr() as usize, n) } {
                 Ok(()) => SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "copying received data to device memory");

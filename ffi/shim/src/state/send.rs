@@ -32,7 +32,9 @@ impl Shim {
         let Some(to) = local else {
             // Another node, or a small message: stage through host memory.
             let mut staging = vec![0u8; bytes];
-            if let Err(e) = self.ctx.copy_sync(staging.as_mut_ptr() as usize, buf, bytes) {
+            // SAFETY: `buf` is the application's device buffer of `bytes` bytes for this send,
+            // which MPI's rules keep valid and unmodified until the send completes.
+            if let Err(e) = unsafe { self.ctx.copy_sync(staging.as_mut_ptr() as usize, buf, bytes) } {
                 tracing::error!(error = %e, "staging a device send");
                 return Err(ERR_OTHER);
             }

@@ -162,7 +162,9 @@ impl Shim {
         // SAFETY: collective over the node's ranks.
         unsafe { PMPI_Barrier(self.node_comm) };
         for ptr in std::mem::take(&mut self.allocations) {
-            let _ = self.ctx.backend().free(ptr);
+            // SAFETY: memory of gpulmt_mpi_alloc, which the application may not use after
+            // MPI_Finalize; after the barrier no rank drives a copy on it.
+            let _ = unsafe { self.ctx.backend().free(ptr) };
         }
         let Shim { ctx, job, mut node_comm, mut world_group, .. } = self;
         let rank0 = ctx.rank() == 0;

@@ -117,7 +117,9 @@ impl Buf {
             Kind::Host => self.host.fill(v),
             Kind::Dev if self.total > 0 => {
                 let tmp = vec![v; self.total];
-                ctx.copy_sync(self.dev, tmp.as_ptr() as usize, self.total).or_fail("copy_sync to device");
+                // SAFETY: `dev` is this buffer's allocation of `total` bytes from mem_alloc, and
+                // `&mut self` means no transfer of it is running.
+                unsafe { ctx.copy_sync(self.dev, tmp.as_ptr() as usize, self.total) }.or_fail("copy_sync to device");
             }
             Kind::Dev => {}
         }
@@ -138,7 +140,10 @@ impl Buf {
             Kind::Dev => {
                 let mut v = vec![0u8; self.total];
                 if self.total > 0 {
-                    ctx.copy_sync(v.as_mut_ptr() as usize, self.dev, self.total).or_fail("copy_sync from device");
+                    // SAFETY: `dev` is this buffer's allocation of `total` bytes from mem_alloc;
+                    // callers read it between transfers.
+                    unsafe { ctx.copy_sync(v.as_mut_ptr() as usize, self.dev, self.total) }
+                        .or_fail("copy_sync from device");
                 }
                 v
             }
@@ -151,7 +156,10 @@ impl Buf {
         match self.kind {
             Kind::Host => self.host[self.off..self.off + data.len()].copy_from_slice(data),
             Kind::Dev if !data.is_empty() => {
-                ctx.copy_sync(self.dev + self.off, data.as_ptr() as usize, data.len()).or_fail("copy_sync to device")
+                // SAFETY: `data.len() <= len` (checked above) bytes at `off` of this buffer's
+                // allocation of `len + 2 * off` bytes, with no transfer running (`&mut self`).
+                unsafe { ctx.copy_sync(self.dev + self.off, data.as_ptr() as usize, data.len()) }
+                    .or_fail("copy_sync to device")
             }
             Kind::Dev => {}
         }

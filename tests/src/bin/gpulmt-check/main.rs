@@ -177,6 +177,7 @@ enum Cmd {
 }
 
 fn main() {
+    gpulmt::logging::init("warn");
     let cli = Cli::parse();
     let mut ctx = Context::init().unwrap_or_else(|e| fail(format!("Context::init: {e}")));
     RANK.store(ctx.rank(), Ordering::Relaxed);

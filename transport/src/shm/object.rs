@@ -1,5 +1,11 @@
-//! Named POSIX shared-memory objects (`shm_open` + `mmap(MAP_SHARED)`), the errors of
-//! the whole `shm` layer, and the housekeeping that removes leftovers from `/dev/shm`.
+//! Named POSIX shared-memory objects, the one place gpulmt makes, maps, lists and
+//! removes them: creating or opening an object and mapping it read-write and
+//! `MAP_SHARED` ([`ShmSegment`]), removing its name, listing `/dev/shm` by prefix
+//! ([`entries`]), the liveness of an owner process, and the housekeeping that removes
+//! leftovers. The errors of the whole `shm` layer ([`ShmError`]) live here too.
+//!
+//! Both users go through it: the job segment ([`super::job`]) and the `sim` device
+//! backend, whose simulated device memory is one object per allocation.
 //!
 //! Every object gpulmt creates is named `gpulmt-...` so that the launcher and
 //! `gpulmt-run --cleanup` can find them:
@@ -30,8 +36,7 @@ pub const SIM_PREFIX: &str = "gpulmt-sim-";
 pub const STALE_UNPARSEABLE_AGE: Duration = Duration::from_secs(3600);
 
 /// What to tell the user when no more specific advice applies.
-const HINT_LEFTOVERS: &str =
-    "/dev/shm full or limited? remove leftovers with `gpulmt-run --cleanup` (and check `df -h /dev/shm`)";
+const HINT_LEFTOVERS: &str = "/dev/shm full or limited? remove leftovers with `gpulmt-run --cleanup` (and check `df -h /dev/shm`; in a container, docker's --shm-size)";
 
 /// Errors of the shared-memory layer. Every message names what failed and what to try.
 #[derive(Debug, thiserror::Error)]
@@ -81,9 +86,14 @@ impl ShmError {
 
     /// Builds an [`ShmError::Os`] from the current `errno`, with advice that fits it.
     fn last_os(call: &'static str, name: &str) -> Self {
-        let source = io::Error::last_os_error();
-        let hint = hint_for(call, source.raw_os_error().unwrap_or(0));
-        ShmError::Os { call, name: name.to_owned(), source, hint }
+        Self::os(call, name, io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+
+    /// Builds an [`ShmError::Os`] from `errno`, for calls that return it instead of
+    /// setting it (`posix_fallocate`).
+    fn os(call: &'static str, name: &str, errno: i32) -> Self {
+        let source = io::Error::from_raw_os_error(errno);
+        ShmError::Os { call, name: name.to_owned(), source, hint: hint_for(call, errno) }
     }
 }
 
@@ -168,6 +178,17 @@ impl ShmSegment {
     /// limit when a page is first touched, not here: touching a page of a segment larger
     /// than the free space of `/dev/shm` raises SIGBUS.
     pub fn create(name: &str, len: usize) -> Result<Self, ShmError> {
+        Self::create_with(name, len, false)
+    }
+
+    /// As [`create`](Self::create), but reserves every page now: a full `/dev/shm`
+    /// fails here (like a device allocation running out of memory), not as a SIGBUS on
+    /// first touch. Filesystems that cannot reserve leave the object sparse.
+    pub fn create_reserved(name: &str, len: usize) -> Result<Self, ShmError> {
+        Self::create_with(name, len, true)
+    }
+
+    fn create_with(name: &str, len: usize, reserve: bool) -> Result<Self, ShmError> {
         let (bare, cname) = c_name(name)?;
         if len == 0 {
             return Err(ShmError::BadLayout(format!("cannot create \"/{bare}\" with size 0")));
@@ -184,13 +205,13 @@ impl ShmSegment {
         }
         // From here on a failure must remove the half-made object, or it would block the
         // next create of this name (O_EXCL) and leak until --cleanup.
-        let fail = |call: &'static str| {
-            let err = ShmError::last_os(call, &bare);
+        let fail_with = |err: ShmError| {
             close_fd(fd, &bare);
             // SAFETY: cname is valid; we created this name just now.
             unsafe { libc::shm_unlink(cname.as_ptr()) };
             err
         };
+        let fail = |call: &'static str| fail_with(ShmError::last_os(call, &bare));
         // The umask may have stripped bits from 0600 but cannot have added any; force the
         // exact mode anyway so that a umask of e.g. 0277 cannot leave us read-only.
         // SAFETY: fd is open.
@@ -201,6 +222,13 @@ impl ShmSegment {
         // SAFETY: fd is open.
         if unsafe { libc::ftruncate(fd, off_len) } != 0 {
             return Err(fail("ftruncate"));
+        }
+        if reserve {
+            // SAFETY: fd is open. posix_fallocate returns the error instead of setting errno.
+            let rc = unsafe { libc::posix_fallocate(fd, 0, off_len) };
+            if rc != 0 && rc != libc::EOPNOTSUPP {
+                return Err(fail_with(ShmError::os("posix_fallocate", &bare, rc)));
+            }
         }
         // SAFETY: fd is open and sized to len; we ask for a fresh mapping anywhere.
         let p = unsafe {
@@ -276,6 +304,25 @@ impl ShmSegment {
         }
     }
 
+    /// Unmaps the object now, reporting a failure that dropping it would only log.
+    pub fn unmap(mut self) -> Result<(), ShmError> {
+        self.release_mapping()
+    }
+
+    /// Unmaps the mapping once: afterwards `len` is 0 and drop has nothing left to do.
+    fn release_mapping(&mut self) -> Result<(), ShmError> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        let len = std::mem::replace(&mut self.len, 0);
+        // SAFETY: ptr/len describe a mapping we made and nobody else unmaps; `len` is 0
+        // from now on, so it is unmapped once.
+        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), len) } != 0 {
+            return Err(ShmError::last_os("munmap", &self.name));
+        }
+        Ok(())
+    }
+
     /// Start of the mapping (page-aligned).
     pub fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
@@ -299,16 +346,16 @@ impl ShmSegment {
 
 impl Drop for ShmSegment {
     fn drop(&mut self) {
-        // SAFETY: ptr/len describe a mapping we made and nobody else unmaps.
-        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) } != 0 {
-            tracing::warn!(name = %self.name, error = %io::Error::last_os_error(), "munmap of shm segment failed");
+        if let Err(e) = self.release_mapping() {
+            tracing::warn!(error = %e, "unmapping a shared-memory object failed");
         }
     }
 }
 
-/// Names of the entries of `/dev/shm` that start with `prefix` (empty if the directory
-/// cannot be read: then there is nothing we could remove either).
-fn shm_entries(prefix: &str) -> Vec<String> {
+/// Names of the entries of `/dev/shm` that start with `prefix`, sorted (empty if the
+/// directory cannot be read: then there is nothing we could remove either). Names that
+/// are not UTF-8 are not gpulmt's and are skipped.
+pub fn entries(prefix: &str) -> Vec<String> {
     let dir = match std::fs::read_dir(SHM_DIR) {
         Ok(d) => d,
         Err(e) => {
@@ -316,10 +363,13 @@ fn shm_entries(prefix: &str) -> Vec<String> {
             return Vec::new();
         }
     };
-    dir.filter_map(|e| e.ok())
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| n.starts_with(prefix))
-        .collect()
+        .collect();
+    names.sort();
+    names
 }
 
 /// Unlinks `name`, counting it if it was removed and logging why if it could not be.
@@ -348,7 +398,7 @@ pub fn remove_objects_with_prefix(prefix: &str) -> usize {
         tracing::warn!(prefix, "refusing to remove shared-memory objects by an empty or bad prefix");
         return 0;
     }
-    shm_entries(prefix).iter().map(|n| unlink_counted(n)).sum()
+    entries(prefix).iter().map(|n| unlink_counted(n)).sum()
 }
 
 /// True if `name` is `base` itself or `base` followed by a character that cannot be
@@ -370,12 +420,13 @@ pub fn remove_job_objects(job: &str) -> usize {
         return 0;
     }
     let base = format!("{OBJECT_PREFIX}{job}");
-    shm_entries(&base).iter().filter(|n| is_object_of(n, &base)).map(|n| unlink_counted(n)).sum()
+    entries(&base).iter().filter(|n| is_object_of(n, &base)).map(|n| unlink_counted(n)).sum()
 }
 
 /// Liveness of a process on this machine: `kill(pid, 0)` fails with ESRCH only if no
-/// such process exists (EPERM means it exists but belongs to someone else).
-pub(crate) fn pid_alive(pid: u32) -> bool {
+/// such process exists (EPERM means it exists but belongs to someone else, and counts as
+/// alive). Pid 0 and pids beyond `pid_t` name no process of ours: not alive.
+pub fn pid_alive(pid: u32) -> bool {
     let Ok(p) = libc::pid_t::try_from(pid) else { return false };
     if p <= 0 {
         return false;
@@ -405,7 +456,7 @@ fn object_age(name: &str) -> Option<Duration> {
 ///
 /// Pids are checked on this machine: run it on the node that ran the job.
 pub fn cleanup_stale_jobs() -> usize {
-    let names: Vec<String> = shm_entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
+    let names: Vec<String> = entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
     // (segment name, all owners dead)
     let mut jobs: Vec<(String, bool)> = Vec::new();
     for n in &names {
@@ -430,14 +481,20 @@ pub fn cleanup_stale_jobs() -> usize {
     removed
 }
 
-/// Removes `gpulmt-sim-<pid>-*` objects whose `<pid>` is dead; returns how many.
-/// Names without a parseable pid are left alone (they are not ours to judge).
+/// The owner pid in the name of a simulated-device object, `gpulmt-sim-<pid>-...`.
+pub fn sim_object_pid(name: &str) -> Option<u32> {
+    let (pid, _) = name.strip_prefix(SIM_PREFIX)?.split_once('-')?;
+    pid.parse().ok()
+}
+
+/// Removes `gpulmt-sim-<pid>-*` objects whose `<pid>` is dead (crashed or killed before
+/// it could clean up); returns how many. Names without a parseable pid are left alone
+/// (they are not ours to judge). Liveness is [`pid_alive`]'s: only meaningful within one
+/// pid namespace (a container sharing `/dev/shm` with the host sees other pids).
 pub fn cleanup_stale_sim_objects() -> usize {
     let mut removed = 0;
-    for n in shm_entries(SIM_PREFIX) {
-        let rest = &n[SIM_PREFIX.len()..];
-        let digits = rest.split('-').next().unwrap_or("");
-        let Ok(pid) = digits.parse::<u32>() else { continue };
+    for n in entries(SIM_PREFIX) {
+        let Some(pid) = sim_object_pid(&n) else { continue };
         if !pid_alive(pid) {
             removed += unlink_counted(&n);
         }
@@ -534,7 +591,56 @@ pub(crate) mod tests {
         drop(ShmSegment::create(&live, 4096).unwrap());
         assert!(cleanup_stale_sim_objects() >= 1);
         assert!(!Path::new(SHM_DIR).join(&stale).exists());
+        assert!(Path::new(SHM_DIR).join(&live).exists(), "objects of live processes must be kept");
+        ShmSegment::unlink(&live).unwrap();
+    }
+
+    #[test]
+    fn objects_of_one_pid_by_prefix() {
+        let dead = dead_pid();
+        let make = |pid: u32, tag: &str| {
+            let name = format!("{SIM_PREFIX}{pid}-{tag}-1");
+            drop(ShmSegment::create(&name, 4096).unwrap());
+            name
+        };
+        let other = make(dead, "00000000cafef00d");
+        let live = make(std::process::id(), "00000000feedface");
+        assert_eq!(remove_objects_with_prefix(&format!("{SIM_PREFIX}{dead}-")), 1);
+        assert!(!Path::new(SHM_DIR).join(&other).exists());
         assert!(Path::new(SHM_DIR).join(&live).exists());
         ShmSegment::unlink(&live).unwrap();
+        assert_eq!(sim_object_pid("gpulmt-sim-123-abc-4"), Some(123));
+        assert_eq!(sim_object_pid("gpulmt-other-123-abc-4"), None);
+    }
+
+    #[test]
+    fn entries_lists_by_prefix_sorted() {
+        let base = unique("list");
+        let names = [format!("{base}-b"), format!("{base}-a"), format!("{base}x")];
+        for n in &names {
+            drop(ShmSegment::create(n, 4096).unwrap());
+        }
+        assert_eq!(entries(&format!("{base}-")), [format!("{base}-a"), format!("{base}-b")]);
+        assert_eq!(entries(&base).len(), 3);
+        for n in &names {
+            ShmSegment::unlink(n).unwrap();
+        }
+        assert!(entries(&base).is_empty());
+    }
+
+    #[test]
+    fn reserved_objects_and_explicit_unmap() {
+        let name = unique("reserved");
+        let a = ShmSegment::create_reserved(&name, 2 * 4096).unwrap();
+        assert_eq!(a.len(), 2 * 4096);
+        let b = ShmSegment::open(&name).unwrap();
+        // SAFETY: both mappings are 2 pages long.
+        unsafe {
+            *a.ptr().add(4096) = 7;
+            assert_eq!(*b.ptr().add(4096), 7);
+        }
+        a.unmap().unwrap();
+        b.unmap().unwrap();
+        assert!(ShmSegment::unlink(&name).unwrap());
     }
 }

@@ -53,8 +53,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
-use super::cuda::{check, cu, warn_teardown};
-use super::DeviceError;
+use super::driver::{check, cu, warn_teardown};
+use crate::device::DeviceError;
 
 /// Descriptors in the ring: copies the server may have queued at once. A copy that finds
 /// the ring full goes to the copy engine instead.
@@ -374,7 +374,13 @@ impl CopyServer {
     /// before made too few copies to pay: see [`USEFUL_COPIES`]). `enter` makes the
     /// device's context current, which only the rare launch below needs; `now` is the
     /// clock, read only when a copy is declined.
-    pub fn post<G>(
+    ///
+    /// # Safety
+    /// `src..src+len` and `dst..dst+len` must be device memory the server's device reaches,
+    /// readable and writable respectively until [`finished`](Self::finished) reports the
+    /// copy done, as [`DeviceBackend::copy_async`](crate::device::DeviceBackend::copy_async)
+    /// requires.
+    pub unsafe fn post<G>(
         &mut self,
         (dst, src, len): (usize, usize, usize),
         enter: impl FnOnce() -> Result<G, DeviceError>,
@@ -511,7 +517,26 @@ mod tests {
 
     /// No driver here: a call that needs the context fails, which shows it was made.
     fn no_context() -> Result<(), DeviceError> {
-        Err(DeviceError::Unsupported { op: "entering a context", backend: super::super::BackendKind::Sim })
+        Err(DeviceError::Unsupported { op: "entering a context", backend: crate::device::BackendKind::Sim })
+    }
+
+    /// Posts a copy the way the backend does. No kernel runs in these tests, so the
+    /// descriptor's addresses are never read or written.
+    fn post(
+        s: &mut CopyServer,
+        copy: (usize, usize, usize),
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Option<u64>, DeviceError> {
+        // SAFETY: nothing serves the ring of a host-only server, so no copy is ever made.
+        unsafe { s.post(copy, no_context, now) }
+    }
+
+    /// The host-only server's ring and words, as the kernel would read them.
+    fn ring(s: &CopyServer) -> &[u64] {
+        // SAFETY: `s.host` is the start of with_host_only's vector of HOST_BYTES / 8 words,
+        // which outlives the test closure that holds `s`; nothing writes it while the
+        // slice is read.
+        unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) }
     }
 
     /// What the kernel would take from slot `seq`: its fields if the tag matches.
@@ -524,16 +549,16 @@ mod tests {
     fn copies_go_to_a_server_only_once_it_has_started() {
         with_host_only(|s| {
             // None launched yet: the engine takes the copy and one is wanted.
-            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
+            assert_eq!(post(s, (0x1000, 0x2000, 8), Instant::now).unwrap(), None);
             assert!(std::mem::take(&mut s.launch_wanted));
             // Launched (generation 1), not started: the engine again, and no second launch.
             s.generation = 1;
-            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), None);
+            assert_eq!(post(s, (0x1000, 0x2000, 8), Instant::now).unwrap(), None);
             assert!(!s.launch_wanted);
             // Started: the copy goes to the ring, where the kernel finds it whole.
             s.started_word().store(1, Ordering::Release);
-            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap(), Some(1));
-            let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
+            assert_eq!(post(s, (0x1000, 0x2000, 8), Instant::now).unwrap(), Some(1));
+            let ring = ring(s);
             assert_eq!(kernel_reads(ring, 1), Some((0x1000, 0x2000, 8)));
             assert_eq!(kernel_reads(ring, 2), None, "the next slot is not valid yet");
             assert_eq!(kernel_reads(ring, 1 + SLOTS), None, "nor is slot 1 for a later lap");
@@ -541,9 +566,9 @@ mod tests {
             // new server is wanted only once the backoff that earned has run.
             s.started_word().store(1 | EXITED, Ordering::Release);
             let t0 = Instant::now();
-            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0).unwrap(), None);
+            assert_eq!(post(s, (0x1000, 0x2000, 8), || t0).unwrap(), None);
             assert!(!s.launch_wanted);
-            assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + FIRST_BACKOFF).unwrap(), None);
+            assert_eq!(post(s, (0x1000, 0x2000, 8), || t0 + FIRST_BACKOFF).unwrap(), None);
             assert!(s.launch_wanted);
             assert_eq!(s.next, 2, "declined copies take no sequence number");
             assert_eq!(s.declined, 4, "none launched, one not started, two after it left");
@@ -562,7 +587,7 @@ mod tests {
     fn serve_and_leave(s: &mut CopyServer, g: u64, copies: u64) {
         running(s, g);
         for _ in 0..copies {
-            assert!(s.post((0x1000, 0x2000, 8), no_context, || unreachable!("no copy is declined")).unwrap().is_some());
+            assert!(post(s, (0x1000, 0x2000, 8), || unreachable!("no copy is declined")).unwrap().is_some());
             s.done_word().store(s.next - 1, Ordering::Release);
         }
         s.started_word().store(g | EXITED, Ordering::Release);
@@ -573,7 +598,7 @@ mod tests {
         with_host_only(|s| {
             let t0 = Instant::now();
             let declined_at = |s: &mut CopyServer, t: Duration| {
-                assert_eq!(s.post((0x1000, 0x2000, 8), no_context, || t0 + t).unwrap(), None);
+                assert_eq!(post(s, (0x1000, 0x2000, 8), || t0 + t).unwrap(), None);
                 std::mem::take(&mut s.launch_wanted)
             };
             // A useful server: its successor is launched at the first copy that finds it gone.
@@ -609,15 +634,15 @@ mod tests {
         with_host_only(|s| {
             running(s, 3);
             for i in 1..=SLOTS {
-                assert_eq!(s.post((0x1000 + i as usize, 0x9000, 8), no_context, Instant::now).unwrap(), Some(i));
+                assert_eq!(post(s, (0x1000 + i as usize, 0x9000, 8), Instant::now).unwrap(), Some(i));
             }
-            assert_eq!(s.post((0x1000, 0x9000, 8), no_context, Instant::now).unwrap(), None, "ring full");
+            assert_eq!(post(s, (0x1000, 0x9000, 8), Instant::now).unwrap(), None, "ring full");
             assert!(!s.launch_wanted, "a full ring is no reason to launch");
             assert_eq!(s.declined, 1);
             // The kernel served copy 1: its slot takes copy SLOTS + 1.
             s.done_word().store(1, Ordering::Release);
-            assert_eq!(s.post((0x7777, 0x9000, 16), no_context, Instant::now).unwrap(), Some(SLOTS + 1));
-            let ring = unsafe { std::slice::from_raw_parts(s.host, HOST_BYTES / 8) };
+            assert_eq!(post(s, (0x7777, 0x9000, 16), Instant::now).unwrap(), Some(SLOTS + 1));
+            let ring = ring(s);
             assert_eq!(kernel_reads(ring, SLOTS + 1), Some((0x7777, 0x9000, 16)));
             assert_eq!(kernel_reads(ring, 2), Some((0x1002, 0x9000, 8)), "unserved copies stay intact");
         });
@@ -627,7 +652,7 @@ mod tests {
     fn a_stalled_copy_makes_the_host_check_that_a_server_runs() {
         with_host_only(|s| {
             running(s, 1);
-            let seq = s.post((0x1000, 0x2000, 8), no_context, Instant::now).unwrap().unwrap();
+            let seq = post(s, (0x1000, 0x2000, 8), Instant::now).unwrap().unwrap();
             for _ in 1..POLLS_PER_LIVENESS_CHECK {
                 assert!(!s.finished(seq, no_context).unwrap(), "polls before the check need no driver");
             }

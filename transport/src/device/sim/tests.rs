@@ -1,0 +1,586 @@
+//! Tests of the sim backend: allocation, IPC rules between instances and processes,
+//! copies, configuration.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use super::*;
+use crate::device::IPC_HANDLE_BYTES;
+use crate::shm::object::SIM_PREFIX;
+
+fn backend(devices: u32, peer: PeerMatrix, ipc_open_us: u64) -> SimBackend {
+    SimBackend::new(SimConfig { devices, peer, ipc_open_us, copy_inline: false, copy_done_ns: 0, driver: None })
+        .expect("valid config")
+}
+
+fn two() -> SimBackend {
+    backend(2, PeerMatrix::All, 0)
+}
+
+fn shm_path(b: &SimBackend, buffer_id: u64) -> std::path::PathBuf {
+    format!("/dev/shm/{SIM_PREFIX}{}-{:016x}-{buffer_id}", b.pid, b.nonce).into()
+}
+
+/// Writes `bytes` at `ptr` through the backend.
+///
+/// # Safety
+/// `ptr..ptr+bytes.len()` is memory of `b` (an allocation or an open mapping) that
+/// nothing else accesses meanwhile.
+unsafe fn fill(b: &SimBackend, ptr: usize, bytes: &[u8]) {
+    // SAFETY: the destination by this function's contract; the source is the slice.
+    unsafe { b.copy_sync(ptr, bytes.as_ptr() as usize, bytes.len()) }.unwrap();
+}
+
+/// Reads `len` bytes at `ptr` through the backend.
+///
+/// # Safety
+/// `ptr..ptr+len` is memory of `b` (an allocation or an open mapping) that nothing
+/// writes meanwhile.
+unsafe fn read(b: &SimBackend, ptr: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    // SAFETY: the source by this function's contract; the destination is `v`.
+    unsafe { b.copy_sync(v.as_mut_ptr() as usize, ptr, len) }.unwrap();
+    v
+}
+
+fn wait(b: &SimBackend, t: CopyTicket) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !b.copy_poll(t).unwrap() {
+        assert!(Instant::now() < deadline, "copy {t:?} did not complete");
+        std::thread::yield_now();
+    }
+}
+
+fn mappers_of(b: &SimBackend, ptr: usize) -> u32 {
+    let st = lock(&b.state);
+    let Some(Region::Local(l)) = st.regions.get(&ptr) else { panic!("not local") };
+    header(&l.map).mappers.load(Ordering::SeqCst)
+}
+
+#[test]
+fn alloc_free_pointer_info() {
+    let b = two();
+    let p = b.alloc(1, 10_000).unwrap();
+    assert_eq!(p % 4096, 0);
+    let info = b.pointer_info(p + 9_999).unwrap();
+    assert_eq!(info.kind, MemoryKind::Device(1));
+    assert_eq!((info.base, info.size), (p, 10_000));
+    assert!(info.buffer_id > 0);
+    // One past the end, and the header page, are not device memory.
+    assert_eq!(b.pointer_info(p + 10_000).unwrap().kind, MemoryKind::Host);
+    assert_eq!(b.pointer_info(p - 1).unwrap().kind, MemoryKind::Host);
+    let host = 0x1234usize;
+    assert_eq!(
+        b.pointer_info(host).unwrap(),
+        PointerInfo { kind: MemoryKind::Host, base: host, size: 0, buffer_id: 0 }
+    );
+    // The object exists with mode 0600 and the rounded size.
+    let path = shm_path(&b, info.buffer_id);
+    let md = std::fs::metadata(&path).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(md.permissions().mode() & 0o777, 0o600);
+    assert_eq!(md.len(), 4096 + 12_288);
+
+    // Only an allocation's base can be freed, and only once.
+    // SAFETY: no copy runs on `p` and nothing touches it after it is freed; the refused
+    // calls release nothing.
+    unsafe {
+        assert!(matches!(b.free(p + 1), Err(DeviceError::InvalidPointer { .. })));
+        b.free(p).unwrap();
+        assert!(!path.exists(), "free must unlink the object");
+        assert!(matches!(b.free(p), Err(DeviceError::InvalidPointer { .. })));
+    }
+    assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
+    assert!(matches!(b.alloc(2, 1), Err(DeviceError::NoSuchDevice { dev: 2, count: 2 })));
+
+    // Zero-size allocations get a byte.
+    let z = b.alloc(0, 0).unwrap();
+    assert_eq!(b.pointer_info(z).unwrap().size, 1);
+    // SAFETY: an allocation of this test that nothing uses.
+    unsafe { b.free(z) }.unwrap();
+}
+
+#[test]
+fn recycled_address_gets_new_buffer_id() {
+    let b = two();
+    let mut seen = HashSet::new();
+    let mut reused = false;
+    let mut last: Option<(usize, u64)> = None;
+    for _ in 0..64 {
+        let p = b.alloc(0, 8192).unwrap();
+        let id = b.pointer_info(p).unwrap().buffer_id;
+        assert!(seen.insert(id), "buffer id {id} reused");
+        if let Some((lp, lid)) = last {
+            if lp == p {
+                reused = true;
+                assert_ne!(lid, id);
+            }
+        }
+        last = Some((p, id));
+        // SAFETY: an allocation of this test that nothing uses.
+        unsafe { b.free(p) }.unwrap();
+    }
+    // mmap normally hands the hole straight back; if it never did, the id check
+    // above still covered every allocation.
+    if !reused {
+        eprintln!("note: the kernel never recycled an address in this run");
+    }
+}
+
+#[test]
+fn export_open_close_between_instances() {
+    let owner = two();
+    let peer = two();
+    let p = owner.alloc(1, 5000).unwrap();
+    let id = owner.pointer_info(p).unwrap().buffer_id;
+    // SAFETY: an allocation of 5000 bytes of `owner`.
+    unsafe { fill(&owner, p, &[7u8; 5000]) };
+
+    assert!(matches!(owner.export_handle(p + 8), Err(DeviceError::InvalidPointer { .. })));
+    let h = owner.export_handle(p).unwrap();
+    // A process cannot open its own handle.
+    assert!(matches!(owner.open_handle(&h, 0), Err(DeviceError::BadHandle { .. })));
+
+    let m = peer.open_handle(&h, 0).unwrap();
+    assert_eq!(m.size, 5000);
+    assert_eq!(mappers_of(&owner, p), 1);
+    let info = peer.pointer_info(m.ptr + 4999).unwrap();
+    assert_eq!(info, PointerInfo { kind: MemoryKind::Device(1), base: m.ptr, size: 5000, buffer_id: id });
+    // Shared pages: writes on either side are seen by the other.
+    // SAFETY: `m` maps `p`'s 5000 bytes; each access is made and finished by one call.
+    unsafe {
+        assert_eq!(read(&peer, m.ptr, 5000), vec![7u8; 5000]);
+        fill(&peer, m.ptr + 100, b"peer");
+        assert_eq!(read(&owner, p + 100, 4), b"peer");
+    }
+
+    // The second open of one handle is rejected, as by the CUDA driver.
+    assert_eq!(peer.open_handle(&h, 1), Err(DeviceError::DoubleOpen { owner: std::process::id(), buffer_id: id }));
+    // SAFETY: no copy runs on the mappings or on `p`, and nothing touches them once
+    // closed or freed; the refused close releases nothing.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        assert_eq!(mappers_of(&owner, p), 0);
+        assert_eq!(peer.pointer_info(m.ptr).unwrap().kind, MemoryKind::Host);
+        assert!(matches!(peer.close_handle(m), Err(DeviceError::InvalidPointer { .. })));
+        // Closed, it can be opened again.
+        let m2 = peer.open_handle(&h, 1).unwrap();
+        peer.close_handle(m2).unwrap();
+        owner.free(p).unwrap();
+    }
+    // Freed: the handle is dead.
+    assert!(matches!(peer.open_handle(&h, 0), Err(DeviceError::BadHandle { .. })));
+}
+
+#[test]
+fn concurrent_opens_of_one_handle_only_one_wins() {
+    let owner = two();
+    let peer = Arc::new(backend(2, PeerMatrix::All, 2_000));
+    let p = owner.alloc(0, 64).unwrap();
+    let h = owner.export_handle(p).unwrap();
+    let results: Vec<_> = (0..4)
+        .map(|_| {
+            let peer = peer.clone();
+            std::thread::spawn(move || peer.open_handle(&h, 0))
+        })
+        .map(|t| t.join().unwrap())
+        .collect();
+    let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(ok.len(), 1, "{results:?}");
+    assert!(results.iter().filter(|r| r.is_err()).all(|r| matches!(r, Err(DeviceError::DoubleOpen { .. }))));
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(*ok[0]).unwrap();
+        owner.free(p).unwrap();
+    }
+}
+
+#[test]
+fn forged_handles_are_rejected() {
+    let owner = two();
+    let peer = two();
+    let p = owner.alloc(0, 100).unwrap();
+    let h = owner.export_handle(p).unwrap();
+    let f = HandleFields::decode(&h).unwrap();
+    let is_bad = |r: Result<Mapping, DeviceError>| matches!(r, Err(DeviceError::BadHandle { .. }));
+
+    let mut magic = h;
+    magic.0[0] ^= 0xff;
+    assert!(is_bad(peer.open_handle(&magic, 0)));
+    let mut version = h;
+    version.0[8] = 9;
+    assert!(is_bad(peer.open_handle(&version, 0)));
+    // Same page count, different size: caught by the header.
+    assert!(is_bad(peer.open_handle(&HandleFields { size: 200, ..f }.encode(), 0)));
+    // Larger size: caught by the object's length before mapping.
+    assert!(is_bad(peer.open_handle(&HandleFields { size: 1 << 20, ..f }.encode(), 0)));
+    // Wrong device: caught by the header.
+    assert!(is_bad(peer.open_handle(&HandleFields { device: 1, ..f }.encode(), 0)));
+    // No such object.
+    assert!(is_bad(peer.open_handle(&HandleFields { buffer_id: u64::MAX, ..f }.encode(), 0)));
+    assert!(is_bad(peer.open_handle(&HandleFields { nonce: f.nonce ^ 1, ..f }.encode(), 0)));
+    assert!(is_bad(peer.open_handle(&IpcHandle([0; IPC_HANDLE_BYTES]), 0)));
+    // Failed opens leave nothing behind: the genuine handle still opens.
+    assert_eq!(mappers_of(&owner, p), 0);
+    let m = peer.open_handle(&h, 0).unwrap();
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
+}
+
+#[test]
+fn free_while_mapped_is_reported_and_pages_survive() {
+    let owner = two();
+    let peer = two();
+    let p = owner.alloc(0, 4096).unwrap();
+    let id = owner.pointer_info(p).unwrap().buffer_id;
+    let h = owner.export_handle(p).unwrap();
+    let m = peer.open_handle(&h, 1).unwrap();
+    // SAFETY: no copy runs on `p`, and the owner does not touch it after freeing it; the
+    // peer's mapping keeps its own pages, used by one call at a time until it is closed.
+    unsafe {
+        assert_eq!(owner.free(p), Err(DeviceError::FreedWhileMapped { ptr: p, buffer_id: id, mappers: 1 }));
+        // Released locally all the same.
+        assert_eq!(owner.pointer_info(p).unwrap().kind, MemoryKind::Host);
+        assert!(!shm_path(&owner, id).exists());
+        // The peer's pages are still there.
+        fill(&peer, m.ptr, b"alive");
+        assert_eq!(read(&peer, m.ptr, 5), b"alive");
+        peer.close_handle(m).unwrap();
+    }
+    // A fresh open of the freed allocation fails.
+    assert!(matches!(peer.open_handle(&h, 1), Err(DeviceError::BadHandle { .. })));
+}
+
+#[test]
+fn peer_access_is_enforced_on_open() {
+    let owner = backend(3, PeerMatrix::parse("0-2").unwrap(), 0);
+    let peer = backend(3, PeerMatrix::parse("0-2").unwrap(), 0);
+    assert!(peer.can_access_peer(2, 0) && peer.can_access_peer(1, 1));
+    assert!(!peer.can_access_peer(0, 1) && !peer.can_access_peer(0, 3));
+    let p = owner.alloc(0, 64).unwrap();
+    let h = owner.export_handle(p).unwrap();
+    match peer.open_handle(&h, 1) {
+        Err(DeviceError::Driver { call: "cuIpcOpenMemHandle", message, .. }) => {
+            assert!(message.contains("peer access unavailable"), "{message}")
+        }
+        other => panic!("expected a peer-access error, got {other:?}"),
+    }
+    assert!(matches!(peer.open_handle(&h, 7), Err(DeviceError::NoSuchDevice { dev: 7, count: 3 })));
+    // The failed opens released their reservation and left no mapper behind.
+    assert_eq!(mappers_of(&owner, p), 0);
+    let m = peer.open_handle(&h, 2).unwrap();
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
+
+    let isolated = backend(2, PeerMatrix::NoPeers, 0);
+    let owner2 = backend(2, PeerMatrix::NoPeers, 0);
+    let q = owner2.alloc(1, 64).unwrap();
+    let h2 = owner2.export_handle(q).unwrap();
+    assert!(matches!(isolated.open_handle(&h2, 0), Err(DeviceError::Driver { .. })));
+    let m = isolated.open_handle(&h2, 1).unwrap();
+    // SAFETY: no copy runs on the mapping or on `q`, and nothing touches them afterwards.
+    unsafe {
+        isolated.close_handle(m).unwrap();
+        owner2.free(q).unwrap();
+    }
+}
+
+#[test]
+fn open_cost_is_honoured() {
+    let owner = two();
+    let peer = backend(2, PeerMatrix::All, 20_000);
+    let p = owner.alloc(0, 64).unwrap();
+    let h = owner.export_handle(p).unwrap();
+    let t = Instant::now();
+    let m = peer.open_handle(&h, 0).unwrap();
+    let took = t.elapsed();
+    assert!(took >= Duration::from_micros(20_000), "open took {took:?}");
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
+}
+
+#[test]
+fn engine_copies_complete_with_right_data() {
+    let b = two();
+    let len = 3 << 20;
+    let d0 = b.alloc(0, len).unwrap();
+    let d1 = b.alloc(1, len).unwrap();
+    let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+    let mut dst = vec![0u8; len];
+
+    // SAFETY: every address is in `d0` or `d1` (`len` bytes each, allocations of `b`) or in
+    // a vector or array of this test, all live until the end of the test. Each copy is
+    // waited for before its destination is read; the 32 copies into `d0` run one after
+    // another on one engine and are all waited for before it is read. Nothing touches `d0`
+    // or `d1` once freed, and refused calls access nothing.
+    unsafe {
+        let t = b.copy_async(0, 0, d0, src.as_ptr() as usize, len).unwrap();
+        wait(&b, t);
+        let t = b.copy_async(1, 3, d1, d0, len).unwrap();
+        wait(&b, t);
+        let t = b.copy_async(1, 0, dst.as_mut_ptr() as usize, d1, len).unwrap();
+        wait(&b, t);
+        assert!(dst == src);
+        // A done ticket is consumed.
+        assert!(matches!(b.copy_poll(t), Err(DeviceError::Driver { call: "copy_poll", .. })));
+        assert!(b.copy_poll(CopyTicket(u64::MAX)).is_err());
+
+        // Copies on one engine run in submission order: the last write wins.
+        let a = [1u8; 4096];
+        let c = [2u8; 4096];
+        let tickets: Vec<_> = (0..32)
+            .map(|i| {
+                let s = if i % 2 == 0 { &a } else { &c };
+                b.copy_async(0, i, d0, s.as_ptr() as usize, 4096).unwrap()
+            })
+            .collect();
+        for t in tickets {
+            wait(&b, t);
+        }
+        assert_eq!(read(&b, d0, 4096), vec![2u8; 4096]);
+
+        // Zero-length copies are done at once; bad engines and overruns are refused.
+        let t = b.copy_async(1, 0, 0, 0, 0).unwrap();
+        assert!(b.copy_poll(t).unwrap());
+        assert!(matches!(b.copy_async(2, 0, d0, d1, 1), Err(DeviceError::NoSuchDevice { .. })));
+        assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
+        assert!(matches!(b.copy_sync(d0, 0, 1), Err(DeviceError::InvalidPointer { .. })));
+
+        // Overlapping copy_sync behaves like memmove.
+        fill(&b, d1, &[1, 2, 3, 4, 5]);
+        b.copy_sync(d1 + 1, d1, 4).unwrap();
+        assert_eq!(read(&b, d1, 5), [1, 1, 2, 3, 4]);
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
+}
+
+#[test]
+fn driver_cost_model_leaves_the_answers_alone() {
+    // Copies seen done 1 ms after issue, polled newest first: with the cost model the
+    // answers are each copy's own state, and an older copy polled after a newer one
+    // was seen done is done (as the CUDA backend answers it without a query).
+    let driver = Some(DriverCost { issue_ns: 1000, done_ns: 500, not_ready_ns: 100 });
+    let b = SimBackend::new(SimConfig { copy_inline: true, copy_done_ns: 1_000_000, driver, ..Default::default() })
+        .unwrap();
+    let len = 4096;
+    let (d0, d1) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
+    // SAFETY: `d0` and `d1` are allocations of `len` bytes of `b`, freed only below once
+    // every copy was reported finished; the copies are made inline, one after another.
+    let t: Vec<CopyTicket> = (0..4).map(|_| unsafe { b.copy_async(1, 0, d1, d0, len) }.unwrap()).collect();
+    assert!(!b.copy_poll(t[3]).unwrap(), "not seen done before its time");
+    while !b.copy_poll(t[3]).unwrap() {}
+    for &old in &t[..3] {
+        assert!(b.copy_poll(old).unwrap());
+        assert!(b.copy_poll(old).is_err(), "a ticket is reported done once");
+    }
+    // SAFETY: every copy on them was reported finished above; nothing touches them afterwards.
+    unsafe {
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
+}
+
+#[test]
+fn inline_copies_are_done_when_started() {
+    let b = SimBackend::new(SimConfig { copy_inline: true, ..Default::default() }).unwrap();
+    let len = 1 << 16;
+    let (d0, d1) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
+    let src: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+    let mut dst = vec![0u8; len];
+    for (to, from) in [(d0, src.as_ptr() as usize), (d1, d0), (dst.as_mut_ptr() as usize, d1)] {
+        // SAFETY: `len` bytes of allocations of `b` or of this test's vectors, live until the
+        // end of the test; the copy is finished when copy_async returns.
+        let t = unsafe { b.copy_async(1, 0, to, from, len) }.unwrap();
+        assert!(b.copy_poll(t).unwrap(), "an inline copy is finished when copy_async returns");
+        assert!(b.copy_poll(t).is_err(), "and its ticket consumed by that poll");
+    }
+    assert!(dst == src);
+    // The driver's rules still hold, and no engine thread was started.
+    // SAFETY: the overrun is refused before anything is accessed; no copy runs on `d0` or
+    // `d1` when they are freed, and nothing touches them afterwards.
+    unsafe {
+        assert!(matches!(b.copy_async(0, 0, d0 + 1, d1, len), Err(DeviceError::InvalidPointer { .. })));
+        assert!(b.engines.iter().all(|e| lock(e).is_none()));
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
+}
+
+#[test]
+fn register_host_ranges() {
+    let b = two();
+    let buf = vec![0u8; 8192];
+    let p = buf.as_ptr() as usize;
+    let d = b.alloc(0, 64).unwrap();
+    // SAFETY: `buf` is host memory that outlives its registration, and no copy runs on it
+    // or on `d`; registering `d` is refused, and nothing touches `d` once freed.
+    unsafe {
+        b.register_host(p, 8192).unwrap();
+        b.register_host(p, 8192).unwrap();
+        assert_eq!(b.pointer_info(p).unwrap().kind, MemoryKind::Host);
+        b.unregister_host(p).unwrap();
+        assert!(b.unregister_host(p).is_err());
+        assert!(b.register_host(d, 64).is_err());
+        b.free(d).unwrap();
+    }
+}
+
+#[test]
+fn drop_releases_everything() {
+    let owner = two();
+    let peer = two();
+    let p = owner.alloc(0, 64).unwrap();
+    let id = owner.pointer_info(p).unwrap().buffer_id;
+    let _q = peer.alloc(1, 64).unwrap();
+    let qid = peer.pointer_info(_q).unwrap().buffer_id;
+    let m = peer.open_handle(&owner.export_handle(p).unwrap(), 0).unwrap();
+    // SAFETY: both ends are memory of `peer` (64 bytes each), which it releases only when
+    // dropped, after its engines have finished their copies; the copy is never polled.
+    let t = unsafe { peer.copy_async(0, 0, m.ptr, _q, 64) }.unwrap();
+    let _ = t;
+    let qpath = shm_path(&peer, qid);
+    assert!(qpath.exists());
+    drop(peer);
+    assert!(!qpath.exists(), "drop must unlink own allocations");
+    assert_eq!(mappers_of(&owner, p), 0, "drop must close peer mappings");
+    let path = shm_path(&owner, id);
+    drop(owner);
+    assert!(!path.exists());
+}
+
+#[test]
+fn config_parsing() {
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    };
+    assert_eq!(SimConfig::from_lookup(env(&[])).unwrap(), SimConfig::default());
+    let c = SimConfig::from_lookup(env(&[
+        (ENV_DEVICES, "4"),
+        (ENV_PEER, "none"),
+        (ENV_IPC_OPEN_US, "930"),
+        (ENV_COPY, "inline"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        c,
+        SimConfig {
+            devices: 4,
+            peer: PeerMatrix::NoPeers,
+            ipc_open_us: 930,
+            copy_inline: true,
+            copy_done_ns: 0,
+            driver: None,
+        }
+    );
+    assert!(!SimConfig::from_lookup(env(&[(ENV_COPY, "thread")])).unwrap().copy_inline);
+    let c = SimConfig::from_lookup(env(&[(ENV_COPY, "inline:6500")])).unwrap();
+    assert!(c.copy_inline && c.copy_done_ns == 6500);
+    let c = SimConfig::from_lookup(env(&[(ENV_DRIVER_NS, "1600, 1400,150")])).unwrap();
+    assert_eq!(c.driver, Some(DriverCost { issue_ns: 1600, done_ns: 1400, not_ready_ns: 150 }));
+    let c = SimConfig::from_lookup(env(&[(ENV_DEVICES, "4"), (ENV_PEER, " 1-0, 2-3 ")])).unwrap();
+    assert_eq!(c.peer, PeerMatrix::Pairs(vec![(0, 1), (2, 3)]));
+    assert!(c.peer.allows(0, 1) && c.peer.allows(1, 0) && c.peer.allows(3, 2) && c.peer.allows(2, 2));
+    assert!(!c.peer.allows(0, 2) && !c.peer.allows(1, 3));
+    assert_eq!(PeerMatrix::parse("ALL").unwrap(), PeerMatrix::All);
+    assert_eq!(c.peer.to_string(), "0-1,2-3");
+    assert_eq!(PeerMatrix::NoPeers.to_string(), "none");
+    assert!(!PeerMatrix::NoPeers.allows(0, 1) && PeerMatrix::NoPeers.allows(1, 1));
+    assert_eq!(SimConfig::from_lookup(env(&[(ENV_PEER, "")])).unwrap().peer, PeerMatrix::All);
+
+    let rejected = |vars: &'static [(&'static str, &'static str)], var: &str| match SimConfig::from_lookup(env(vars)) {
+        Err(DeviceError::Unavailable { reason }) => {
+            assert!(reason.contains(var), "{reason}");
+        }
+        other => panic!("{vars:?} should be rejected, got {other:?}"),
+    };
+    rejected(&[(ENV_PEER, "garbage")], ENV_PEER);
+    rejected(&[(ENV_PEER, "0-1,")], ENV_PEER);
+    rejected(&[(ENV_PEER, "0-x")], ENV_PEER);
+    rejected(&[(ENV_PEER, "0-5")], ENV_PEER); // device 5 does not exist
+    rejected(&[(ENV_DEVICES, "two")], ENV_DEVICES);
+    rejected(&[(ENV_DEVICES, "0")], ENV_DEVICES);
+    rejected(&[(ENV_DEVICES, "-1")], ENV_DEVICES);
+    rejected(&[(ENV_IPC_OPEN_US, "1ms")], ENV_IPC_OPEN_US);
+    rejected(&[(ENV_COPY, "sync")], ENV_COPY);
+    rejected(&[(ENV_COPY, "inline:soon")], ENV_COPY);
+    rejected(&[(ENV_DRIVER_NS, "1600,1400")], ENV_DRIVER_NS);
+    rejected(&[(ENV_DRIVER_NS, "1600,1400,fast")], ENV_DRIVER_NS);
+    assert!(SimBackend::new(SimConfig { devices: 0, ..Default::default() }).is_err());
+}
+
+#[test]
+fn handle_round_trip() {
+    let f = HandleFields { owner_pid: 42, nonce: 0xdead_beef, buffer_id: 9, size: 123, device: 3 };
+    assert_eq!(HandleFields::decode(&f.encode()).unwrap(), f);
+    let mut h = f.encode();
+    h.0[63] = 1;
+    assert!(HandleFields::decode(&h).is_err());
+}
+
+/// Environment variable carrying a hex handle to [`cross_process_child`].
+const CHILD_HANDLE_VAR: &str = "GPULMT_SIM_TEST_CHILD_HANDLE";
+
+/// Child half of [`cross_process_open`]: does nothing unless started by it (the
+/// test binary re-runs itself, filtered to this test, with the handle in the
+/// environment). Re-running the binary rather than fork() keeps the child free
+/// of the harness's threads and locks.
+#[test]
+fn cross_process_child() {
+    let Ok(hex) = std::env::var(CHILD_HANDLE_VAR) else {
+        return;
+    };
+    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    let h = IpcHandle(bytes.try_into().unwrap());
+    let b = two();
+    let m = b.open_handle(&h, 1).unwrap();
+    assert!(matches!(b.open_handle(&h, 0), Err(DeviceError::DoubleOpen { .. })));
+    // SAFETY: `m` maps the parent's allocation of 4096 bytes, which the parent does not
+    // touch until this process exits; the copy is waited for before the mapping is closed,
+    // and nothing touches it afterwards.
+    unsafe {
+        assert_eq!(read(&b, m.ptr, 4), b"ping");
+        // Write back through this process's copy engine.
+        let t = b.copy_async(1, 0, m.ptr, b"pong".as_ptr() as usize, 4).unwrap();
+        wait(&b, t);
+        b.close_handle(m).unwrap();
+    }
+}
+
+#[test]
+fn cross_process_open() {
+    let owner = two();
+    let p = owner.alloc(0, 4096).unwrap();
+    // SAFETY: an allocation of 4096 bytes of `owner`, no child running yet.
+    unsafe { fill(&owner, p, b"ping") };
+    let h = owner.export_handle(p).unwrap();
+    let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "device::sim::tests::cross_process_child", "--test-threads=1", "--nocapture"])
+        .env(CHILD_HANDLE_VAR, hex)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Make sure the child really ran the test rather than filtering it out.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&out.stdout));
+    // SAFETY: the child has exited; nothing touches `p` once freed.
+    unsafe {
+        assert_eq!(read(&owner, p, 4), b"pong");
+        assert_eq!(mappers_of(&owner, p), 0);
+        owner.free(p).unwrap();
+    }
+}
