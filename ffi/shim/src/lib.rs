@@ -28,7 +28,8 @@
 //!   staging for device buffers).
 //! - Completion (`MPI_Wait`, `MPI_Waitall`, `MPI_Waitany`, `MPI_Waitsome`, `MPI_Test`,
 //!   `MPI_Testall`, `MPI_Testany`, `MPI_Testsome`), `MPI_Probe`, `MPI_Iprobe` and
-//!   `MPI_Barrier` drive the shim's progress. The shim's non-blocking operations are
+//!   `MPI_Barrier` (always a `PMPI_Ibarrier`, the same call on every rank) drive the
+//!   shim's progress. The shim's non-blocking operations are
 //!   generalized requests, so `MPI_Cancel` (of unmatched receives), `MPI_Request_free`
 //!   and `MPI_Get_count` work on them unmodified, and every status carries the user's
 //!   source, tag and byte count. Their errors go to their communicator's handler.

@@ -86,6 +86,12 @@ fn p2p() -> &'static Path {
     BIN.get_or_init(|| mpicc("p2p", "tests/c/p2p.c"))
 }
 
+/// `tests/c/barrier.c`, compiled once.
+fn barrier() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| mpicc("barrier", "tests/c/barrier.c"))
+}
+
 /// `examples/device_pingpong.c`, compiled once.
 fn device_pingpong() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -128,9 +134,17 @@ impl Run {
     }
 }
 
+/// How long a run may take before it counts as hung and is killed.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
 /// Runs `prog args` under `mpirun -np N` with only the given GPULMT_* settings (plus
-/// GPULMT_DEVICE=sim), the shim preloaded if `preload`; kills it after 300 s.
+/// GPULMT_DEVICE=sim), the shim preloaded if `preload`; kills it after [`RUN_LIMIT`].
 fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run {
+    mpirun_within(prog, np, preload, env, args, RUN_LIMIT)
+}
+
+/// As [`mpirun`], killed (and failed) after `limit`.
+fn mpirun_within(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Run {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
     for (k, _) in std::env::vars_os() {
@@ -171,7 +185,7 @@ fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&
             break s;
         }
         match term_sent {
-            None if t0.elapsed() > Duration::from_secs(300) => {
+            None if t0.elapsed() > limit => {
                 // mpirun forwards SIGTERM to its ranks; SIGKILL would orphan them.
                 // SAFETY: signalling our own child process.
                 unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -185,14 +199,19 @@ fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&
         std::thread::sleep(Duration::from_millis(20));
     };
     let run = Run { code: status.code(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), what };
-    assert!(term_sent.is_none(), "timed out after 300 s\n{}", run.dump());
+    assert!(term_sent.is_none(), "timed out after {} s (hung?)\n{}", limit.as_secs(), run.dump());
     run
 }
 
 /// Runs `prog` with the shim and checks that it left no shared memory behind.
 fn clean_run(prog: &Path, np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
+    clean_run_within(prog, np, env, args, RUN_LIMIT)
+}
+
+/// As [`clean_run`], killed (and failed) after `limit`.
+fn clean_run_within(prog: &Path, np: usize, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Run {
     let before = shm_entries("gpulmt-");
-    let run = mpirun(prog, np, true, env, args);
+    let run = mpirun_within(prog, np, true, env, args, limit);
     let left: Vec<String> = shm_entries("gpulmt-").into_iter().filter(|n| !before.contains(n)).collect();
     assert!(left.is_empty(), "/dev/shm objects left behind: {left:?}\n{}", run.dump());
     run
@@ -217,6 +236,24 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
         );
         assert_eq!(run.counter("lmt_sends"), run.counter("lmt_recvs"), "{}", run.dump());
         assert_eq!(run.counter("staged_sends"), 0, "device sends within a node were staged\n{}", run.dump());
+    }
+}
+
+/// Issue 31, item 1: a rank with an MPI_Irecv (host or device buffer) or a device
+/// MPI_Isend in flight and a rank with nothing in flight both call MPI_Barrier; the
+/// barrier must complete (the shim once issued PMPI_Ibarrier on the one and
+/// PMPI_Barrier on the other, which MPI never matches: a hang). The program's
+/// watchdog fails a case stuck for 30 s, and the run is killed after 120 s.
+#[test]
+fn barrier_completes_whatever_each_rank_has_in_flight() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in [2, 4] {
+        let run = clean_run_within(barrier(), np, &[], &[], Duration::from_secs(120));
+        run.assert_all_ok(np);
+        assert!(!run.stderr.contains("watchdog"), "{}", run.dump());
     }
 }
 
