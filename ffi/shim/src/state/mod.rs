@@ -35,8 +35,11 @@
 //! - [`send`]: starting device sends (through gpulmt, or staged);
 //! - [`recv`]: posting receives and writing a matched message into the user's buffer;
 //! - [`matching`]: matching messages to posted receives in MPI's order, and probes;
-//! - [`progress`]: polling gpulmt and every running operation.
+//! - [`progress`]: polling gpulmt and every running operation;
+//! - [`coll`]: what collectives need: which buffers are device memory, the copier for
+//!   staging, and non-blocking collectives on staged buffers.
 
+mod coll;
 mod greq;
 mod lock;
 mod matching;
