@@ -28,8 +28,8 @@ impl std::fmt::Display for StagingError {
         match self {
             StagingError::Exceeded(e) => write!(
                 f,
-                "staging {} of device data through host memory would exceed GPULMT_MPI_STAGING_MAX={} ({} in use by \
-                 non-blocking operations not yet completed); raise GPULMT_MPI_STAGING_MAX on every rank",
+                "staging {} of device data through host memory would exceed GPULMT_MPI_STAGING_MAX={} ({} held by \
+                 other operations not yet completed); raise GPULMT_MPI_STAGING_MAX on every rank",
                 Bytes(e.need),
                 Bytes(e.cap),
                 Bytes(e.in_use)

@@ -25,25 +25,7 @@
 
 static int rank, size, failures, checks;
 
-#define FAIL(...)                                                      \
-  do {                                                                 \
-    failures++;                                                        \
-    fprintf(stderr, "rank %d FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-    fprintf(stderr, __VA_ARGS__);                                      \
-    fputc('\n', stderr);                                               \
-  } while (0)
-#define CHECK(c, ...)            \
-  do {                           \
-    checks++;                    \
-    if (!(c)) FAIL(__VA_ARGS__); \
-  } while (0)
-#define MPI_OK(call)                     \
-  do {                                   \
-    int rc_ = (call);                    \
-    if (rc_ != MPI_SUCCESS) {            \
-      FAIL("%s -> error %d", #call, rc_); \
-    }                                    \
-  } while (0)
+#include "check.h"
 
 /* What the watchdog prints: the case in progress (written before each case, read
  * only by the signal handler, which uses write(2) alone). */

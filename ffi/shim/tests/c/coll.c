@@ -37,31 +37,10 @@
 
 static int rank, size, failures, checks;
 
-#define FAIL(...)                                                      \
-  do {                                                                 \
-    failures++;                                                        \
-    fprintf(stderr, "rank %d FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-    fprintf(stderr, __VA_ARGS__);                                      \
-    fputc('\n', stderr);                                               \
-  } while (0)
-#define CHECK(c, ...)            \
-  do {                           \
-    checks++;                    \
-    if (!(c)) FAIL(__VA_ARGS__); \
-  } while (0)
-#define MPI_OK(call)                                \
-  do {                                              \
-    int rc_ = (call);                               \
-    if (rc_ != MPI_SUCCESS) {                       \
-      char s_[MPI_MAX_ERROR_STRING];                \
-      int l_ = 0;                                   \
-      MPI_Error_string(rc_, s_, &l_);               \
-      FAIL("%s: %s -> %s", current, #call, s_);     \
-    }                                               \
-  } while (0)
-
 /* The case being run, for messages. */
 static char current[200];
+#define CHECK_CONTEXT current
+#include "check.h"
 
 /* ---- Buffers: one send and one receive area in host and in device memory. ---- */
 
@@ -73,7 +52,7 @@ static unsigned char *area[2][2]; /* [device][0 send, 1 receive] */
 static void put(int dev, void *dst, const void *src, size_t n) {
   if (!n) return;
   if (dev) {
-    if (gpulmt_mpi_memcpy(dst, src, n) != 0) FAIL("%s: memcpy to device", current);
+    if (gpulmt_mpi_memcpy(dst, src, n) != 0) FAIL("memcpy to device");
   } else {
     memcpy(dst, src, n);
   }
@@ -82,7 +61,7 @@ static void put(int dev, void *dst, const void *src, size_t n) {
 static void get(void *dst, int dev, const void *src, size_t n) {
   if (!n) return;
   if (dev) {
-    if (gpulmt_mpi_memcpy(dst, src, n) != 0) FAIL("%s: memcpy from device", current);
+    if (gpulmt_mpi_memcpy(dst, src, n) != 0) FAIL("memcpy from device");
   } else {
     memcpy(dst, src, n);
   }
@@ -128,7 +107,7 @@ static void finish(MPI_Request *q) {
         if (out == MPI_UNDEFINED) break;
       }
   }
-  CHECK(*q == MPI_REQUEST_NULL, "%s: request not freed", current);
+  CHECK(*q == MPI_REQUEST_NULL, "request not freed");
 }
 
 static unsigned char *ref, *got;
@@ -142,18 +121,18 @@ static void compare(const char *what, coll_fn f, int nb_too) {
     unsigned long long before = staged_calls();
     int used = f(M_HOST, nb, ref, &rn);
     (void)used;
-    CHECK(staged_calls() == before, "%s: host buffers were staged", current);
+    CHECK(staged_calls() == before, "host buffers were staged");
     for (int m = 1; m < MODES; m++) {
       size_t n = 0;
       snprintf(current, sizeof current, "%s %s %s", what, nb ? "non-blocking" : "blocking", mode_name[m]);
       before = staged_calls();
       int dev = f(m, nb, got, &n);
       unsigned long long staged = staged_calls() - before;
-      CHECK(staged == (dev ? 1u : 0u), "%s: %llu calls staged, want %d", current, staged, dev);
+      CHECK(staged == (dev ? 1u : 0u), "%llu calls staged, want %d", staged, dev);
       size_t bad = n;
       for (size_t i = 0; i < n && bad == n; i++)
         if (got[i] != ref[i]) bad = i;
-      CHECK(n == rn && bad == n, "%s: %zu bytes (want %zu), byte %zu is %#x, want %#x", current, n, rn, bad,
+      CHECK(n == rn && bad == n, "%zu bytes (want %zu), byte %zu is %#x, want %#x", n, rn, bad,
             bad < n ? got[bad] : 0, bad < n ? ref[bad] : 0);
     }
   }
@@ -793,8 +772,8 @@ static void over_the_cap(void) {
     char s[MPI_MAX_ERROR_STRING] = "";
     MPI_Error_class(rc, &cls);
     MPI_Error_string(rc, s, &len);
-    CHECK(cls == MPI_ERR_NO_MEM && strstr(s, name) && strstr(s, "GPULMT_MPI_STAGING_MAX"), "%s: class %d, \"%s\"", current, cls, s);
-    CHECK(q == MPI_REQUEST_NULL, "%s: a request was made", current);
+    CHECK(cls == MPI_ERR_NO_MEM && strstr(s, name) && strstr(s, "GPULMT_MPI_STAGING_MAX"), "class %d, \"%s\"", cls, s);
+    CHECK(q == MPI_REQUEST_NULL, "a request was made");
   }
   /* Host buffers of that size are the MPI library's, as they are. */
   int *h = calloc((size_t)n, 4), *o = calloc((size_t)n, 4);

@@ -79,6 +79,63 @@ unsafe fn scatter_args(
     })
 }
 
+/// The library's `MPI_Allreduce`, `MPI_Scan` or `MPI_Exscan`.
+type PmpiEveryRank = unsafe extern "C" fn(*const c_void, *mut c_void, c_int, MPI_Datatype, MPI_Op, MPI_Comm) -> c_int;
+
+/// The library's `MPI_Iallreduce`, `MPI_Iscan` or `MPI_Iexscan`.
+type PmpiEveryRankNb =
+    unsafe extern "C" fn(*const c_void, *mut c_void, c_int, MPI_Datatype, MPI_Op, MPI_Comm, *mut MPI_Request) -> c_int;
+
+/// A blocking reduction whose every rank receives (`pmpi`: `MPI_Allreduce`, `MPI_Scan`,
+/// `MPI_Exscan`; `keep_first`: rank 0's receive buffer, which `MPI_Exscan` leaves
+/// undefined, is left as it was), split into element ranges when large.
+///
+/// # Safety
+/// The arguments of `name`, as the caller of that MPI function gives them.
+#[allow(clippy::too_many_arguments)]
+unsafe fn every_rank(
+    name: &'static str,
+    pmpi: PmpiEveryRank,
+    keep_first: bool,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+) -> c_int {
+    let describe = |site: &Site, n| all_args(sendbuf, n, dt, keep_first && site.rank == 0);
+    // SAFETY: the caller's arguments, passed on (per element range when split).
+    unsafe {
+        reduction(name, comm, [sendbuf.cast_mut(), recvbuf], count, dt, describe, |s, r, n| pmpi(s, r, n, dt, op, comm))
+    }
+}
+
+/// The non-blocking form of [`every_rank`] (`pmpi`: `MPI_Iallreduce`, `MPI_Iscan`,
+/// `MPI_Iexscan`): device buffers staged, copied back when the request completes.
+///
+/// # Safety
+/// As [`every_rank`]; the buffers stay valid until the request completes, and `request`
+/// is valid for writes.
+#[allow(clippy::too_many_arguments)]
+unsafe fn every_rank_nb(
+    name: &'static str,
+    pmpi: PmpiEveryRankNb,
+    keep_first: bool,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+    request: *mut MPI_Request,
+) -> c_int {
+    let describe = |site: &Site| Ok(all_args(sendbuf, count, dt, keep_first && site.rank == 0));
+    let call = |p: [*mut c_void; 2], req| pmpi(p[0], p[1], count, dt, op, comm, req);
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { nonblocking(name, comm, [sendbuf.cast_mut(), recvbuf], describe, call, request) }
+}
+
 /// `MPI_Reduce`: device buffers staged; split into element ranges when large.
 ///
 /// # Safety
@@ -116,13 +173,8 @@ pub unsafe extern "C" fn MPI_Allreduce(
     op: MPI_Op,
     comm: MPI_Comm,
 ) -> c_int {
-    let describe = |_: &Site, n| all_args(sendbuf, n, dt, false);
-    // SAFETY: the caller's arguments, passed on (per element range when split).
-    unsafe {
-        reduction("MPI_Allreduce", comm, [sendbuf.cast_mut(), recvbuf], count, dt, describe, |s, r, n| {
-            PMPI_Allreduce(s, r, n, dt, op, comm)
-        })
-    }
+    // SAFETY: the caller's arguments.
+    unsafe { every_rank("MPI_Allreduce", PMPI_Allreduce, false, sendbuf, recvbuf, count, dt, op, comm) }
 }
 
 /// `MPI_Scan`: device buffers staged; split into element ranges when large.
@@ -138,13 +190,8 @@ pub unsafe extern "C" fn MPI_Scan(
     op: MPI_Op,
     comm: MPI_Comm,
 ) -> c_int {
-    let describe = |_: &Site, n| all_args(sendbuf, n, dt, false);
-    // SAFETY: the caller's arguments, passed on (per element range when split).
-    unsafe {
-        reduction("MPI_Scan", comm, [sendbuf.cast_mut(), recvbuf], count, dt, describe, |s, r, n| {
-            PMPI_Scan(s, r, n, dt, op, comm)
-        })
-    }
+    // SAFETY: the caller's arguments.
+    unsafe { every_rank("MPI_Scan", PMPI_Scan, false, sendbuf, recvbuf, count, dt, op, comm) }
 }
 
 /// `MPI_Exscan`: device buffers staged; split into element ranges when large. Rank 0's
@@ -161,13 +208,8 @@ pub unsafe extern "C" fn MPI_Exscan(
     op: MPI_Op,
     comm: MPI_Comm,
 ) -> c_int {
-    let describe = |site: &Site, n| all_args(sendbuf, n, dt, site.rank == 0);
-    // SAFETY: the caller's arguments, passed on (per element range when split).
-    unsafe {
-        reduction("MPI_Exscan", comm, [sendbuf.cast_mut(), recvbuf], count, dt, describe, |s, r, n| {
-            PMPI_Exscan(s, r, n, dt, op, comm)
-        })
-    }
+    // SAFETY: the caller's arguments.
+    unsafe { every_rank("MPI_Exscan", PMPI_Exscan, true, sendbuf, recvbuf, count, dt, op, comm) }
 }
 
 /// `MPI_Reduce_local`: device buffers staged; split into element ranges when large
@@ -285,18 +327,8 @@ pub unsafe extern "C" fn MPI_Iallreduce(
     comm: MPI_Comm,
     request: *mut MPI_Request,
 ) -> c_int {
-    let describe = |_: &Site| Ok(all_args(sendbuf, count, dt, false));
-    // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        nonblocking(
-            "MPI_Iallreduce",
-            comm,
-            [sendbuf.cast_mut(), recvbuf],
-            describe,
-            |p, req| PMPI_Iallreduce(p[0], p[1], count, dt, op, comm, req),
-            request,
-        )
-    }
+    // SAFETY: the caller's arguments.
+    unsafe { every_rank_nb("MPI_Iallreduce", PMPI_Iallreduce, false, sendbuf, recvbuf, count, dt, op, comm, request) }
 }
 
 /// `MPI_Iscan`: device buffers staged, copied back when the request completes.
@@ -314,18 +346,8 @@ pub unsafe extern "C" fn MPI_Iscan(
     comm: MPI_Comm,
     request: *mut MPI_Request,
 ) -> c_int {
-    let describe = |_: &Site| Ok(all_args(sendbuf, count, dt, false));
-    // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        nonblocking(
-            "MPI_Iscan",
-            comm,
-            [sendbuf.cast_mut(), recvbuf],
-            describe,
-            |p, req| PMPI_Iscan(p[0], p[1], count, dt, op, comm, req),
-            request,
-        )
-    }
+    // SAFETY: the caller's arguments.
+    unsafe { every_rank_nb("MPI_Iscan", PMPI_Iscan, false, sendbuf, recvbuf, count, dt, op, comm, request) }
 }
 
 /// `MPI_Iexscan`: device buffers staged, copied back when the request completes (rank 0's
@@ -344,18 +366,8 @@ pub unsafe extern "C" fn MPI_Iexscan(
     comm: MPI_Comm,
     request: *mut MPI_Request,
 ) -> c_int {
-    let describe = |site: &Site| Ok(all_args(sendbuf, count, dt, site.rank == 0));
-    // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        nonblocking(
-            "MPI_Iexscan",
-            comm,
-            [sendbuf.cast_mut(), recvbuf],
-            describe,
-            |p, req| PMPI_Iexscan(p[0], p[1], count, dt, op, comm, req),
-            request,
-        )
-    }
+    // SAFETY: the caller's arguments.
+    unsafe { every_rank_nb("MPI_Iexscan", PMPI_Iexscan, true, sendbuf, recvbuf, count, dt, op, comm, request) }
 }
 
 /// `MPI_Ireduce_scatter_block`: device buffers staged, copied back when the request
