@@ -34,10 +34,11 @@ typedef struct gpulmt_mpi_counters {
 /* What staging did so far on this rank: device buffers of collectives the MPI library
  * runs on host copies (GPULMT_MPI_STAGING_MAX bounds the memory). */
 typedef struct gpulmt_mpi_staging_counters {
-  uint64_t staged_calls; /* MPI calls that staged device buffers (a split call counts once) */
-  uint64_t staged_bytes; /* bytes copied between device and host memory for them, both ways */
-  uint64_t split_calls;  /* reductions split into pieces (host buffers too: every rank splits alike) */
-  uint64_t pieces;       /* pieces those calls made */
+  uint64_t staged_calls;   /* MPI calls that staged device buffers (a split call counts once) */
+  uint64_t staged_buffers; /* device buffers they staged (a send and a receive buffer are two) */
+  uint64_t staged_bytes;   /* bytes copied between device and host memory for them, both ways */
+  uint64_t split_calls;    /* reductions split into pieces (host buffers too: every rank splits alike) */
+  uint64_t pieces;         /* pieces those calls made */
 } gpulmt_mpi_staging_counters;
 
 /* 1 while the shim is active (MPI initialized, gpulmt joined on this node), else 0. */

@@ -58,6 +58,8 @@ pub fn piece_bytes() -> Option<usize> {
 pub struct gpulmt_mpi_staging_counters {
     /// MPI calls that staged device buffers (a split call counts once).
     pub staged_calls: u64,
+    /// Device buffers those calls staged (arguments: a send and a receive buffer are two).
+    pub staged_buffers: u64,
     /// Bytes copied between device and host memory for them, both ways.
     pub staged_bytes: u64,
     /// Calls split into pieces (host buffers too: every rank splits alike).
@@ -67,14 +69,16 @@ pub struct gpulmt_mpi_staging_counters {
 }
 
 static STAGED_CALLS: AtomicU64 = AtomicU64::new(0);
+static STAGED_BUFFERS: AtomicU64 = AtomicU64::new(0);
 static STAGED_BYTES: AtomicU64 = AtomicU64::new(0);
 static SPLIT_CALLS: AtomicU64 = AtomicU64::new(0);
 static PIECES: AtomicU64 = AtomicU64::new(0);
 
-/// Counts a call that staged (`bytes` copied both ways).
-pub fn count_staged(bytes: usize) {
+/// Counts a call that staged `buffers` device buffers (`bytes` copied so far).
+pub fn count_staged(buffers: usize, bytes: usize) {
     // Relaxed: counters, read for reporting only.
     STAGED_CALLS.fetch_add(1, Ordering::Relaxed);
+    STAGED_BUFFERS.fetch_add(buffers as u64, Ordering::Relaxed);
     STAGED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
@@ -93,6 +97,7 @@ pub fn count_split(pieces: usize) {
 pub fn counters() -> gpulmt_mpi_staging_counters {
     gpulmt_mpi_staging_counters {
         staged_calls: STAGED_CALLS.load(Ordering::Relaxed),
+        staged_buffers: STAGED_BUFFERS.load(Ordering::Relaxed),
         staged_bytes: STAGED_BYTES.load(Ordering::Relaxed),
         split_calls: SPLIT_CALLS.load(Ordering::Relaxed),
         pieces: PIECES.load(Ordering::Relaxed),

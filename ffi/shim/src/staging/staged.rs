@@ -136,6 +136,11 @@ impl Staged {
             .map(move |(r, place)| (r.start(), block + place, r.bytes()))
     }
 
+    /// How many arguments are staged.
+    pub fn buffers(&self) -> usize {
+        self.places.iter().flatten().count()
+    }
+
     /// Bytes the call reads (`read`) or writes, as staging copies them.
     pub fn bytes(&self, read: bool) -> usize {
         self.spans(if read { Region::read } else { Region::written }).map(|(_, _, len)| len).sum()

@@ -82,15 +82,17 @@ static const char *const mode_name[MODES] = {"H/H", "D/D", "H->D", "D->H", "mixe
 static int send_dev(int m) { return m == M_DEV || m == M_DEV_HOST || (m == M_MIXED && rank % 2 == 0); }
 static int recv_dev(int m) { return m == M_DEV || m == M_HOST_DEV || (m == M_MIXED && rank % 3 != 1); }
 
-static unsigned long long staged_calls(void) {
+static gpulmt_mpi_staging_counters staging(void) {
   gpulmt_mpi_staging_counters c;
   if (gpulmt_mpi_get_staging_counters(&c) != 0) FAIL("gpulmt_mpi_get_staging_counters");
-  return c.staged_calls;
+  return c;
 }
 
 /* A collective under test: runs it in placement `mode` (blocking, or non-blocking and
  * waited for), writes what the receive area then holds to `out` (its length to `*n`),
- * and tells whether this rank used a device buffer in it (so the shim must stage). */
+ * and returns how many device buffers this rank used in it (what the shim must stage:
+ * a buffer the call does not use on this rank, such as the receive buffer of
+ * MPI_Reduce on a rank other than the root, is not). */
 typedef int (*coll_fn)(int mode, int nb, unsigned char *out, size_t *n);
 
 /* Waits for a non-blocking collective, with MPI_Wait or the MPI_Test family by turns. */
@@ -118,17 +120,19 @@ static void compare(const char *what, coll_fn f, int nb_too) {
   for (int nb = 0; nb <= nb_too; nb++) {
     size_t rn = 0;
     snprintf(current, sizeof current, "%s %s %s", what, nb ? "non-blocking" : "blocking", mode_name[M_HOST]);
-    unsigned long long before = staged_calls();
-    int used = f(M_HOST, nb, ref, &rn);
-    (void)used;
-    CHECK(staged_calls() == before, "host buffers were staged");
+    gpulmt_mpi_staging_counters before = staging(), after;
+    f(M_HOST, nb, ref, &rn);
+    after = staging();
+    CHECK(after.staged_calls == before.staged_calls, "host buffers were staged");
     for (int m = 1; m < MODES; m++) {
       size_t n = 0;
       snprintf(current, sizeof current, "%s %s %s", what, nb ? "non-blocking" : "blocking", mode_name[m]);
-      before = staged_calls();
+      before = staging();
       int dev = f(m, nb, got, &n);
-      unsigned long long staged = staged_calls() - before;
-      CHECK(staged == (dev ? 1u : 0u), "%llu calls staged, want %d", staged, dev);
+      after = staging();
+      unsigned long long calls = after.staged_calls - before.staged_calls, bufs = after.staged_buffers - before.staged_buffers;
+      CHECK(calls == (dev ? 1u : 0u) && bufs == (unsigned long long)dev, "%llu calls staged %llu buffers, want %d buffers", calls,
+            bufs, dev);
       size_t bad = n;
       for (size_t i = 0; i < n && bad == n; i++)
         if (got[i] != ref[i]) bad = i;
@@ -359,7 +363,7 @@ static int run_reduction(int mode, int nb, unsigned char *out, size_t *n) {
   /* A device buffer this rank uses: the receive buffer where it is written (all but a
    * non-root of Reduce), the send buffer unless in place. */
   int uses_recv = !(RCOLL == R_REDUCE && rank != root);
-  return (uses_recv && rd) || (!in_place && sd);
+  return (uses_recv && rd) + (!in_place && sd);
 }
 
 /* Every op on every type it applies to: Allreduce (blocking and not) and Reduce. */
@@ -628,7 +632,7 @@ static int run_data(int mode, int nb, unsigned char *out, size_t *n) {
   if (q != MPI_REQUEST_NULL) finish(&q);
   *n = rbytes + GUARD;
   get(out, rd, r, *n);
-  return (uses_recv && rd) || (uses_send && sd);
+  return (uses_recv && rd) + (uses_send && sd);
 }
 
 /* The receive area of the host run must hold what the call means (so that the
@@ -725,12 +729,11 @@ static void split_reductions(void) {
         T = cases_t[k];
         OP = cases_op[k];
         COUNT = cases_count[k];
-        gpulmt_mpi_staging_counters a, b;
-        gpulmt_mpi_get_staging_counters(&a);
+        gpulmt_mpi_staging_counters a = staging(), b;
         char what[96];
         snprintf(what, sizeof what, "split %s %s x%d%s", rname[RCOLL], T->name, COUNT, IN_PLACE ? " in place" : "");
         compare(what, run_reduction, 0);
-        gpulmt_mpi_get_staging_counters(&b);
+        b = staging();
         CHECK(b.split_calls - a.split_calls == MODES && b.pieces - a.pieces >= 3 * MODES, "%s: %llu split calls, %llu pieces", what,
               (unsigned long long)(b.split_calls - a.split_calls), (unsigned long long)(b.pieces - a.pieces));
       }
@@ -789,8 +792,8 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
+  if (!gpulmt_mpi_active || !gpulmt_mpi_active() || !gpulmt_mpi_get_staging_counters) {
+    fprintf(stderr, "rank %d: the gpulmt shim is not active, or has no staging (preload libgpulmt_mpi.so)\n", rank);
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   if (size < 2 || size > 64) {
@@ -828,11 +831,10 @@ int main(int argc, char **argv) {
     if (rank == 0) printf("part %s done\n", name);
     if (failures != before) fprintf(stderr, "rank %d: %s had %d failures\n", rank, name, failures - before);
   }
-  gpulmt_mpi_staging_counters c;
-  gpulmt_mpi_get_staging_counters(&c);
-  printf("rank %d staging staged_calls=%llu staged_bytes=%llu split_calls=%llu pieces=%llu\n", rank,
-         (unsigned long long)c.staged_calls, (unsigned long long)c.staged_bytes, (unsigned long long)c.split_calls,
-         (unsigned long long)c.pieces);
+  gpulmt_mpi_staging_counters c = staging();
+  printf("rank %d staging staged_calls=%llu staged_buffers=%llu staged_bytes=%llu split_calls=%llu pieces=%llu\n", rank,
+         (unsigned long long)c.staged_calls, (unsigned long long)c.staged_buffers, (unsigned long long)c.staged_bytes,
+         (unsigned long long)c.split_calls, (unsigned long long)c.pieces);
   MPI_Type_free(&VEC);
   for (int dev = 0; dev < 2; dev++)
     for (int k = 0; k < 2; k++) {

@@ -155,7 +155,7 @@ unsafe fn plan<'a, const N: usize>(
         Ok(s) => s,
         Err(e) => return Plan::Failed(staging_error(name, &e)),
     };
-    crate::staging::count_staged(staged.bytes(true));
+    crate::staging::count_staged(staged.buffers(), staged.bytes(true));
     match staged.copy_in(&copier.backend) {
         Ok(()) => Plan::Staged(staged, copier),
         Err(e) => Plan::Failed(staging_error(name, &e)),
@@ -328,7 +328,7 @@ pub unsafe fn reduction(
             })
             .collect()
     };
-    crate::staging::count_staged(0);
+    crate::staging::count_staged(on_device.iter().filter(|&&d| d).count(), 0);
     let run = crate::staging::pieces::run_pieces(&copier, pieces, regions, |k, staged| {
         let (n, [s, r]) = at(k);
         crate::staging::count_bytes(staged.bytes(true) + staged.bytes(false));
