@@ -16,8 +16,7 @@
 //! A blocking call: `Staged::new(regions)`, `copy_in`, the `PMPI_*` call with
 //! `pointer(i, given)` for each buffer argument, `copy_out`, drop. A non-blocking one
 //! keeps the `Staged` with its request until the request completes, then copies out
-//! (the shim's operation table does that for non-blocking collectives:
-//! `state/coll.rs`).
+//! (the shim's operation table does that: `Shim::track_staged` in `state/staging.rs`).
 //!
 //! The cap and the size of the pieces are agreed by every rank at `MPI_Init` (the
 //! smallest setting wins), because splitting a collective changes how many MPI calls

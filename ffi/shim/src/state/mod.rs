@@ -36,10 +36,9 @@
 //! - [`recv`]: posting receives and writing a matched message into the user's buffer;
 //! - [`matching`]: matching messages to posted receives in MPI's order, and probes;
 //! - [`progress`]: polling gpulmt and every running operation;
-//! - [`coll`]: what collectives need: which buffers are device memory, the copier for
-//!   staging, and non-blocking collectives on staged buffers.
+//! - [`staging`](mod@staging): what staging needs: which buffers are device memory, the
+//!   copier, and non-blocking calls on staged buffers.
 
-mod coll;
 mod greq;
 mod lock;
 mod matching;
@@ -49,6 +48,7 @@ mod progress;
 mod recv;
 mod send;
 mod setup;
+mod staging;
 
 use std::collections::HashMap;
 use std::ffi::c_int;

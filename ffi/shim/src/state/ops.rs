@@ -61,9 +61,9 @@ pub(super) enum State {
     /// A send the MPI library moves from host memory (device data staged, or a host
     /// buffer of a blocking send while the shim is busy).
     MpiSend { inner: MPI_Request, _staging: Option<Vec<u8>> },
-    /// A non-blocking collective the MPI library runs on staged copies of device
-    /// buffers (`call` names it in errors): copied back when `inner` completes.
-    Collective { inner: MPI_Request, staged: Staged, call: &'static str },
+    /// A non-blocking call the MPI library runs on staged copies of device buffers (a
+    /// collective; `call` names it in errors): copied back when `inner` completes.
+    Staged { inner: MPI_Request, staged: Staged, call: &'static str },
     /// Finished; completed at the next progress (cancelled receives).
     Finished(Done),
 }

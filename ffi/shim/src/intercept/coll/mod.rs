@@ -230,7 +230,7 @@ pub unsafe fn nonblocking<'a, const N: usize>(
             if rc != SUCCESS {
                 return rc;
             }
-            match with(|s| s.track_staged_collective(inner, staged, comm, name)) {
+            match with(|s| s.track_staged(inner, staged, comm, name)) {
                 Some(handle) => {
                     // SAFETY: the caller's out-pointer.
                     unsafe { *request = handle };

@@ -1,6 +1,7 @@
-//! What collectives need of the shim: which of their buffers are device memory (settled
-//! before staging reads them), the copier for staging, and the non-blocking collectives
-//! on staged buffers, whose requests the shim completes after copying the results back.
+//! What staging needs of the shim: which of a call's buffers are device memory (settled
+//! before staging reads them), the copier, and non-blocking calls the MPI library runs
+//! on staged buffers (collectives today), whose requests the shim completes after
+//! copying the results back.
 
 use mpi_sys::*;
 
@@ -36,21 +37,21 @@ impl Shim {
         Copier { backend: self.ctx.backend().clone(), engine: self.ctx.device(), lane: self.ctx.config().lanes }
     }
 
-    /// Takes over a non-blocking collective the MPI library runs on staged buffers
-    /// (`inner`): the user's request is a generalized request, completed once `inner`
-    /// has and the results are copied back. `call` names it in errors.
-    pub fn track_staged_collective(
+    /// Takes over a non-blocking call the MPI library runs on staged buffers (`inner`):
+    /// the user's request is a generalized request, completed once `inner` has and the
+    /// results are copied back. `call` names it in errors.
+    pub fn track_staged(
         &mut self,
         inner: MPI_Request,
         staged: Staged,
         comm: MPI_Comm,
         call: &'static str,
     ) -> MPI_Request {
-        self.new_op(None, comm, State::Collective { inner, staged, call }, true).1
+        self.new_op(None, comm, State::Staged { inner, staged, call }, true).1
     }
 
-    /// Polls a staged non-blocking collective; its result once it finished.
-    pub(super) fn poll_collective(&mut self, inner: &mut MPI_Request, staged: &Staged, call: &str) -> Option<Done> {
+    /// Polls a non-blocking call on staged buffers; its result once it finished.
+    pub(super) fn poll_staged(&mut self, inner: &mut MPI_Request, staged: &Staged, call: &str) -> Option<Done> {
         let mut flag = 0;
         // SAFETY: the library's request of this collective.
         let rc = unsafe { PMPI_Test(inner, &mut flag, status_ignore()) };
