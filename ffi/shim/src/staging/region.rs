@@ -96,7 +96,7 @@ impl Region {
                 }
             }
         }
-        Ok(span.bounds.map(|(lo, hi)| Region { base, lo, hi, role, dense: span.dense && span.data == hi - lo }))
+        Ok(span.region(base, role))
     }
 }
 
@@ -148,6 +148,12 @@ struct Span {
 }
 
 impl Span {
+    /// The region of the blocks added so far; `None` when they hold no byte.
+    fn region(&self, base: usize, role: Role) -> Option<Region> {
+        let (lo, hi) = self.bounds?;
+        Some(Region { base, lo, hi, role, dense: self.dense && self.data == hi - lo })
+    }
+
     /// Adds `count` elements of `t` at byte offset `at`.
     fn add(&mut self, at: isize, count: i64, t: &TypeShape) -> Result<(), c_int> {
         if count < 0 {
@@ -168,5 +174,63 @@ impl Span {
             Some((l, h)) => (l.min(lo), h.max(hi)),
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INT: TypeShape = TypeShape { size: 4, extent: 4, true_lb: 0, true_extent: 4 };
+    /// Three blocks of two ints, stride three: 24 bytes of data in 32.
+    const VECTOR: TypeShape = TypeShape { size: 24, extent: 32, true_lb: 0, true_extent: 32 };
+    /// Two ints with a lower bound of -8 (data at -8..0).
+    const SHIFTED: TypeShape = TypeShape { size: 8, extent: 8, true_lb: -8, true_extent: 8 };
+
+    fn region(blocks: &[(isize, i64, &TypeShape)], role: Role) -> Option<Region> {
+        let mut span = Span::default();
+        for &(at, count, t) in blocks {
+            span.add(at, count, t).expect("a valid count");
+        }
+        span.region(0x1000, role)
+    }
+
+    #[test]
+    fn packed_elements_are_dense_and_an_output_of_them_is_not_read() {
+        let r = region(&[(0, 5, &INT)], Role::Out).unwrap();
+        assert_eq!((r.lo, r.hi, r.bytes(), r.start()), (0, 20, 20, 0x1000));
+        assert!(r.dense && !r.read() && r.written());
+        // Blocks one after the other, as Gather's receive buffer at the root.
+        let r = region(&[(0, 3, &INT), (12, 2, &INT), (20, 1, &INT)], Role::Out).unwrap();
+        assert!(r.dense && (r.lo, r.hi) == (0, 24));
+    }
+
+    #[test]
+    fn gaps_between_or_inside_elements_make_an_output_read_first() {
+        // Displacements with a gap of one int (Gatherv).
+        let r = region(&[(0, 2, &INT), (12, 2, &INT)], Role::Out).unwrap();
+        assert!(!r.dense && r.read() && (r.lo, r.hi) == (0, 20));
+        // Gaps inside the type.
+        let r = region(&[(0, 2, &VECTOR)], Role::Out).unwrap();
+        assert!(!r.dense && r.read() && (r.lo, r.hi) == (0, 64));
+        // Blocks out of rank order tile the span but are not seen as dense: read too (safe).
+        assert!(!region(&[(8, 2, &INT), (0, 2, &INT)], Role::Out).unwrap().dense);
+    }
+
+    #[test]
+    fn the_span_follows_lower_bounds_and_inputs_are_always_read() {
+        let r = region(&[(0, 3, &SHIFTED)], Role::In).unwrap();
+        assert_eq!((r.lo, r.hi, r.start()), (-8, 16, 0x1000 - 8));
+        assert!(r.read() && !r.written());
+        let r = region(&[(0, 1, &INT)], Role::InOut).unwrap();
+        assert!(r.read() && r.written());
+    }
+
+    #[test]
+    fn empty_blocks_make_no_region_and_negative_counts_are_refused() {
+        assert_eq!(region(&[(0, 0, &INT), (64, 0, &VECTOR)], Role::Out), None);
+        let empty = TypeShape { size: 0, extent: 0, true_lb: 0, true_extent: 0 };
+        assert_eq!(region(&[(0, 9, &empty)], Role::In), None);
+        assert_eq!(Span::default().add(0, -1, &INT), Err(ERR_COUNT));
     }
 }
