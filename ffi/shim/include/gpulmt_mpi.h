@@ -31,6 +31,16 @@ typedef struct gpulmt_mpi_counters {
   uint64_t host_recvs;   /* receives into host buffers of data the MPI library moved */
 } gpulmt_mpi_counters;
 
+/* What staging did so far on this rank: device buffers of collectives the MPI library
+ * runs on host copies (GPULMT_MPI_STAGING_MAX bounds the memory). */
+typedef struct gpulmt_mpi_staging_counters {
+  uint64_t staged_calls;   /* MPI calls that staged device buffers (a split call counts once) */
+  uint64_t staged_buffers; /* device buffers they staged (a send and a receive buffer are two) */
+  uint64_t staged_bytes;   /* bytes copied between device and host memory for them, both ways */
+  uint64_t split_calls;    /* reductions split into pieces (host buffers too: every rank splits alike) */
+  uint64_t pieces;         /* pieces those calls made */
+} gpulmt_mpi_staging_counters;
+
 /* 1 while the shim is active (MPI initialized, gpulmt joined on this node), else 0. */
 int gpulmt_mpi_active(void);
 
@@ -46,12 +56,16 @@ int gpulmt_mpi_memcpy(void *dst, const void *src, size_t bytes);
 /* Copies the counters to *out: 0 on success, -1 when the shim is not active. */
 int gpulmt_mpi_get_counters(gpulmt_mpi_counters *out);
 
+/* Copies the staging counters to *out: 0 on success, -1 for a NULL out. */
+int gpulmt_mpi_get_staging_counters(gpulmt_mpi_staging_counters *out);
+
 #if defined(GPULMT_MPI_WEAK) && (defined(__GNUC__) || defined(__clang__))
 #pragma weak gpulmt_mpi_active
 #pragma weak gpulmt_mpi_alloc
 #pragma weak gpulmt_mpi_free
 #pragma weak gpulmt_mpi_memcpy
 #pragma weak gpulmt_mpi_get_counters
+#pragma weak gpulmt_mpi_get_staging_counters
 #endif
 
 #ifdef __cplusplus

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use crate::hostmem;
 use crate::intercept::{active, with, DIRECT_HOST_RECVS};
+use crate::staging::gpulmt_mpi_staging_counters;
 use crate::state::gpulmt_mpi_counters;
 
 /// 1 while the shim is active (after MPI_Init, before MPI_Finalize), else 0.
@@ -103,4 +104,20 @@ pub unsafe extern "C" fn gpulmt_mpi_get_counters(out: *mut gpulmt_mpi_counters) 
         }
         _ => -1,
     }
+}
+
+/// Copies what staging did so far (calls that staged device buffers, bytes copied, calls
+/// split into pieces) to `*out`: 0 on success, -1 for a NULL `out`. Counted also while
+/// the shim is inactive (collectives are then split, never staged).
+///
+/// # Safety
+/// `out` is NULL or valid for writes of a `gpulmt_mpi_staging_counters`.
+#[no_mangle]
+pub unsafe extern "C" fn gpulmt_mpi_get_staging_counters(out: *mut gpulmt_mpi_staging_counters) -> c_int {
+    if out.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller's out-pointer.
+    unsafe { *out = crate::staging::counters() };
+    0
 }

@@ -28,15 +28,22 @@
 //!   staging for device buffers).
 //! - Completion (`MPI_Wait`, `MPI_Waitall`, `MPI_Waitany`, `MPI_Waitsome`, `MPI_Test`,
 //!   `MPI_Testall`, `MPI_Testany`, `MPI_Testsome`), `MPI_Probe`, `MPI_Iprobe` and
-//!   `MPI_Barrier` drive the shim's progress. The shim's non-blocking operations are
+//!   `MPI_Barrier` (always a `PMPI_Ibarrier`, the same call on every rank) drive the
+//!   shim's progress. The shim's non-blocking operations are
 //!   generalized requests, so `MPI_Cancel` (of unmatched receives), `MPI_Request_free`
 //!   and `MPI_Get_count` work on them unmodified, and every status carries the user's
 //!   source, tag and byte count. Their errors go to their communicator's handler.
 //!
+//! - Collectives (`MPI_Bcast`, `MPI_Reduce`, `MPI_Allreduce`, the gathers, scatters,
+//!   all-to-alls, reduce-scatters, scans, their non-blocking forms, `MPI_Reduce_local`):
+//!   the MPI library runs them, on host copies of device buffers ([`staging`]), every
+//!   rank making the same call whatever its buffers are. Large blocking reductions are
+//!   split into element ranges on every rank; see [`intercept::coll`].
+//!
 //! Extra C functions (`include/gpulmt_mpi.h`): `gpulmt_mpi_alloc` / `gpulmt_mpi_free`
 //! (device memory of the shim's gpulmt context: what makes the same program run on
 //! sim devices and on CUDA), `gpulmt_mpi_memcpy`, `gpulmt_mpi_active`,
-//! `gpulmt_mpi_get_counters`.
+//! `gpulmt_mpi_get_counters`, `gpulmt_mpi_get_staging_counters`.
 //!
 //! Progress of device transfers happens inside the intercepted calls (as with most
 //! MPI libraries' rendezvous). See README.md for what is not covered.
@@ -44,8 +51,10 @@
 //! Layout: [`intercept`] holds the MPI functions, one module per family of calls;
 //! [`api`] the shim's own C functions; `state` the shim itself (its gpulmt context and
 //! the operations it manages); [`envelope`] the message that carries gpulmt's RTS
-//! through the MPI library; `hostmem`, `scratch` and `raw` the host fast path and the
-//! MPI helpers underneath.
+//! through the MPI library; [`staging`] device buffers copied through bounded host
+//! memory around a `PMPI_*` call; `mpierr` MPI error codes with the shim's own
+//! messages; `hostmem`, `scratch` and `raw` the host fast path and the MPI helpers
+//! underneath.
 
 #![allow(non_snake_case)]
 
@@ -53,8 +62,10 @@ pub mod api;
 pub mod envelope;
 mod hostmem;
 pub mod intercept;
+mod mpierr;
 mod raw;
 mod scratch;
+pub mod staging;
 mod state;
 
 pub use state::gpulmt_mpi_counters;

@@ -1,7 +1,7 @@
 //! Small helpers over mpi-sys: the MPI constants (which rsmpi exports as statics, as
 //! Open MPI defines most of them as addresses), status access, datatype geometry.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mpi_sys::*;
@@ -18,9 +18,9 @@ macro_rules! mpi_constants {
     ($($name:ident: $ty:ty = $konst:ident;)*) => {$(
         #[doc = concat!("`", stringify!($konst), "`, as the MPI library defines it.")]
         pub fn $name() -> $ty {
-            // SAFETY: rsmpi's constants are immutable statics, initialized in C from the MPI
-            // library's own constants before any Rust code runs; reading one has no
-            // precondition.
+            // SAFETY: rsmpi's constants (and csrc/mpi_consts.c's) are immutable statics,
+            // initialized in C from the MPI library's own constants before any Rust code
+            // runs; reading one has no precondition.
             unsafe { $konst }
         }
     )*};
@@ -29,9 +29,11 @@ macro_rules! mpi_constants {
 mpi_constants! {
     comm_world: MPI_Comm = RSMPI_COMM_WORLD;
     comm_null: MPI_Comm = RSMPI_COMM_NULL;
+    comm_self: MPI_Comm = RSMPI_COMM_SELF;
     group_null: MPI_Group = RSMPI_GROUP_NULL;
     byte: MPI_Datatype = RSMPI_UINT8_T;
     int32: MPI_Datatype = RSMPI_INT32_T;
+    uint64: MPI_Datatype = RSMPI_UINT64_T;
     op_min: MPI_Op = RSMPI_MIN;
     any_source: c_int = RSMPI_ANY_SOURCE;
     any_tag: c_int = RSMPI_ANY_TAG;
@@ -42,6 +44,13 @@ mpi_constants! {
     request_null: MPI_Request = RSMPI_REQUEST_NULL;
     message_null: MPI_Message = RSMPI_MESSAGE_NULL;
     status_ignore: *mut MPI_Status = RSMPI_STATUS_IGNORE;
+    in_place: *mut c_void = gpulmt_mpi_in_place;
+}
+
+extern "C" {
+    /// `MPI_IN_PLACE`, from `csrc/mpi_consts.c` (build.rs): a pointer cast in mpi.h's
+    /// macro, which bindgen does not translate (Open MPI: 1, MPICH: -1).
+    static gpulmt_mpi_in_place: *mut c_void;
 }
 
 /// A zeroed status to be filled by the MPI library.

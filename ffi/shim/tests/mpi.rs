@@ -86,6 +86,18 @@ fn p2p() -> &'static Path {
     BIN.get_or_init(|| mpicc("p2p", "tests/c/p2p.c"))
 }
 
+/// `tests/c/barrier.c`, compiled once.
+fn barrier() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| mpicc("barrier", "tests/c/barrier.c"))
+}
+
+/// `tests/c/coll.c`, compiled once.
+fn coll() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| mpicc("coll", "tests/c/coll.c"))
+}
+
 /// `examples/device_pingpong.c`, compiled once.
 fn device_pingpong() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -106,13 +118,21 @@ impl Run {
 
     /// Sums counter `name` over the ranks' `rank R counters ...` lines.
     fn counter(&self, name: &str) -> u64 {
+        self.counters(" counters ", name).iter().sum()
+    }
+
+    /// Counter `name` of each rank's line that contains `line` (`rank R <line> k=v ...`).
+    fn counters(&self, line: &str, name: &str) -> Vec<u64> {
         self.stdout
             .lines()
-            .filter(|l| l.contains(" counters "))
-            .flat_map(|l| l.split_whitespace())
-            .filter_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("counter {name}={v}")))
-            .sum()
+            .filter(|l| l.contains(line))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("counter {name}={v}")))
+                    .sum()
+            })
+            .collect()
     }
 
     fn assert_all_ok(&self, np: usize) {
@@ -128,9 +148,17 @@ impl Run {
     }
 }
 
+/// How long a run may take before it counts as hung and is killed.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
 /// Runs `prog args` under `mpirun -np N` with only the given GPULMT_* settings (plus
-/// GPULMT_DEVICE=sim), the shim preloaded if `preload`; kills it after 300 s.
+/// GPULMT_DEVICE=sim), the shim preloaded if `preload`; kills it after [`RUN_LIMIT`].
 fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Run {
+    mpirun_within(prog, np, preload, env, args, RUN_LIMIT)
+}
+
+/// As [`mpirun`], killed (and failed) after `limit`.
+fn mpirun_within(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Run {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
     for (k, _) in std::env::vars_os() {
@@ -171,7 +199,7 @@ fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&
             break s;
         }
         match term_sent {
-            None if t0.elapsed() > Duration::from_secs(300) => {
+            None if t0.elapsed() > limit => {
                 // mpirun forwards SIGTERM to its ranks; SIGKILL would orphan them.
                 // SAFETY: signalling our own child process.
                 unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -185,14 +213,19 @@ fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&
         std::thread::sleep(Duration::from_millis(20));
     };
     let run = Run { code: status.code(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), what };
-    assert!(term_sent.is_none(), "timed out after 300 s\n{}", run.dump());
+    assert!(term_sent.is_none(), "timed out after {} s (hung?)\n{}", limit.as_secs(), run.dump());
     run
 }
 
 /// Runs `prog` with the shim and checks that it left no shared memory behind.
 fn clean_run(prog: &Path, np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
+    clean_run_within(prog, np, env, args, RUN_LIMIT)
+}
+
+/// As [`clean_run`], killed (and failed) after `limit`.
+fn clean_run_within(prog: &Path, np: usize, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Run {
     let before = shm_entries("gpulmt-");
-    let run = mpirun(prog, np, true, env, args);
+    let run = mpirun_within(prog, np, true, env, args, limit);
     let left: Vec<String> = shm_entries("gpulmt-").into_iter().filter(|n| !before.contains(n)).collect();
     assert!(left.is_empty(), "/dev/shm objects left behind: {left:?}\n{}", run.dump());
     run
@@ -217,6 +250,53 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
         );
         assert_eq!(run.counter("lmt_sends"), run.counter("lmt_recvs"), "{}", run.dump());
         assert_eq!(run.counter("staged_sends"), 0, "device sends within a node were staged\n{}", run.dump());
+    }
+}
+
+/// Issue 31, item 1: a rank with an MPI_Irecv (host or device buffer) or a device
+/// MPI_Isend in flight and a rank with nothing in flight both call MPI_Barrier; the
+/// barrier must complete (the shim once issued PMPI_Ibarrier on the one and
+/// PMPI_Barrier on the other, which MPI never matches: a hang). The program's
+/// watchdog fails a case stuck for 30 s, and the run is killed after 120 s.
+#[test]
+fn barrier_completes_whatever_each_rank_has_in_flight() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in [2, 4] {
+        let run = clean_run_within(barrier(), np, &[], &[], Duration::from_secs(120));
+        run.assert_all_ok(np);
+        assert!(!run.stderr.contains("watchdog"), "{}", run.dump());
+    }
+}
+
+/// Issue 30: every collective (blocking and not) on device buffers, staged through host
+/// memory, gives what the same call gives on host buffers: every predefined op on every
+/// type it applies to, a user op on a derived type, odd counts, MPI_IN_PLACE, gaps,
+/// mixed placements in one call (tests/c/coll.c says what else). Sim device memory is
+/// host-addressable, so the staging counters are what show that the shim staged. Then
+/// with a 1 MiB cap: large reductions split on every rank and agree, and collectives
+/// over the cap fail with an error naming the call.
+#[test]
+fn collectives_on_device_buffers_match_host_buffers() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in [2, 3, 4] {
+        let run = clean_run_within(coll(), np, &[], &[], Duration::from_secs(120));
+        run.assert_all_ok(np);
+        let staged = run.counters(" staging ", "staged_calls");
+        assert!(staged.len() == np && staged.iter().all(|&n| n > 0), "some rank staged nothing\n{}", run.dump());
+        assert!(run.counters(" staging ", "split_calls").iter().all(|&n| n == 0), "{}", run.dump());
+
+        let run =
+            clean_run_within(coll(), np, &[("GPULMT_MPI_STAGING_MAX", "1M")], &["small"], Duration::from_secs(120));
+        run.assert_all_ok(np);
+        let split = run.counters(" staging ", "split_calls");
+        assert!(split.len() == np && split.iter().all(|&n| n > 0), "no reduction was split\n{}", run.dump());
+        assert!(run.stderr.contains("MPI_Bcast: staging 2M of device data"), "{}", run.dump());
     }
 }
 

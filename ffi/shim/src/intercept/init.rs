@@ -5,12 +5,12 @@
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::Ordering;
 
-use mpi_sys::{PMPI_Finalize, PMPI_Init, PMPI_Init_thread, PMPI_Query_thread};
+use mpi_sys::{PMPI_Allreduce, PMPI_Finalize, PMPI_Init, PMPI_Init_thread, PMPI_Query_thread};
 
 use super::ACTIVE;
 use crate::raw::*;
 use crate::state::{lock, Shim};
-use crate::{hostmem, raw};
+use crate::{hostmem, raw, staging};
 
 /// Installs the log subscriber before gpulmt does, with one difference to gpulmt's
 /// default (`GPULMT_LOG`, default `warn`): the sim backend's warning that a device
@@ -28,6 +28,7 @@ fn start() {
         return;
     }
     raw::find_count_word();
+    agree_staging_limits();
     let mut level = 0;
     // SAFETY: a local out-pointer; MPI is initialized.
     let known = unsafe { PMPI_Query_thread(&mut level) } == SUCCESS;
@@ -38,6 +39,24 @@ fn start() {
             ACTIVE.store(true, Ordering::Release);
         }
         Err(why) => eprintln!("gpulmt-mpi: shim disabled, device buffers go to the MPI library as they are: {why}"),
+    }
+}
+
+/// Sets staging's cap, and the size above which reductions are split, to the smallest
+/// `GPULMT_MPI_STAGING_MAX` of all ranks (collective over `MPI_COMM_WORLD`): a split
+/// changes how many MPI calls a collective is, so every rank must decide alike. Also
+/// where gpulmt does not start on this node (the shim is inactive, collectives still
+/// split). An invalid setting counts as the default here; `Shim::init` reports it.
+fn agree_staging_limits() {
+    let mine = staging::cap_from_env().unwrap_or(staging::pool::DEFAULT_CAP) as u64;
+    let mut all = mine;
+    // SAFETY: one u64 each way; collective over MPI_COMM_WORLD, which every rank's
+    // MPI_Init reaches here.
+    let rc = unsafe {
+        PMPI_Allreduce((&mine as *const u64).cast(), (&mut all as *mut u64).cast(), 1, uint64(), op_min(), comm_world())
+    };
+    if rc == SUCCESS {
+        staging::set_limits(usize::try_from(all).unwrap_or(usize::MAX));
     }
 }
 

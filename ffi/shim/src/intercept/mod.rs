@@ -7,6 +7,7 @@
 //! shim is not active, and for whatever the shim does not handle itself.
 
 pub mod barrier;
+pub mod coll;
 pub mod completion;
 mod direct_recv;
 pub mod init;

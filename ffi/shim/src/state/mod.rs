@@ -35,7 +35,9 @@
 //! - [`send`]: starting device sends (through gpulmt, or staged);
 //! - [`recv`]: posting receives and writing a matched message into the user's buffer;
 //! - [`matching`]: matching messages to posted receives in MPI's order, and probes;
-//! - [`progress`]: polling gpulmt and every running operation.
+//! - [`progress`]: polling gpulmt and every running operation;
+//! - [`staging`](mod@staging): what staging needs: which buffers are device memory, the
+//!   copier, and non-blocking calls on staged buffers.
 
 mod greq;
 mod lock;
@@ -46,6 +48,7 @@ mod progress;
 mod recv;
 mod send;
 mod setup;
+mod staging;
 
 use std::collections::HashMap;
 use std::ffi::c_int;

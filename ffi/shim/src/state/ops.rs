@@ -11,6 +11,7 @@ use super::greq::{cancel_fn, errored, free_fn, query_fn, Errored, GreqState};
 use super::Shim;
 use crate::envelope::{Envelope, ENVELOPE_BYTES};
 use crate::raw::*;
+use crate::staging::Staged;
 
 /// What a finished operation reports.
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +61,9 @@ pub(super) enum State {
     /// A send the MPI library moves from host memory (device data staged, or a host
     /// buffer of a blocking send while the shim is busy).
     MpiSend { inner: MPI_Request, _staging: Option<Vec<u8>> },
+    /// A non-blocking call the MPI library runs on staged copies of device buffers (a
+    /// collective; `call` names it in errors): copied back when `inner` completes.
+    Staged { inner: MPI_Request, staged: Staged, call: &'static str },
     /// Finished; completed at the next progress (cancelled receives).
     Finished(Done),
 }

@@ -125,6 +125,7 @@ impl Shim {
                 }
                 Done::err(0, 0, *error)
             }
+            State::Staged { inner, staged, call } => return self.poll_staged(inner, staged, call),
             State::MpiSend { inner, .. } => {
                 let mut flag = 0;
                 // SAFETY: our request from PMPI_Isend / PMPI_Issend.

@@ -62,6 +62,8 @@ impl Shim {
                     as usize,
                 _ => 1,
             };
+            // Agreed at MPI_Init already (an invalid value counted as the default there).
+            crate::staging::cap_from_env()?;
             let settle = match std::env::var("GPULMT_MPI_SETTLE").as_deref().map(str::trim) {
                 Err(_) | Ok("") | Ok("default-stream") => true,
                 Ok("none") => false,
@@ -107,6 +109,8 @@ impl Shim {
         // Sim devices too: device memory a program can pass comes from gpulmt_mpi_alloc,
         // which makes every thread forget its host ranges.
         crate::hostmem::enable(ctx.config().memtype_cache);
+        // Staging memory is pinned for this context's device engines.
+        crate::staging::pool::attach(ctx.backend().clone());
         tracing::info!(job = %job, local_rank = lrank, local_size = lsize, world_rank = wrank, "gpulmt-mpi shim active");
         Ok(Shim {
             ctx,
@@ -161,6 +165,7 @@ impl Shim {
         // Nobody drives gpulmt after this barrier: releasing cannot alarm a peer.
         // SAFETY: collective over the node's ranks.
         unsafe { PMPI_Barrier(self.node_comm) };
+        crate::staging::pool::shut_down();
         for ptr in std::mem::take(&mut self.allocations) {
             // SAFETY: memory of gpulmt_mpi_alloc, which the application may not use after
             // MPI_Finalize; after the barrier no rank drives a copy on it.

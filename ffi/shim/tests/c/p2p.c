@@ -54,28 +54,7 @@ static void select_gpu(void) {}
 
 static int rank, size, failures, checks;
 
-#define FAIL(...)                                                          \
-  do {                                                                     \
-    failures++;                                                            \
-    fprintf(stderr, "rank %d FAIL %s:%d: ", rank, __FILE__, __LINE__);     \
-    fprintf(stderr, __VA_ARGS__);                                          \
-    fputc('\n', stderr);                                                   \
-  } while (0)
-#define CHECK(c, ...)      \
-  do {                     \
-    checks++;              \
-    if (!(c)) FAIL(__VA_ARGS__); \
-  } while (0)
-#define MPI_OK(call)                                                   \
-  do {                                                                 \
-    int rc_ = (call);                                                  \
-    if (rc_ != MPI_SUCCESS) {                                          \
-      char s_[MPI_MAX_ERROR_STRING];                                   \
-      int l_ = 0;                                                      \
-      MPI_Error_string(rc_, s_, &l_);                                  \
-      FAIL("%s -> %s", #call, s_);                                     \
-    }                                                                  \
-  } while (0)
+#include "check.h"
 
 enum { HOST = 0, DEV = 1 };
 static const char *pname(int p) { return p == DEV ? "D" : "H"; }

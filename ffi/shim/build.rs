@@ -1,0 +1,27 @@
+//! Compiles `csrc/mpi_consts.c` against the MPI library that `mpi-sys` binds (found the
+//! same way: `MPICC`, `MPI_PKG_CONFIG`, `mpicc`, pkg-config), for the constants bindgen
+//! cannot translate (`MPI_IN_PLACE`, a pointer cast in a macro).
+
+fn main() {
+    println!("cargo:rerun-if-changed=csrc/mpi_consts.c");
+    let lib = match build_probe_mpi::probe() {
+        Ok(lib) => lib,
+        Err(errs) => {
+            let why: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+            panic!("no MPI library found (as for mpi-sys; set MPICC or MPI_PKG_CONFIG): {}", why.join("; "));
+        }
+    };
+    let mut build = cc::Build::new();
+    build.file("csrc/mpi_consts.c");
+    match lib.mpicc {
+        Some(mpicc) => {
+            build.compiler(mpicc);
+        }
+        None => {
+            for inc in &lib.include_paths {
+                build.include(inc);
+            }
+        }
+    }
+    build.compile("gpulmt_mpi_consts");
+}

@@ -1,0 +1,73 @@
+//! What staging needs of the shim: which of a call's buffers are device memory (settled
+//! before staging reads them), the copier, and non-blocking calls the MPI library runs
+//! on staged buffers (collectives today), whose requests the shim completes after
+//! copying the results back.
+
+use mpi_sys::*;
+
+use super::ops::{Done, State};
+use super::Shim;
+use crate::raw::*;
+use crate::staging::{Copier, Region, Staged};
+
+impl Shim {
+    /// Whether any of these pointers is device memory (a quick look: one byte each).
+    pub fn any_device(&mut self, ptrs: impl IntoIterator<Item = usize>) -> bool {
+        let mut any = false;
+        for p in ptrs {
+            // Every pointer is classified (and remembered when host memory).
+            any |= self.is_device(p, 1);
+        }
+        any
+    }
+
+    /// Whether `r` lies in device memory; if so, the application's default-stream work
+    /// on it has landed when this returns.
+    pub fn region_on_device(&mut self, r: &Region) -> bool {
+        let device = self.is_device(r.start(), r.bytes());
+        if device {
+            self.settle_app_writes(r.start());
+        }
+        device
+    }
+
+    /// Device-host copies for staging: the backend, this rank's device, and a lane of
+    /// its own (after gpulmt's lanes, so staging copies do not queue behind transfers).
+    pub fn copier(&self) -> Copier {
+        Copier { backend: self.ctx.backend().clone(), engine: self.ctx.device(), lane: self.ctx.config().lanes }
+    }
+
+    /// Takes over a non-blocking call the MPI library runs on staged buffers (`inner`):
+    /// the user's request is a generalized request, completed once `inner` has and the
+    /// results are copied back. `call` names it in errors.
+    pub fn track_staged(
+        &mut self,
+        inner: MPI_Request,
+        staged: Staged,
+        comm: MPI_Comm,
+        call: &'static str,
+    ) -> MPI_Request {
+        self.new_op(None, comm, State::Staged { inner, staged, call }, true).1
+    }
+
+    /// Polls a non-blocking call on staged buffers; its result once it finished.
+    pub(super) fn poll_staged(&mut self, inner: &mut MPI_Request, staged: &Staged, call: &str) -> Option<Done> {
+        let mut flag = 0;
+        // SAFETY: the library's request of this collective.
+        let rc = unsafe { PMPI_Test(inner, &mut flag, status_ignore()) };
+        if flag == 0 && rc == SUCCESS {
+            return None;
+        }
+        let code = match rc {
+            SUCCESS => {
+                match staged.copy_out(self.ctx.backend()).inspect(|()| crate::staging::count_bytes(staged.bytes(false)))
+                {
+                    Ok(()) => SUCCESS,
+                    Err(e) => crate::mpierr::for_call(ERR_OTHER, call, format_args!("copying the results back: {e}")),
+                }
+            }
+            rc => rc,
+        };
+        Some(Done::err(0, 0, code))
+    }
+}
