@@ -57,6 +57,7 @@
 //! underneath.
 
 #![allow(non_snake_case)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
 pub mod envelope;

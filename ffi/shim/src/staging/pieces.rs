@@ -18,14 +18,18 @@ struct InFlight {
 /// Runs `call(k, staged)` for the pieces `0..pieces`, piece `k`'s buffers being
 /// `regions(k)` (per argument; `None`: passed as given). Stops at the first call that
 /// fails and returns its code; the pieces before it are copied back.
-pub fn run_pieces(
+///
+/// # Safety
+/// As [`Staged::new`], for the regions of every piece, until this returns.
+pub unsafe fn run_pieces(
     copier: &Copier,
     pieces: usize,
     regions: impl Fn(usize) -> Vec<Option<Region>>,
     mut call: impl FnMut(usize, &Staged) -> c_int,
 ) -> Result<c_int, StagingError> {
     let stage_in = |k: usize| -> Result<InFlight, StagingError> {
-        let staged = Staged::new(regions(k))?;
+        // SAFETY: this function's contract.
+        let staged = unsafe { Staged::new(regions(k)) }?;
         let copies = staged.start_in(copier)?;
         Ok(InFlight { staged, copies })
     };

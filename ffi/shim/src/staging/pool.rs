@@ -95,7 +95,9 @@ impl Pool {
     fn unmap(&self, b: Block) {
         if b.pinned {
             if let Some(backend) = &self.backend {
-                if let Err(e) = backend.unregister_host(b.ptr) {
+                // SAFETY: a block `take` registered; it is no longer handed out, so no copy
+                // runs on it.
+                if let Err(e) = unsafe { backend.unregister_host(b.ptr) } {
                     tracing::warn!(error = %e, "unpinning a staging block");
                 }
             }
@@ -174,7 +176,8 @@ pub fn take(len: usize) -> Result<HostBlock, Exceeded> {
     }
     let ptr = ptr as usize;
     let pinned = match &p.backend {
-        Some(backend) => match backend.register_host(ptr, need) {
+        // SAFETY: `ptr` is our fresh anonymous mapping of `need` bytes.
+        Some(backend) => match unsafe { backend.register_host(ptr, need) } {
             Ok(()) => true,
             Err(e) => {
                 // Pageable memory still works: copies are then synchronous in effect.

@@ -65,10 +65,18 @@ pub struct Copier {
 impl Copier {
     /// Starts the copies (dst, src, bytes). When one cannot start, waits for those that
     /// did (they write memory the caller is about to give back) and fails.
-    fn start(&self, copies: impl Iterator<Item = (usize, usize, usize)>) -> Result<Vec<CopyTicket>, StagingError> {
+    ///
+    /// # Safety
+    /// Each `src` is valid for reads and each `dst` for writes of `bytes`, until the
+    /// returned tickets are waited for.
+    unsafe fn start(
+        &self,
+        copies: impl Iterator<Item = (usize, usize, usize)>,
+    ) -> Result<Vec<CopyTicket>, StagingError> {
         let mut started = Vec::new();
         for (dst, src, len) in copies {
-            match self.backend.copy_async(self.engine, self.lane, dst, src, len) {
+            // SAFETY: this function's contract.
+            match unsafe { self.backend.copy_async(self.engine, self.lane, dst, src, len) } {
                 Ok(t) => started.push(t),
                 Err(e) => {
                     let _ = self.wait(started);
@@ -99,7 +107,12 @@ pub struct Staged {
 
 impl Staged {
     /// Places the given regions in one block from the pool. Nothing is copied yet.
-    pub fn new(regions: Vec<Option<Region>>) -> Result<Staged, StagingError> {
+    ///
+    /// # Safety
+    /// Every region's device range is valid for the reads and writes its role names (the
+    /// MPI call's own buffer contract) for as long as this `Staged` lives: its copy
+    /// methods rely on that.
+    pub unsafe fn new(regions: Vec<Option<Region>>) -> Result<Staged, StagingError> {
         let mut at = 0;
         let places: Vec<Option<(Region, usize)>> = regions
             .into_iter()
@@ -149,7 +162,8 @@ impl Staged {
     /// Copies in, and waits for, what the call reads.
     pub fn copy_in(&self, backend: &Backend) -> Result<(), StagingError> {
         for (dev, host, len) in self.spans(Region::read) {
-            backend.copy_sync(host, dev, len).map_err(StagingError::Copy)?;
+            // SAFETY: `dev` is a region `new`'s contract keeps valid; `host` lies in our block.
+            unsafe { backend.copy_sync(host, dev, len) }.map_err(StagingError::Copy)?;
         }
         Ok(())
     }
@@ -157,18 +171,22 @@ impl Staged {
     /// Copies back, and waits for, what the call wrote.
     pub fn copy_out(&self, backend: &Backend) -> Result<(), StagingError> {
         for (dev, host, len) in self.spans(Region::written) {
-            backend.copy_sync(dev, host, len).map_err(StagingError::Copy)?;
+            // SAFETY: `dev` is a region `new`'s contract keeps valid; `host` lies in our block.
+            unsafe { backend.copy_sync(dev, host, len) }.map_err(StagingError::Copy)?;
         }
         Ok(())
     }
 
     /// Starts copying in what the call reads; [`Copier::wait`] for the tickets.
     pub fn start_in(&self, c: &Copier) -> Result<Vec<CopyTicket>, StagingError> {
-        c.start(self.spans(Region::read).map(|(dev, host, len)| (host, dev, len)))
+        // SAFETY: device regions valid by `new`'s contract; host ranges lie in our block,
+        // which lives until the caller waits for the tickets (it holds `&self`).
+        unsafe { c.start(self.spans(Region::read).map(|(dev, host, len)| (host, dev, len))) }
     }
 
     /// Starts copying back what the call wrote; [`Copier::wait`] for the tickets.
     pub fn start_out(&self, c: &Copier) -> Result<Vec<CopyTicket>, StagingError> {
-        c.start(self.spans(Region::written))
+        // SAFETY: as in `start_in`.
+        unsafe { c.start(self.spans(Region::written)) }
     }
 }

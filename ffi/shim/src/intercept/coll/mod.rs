@@ -151,7 +151,9 @@ unsafe fn plan<'a, const N: usize>(
         Err(code) => return Plan::Failed(code),
     };
     let Some(copier) = with(|s| s.copier()) else { return Plan::Pass };
-    let staged = match Staged::new(regions) {
+    // SAFETY: the regions describe the call's own buffers, which the caller's contract (the
+    // MPI call's) keeps valid while the call runs, and the staging ends with it.
+    let staged = match unsafe { Staged::new(regions) } {
         Ok(s) => s,
         Err(e) => return Plan::Failed(staging_error(name, &e)),
     };
@@ -329,11 +331,15 @@ pub unsafe fn reduction(
             .collect()
     };
     crate::staging::count_staged(on_device.iter().filter(|&&d| d).count(), 0);
-    let run = crate::staging::pieces::run_pieces(&copier, pieces, regions, |k, staged| {
-        let (n, [s, r]) = at(k);
-        crate::staging::count_bytes(staged.bytes(true) + staged.bytes(false));
-        call(staged.pointer(0, s), staged.pointer(1, r), n)
-    });
+    // SAFETY: every piece's regions lie in the call's own buffers, valid while it runs
+    // (this function's contract), and run_pieces returns before the call does.
+    let run = unsafe {
+        crate::staging::pieces::run_pieces(&copier, pieces, regions, |k, staged| {
+            let (n, [s, r]) = at(k);
+            crate::staging::count_bytes(staged.bytes(true) + staged.bytes(false));
+            call(staged.pointer(0, s), staged.pointer(1, r), n)
+        })
+    };
     match run {
         Ok(rc) => rc,
         // SAFETY: the caller's communicator.

@@ -131,7 +131,9 @@ unsafe fn every_rank_nb(
     request: *mut MPI_Request,
 ) -> c_int {
     let describe = |site: &Site| Ok(all_args(sendbuf, count, dt, keep_first && site.rank == 0));
-    let call = |p: [*mut c_void; 2], req| pmpi(p[0], p[1], count, dt, op, comm, req);
+    // SAFETY: `nonblocking` passes the caller's buffers or their staged copies and a
+    // request it owns; the other arguments are the caller's.
+    let call = |p: [*mut c_void; 2], req| unsafe { pmpi(p[0], p[1], count, dt, op, comm, req) };
     // SAFETY: the caller's arguments, passed on.
     unsafe { nonblocking(name, comm, [sendbuf.cast_mut(), recvbuf], describe, call, request) }
 }
