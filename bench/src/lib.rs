@@ -5,7 +5,6 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 
-pub mod driver;
 pub mod pair;
 pub mod report;
 pub mod stencil;

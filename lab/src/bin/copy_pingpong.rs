@@ -94,6 +94,7 @@ fn map_shared(file: &File) -> &'static Shared {
     if p == libc::MAP_FAILED {
         die(format!("mmap of the shared page failed: {}", std::io::Error::last_os_error()));
     }
+    // SAFETY: as above: `p` is a live mapping of `len` bytes, page-aligned, never unmapped.
     unsafe { &*(p as *const Shared) }
 }
 
@@ -150,7 +151,7 @@ impl Side {
                 return false;
             }
             spins = spins.wrapping_add(1);
-            if spins % (1 << 20) == 0 && since.get_or_insert_with(Instant::now).elapsed() > STALL {
+            if spins.is_multiple_of(1 << 20) && since.get_or_insert_with(Instant::now).elapsed() > STALL {
                 die(format!("rank {} heard nothing from the other process for {STALL:?}", self.rank));
             }
             std::hint::spin_loop();

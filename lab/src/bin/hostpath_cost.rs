@@ -78,6 +78,7 @@ fn leg(from: &mut Rank, to: &mut Rank, len: usize, tag: i32) {
     // SAFETY: the buffers live as long as the ranks and each is used by one request at a time.
     let r = unsafe { to.ctx.irecv(to.recv.ptr as *mut u8, len, Some(src), Some(tag)) }
         .unwrap_or_else(|e| die(format!("irecv: {e}")));
+    // SAFETY: as above.
     let s = unsafe { from.ctx.isend(from.send.ptr as *const u8, len, to.ctx.rank(), tag) }
         .unwrap_or_else(|e| die(format!("isend: {e}")));
     finish(s, &mut from.ctx, &mut to.ctx);

@@ -14,12 +14,14 @@
 //! Prints CSV `probe,route,variant,bytes,window,issue_us_per_copy,gbps` (medians of the reps).
 //! Run: `window_probe [--reps 50]`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use gpulmt::device::cuda::CudaBackend;
 use gpulmt::device::DeviceBackend;
-use gpulmt_bench::driver::{ck, event, primary_context};
+use gpulmt_lab::spin_until_ready;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -33,26 +35,31 @@ enum Issue {
     Batch(usize),
 }
 
+/// A device's primary context with a non-blocking stream and a timing-free event.
 struct Setup {
-    ctx: sys::CUcontext,
-    stream: sys::CUstream,
-    event: sys::CUevent,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    event: CudaEvent,
 }
 
-fn setup(ordinal: i32) -> Setup {
-    let (ctx, stream) = primary_context(ordinal);
-    Setup { ctx, stream, event: event() }
+fn setup(ordinal: usize) -> Setup {
+    let ctx = CudaContext::new(ordinal).expect("retaining the primary context");
+    let stream = ctx.new_stream().expect("cuStreamCreate");
+    let event = ctx.new_event(None).expect("cuEventCreate");
+    Setup { ctx, stream, event }
 }
 
 /// Queues `n` copies of `len` bytes (copy i from `src + i*len` to `dst + i*len`) the way
 /// `how` says; returns the CPU time of the queueing in us.
 fn issue(s: &Setup, how: Issue, dst: CUdeviceptr, src: CUdeviceptr, len: usize, n: usize) -> f64 {
+    let stream = s.stream.cu_stream();
     let x = Instant::now();
     match how {
         Issue::PerCopy => {
             for i in 0..n {
                 let off = (i * len) as CUdeviceptr;
-                ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst + off, src + off, len, s.stream) });
+                // SAFETY: the caller's buffers hold `n * len` bytes; `stream` is `s`'s own.
+                unsafe { sys::cuMemcpyAsync(dst + off, src + off, len, stream) }.result().expect("cuMemcpyAsync");
             }
         }
         Issue::Batch(b) => {
@@ -64,7 +71,9 @@ fn issue(s: &Setup, how: Issue, dst: CUdeviceptr, src: CUdeviceptr, len: usize, 
                 let mut sizes = vec![len; k];
                 let mut attrs = [batch_attrs()];
                 let mut idx = [0usize];
-                ck("cuMemcpyBatchAsync_v2", unsafe {
+                // SAFETY: `k` entries in each array, one attribute applying from copy 0; the
+                // caller's buffers hold `n * len` bytes; `stream` is `s`'s own.
+                unsafe {
                     sys::cuMemcpyBatchAsync_v2(
                         dsts.as_mut_ptr(),
                         srcs.as_mut_ptr(),
@@ -73,9 +82,11 @@ fn issue(s: &Setup, how: Issue, dst: CUdeviceptr, src: CUdeviceptr, len: usize, 
                         attrs.as_mut_ptr(),
                         idx.as_mut_ptr(),
                         1,
-                        s.stream,
+                        stream,
                     )
-                });
+                }
+                .result()
+                .expect("cuMemcpyBatchAsync");
                 i += k;
             }
         }
@@ -93,7 +104,8 @@ fn batch_attrs() -> sys::CUmemcpyAttributes {
 }
 
 fn run(route: &str, s: &Setup, dst: CUdeviceptr, src: CUdeviceptr, reps: usize) {
-    unsafe { ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(s.ctx)) };
+    s.ctx.bind_to_thread().expect("cuCtxSetCurrent");
+    let (stream, event) = (s.stream.cu_stream(), s.event.cu_event());
     for &len in &[65536usize, 262144, 1 << 20] {
         for &window in &[8usize, 64] {
             for (name, how) in
@@ -104,14 +116,10 @@ fn run(route: &str, s: &Setup, dst: CUdeviceptr, src: CUdeviceptr, reps: usize) 
                 for r in 0..reps + 5 {
                     let start = Instant::now();
                     let us = issue(s, how, dst, src, len, window);
-                    ck("cuEventRecord", unsafe { sys::cuEventRecord(s.event, s.stream) });
-                    loop {
-                        match unsafe { sys::cuEventQuery(s.event) } {
-                            CUresult::CUDA_SUCCESS => break,
-                            CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
-                            e => ck("cuEventQuery", e),
-                        }
-                    }
+                    // SAFETY: `event` and `stream` are `s`'s own, its context current.
+                    unsafe { sys::cuEventRecord(event, stream) }.result().expect("cuEventRecord");
+                    // SAFETY: as above.
+                    spin_until_ready("cuEventQuery", || unsafe { sys::cuEventQuery(event) });
                     let secs = start.elapsed().as_secs_f64();
                     if r >= 5 {
                         per_copy.push(us / window as f64);
@@ -144,7 +152,7 @@ fn main() {
     run("local", &d0, a0b, a0, reps);
     if b.device_count() >= 2 && b.can_access_peer(0, 1) {
         let a1 = b.alloc(1, bytes).expect("alloc on device 1") as CUdeviceptr;
-        unsafe { ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(d0.ctx)) };
+        d0.ctx.bind_to_thread().expect("cuCtxSetCurrent");
         run("peer_push", &d0, a1, a0, reps);
         let d1 = setup(1);
         run("peer_pull", &d1, a1, a0, reps);

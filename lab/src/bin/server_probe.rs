@@ -31,15 +31,14 @@
 //! idle) on device 0 for N ms and exits: run beside another program, it shows what a
 //! resident server costs that program's kernels.
 
-use std::ptr;
 use std::sync::atomic::{compiler_fence, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{result, CudaContext, CudaStream, PinnedHostSlice};
 use gpulmt::device::cuda::CudaBackend;
 use gpulmt::device::DeviceBackend;
-use gpulmt_bench::driver::{
-    ck, high_priority_stream, nonblocking_stream, pinned, primary_context, print_row, spin_stream,
-};
+use gpulmt_lab::{mapped_pinned, print_row, spin_until_ready};
 
 const WARM: usize = 200;
 const REPS: usize = 2000;
@@ -183,79 +182,64 @@ fn row(variant: &str, t: Vec<f64>) {
 }
 
 fn timed(op: impl FnMut()) -> Vec<f64> {
-    gpulmt_bench::driver::timed(WARM, REPS, op)
+    gpulmt_lab::timed(WARM, REPS, op)
 }
 
 /// A device's primary context (retained by the backend, peer access enabled) with a
 /// non-blocking stream, and the copy server running on another.
 struct Server {
-    ctx: sys::CUcontext,
-    stream: sys::CUstream,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
     /// A stream of the greatest priority, for the `engine_hi` rows.
-    hi_stream: sys::CUstream,
-    server_stream: sys::CUstream,
-    /// Pinned descriptor `[dst, src, len, tag]` (host view) and its device address.
-    desc: (*mut u64, CUdeviceptr),
+    hi_stream: Arc<CudaStream>,
+    server_stream: Arc<CudaStream>,
+    /// Pinned descriptor `[dst, src, len, tag]`: the allocation, host and device addresses.
+    desc: (PinnedHostSlice<u64>, *mut u64, CUdeviceptr),
     /// Pinned completion word.
-    done: (*mut u32, CUdeviceptr),
+    done: (PinnedHostSlice<u32>, *mut u32, CUdeviceptr),
     /// Pinned GPU timestamps (ns): descriptor seen, copy done (before the word's store).
-    gpu_ns: *mut u64,
+    gpu_ns: (PinnedHostSlice<u64>, *mut u64, CUdeviceptr),
     seq: u64,
 }
 
 impl Server {
-    /// Starts the server kernel `kernel` (its `spacing_ns` only for the pipelined ones).
-    fn start(
-        ordinal: i32,
-        image: &std::ffi::CStr,
-        kernel: &std::ffi::CStr,
-        fence_all: bool,
-        spacing_ns: u64,
-    ) -> Server {
+    /// Starts the server kernel `kernel` of the compiled `ptx` (its `spacing_ns` only for
+    /// the pipelined ones).
+    fn start(ordinal: usize, ptx: &cudarc::nvrtc::Ptx, kernel: &str, fence_all: bool, spacing_ns: u64) -> Server {
+        let ctx = CudaContext::new(ordinal).expect("retaining the primary context");
+        let stream = ctx.new_stream().expect("cuStreamCreate");
+        let server_stream = ctx.new_stream().expect("cuStreamCreate");
+        let (_, greatest) = result::stream::get_priority_range().expect("cuCtxGetStreamPriorityRange");
+        let hi_stream = ctx.new_stream_with_priority(greatest).expect("cuStreamCreateWithPriority");
+        let f = ctx.load_module(ptx.clone()).expect("cuModuleLoadData").load_function(kernel).expect(kernel);
+        let desc = mapped_pinned::<u64>(&ctx, 8);
+        let done = mapped_pinned::<u32>(&ctx, 16);
+        let gpu_ns = mapped_pinned::<u64>(&ctx, 8);
+        let (mut a0, mut a1, mut a2, mut a3, mut a4) = (desc.2, done.2, i32::from(fence_all), gpu_ns.2, spacing_ns);
+        // The first kernel takes four arguments; the driver reads as many as it takes.
+        let mut args: [*mut std::ffi::c_void; 5] = [
+            (&mut a0 as *mut CUdeviceptr).cast(),
+            (&mut a1 as *mut CUdeviceptr).cast(),
+            (&mut a2 as *mut i32).cast(),
+            (&mut a3 as *mut CUdeviceptr).cast(),
+            (&mut a4 as *mut u64).cast(),
+        ];
+        // SAFETY: every argument points at a live local of the kernel's parameter type (the
+        // four-parameter kernel reads the first four); the buffers they name are pinned
+        // allocations the returned `Server` keeps alive while the kernel runs.
         unsafe {
-            let (ctx, stream) = primary_context(ordinal);
-            let server_stream = nonblocking_stream();
-            let hi_stream = high_priority_stream();
-            let mut module = ptr::null_mut();
-            ck("cuModuleLoadData", sys::cuModuleLoadData(&mut module, image.as_ptr().cast()));
-            let mut f = ptr::null_mut();
-            ck("cuModuleGetFunction", sys::cuModuleGetFunction(&mut f, module, kernel.as_ptr()));
-            let (d, dd) = pinned(64);
-            let (w, wd) = pinned(64);
-            let (t, td) = pinned(64);
-            let (mut a0, mut a1, mut a2, mut a3, mut a4) = (dd, wd, i32::from(fence_all), td, spacing_ns);
-            // The first kernel takes four arguments; the driver reads as many as it takes.
-            let mut args: [*mut std::ffi::c_void; 5] = [
-                (&mut a0 as *mut CUdeviceptr).cast(),
-                (&mut a1 as *mut CUdeviceptr).cast(),
-                (&mut a2 as *mut i32).cast(),
-                (&mut a3 as *mut CUdeviceptr).cast(),
-                (&mut a4 as *mut u64).cast(),
-            ];
-            ck(
-                "cuLaunchKernel",
-                sys::cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, server_stream, args.as_mut_ptr(), ptr::null_mut()),
-            );
-            Server {
-                ctx,
-                stream,
-                hi_stream,
-                server_stream,
-                desc: (d.cast(), dd),
-                done: (w.cast(), wd),
-                gpu_ns: t.cast(),
-                seq: 0,
-            }
+            result::launch_kernel(f.cu_function(), (1, 1, 1), (128, 1, 1), 0, server_stream.cu_stream(), &mut args)
         }
+        .expect("cuLaunchKernel");
+        Server { ctx, stream, hi_stream, server_stream, desc, done, gpu_ns, seq: 0 }
     }
 
     /// Has the server copy `len` bytes and waits until it reports them landed.
     fn copy(&mut self, dst: usize, src: usize, len: usize) {
         self.post(dst as u64, src as u64, len as u64);
-        unsafe {
-            while self.done.0.read_volatile() != self.seq as u32 {
-                std::hint::spin_loop();
-            }
+        // SAFETY: the completion word is a live pinned allocation of this server.
+        while unsafe { self.done.1.read_volatile() } != self.seq as u32 {
+            std::hint::spin_loop();
         }
         compiler_fence(Ordering::Acquire);
     }
@@ -263,22 +247,30 @@ impl Server {
     /// Writes the next descriptor: the fields, then the tag that makes them valid.
     fn post(&mut self, dst: u64, src: u64, len: u64) {
         self.seq += 1;
+        let d = self.desc.1;
+        // SAFETY: the descriptor is a live pinned allocation of 8 u64s of this server.
         unsafe {
-            self.desc.0.write_volatile(dst);
-            self.desc.0.add(1).write_volatile(src);
-            self.desc.0.add(2).write_volatile(len);
+            d.write_volatile(dst);
+            d.add(1).write_volatile(src);
+            d.add(2).write_volatile(len);
             // The fields before the tag (x86 keeps stores in order).
             compiler_fence(Ordering::Release);
-            self.desc.0.add(3).write_volatile(self.seq ^ dst ^ src ^ len);
+            d.add(3).write_volatile(self.seq ^ dst ^ src ^ len);
         }
+    }
+
+    /// The GPU time from descriptor seen to completion word stored of the last copy, us.
+    fn gpu_us(&self) -> f64 {
+        let t = self.gpu_ns.1;
+        // SAFETY: the stamps are a live pinned allocation of 8 u64s of this server, both
+        // written by the server before the completion word the caller has seen.
+        unsafe { t.add(1).read_volatile().wrapping_sub(t.read_volatile()) as f64 / 1e3 }
     }
 
     fn stop(mut self) {
         self.post(0, 0, u64::MAX);
-        unsafe {
-            ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(self.ctx));
-            ck("cuStreamSynchronize", sys::cuStreamSynchronize(self.server_stream));
-        }
+        self.ctx.bind_to_thread().expect("cuCtxSetCurrent");
+        self.server_stream.synchronize().expect("cuStreamSynchronize");
     }
 }
 
@@ -295,31 +287,27 @@ fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize,
     b.copy_sync(src, want.as_ptr() as usize, len).expect("fill");
     let zero = vec![0u8; len];
     b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
-    unsafe { ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(s.ctx)) };
-    let stream = s.stream;
-    row(
-        &format!("engine_{name}_{len}"),
-        timed(|| {
-            ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream) });
-            spin_stream(stream);
-        }),
-    );
-    let hi = s.hi_stream;
-    row(
-        &format!("engine_hi_{name}_{len}"),
-        timed(|| {
-            ck("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, hi) });
-            spin_stream(hi);
-        }),
-    );
+    s.ctx.bind_to_thread().expect("cuCtxSetCurrent");
+    // Copy and wait on the engine through `stream`: `dst` and `src` hold `len` bytes.
+    let engine_copy = |stream: sys::CUstream| {
+        // SAFETY: `dst` and `src` are the caller's device buffers of at least `len` bytes;
+        // `stream` is one of this server's streams, its context current.
+        unsafe { sys::cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream) }
+            .result()
+            .expect("cuMemcpyAsync");
+        // SAFETY: as above.
+        spin_until_ready("cuStreamQuery", || unsafe { sys::cuStreamQuery(stream) });
+    };
+    let (stream, hi) = (s.stream.cu_stream(), s.hi_stream.cu_stream());
+    row(&format!("engine_{name}_{len}"), timed(|| engine_copy(stream)));
+    row(&format!("engine_hi_{name}_{len}"), timed(|| engine_copy(hi)));
     b.copy_sync(dst, zero.as_ptr() as usize, len).expect("clear");
     let mut on_gpu = Vec::with_capacity(REPS);
     row(
         &format!("server_{name}_{len}"),
         timed(|| {
             s.copy(dst, src, len);
-            // SAFETY: the server wrote both stamps before the word just seen.
-            on_gpu.push(unsafe { s.gpu_ns.add(1).read_volatile().wrapping_sub(s.gpu_ns.read_volatile()) } as f64 / 1e3);
+            on_gpu.push(s.gpu_us());
         }),
     );
     row(&format!("server_{name}_{len}_gpu_seen_to_store"), on_gpu.split_off(WARM));
@@ -370,7 +358,6 @@ fn main() {
         eprintln!("server_probe: NVRTC: {e:?}");
         std::process::exit(1);
     });
-    let image = std::ffi::CString::new(ptx.to_src()).unwrap();
     let max = *sizes.iter().max().unwrap();
     let two = b.device_count() >= 2 && b.can_access_peer(0, 1) && b.can_access_peer(1, 0);
     let a0 = b.alloc(0, max).unwrap();
@@ -390,8 +377,8 @@ fn main() {
     // SERVER_READ_SPACING_NS (default 1000, about one read of host memory) apart in all.
     let in_flight = std::env::var("SERVER_READS_IN_FLIGHT").ok().filter(|v| !v.is_empty());
     let kernel = match in_flight.as_deref() {
-        None | Some("0") => c"copy_server".to_owned(),
-        Some(d @ ("1" | "2" | "4")) => std::ffi::CString::new(format!("copy_server_pipelined{d}")).unwrap(),
+        None | Some("0") => "copy_server".to_owned(),
+        Some(d @ ("1" | "2" | "4")) => format!("copy_server_pipelined{d}"),
         Some(other) => {
             eprintln!("server_probe: SERVER_READS_IN_FLIGHT={other}: expected 1, 2 or 4");
             std::process::exit(2);
@@ -400,8 +387,8 @@ fn main() {
     let spacing: u64 =
         std::env::var("SERVER_READ_SPACING_NS").ok().map_or(1000, |v| v.parse().expect("SERVER_READ_SPACING_NS: ns"));
     println!("server_probe,reads_in_flight,{},,", in_flight.as_deref().unwrap_or("0 (none while copying)"));
-    let mut s0 = Server::start(0, &image, &kernel, fence_all, spacing);
-    let mut s1 = two.then(|| Server::start(1, &image, &kernel, fence_all, spacing));
+    let mut s0 = Server::start(0, &ptx, &kernel, fence_all, spacing);
+    let mut s1 = two.then(|| Server::start(1, &ptx, &kernel, fence_all, spacing));
     for (i, &len) in sizes.iter().enumerate() {
         let seed = i as u8 * 3;
         variant(&b, "local", &mut s0, 0, a0b, a0, len, seed);
