@@ -3,7 +3,6 @@
 //! line with OSU micro-benchmark results) plus optional CSV.
 
 use std::fs::OpenOptions;
-use std::io::Write;
 
 pub mod pair;
 pub mod report;
@@ -255,27 +254,30 @@ pub fn pair_verdict(ctx: &mut Context, me: u32, passed: bool) -> Result<bool, Er
     }
 }
 
-/// Appends one CSV row (header written when the file is new).
+/// Appends one row of `--csv` output: `bench,placement,protocol,bytes,metric,value`.
 pub fn csv_row(o: &Options, bench: &str, bytes: usize, metric: &str, value: f64) {
     let Some(path) = &o.csv else { return };
-    let new = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
-    let mut f = match OpenOptions::new().create(true).append(true).open(path) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("cannot write {path}: {e}");
-            return;
+    let placement = format!("{} {}", o.send.letter(), o.recv.letter());
+    let record = [bench, &placement, &o.protocol_name(), &bytes.to_string(), metric, &format!("{value:.4}")];
+    append_csv(path, report::POINTS_HEADER, &record);
+}
+
+/// Appends one record to the CSV file at `path` (the `header` constant's names first when
+/// the file is new or empty). A file that cannot be written is reported, not fatal: the
+/// table on stdout holds the same results.
+pub fn append_csv(path: &str, header: &str, record: &[&str]) {
+    let fresh = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
+    let written = OpenOptions::new().create(true).append(true).open(path).map_err(csv::Error::from).and_then(|f| {
+        let mut w = csv::Writer::from_writer(f);
+        if fresh {
+            w.write_record(header.split(','))?;
         }
-    };
-    if new {
-        let _ = writeln!(f, "bench,placement,protocol,bytes,metric,value");
+        w.write_record(record)?;
+        Ok(w.flush()?)
+    });
+    if let Err(e) = written {
+        eprintln!("cannot write {path}: {e}");
     }
-    let _ = writeln!(
-        f,
-        "{bench},{} {},{},{bytes},{metric},{value:.4}",
-        o.send.letter(),
-        o.recv.letter(),
-        o.protocol_name()
-    );
 }
 
 /// Prints counters at the end, when asked.
