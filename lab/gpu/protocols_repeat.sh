@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GET vs PUT vs COOPERATE vs auto at 64 KiB .. 4 MiB, where one osu_bw run per protocol
-# (run_h200x2.sh's protocols.csv) spreads by 5-25 % between runs of the same protocol:
+# (the harness's protocols.csv) spreads by 5-25 % between runs of the same protocol:
 # REPS rounds, each running the four in a rotated order (osu_bw, then osu_latency 8 B),
 # every run's rows appended to OUTDIR/gpulmt.csv; bench-report's protocols.csv then holds
 # each cell's median. Prints that table and the 8 B latencies per protocol, sorted.
 # RUN_FLAGS adds launcher options (e.g. "--bind none").
-# Usage: bash bench/gpu/protocols_repeat_h200x2.sh OUTDIR [REPS=5]   (binaries in .gpu/bin)
-source "$(dirname "$0")/preamble.sh"
+# Usage: bash lab/gpu/protocols_repeat.sh OUTDIR [REPS=5]   (binaries in .gpu/bin)
+source "$(dirname "$0")/lab.sh"
 reps=${2:-5}
 run="$bin/gpulmt-run -n 2 ${RUN_FLAGS:-} --timeout 120 --"
 order=(auto get put coop)

@@ -3,7 +3,7 @@
 # spreads by several microseconds, as much as what overlapping still loses): for each
 # precision and halo width 1 and 4, one rank computing alone, then 2 ranks inter-k
 # and inter-k-overlap; REPS times ITERS steps, rows appended to OUTDIR/stencil.csv.
-# Usage: bash bench/gpu/stencil_overlap.sh OUTDIR [REPS=3] [ITERS=400]   (binaries in .gpu/bin)
+# Usage: bash lab/gpu/stencil_overlap.sh OUTDIR [REPS=3] [ITERS=400]   (binaries in .gpu/bin)
 set -uo pipefail
 out=${1:?outdir}
 reps=${2:-3}

@@ -9,8 +9,8 @@
 # on an idle GPU and beside one rank of Stencil2D at 8192² (memory-bound kernels back to
 # back), ROUNDS/2 rounds each: whether a busy GPU slows the server's copies more than the
 # engine's.
-# Usage: [ROUNDS=4] [MPS=1] [SIZES="2048 4096"] bash bench/gpu/resident_cost.sh OUTDIR
-source "$(dirname "$0")/preamble.sh"
+# Usage: [ROUNDS=4] [MPS=1] [SIZES="2048 4096"] bash lab/gpu/resident_cost.sh OUTDIR
+source "$(dirname "$0")/lab.sh"
 start_mps
 echo "mps=$mps" > "$out/env.txt"
 echo "variant,round,size,time_per_iter_us" > "$out/resident.csv"

@@ -21,8 +21,8 @@
 # to the anchor (ce_peer / ce_peer_bi / the anchors' 8 B copy-and-wait).
 # QUICK=1 skips the unit tests, checks and anchors; MPS=1 runs the rounds under NVIDIA MPS
 # (two ranks on one GPU are time-sliced without it).
-# Usage: [VARIANTS=...] [ROUNDS=3] [QUICK=1] [MPS=1] bash bench/gpu/windows_h200x2.sh OUTDIR   (after prepare.sh; carry .gpu)
-source "$(dirname "$0")/preamble.sh"
+# Usage: [VARIANTS=...] [ROUNDS=3] [QUICK=1] [MPS=1] bash lab/gpu/windows.sh OUTDIR   (after prepare.sh; carry .gpu)
+source "$(dirname "$0")/lab.sh"
 variants=${VARIANTS:-auto:X=1 nobal:GPULMT_BALANCE_MAX=0 bal512k:GPULMT_BALANCE_MAX=512K bidir512k:GPULMT_BIDIR_PUT_MIN=512K oldest:GPULMT_POLL_NEWEST=0 get:GPULMT_PROTOCOL=get put:GPULMT_PROTOCOL=put}
 nvidia-smi > "$out/host.txt" 2>&1
 if [ "${QUICK:-0}" != 1 ]; then

@@ -15,8 +15,8 @@
 # output_VARIANT_SIZE.txt. MPS=1 starts MPS (two ranks
 # on one GPU need it for the server).
 # MODE=inter-k-overlap runs that mode instead.
-# Usage: [ROUNDS=6] [MPS=1] [SIZES="2048 4096"] [VARIANTS=...] [MODE=inter-k] bash bench/gpu/copy_server_interk.sh OUTDIR
-source "$(dirname "$0")/preamble.sh"
+# Usage: [ROUNDS=6] [MPS=1] [SIZES="2048 4096"] [VARIANTS=...] [MODE=inter-k] bash lab/gpu/copy_server_interk.sh OUTDIR
+source "$(dirname "$0")/lab.sh"
 start_mps
 echo "mps=$mps" > "$out/env.txt"
 on=GPULMT_COPY_SERVER_MAX=64K

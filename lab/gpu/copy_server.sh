@@ -6,9 +6,9 @@
 # osu_bibw D D from 1 B to 64 KiB per variant (`off` = engine, `on` = server up to 64 KiB),
 # and with two GPUs the anchors up to 64 KiB. MPS=1 starts the MPS daemon (two ranks on
 # one GPU: the server is refused without it, since time-slicing would stall it).
-# Usage: [ROUNDS=3] [MPS=1] [VARIANTS="off:X=1 on:GPULMT_COPY_SERVER_MAX=64K"] bash bench/gpu/copy_server.sh OUTDIR
+# Usage: [ROUNDS=3] [MPS=1] [VARIANTS="off:X=1 on:GPULMT_COPY_SERVER_MAX=64K"] bash lab/gpu/copy_server.sh OUTDIR
 # (packs OUTDIR.tgz: copy that to $OUT, the device tool returns at most 8 files)
-source "$(dirname "$0")/preamble.sh"
+source "$(dirname "$0")/lab.sh"
 variants=${VARIANTS:-off:X=1 on:GPULMT_COPY_SERVER_MAX=64K}
 nvidia-smi > "$out/host.txt" 2>&1
 ngpu=$(nvidia-smi -L | wc -l)

@@ -7,8 +7,8 @@
 # gpulmt's own osu_latency D D 8 B beside them, with RTR offers (native) and without
 # (native_nortr: GET, as under the shim, whose own matching never offers).
 # On one GPU (nvidia-h200) both ranks share it; MPS=1 starts the MPS daemon first.
-# Usage: [ROUNDS=5] [MPS=1] bash bench/gpu/shim_settle.sh OUTDIR   (after prepare.sh; carry .gpu)
-source "$(dirname "$0")/preamble.sh"
+# Usage: [ROUNDS=5] [MPS=1] bash lab/gpu/shim_settle.sh OUTDIR   (after prepare.sh; carry .gpu)
+source "$(dirname "$0")/lab.sh"
 nvidia-smi > "$out/host.txt" 2>&1
 start_mps
 log copy_probe

@@ -7,9 +7,9 @@
 # beside them (RTR off: GET, as under the shim). Then p2p.c's semantic checks on cudaMalloc
 # buffers under the new library, np 2 and 4. VARIANTS picks some of `one`'s variants
 # (new_settle_server: the default-stream wait with the copy server).
-# Usage: [ROUNDS=4] [MPS=1] [VARIANTS=...] bash bench/gpu/shim_rings.sh OUTDIR   (after prepare.sh and
+# Usage: [ROUNDS=4] [MPS=1] [VARIANTS=...] bash lab/gpu/shim_rings.sh OUTDIR   (after prepare.sh and
 # copying the old library to .gpu/old/libgpulmt_mpi.so; carry .gpu)
-source "$(dirname "$0")/preamble.sh"
+source "$(dirname "$0")/lab.sh"
 nvidia-smi > "$out/host.txt" 2>&1
 start_mps
 build_cuda_osu

@@ -5,11 +5,11 @@
 # `name:set:ENV=VALUE[,ENV=VALUE]`; set = a folder under .gpu), then, 3 alternating rounds
 # for each of SWEEP (`name:ENV=VALUE`, this commit's binaries), osu_latency 8 B - 1 MiB and
 # osu_bw 8 KiB - 2 MiB D D. Rows go to OUTDIR/ab.csv as `variant,round,bench,bytes,metric,value`.
-# Usage: [LAT=...] [SWEEP=...] ROUNDS=5 bash bench/gpu/ab_h200x2.sh OUTDIR   (after prepare.sh; carry .gpu)
+# Usage: [LAT=...] [SWEEP=...] ROUNDS=5 bash lab/gpu/ab.sh OUTDIR   (after prepare.sh; carry .gpu)
 # engab1 ran its first version (7701a97) as engine_ab_h200x2.sh, i.e. LAT="base:base:X=1
 # noeng:bin:GPULMT_GET_SENDER_ENGINE_MAX=0 new:bin:X=1" SWEEP="eng0:GPULMT_GET_SENDER_ENGINE_MAX=0
 # eng2m:GPULMT_GET_SENDER_ENGINE_MAX=2M" (that option has since been removed).
-source "$(dirname "$0")/preamble.sh"
+source "$(dirname "$0")/lab.sh"
 lat_variants=${LAT:-base:base:X=1 nortr:bin:GPULMT_RTR_PUT_MAX=0 rtr:bin:X=1}
 sweep_variants=${SWEEP:-nortr:GPULMT_RTR_PUT_MAX=0 rtr:GPULMT_RTR_PUT_MAX=64K rtr2m:GPULMT_RTR_PUT_MAX=2M}
 small_copy_baselines

@@ -2,7 +2,7 @@
 # Stencil2D's overlap mode against the single-rank CPU reference (--check) on the 2-GPU
 # host: 2 ranks at halo width 1 and 4 in both precisions, and 4 ranks on a 2x2 grid (two
 # per GPU) at halo width 1 and 2. One line per run in OUTDIR/check.txt.
-# Usage: bash bench/gpu/stencil_overlap_check.sh OUTDIR   (binaries in .gpu/bin)
+# Usage: bash lab/gpu/stencil_overlap_check.sh OUTDIR   (binaries in .gpu/bin)
 set -uo pipefail
 out=${1:?outdir}
 bin=.gpu/bin

@@ -6,8 +6,8 @@
 # osu_latency 8 B D D and H H, and where the set has it, hostpath_cost (both ranks in one
 # thread: the CPU cost of a leg, without cross-core latencies; best of 5 repetitions).
 # Sets: folders under .gpu with osu_latency and gpulmt-run.
-# Usage: SETS="base bin" ROUNDS=6 bash bench/gpu/hostpath_h200x2.sh OUTDIR
-source "$(dirname "$0")/preamble.sh"
+# Usage: SETS="base bin" ROUNDS=6 bash lab/gpu/hostpath.sh OUTDIR
+source "$(dirname "$0")/lab.sh"
 export GPULMT_DEVICE=sim GPULMT_SIM_COPY=inline
 sets=${SETS:-bin}
 for i in $(seq "${ROUNDS:-6}"); do

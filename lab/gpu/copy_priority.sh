@@ -7,8 +7,8 @@
 # high (h200x1/priority1-5). On 2x H200 each rank has its own GPU, where `auto` is normal
 # because nothing showed a gain there yet: this is the call that would.
 # SIZES=none leaves Stencil2D out; BW sets osu_bw's sizes (default 64K:4M).
-# Usage: [ROUNDS=3] [MPS=1] [SIZES="2048 4096"|none] [BW=64K:4M] bash bench/gpu/copy_priority.sh OUTDIR
-source "$(dirname "$0")/preamble.sh"
+# Usage: [ROUNDS=3] [MPS=1] [SIZES="2048 4096"|none] [BW=64K:4M] bash lab/gpu/copy_priority.sh OUTDIR
+source "$(dirname "$0")/lab.sh"
 nvidia-smi > "$out/host.txt" 2>&1
 log server_probe
 $bin/server_probe 8 65536 > "$out/server_probe.csv" 2>> "$out/log.txt"

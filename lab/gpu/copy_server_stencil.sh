@@ -4,8 +4,8 @@
 # ranks), then ROUNDS alternating timed runs of inter-k and inter-k-overlap at SIZES per
 # rank, halo 1 (rows of 8-32 KiB: copies the server takes). MPS=1 starts MPS (two ranks on
 # one GPU need it for the server). Usage: [ROUNDS=3] [MPS=1] [SIZES="2048 4096"]
-# bash bench/gpu/copy_server_stencil.sh OUTDIR   (after prepare.sh; carry .gpu)
-source "$(dirname "$0")/preamble.sh"
+# bash lab/gpu/copy_server_stencil.sh OUTDIR   (after prepare.sh; carry .gpu)
+source "$(dirname "$0")/lab.sh"
 start_mps
 run() { # variant env args...
   local v=$1 e=$2; shift 2

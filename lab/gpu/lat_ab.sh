@@ -6,10 +6,10 @@
 # each round copy_pingpong 8 B (the copy-engine ping-pong floor) and each set's
 # osu_latency 8 B D D and H H in turn (ROUNDS rounds), then two anatomy runs
 # (GPULMT_ANATOMY_OUT logs, lined up by bench/gpu/anatomy.py; OSU_ANATOMY beside them).
-# Usage: SETS="old bin" ROUNDS=6 HRANGE=8:8 bash bench/gpu/lat_ab_h200x2.sh OUTDIR   (packs OUTDIR.tgz)
+# Usage: SETS="old bin" ROUNDS=6 HRANGE=8:8 bash lab/gpu/lat_ab.sh OUTDIR   (packs OUTDIR.tgz)
 # (HRANGE: the H H sizes, OSU -m; D D is always 8 B.)
 # (explore10 ran it as explore10_h200x2.sh with these defaults.)
-source "$(dirname "$0")/preamble.sh"
+source "$(dirname "$0")/lab.sh"
 sets=${SETS:-old bin}
 small_copy_baselines
 lat() { # set placement
