@@ -1,8 +1,8 @@
-//! `bench-report`: turns one results directory (what `bench/gpu/run_h200x2.sh` leaves:
+//! `bench-report`: turns one results directory (what `bench/gpu/run.sh` leaves:
 //! gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv, optional split.csv) into
 //! summary.csv (each gpulmt point beside its anchor), protocols.csv (osu_bw per
 //! protocol), three SVG plots and a short Markdown table of the key points; and,
-//! where the directory has a stencil.csv (what `bench/gpu/stencil_h200x2.sh` leaves),
+//! where the directory has a stencil.csv (what its `stencil` mode leaves),
 //! stencil_table.csv, stencil_overlap.csv, stencil.svg and a Markdown section on them
 //! (see [`stencil`]). A directory may hold stencil.csv alone: then only the stencil
 //! outputs are written.

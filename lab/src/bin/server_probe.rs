@@ -113,7 +113,7 @@ extern "C" __global__ void copy_server(const volatile unsigned long long* desc, 
 // warp 0 issues them `spacing_ns / D` apart and re-issues each as soon as it has been
 // checked, also the one that found a copy, so D reads stay in flight through the copy
 // too, hoping to see a descriptor about one read's latency after it is written, not up to
-// two. Measured slower for every D (bench/results/h200x1/reads_in_flight1): each read left
+// two. Measured slower for every D (docs/performance.md, "Tried and dropped"): each read left
 // in flight delays the copy's completion (D = 1 against the server above, which has none
 // in flight while it copies, shows it).
 template <int D>
