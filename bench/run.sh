@@ -22,7 +22,7 @@ fi
 run() { "$bin/gpulmt-run" -n 2 --timeout 600 -- "$@"; echo; }
 run "$bin/osu_latency" -m "0:$max" -c D D
 if [ "${GPULMT_DEVICE:-auto}" != sim ]; then
-  echo "# osu_latency D D with the copy server on (GPULMT_COPY_SERVER_MAX=64K, off by default: README)"
+  echo "# osu_latency D D with the copy server on (GPULMT_COPY_SERVER_MAX=64K, off by default: docs/design.md)"
   GPULMT_COPY_SERVER_MAX=64K run "$bin/osu_latency" -m 0:64K -c D D
 fi
 run "$bin/osu_latency" -m 0:64K H H

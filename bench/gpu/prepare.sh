@@ -1,29 +1,40 @@
 #!/usr/bin/env bash
 # Builds everything a GPU call runs, here (Debian, no GPU), and gathers it in .gpu/
-# (ignored by git), which the device tool carries: release binaries, the transport's
-# unit tests (for their GPU-only cases, as gpulmt-unit), the C ABI examples, the PMPI
-# shim, and the host's anchor programs (../shared/device as .gpu/tools).
-# Usage: bash bench/gpu/prepare.sh   then run with carry [".gpu"]
+# (ignored by git), which the device tool carries: release binaries (the product's and
+# the lab's), the transport's unit tests (for their GPU-only cases, as gpulmt-unit), the
+# C ABI examples, the PMPI shim, and the host's anchor programs (../shared/device, or
+# ANCHORS=DIR, as .gpu/tools). Fails if .gpu outgrows what a call may carry (64 MiB).
+# Usage: bash bench/gpu/prepare.sh   then: bash bench/gpu/run.sh MODE OUTDIR there, carry [".gpu"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-mkdir -p .git/info && { grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude; }
 cargo build --release --workspace --bins --quiet
 cargo build --release -p gpulmt-shim -p gpulmt-ffi --quiet
 unit=$(cargo test --release -p gpulmt --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep -v null | head -1)
 rm -rf .gpu && mkdir -p .gpu/bin
-for b in gpulmt-run gpulmt-check osu_latency osu_bw osu_bibw stencil2d copy_probe copy_pingpong hostpath_cost window_probe server_probe bench-report; do
+for b in gpulmt-run gpulmt-check osu_latency osu_bw osu_bibw stencil2d bench-report \
+  copy_probe copy_pingpong hostpath_cost window_probe server_probe; do
   cp "target/release/$b" .gpu/bin/
 done
 cp target/release/libgpulmt_mpi.so .gpu/bin/
 cp "$unit" .gpu/bin/gpulmt-unit
-inc=ffi/../include
 for ex in host pingpong; do
-  cc -std=c11 -O2 -I"$inc" "ffi/examples/$ex.c" -Ltarget/release -lgpulmt -Wl,-rpath,'$ORIGIN' -o ".gpu/bin/c_$ex"
+  cc -std=c11 -O2 -Iinclude "ffi/examples/$ex.c" -Ltarget/release -lgpulmt -Wl,-rpath,'$ORIGIN' -o ".gpu/bin/c_$ex"
 done
 cp target/release/libgpulmt.so .gpu/bin/
 strip .gpu/bin/* 2>/dev/null || true
-cp -r ../shared/device .gpu/tools
+# The anchors: ../shared/device beside the main checkout, or two levels up from a worktree.
+anchors=${ANCHORS:-}
+for d in ../shared/device ../../shared/device; do
+  [ -n "$anchors" ] || { [ -f "$d/anchors.sh" ] && anchors=$d; }
+done
+if [ -n "$anchors" ]; then
+  cp -r "$anchors" .gpu/tools
+else
+  echo "prepare.sh: no anchors found (../shared/device; ANCHORS=DIR names them): the harness will skip them" >&2
+fi
 git rev-parse --short HEAD > .gpu/commit
 git diff --quiet HEAD || echo "dirty" >> .gpu/commit
-du -sh .gpu
+size=$(du -sm .gpu | cut -f1)
+echo ".gpu: $size MiB (a call carries at most 64)"
+[ "$size" -lt 64 ] || { echo "prepare.sh: .gpu is over 64 MiB" >&2; exit 1; }

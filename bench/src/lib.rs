@@ -3,9 +3,7 @@
 //! line with OSU micro-benchmark results) plus optional CSV.
 
 use std::fs::OpenOptions;
-use std::io::Write;
 
-pub mod driver;
 pub mod pair;
 pub mod report;
 pub mod stencil;
@@ -211,7 +209,10 @@ pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
     v
 }
 
-/// Prints the OSU header for a benchmark.
+/// OSU's column width for every column after the size (`FIELD_WIDTH` in OSU's util).
+const FIELD_WIDTH: usize = 20;
+
+/// Prints the OSU header for a benchmark; with `-c`, OSU 7.x's `Validation` column too.
 pub fn header(ctx: &Context, title: &str, o: &Options, column: &str) {
     println!("# gpulmt {title} (OSU format) v{}", env!("CARGO_PKG_VERSION"));
     println!(
@@ -222,30 +223,66 @@ pub fn header(ctx: &Context, title: &str, o: &Options, column: &str) {
         ctx.device()
     );
     println!("# Send Buffer on {} and Receive Buffer on {}", o.send.word(), o.recv.word());
-    println!("{:<10}{:>20}", "# Size", column);
+    let validation = if o.validate { format!("{:>FIELD_WIDTH$}", "Validation") } else { String::new() };
+    println!("{:<10}{column:>FIELD_WIDTH$}{validation}", "# Size");
 }
 
-/// Appends one CSV row (header written when the file is new).
+/// One result row in OSU's format: the size, the value with two decimals and, with `-c`,
+/// `Pass` or `Fail` (OSU 7.x's `VALIDATION_STATUS`) for whether both ranks received every
+/// byte right.
+pub fn result_line(o: &Options, size: usize, value: f64, passed: bool) -> String {
+    let mut line = format!("{size:<10}{value:>FIELD_WIDTH$.2}");
+    if o.validate {
+        line.push_str(&format!("{:>FIELD_WIDTH$}", if passed { "Pass" } else { "Fail" }));
+    }
+    line
+}
+
+/// Tag of the validation verdict rank 1 sends rank 0 (apart from the benchmarks' own).
+const VERDICT_TAG: i32 = 90;
+
+/// Joins the two ranks' validation of one size, outside the timing: rank 1 sends rank 0
+/// whether its own check passed, and rank 0 answers whether both did (rank 1 and any
+/// further rank answer their own verdict). Both ranks must call it for every validated size.
+pub fn pair_verdict(ctx: &mut Context, me: u32, passed: bool) -> Result<bool, Error> {
+    match me {
+        0 => {
+            let mut theirs = [0u8];
+            ctx.recv(&mut theirs, Some(1), Some(VERDICT_TAG))?;
+            Ok(passed && theirs[0] == 1)
+        }
+        1 => {
+            ctx.send(&[u8::from(passed)], 0, VERDICT_TAG)?;
+            Ok(passed)
+        }
+        _ => Ok(passed),
+    }
+}
+
+/// Appends one row of `--csv` output: `bench,placement,protocol,bytes,metric,value`.
 pub fn csv_row(o: &Options, bench: &str, bytes: usize, metric: &str, value: f64) {
     let Some(path) = &o.csv else { return };
-    let new = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
-    let mut f = match OpenOptions::new().create(true).append(true).open(path) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("cannot write {path}: {e}");
-            return;
+    let placement = format!("{} {}", o.send.letter(), o.recv.letter());
+    let record = [bench, &placement, &o.protocol_name(), &bytes.to_string(), metric, &format!("{value:.4}")];
+    append_csv(path, report::POINTS_HEADER, &record);
+}
+
+/// Appends one record to the CSV file at `path` (the `header` constant's names first when
+/// the file is new or empty). A file that cannot be written is reported, not fatal: the
+/// table on stdout holds the same results.
+pub fn append_csv(path: &str, header: &str, record: &[&str]) {
+    let fresh = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
+    let written = OpenOptions::new().create(true).append(true).open(path).map_err(csv::Error::from).and_then(|f| {
+        let mut w = csv::Writer::from_writer(f);
+        if fresh {
+            w.write_record(header.split(','))?;
         }
-    };
-    if new {
-        let _ = writeln!(f, "bench,placement,protocol,bytes,metric,value");
+        w.write_record(record)?;
+        Ok(w.flush()?)
+    });
+    if let Err(e) = written {
+        eprintln!("cannot write {path}: {e}");
     }
-    let _ = writeln!(
-        f,
-        "{bench},{} {},{},{bytes},{metric},{value:.4}",
-        o.send.letter(),
-        o.recv.letter(),
-        o.protocol_name()
-    );
 }
 
 /// Prints counters at the end, when asked.
@@ -281,5 +318,22 @@ pub fn or_die<T>(r: Result<T, Error>, what: &str) -> T {
             eprintln!("error: {what}: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(args: &[&str]) -> Options {
+        Options::parse_from(std::iter::once("osu_test").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn a_result_line_has_osu_widths_and_a_validation_column_only_with_c() {
+        assert_eq!(result_line(&options(&[]), 8, 7.319, true), format!("{:<10}{:>20}", 8, "7.32"));
+        let c = options(&["-c"]);
+        assert_eq!(result_line(&c, 4096, 12.0, true), format!("{:<10}{:>20}{:>20}", 4096, "12.00", "Pass"));
+        assert_eq!(result_line(&c, 1, 0.5, false), format!("{:<10}{:>20}{:>20}", 1, "0.50", "Fail"));
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use crate::pair::Pair;
-use crate::{csv_row, header, or_die, Options};
+use crate::{csv_row, header, or_die, pair_verdict, result_line, Options};
 
 const DATA_TAG: i32 = 100;
 const ACK_TAG: i32 = 101;
@@ -72,15 +72,20 @@ pub fn run(bidirectional: bool) -> i32 {
         let secs = t0.elapsed().as_secs_f64();
         let bytes = (size * msgs * iters) as f64;
         let mbps = bytes / secs / 1e6;
+        let mut passed = true;
         if o.validate && me <= 1 && (me == 1 || bidirectional) {
             let peer_seed = size as u64 * 131 + peer as u64;
             if let Err(e) = rbuf.check(ctx, size, peer_seed) {
                 eprintln!("rank {me}: size {size}: {e}");
-                failed = true;
+                passed = false;
             }
         }
+        if o.validate {
+            passed = or_die(pair_verdict(ctx, me, passed), "validation verdict");
+            failed |= !passed;
+        }
         if me == 0 {
-            println!("{size:<10}{mbps:>20.2}");
+            println!("{}", result_line(&o, size, mbps, passed));
             csv_row(&o, name, size, "MBps", mbps);
         }
     }

@@ -1,4 +1,5 @@
-//! bench-report on the committed H200 x2 results (copied to a temp dir first).
+//! bench-report on two early 2x H200 runs kept as test data in tests/data (copied to a temp
+//! dir first): run1 (the first full run) and run4 (its Stencil2D table).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -22,7 +23,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn report_on_h200x2_run1() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/h200x2/run1");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/h200x2_run1");
     let dir = temp_dir("in");
     copy_dir(&src, &dir);
     let out = temp_dir("out");
@@ -67,7 +68,7 @@ fn report_on_h200x2_run1() {
 
 #[test]
 fn report_on_h200x2_run4_stencil() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/h200x2/run4");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/h200x2_run4");
     let dir = temp_dir("stencil-in");
     copy_dir(&src, &dir);
     // Only the inputs: outputs an earlier report left in run4 are not read.

@@ -149,6 +149,7 @@ fn main() {
                 Anatomy::report(size, &stamps, &theirs);
             }
         }
+        let mut passed = true;
         if o.validate && me <= 1 && size > 0 {
             // One more round trip outside the timing, with known data both ways.
             let seed = size as u64 * 31 + 7;
@@ -159,11 +160,15 @@ fn main() {
             unsafe { round_trip::<false>(ctx, me, sbuf, rbuf, rbuf, size, 2) };
             if let Err(e) = rbuf.check(ctx, size, seed) {
                 eprintln!("rank {me}: size {size}: {e}");
-                failed = true;
+                passed = false;
             }
         }
+        if o.validate {
+            passed = or_die(pair_verdict(ctx, me, passed), "validation verdict");
+            failed |= !passed;
+        }
         if me == 0 {
-            println!("{size:<10}{lat:>20.2}");
+            println!("{}", result_line(&o, size, lat, passed));
             csv_row(&o, "osu_latency", size, "us", lat);
         }
     }

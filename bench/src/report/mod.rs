@@ -1,15 +1,15 @@
-//! `bench-report`: turns one results directory (what `bench/gpu/run_h200x2.sh` leaves:
+//! `bench-report`: turns one results directory (what `bench/gpu/run.sh` leaves:
 //! gpulmt.csv, anchors.csv, staged_mpi.csv, mpi_sm.csv, optional split.csv) into
 //! summary.csv (each gpulmt point beside its anchor), protocols.csv (osu_bw per
 //! protocol), three SVG plots and a short Markdown table of the key points; and,
-//! where the directory has a stencil.csv (what `bench/gpu/stencil_h200x2.sh` leaves),
+//! where the directory has a stencil.csv (what its `stencil` mode leaves),
 //! stencil_table.csv, stencil_overlap.csv, stencil.svg and a Markdown section on them
 //! (see [`stencil`]). A directory may hold stencil.csv alone: then only the stencil
 //! outputs are written.
 //!
-//! Parsing is lenient on purpose: the anchor files can hold lines that are not CSV
-//! rows (notes a tool printed), so any line that does not parse as a row of the
-//! expected shape is skipped and counted.
+//! Files are read and written with the csv crate. Reading is lenient on purpose: the
+//! anchor files can hold lines that are not CSV rows (notes a tool printed), so any line
+//! that does not parse as a row of the expected shape is skipped and counted.
 
 use std::fmt;
 use std::fs;
@@ -73,27 +73,44 @@ pub const POINTS_HEADER: &str = "bench,placement,protocol,bytes,metric,value";
 pub const ANCHORS_HEADER: &str = "anchor,metric,bytes,value";
 pub const STENCIL_HEADER: &str = "bench,mode,precision,ranks,size,halo,metric,value";
 
-fn fields(line: &str) -> Vec<&str> {
-    line.split(',').map(str::trim).collect()
-}
-
 fn number(s: &str) -> Option<f64> {
     s.parse::<f64>().ok().filter(|v| v.is_finite())
 }
 
+/// Reads CSV text with the csv crate, row by row: fields trimmed, any number of them per
+/// line (so that notes a tool printed come through as rows `row` refuses), blank lines and
+/// repeats of `header` passed over.
 fn parse_lines<T>(text: &str, header: &str, row: impl Fn(&[&str]) -> Option<T>) -> Parsed<T> {
     let mut out = Parsed { rows: Vec::new(), skipped: 0 };
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line == header {
+    let header: Vec<&str> = header.split(',').collect();
+    let mut reader =
+        csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(text.as_bytes());
+    for record in reader.records() {
+        let Ok(record) = record else {
+            out.skipped += 1;
+            continue;
+        };
+        let fields: Vec<&str> = record.iter().collect();
+        if fields.iter().all(|f| f.is_empty()) || fields == header {
             continue;
         }
-        match row(&fields(line)) {
+        match row(&fields) {
             Some(r) => out.rows.push(r),
             None => out.skipped += 1,
         }
     }
     out
+}
+
+/// CSV text with the csv crate: the `header` constant's names, then one line per record.
+pub(crate) fn csv_text<R: IntoIterator<Item = String>>(header: &str, records: impl IntoIterator<Item = R>) -> String {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    // Writing into a Vec cannot fail, and every field is a String (UTF-8).
+    w.write_record(header.split(',')).expect("CSV into memory");
+    for r in records {
+        w.write_record(r).expect("CSV into memory");
+    }
+    String::from_utf8(w.into_inner().expect("CSV into memory")).expect("CSV of UTF-8 fields")
 }
 
 /// Parses gpulmt.csv / split.csv text: `bench,placement,protocol,bytes,metric,value`.
@@ -377,6 +394,19 @@ mod tests {
         );
         assert_eq!(p.rows[1].placement, "H H");
         assert_eq!(p.rows[1].value, 1.0559);
+    }
+
+    #[test]
+    fn quoted_fields_read_as_csv_and_written_fields_round_trip() {
+        let p = parse_points("osu_bw,\"D D\",auto,8,MBps,1.5\n\"osu_bw\",D D,auto,\"16\",MBps,2\n");
+        assert_eq!(p.skipped, 0);
+        assert_eq!(
+            p.rows.iter().map(|r| (r.placement.as_str(), r.bytes)).collect::<Vec<_>>(),
+            [("D D", 8), ("D D", 16)]
+        );
+        let text = csv_text(POINTS_HEADER, [["osu_bw", "D D", "a,b", "8", "us", "1"].map(String::from)]);
+        assert_eq!(text, "bench,placement,protocol,bytes,metric,value\nosu_bw,D D,\"a,b\",8,us,1\n");
+        assert_eq!(parse_points(&text).rows[0].protocol, "a,b");
     }
 
     #[test]

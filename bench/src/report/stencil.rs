@@ -119,23 +119,22 @@ pub fn gain_table(rows: &[StencilRow]) -> Vec<GainRow> {
 }
 
 pub fn table_csv(rows: &[GainRow]) -> String {
-    let mut s = String::from(TABLE_HEADER);
-    s.push('\n');
-    for r in rows {
-        s.push_str(&format!(
-            "{},{},{},{},{:.3},{},{},{},{}\n",
-            r.precision,
-            r.ranks,
-            r.size,
-            r.halo,
-            r.staged,
-            opt(r.inter_k, 3),
-            opt(r.overlap, 3),
-            opt(r.inter_k_gain_pct(), 2),
-            opt(r.overlap_gain_pct(), 2)
-        ));
-    }
-    s
+    super::csv_text(
+        TABLE_HEADER,
+        rows.iter().map(|r| {
+            [
+                r.precision.clone(),
+                r.ranks.to_string(),
+                r.size.to_string(),
+                r.halo.to_string(),
+                format!("{:.3}", r.staged),
+                opt(r.inter_k, 3),
+                opt(r.overlap, 3),
+                opt(r.inter_k_gain_pct(), 2),
+                opt(r.overlap_gain_pct(), 2),
+            ]
+        }),
+    )
 }
 
 /// One row of stencil_overlap.csv, times in us.
@@ -205,22 +204,21 @@ pub fn overlap_table(rows: &[StencilRow]) -> Vec<OverlapRow> {
 }
 
 pub fn overlap_csv(rows: &[OverlapRow]) -> String {
-    let mut s = String::from(OVERLAP_HEADER);
-    s.push('\n');
-    for r in rows {
-        s.push_str(&format!(
-            "{},{},{},{:.3},{:.3},{:.3},{},{}\n",
-            r.precision,
-            r.size,
-            r.halo,
-            r.compute,
-            r.inter_k,
-            r.overlap,
-            opt(r.hidden_pct(), 2),
-            opt(r.overlap_vs_compute(), 3)
-        ));
-    }
-    s
+    super::csv_text(
+        OVERLAP_HEADER,
+        rows.iter().map(|r| {
+            [
+                r.precision.clone(),
+                r.size.to_string(),
+                r.halo.to_string(),
+                format!("{:.3}", r.compute),
+                format!("{:.3}", r.inter_k),
+                format!("{:.3}", r.overlap),
+                opt(r.hidden_pct(), 2),
+                opt(r.overlap_vs_compute(), 3),
+            ]
+        }),
+    )
 }
 
 /// The mean gain of `mode` over the rows of one precision that have it, and how many.

@@ -134,27 +134,26 @@ pub(super) fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 pub fn summary_csv(rows: &[SummaryRow]) -> String {
-    let mut s = String::from(SUMMARY_HEADER);
-    s.push('\n');
-    for r in rows {
-        let (name, av) = match &r.anchor {
-            Some(a) => (a.name.as_str(), format!("{:.3}", a.value)),
-            None => ("", String::new()),
-        };
-        s.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{}\n",
-            r.bench,
-            r.placement,
-            r.protocol,
-            r.bytes,
-            r.metric,
-            fmt_value(&r.metric, r.value),
-            name,
-            av,
-            opt(r.ratio(), 3)
-        ));
-    }
-    s
+    super::csv_text(
+        SUMMARY_HEADER,
+        rows.iter().map(|r| {
+            let (name, av) = match &r.anchor {
+                Some(a) => (a.name.clone(), format!("{:.3}", a.value)),
+                None => (String::new(), String::new()),
+            };
+            [
+                r.bench.clone(),
+                r.placement.clone(),
+                r.protocol.clone(),
+                r.bytes.to_string(),
+                r.metric.clone(),
+                fmt_value(&r.metric, r.value),
+                name,
+                av,
+                opt(r.ratio(), 3),
+            ]
+        }),
+    )
 }
 
 /// One size of protocols.csv, bandwidths in GB/s.
@@ -247,22 +246,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn protocols_csv(rows: &[ProtoRow]) -> String {
-    let mut s = String::from(PROTOCOLS_HEADER);
-    s.push('\n');
-    for r in rows {
-        s.push_str(&format!(
-            "{},{},{},{},{},{},{},{}\n",
-            r.bytes,
-            opt(r.get, 3),
-            opt(r.put, 3),
-            opt(r.coop, 3),
-            opt(r.auto, 3),
-            opt(r.split, 3),
-            opt(r.best(), 3),
-            opt(r.auto_vs_best(), 3)
-        ));
-    }
-    s
+    super::csv_text(
+        PROTOCOLS_HEADER,
+        rows.iter().map(|r| {
+            [
+                r.bytes.to_string(),
+                opt(r.get, 3),
+                opt(r.put, 3),
+                opt(r.coop, 3),
+                opt(r.auto, 3),
+                opt(r.split, 3),
+                opt(r.best(), 3),
+                opt(r.auto_vs_best(), 3),
+            ]
+        }),
+    )
 }
 
 #[cfg(test)]

@@ -11,8 +11,6 @@
 //! right behind the unpacking, beside the interior's tail rather than after it.
 
 use std::fmt::Write as _;
-use std::fs::OpenOptions;
-use std::io::Write as _;
 use std::mem::size_of;
 use std::time::{Duration, Instant};
 
@@ -692,34 +690,20 @@ impl Setup<'_> {
         }
     }
 
-    /// Appends one row (header first when the file is new).
+    /// Appends one row of `--csv` output (header first when the file is new).
     fn csv_row(&self, metric: &str, value: f64) {
         let Some(path) = &self.o.csv else { return };
-        let fresh = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
-        let mut f = match OpenOptions::new().create(true).append(true).open(path) {
-            Ok(f) => f,
-            Err(e) => {
-                eprintln!("stencil2d: cannot write {path}: {e}");
-                return;
-            }
-        };
-        let mut row = String::new();
-        if fresh {
-            row.push_str("bench,mode,precision,ranks,size,halo,metric,value\n");
-        }
-        let _ = writeln!(
-            row,
-            "{},{},{},{},{},{},{metric},{value}",
-            self.bench(),
-            self.o.mode.name(),
-            self.precision,
-            self.ranks,
-            self.size(),
-            self.d.halo
-        );
-        if let Err(e) = f.write_all(row.as_bytes()) {
-            eprintln!("stencil2d: cannot write {path}: {e}");
-        }
+        let record = [
+            self.bench().to_string(),
+            self.o.mode.name().to_string(),
+            self.precision.to_string(),
+            self.ranks.to_string(),
+            self.size().to_string(),
+            self.d.halo.to_string(),
+            metric.to_string(),
+            value.to_string(),
+        ];
+        crate::append_csv(path, crate::report::STENCIL_HEADER, &record.each_ref().map(String::as_str));
     }
 }
 

@@ -6,7 +6,7 @@
 //! for 8 B on 2x H200, most of an 8 B ping-pong leg. A kernel launched per copy is slower
 //! still (`cuLaunchKernel` alone costs 3 us). The server needs no driver call per copy: the
 //! host writes a descriptor into pinned memory that the resident block polls, and polls a
-//! completion word the block stores after the copy (`bench/src/bin/server_probe.rs`: 3.1 us
+//! completion word the block stores after the copy (`lab/src/bin/server_probe.rs`: 3.1 us
 //! for 8 B within one H200 where the engine took 11.4).
 //!
 //! Protocol, all in one pinned host allocation:

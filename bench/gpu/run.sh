@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# gpulmt's GPU harness: the reference measurements and checks of one host in one call, so
+# that every number is reported as a ratio to a ceiling measured beside it.
+#
+# Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks OUTDIR
+# Modes:
+#   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
+#            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
+#            ping-pong) and osu_latency / osu_bw / osu_bibw per protocol, the handle cache
+#            on and off, split copies, the SHM fallback per chunk size, and the 8 B D D
+#            latency five more times, each beside the floor
+#   stencil  Stencil2D: bit-identical checks, then staged / inter-k / inter-k-overlap on 2
+#            and 4 ranks, both precisions, halo 1 and 4, and compute alone (1 rank)
+#   shim     the PMPI shim under mpirun on an application's cudaMalloc buffers: p2p.c's
+#            semantic checks (2 and 4 ranks), cuda_osu (bandwidth, latency, byte checks),
+#            host latency with and without the shim, gpulmt's own osu_bw beside it
+#   checks   correctness: every protocol x placement x size byte for byte, ranks sharing a
+#            GPU, all-to-all, two-phase free, the handle cache, truncation, the C ABI,
+#            peer death, and the CUDA backend's GPU unit tests
+#   full     all four, then bench-report and OUTDIR.tgz (about 8 minutes on 2x H200)
+# Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
+#
+# One GPU or two: with one, the ranks share it, and MPS is started first (without it the
+# driver time-slices the ranks' contexts); with two, MPS runs for Stencil2D's 4 ranks only.
+# GPULMT_DEVICE=sim runs what needs no GPU on simulated devices and says what it skips (the
+# anchors and the shim's CUDA programs need nvcc). Settings: BIN (binaries, default
+# .gpu/bin), MAX (largest message, default 1G), CHECK_SIZES (the checks' ping-pong sizes),
+# STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200).
+set -uo pipefail
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks OUTDIR}
+case $mode in full | osu | stencil | shim | checks) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim or checks" >&2
+  exit 2
+  ;;
+esac
+source "$(dirname "$0")/preamble.sh" "${2:?usage: bash bench/gpu/run.sh $mode OUTDIR}"
+run="$bin/gpulmt-run -n 2 --timeout 240 --"
+mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+tools=.gpu/tools
+skip() { log "skipped: $*"; echo "$*" >> "$out/skipped.txt"; }
+
+# Bytes of a size like 64K or 1G.
+bytes() {
+  local n=${1%[KMG]}
+  case $1 in *K) echo $((n << 10)) ;; *M) echo $((n << 20)) ;; *G) echo $((n << 30)) ;; *) echo "$n" ;; esac
+}
+max=$(bytes "${MAX:-1G}")
+# The smaller of a size and MAX, in bytes.
+upto() { local b; b=$(bytes "$1"); echo $((b < max ? b : max)); }
+
+host_info() {
+  if on_gpu; then
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$out/host.txt" 2>&1
+    nvidia-smi topo -m >> "$out/host.txt" 2>&1
+  else
+    echo "sim devices (GPULMT_DEVICE=sim), $(nproc) CPUs" > "$out/host.txt"
+  fi
+}
+
+ceilings() {
+  if ! on_gpu; then
+    skip "anchors and staged_mpi: they measure GPUs (sim here)"
+  elif ! have_nvcc; then
+    skip "anchors and staged_mpi: nvcc not found (they are CUDA programs built here)"
+  elif [ ! -d "$tools" ]; then
+    skip "anchors and staged_mpi: $tools missing (bench/gpu/prepare.sh copies ../shared/device there)"
+  else
+    log anchors
+    bash $tools/anchors.sh "$max" > "$out/anchors.csv" 2> "$out/anchors.err"
+    log staged_mpi
+    bash $tools/staged_mpi.sh "$(upto 64M)" > "$out/staged_mpi.csv" 2> "$out/staged_mpi.err"
+  fi
+  if command -v mpicc >/dev/null 2>&1; then
+    log mpi_sm
+    mpicc -O2 bench/anchors/mpi_pingpong.c -o /tmp/mpi_pingpong \
+      && $mpirun -np 2 /tmp/mpi_pingpong 8192 100000 > "$out/mpi_sm.csv" 2>&1
+  else
+    skip "mpi_sm: mpicc not found (Open MPI's shared-memory latency, the H H anchor)"
+  fi
+  if [ -x "$bin/copy_pingpong" ]; then
+    log copy_pingpong
+    $bin/copy_pingpong -m 1:64K -i 20000 > "$out/copy_pingpong.csv" 2>> "$out/log.txt"
+  else
+    skip "copy_pingpong: $bin/copy_pingpong missing (the lab's floor; prepare.sh builds it)"
+  fi
+}
+
+osu() {
+  ceilings
+  local csv="$out/gpulmt.csv" p w c
+  rm -f "$csv"
+  log latency
+  $run $bin/osu_latency -m "0:$max" --csv "$csv" D D
+  for p in get put coop; do $run $bin/osu_latency -m "1:$(upto 64M)" --csv "$csv" --protocol $p D D; done
+  $run $bin/osu_latency -m 0:8K -i 100000 --csv "$csv" H H
+  log bandwidth per protocol
+  for p in auto get put coop; do $run $bin/osu_bw -m "64K:$max" --csv "$csv" --stats --protocol $p D D; done
+  log bibw per protocol
+  for p in auto get put coop; do $run $bin/osu_bibw -m "64K:$max" --csv "$csv" --protocol $p D D; done
+  log handle cache: osu_bw 1 MiB with and without the cache, windows 64 and 1
+  for w in 64 1; do
+    for c in 1 0; do
+      GPULMT_HANDLE_CACHE=$c $run $bin/osu_bw -m 1M:1M -W $w -i 200 --stats D D > /tmp/cache.txt 2>&1
+      # Both ranks' counters: GET opens on the receiver, PUT and COOPERATE on the sender.
+      echo "cache=$c window=$w $(grep -E '^1048576' /tmp/cache.txt | tr -s ' ') $(grep -E 'rank [01] ' /tmp/cache.txt | grep -o 'rank [01] .*cache hits.*open_ms=[0-9.]*' | tr '\n' ' ')"
+    done
+  done | tee "$out/cache.txt"
+  log split copies over lanes
+  GPULMT_COPY_SPLIT=16M GPULMT_LANES=4 $run $bin/osu_bw -m "1M:$max" --csv "$out/split.csv" --protocol get D D
+  log shm fallback
+  $run $bin/osu_bw -m "64K:$(upto 256M)" --large-budget 2G --csv "$csv" --protocol shm D D
+  for c in 512K 2M 4M; do
+    GPULMT_CHUNK_SIZE=$c $run $bin/osu_bw -m "$(upto 4M):$(upto 256M)" --large-budget 2G --csv "$out/shm_chunk_$c.csv" \
+      --protocol shm D D
+  done
+  log 8 B latency, five more runs, each beside the floor
+  for _ in 1 2 3 4 5; do
+    [ -x "$bin/copy_pingpong" ] && $bin/copy_pingpong -m 8:8 -i 20000 2>> "$out/log.txt" | tail -n +2 >> "$out/floor8.csv"
+    $bin/gpulmt-run -n 2 --timeout 60 -- $bin/osu_latency -m 8:8 -i 20000 --csv "$out/lat8.csv" D D > /dev/null 2>> "$out/log.txt"
+  done
+}
+
+stencil() {
+  local csv="$out/stencil.csv" iters=${STENCIL_ITERS:-200} sizes=${STENCIL_SIZES:-2048 4096 8192} n m p s h
+  one() {
+    n=$1
+    shift
+    $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" > /tmp/stencil.txt 2>&1 \
+      || { log "stencil2d FAILED: -n $n $*"; tail -3 /tmp/stencil.txt >&2; }
+  }
+  # The 4-rank jobs put two ranks on a GPU (all of them on one): MPS lets them run at once.
+  MPS=1 start_mps
+  echo "mps=$mps" > "$out/stencil_env.txt"
+  log stencil2d checks: bit-identical to the single-rank CPU reference
+  for n in 2 4; do for m in staged inter-k inter-k-overlap; do for p in single double; do
+    one "$n" --size 512 --iters 20 --halo 4 --mode "$m" --precision "$p" --check --csv "$out/stencil_check.csv"
+  done; done; done
+  log stencil2d table
+  for n in 2 4; do for p in single double; do for s in $sizes; do for h in 1 4; do
+    for m in staged inter-k inter-k-overlap; do
+      one "$n" --size "$s" --halo "$h" --precision "$p" --mode "$m" --iters "$iters" --csv "$csv"
+    done
+  done; done; done; done
+  # Compute alone (one rank, no neighbours) at 4096² (or the first size): what the
+  # overlapped exchange is measured against.
+  local alone=4096
+  case " $sizes " in *" 4096 "*) ;; *) alone=${sizes%% *} ;; esac
+  for p in single double; do for h in 1 4; do
+    one 1 --size "$alone" --halo "$h" --precision "$p" --mode inter-k --iters "$iters" --csv "$csv"
+  done; done
+  [ "$(gpu_count)" -ge 2 ] && stop_mps
+}
+
+shim() {
+  local cuda=${CUDA_HOME:-/usr/local/cuda} np i
+  if ! on_gpu; then
+    skip "shim: its programs use cudaMalloc buffers (sim here; the shim's sim tests run in .ci/run)"
+    return
+  elif ! have_nvcc || ! command -v mpicc >/dev/null 2>&1; then
+    skip "shim: needs the CUDA toolkit and mpicc to build its programs"
+    return
+  fi
+  local shim="-x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda"
+  mpicc -O2 -DP2P_CUDA_MALLOC -I$cuda/include -Iffi/shim/include ffi/shim/tests/c/p2p.c -L$cuda/lib64 -lcudart \
+    -Wl,-rpath,$cuda/lib64 -o /tmp/p2p_cuda
+  build_cuda_osu
+  mpicc -O2 bench/anchors/mpi_pingpong.c -o /tmp/mpi_pingpong
+  log shim: p2p semantics on cudaMalloc buffers
+  for np in 2 4; do
+    timeout 180 $mpirun -np $np $shim /tmp/p2p_cuda > "$out/shim_p2p_np$np.txt" 2>&1
+    echo "p2p_cuda_malloc,np=$np,rc=$?,$(grep -c ' ok checks' "$out/shim_p2p_np$np.txt") ranks ok" | tee -a "$out/shim_log.txt"
+  done
+  timeout 180 $mpirun -np 4 $shim -x GPULMT_HANDLE_CACHE=0 /tmp/p2p_cuda > "$out/shim_p2p_np4_nocache.txt" 2>&1
+  echo "p2p_cuda_malloc,np=4 handle cache off,rc=$?" | tee -a "$out/shim_log.txt"
+  grep FAIL "$out/shim_p2p_np4_nocache.txt" | tee -a "$out/shim_log.txt"
+  log shim: cuda_osu, and host latency with and without the shim
+  timeout 240 $mpirun -np 2 $shim /tmp/cuda_osu > "$out/shim_cuda_osu.csv" 2> "$out/shim_cuda_osu.err"
+  echo "cuda_osu,rc=$?" | tee -a "$out/shim_log.txt"
+  for i in 1 2 3; do
+    timeout 60 $mpirun -np 2 /tmp/cuda_osu host >> "$out/host_latency.csv" 2>&1
+    timeout 60 $mpirun -np 2 $shim /tmp/cuda_osu host | sed 's/^cuda_osu/cuda_osu_shim/' >> "$out/host_latency.csv" 2>&1
+  done
+  log shim: gpulmt\'s own osu_bw in the same call
+  $bin/gpulmt-run -n 2 --timeout 120 -- $bin/osu_bw -m "1M:$(upto 256M)" --csv "$out/gpulmt_bw.csv" D D > /dev/null 2>&1
+}
+
+checks() {
+  local sizes=${CHECK_SIZES:-0,1,7,4095,4096,65537,1048576,4194304,67108864,1073741824} p pl
+  check() {
+    local name=$1
+    shift
+    if "$@" > /tmp/chk.txt 2>&1; then
+      echo "$name,ok,$(grep -o 'protocols.*' /tmp/chk.txt | head -1 | tr ',' ' ')"
+    else
+      echo "$name,FAIL"
+      tail -5 /tmp/chk.txt
+    fi
+  }
+  for p in auto get put coop shm; do
+    for pl in "D D" "D H" "H D" "H H"; do
+      check "pingpong,$p,$pl" env GPULMT_PROTOCOL=$p $run $bin/gpulmt-check pingpong --placement "$pl" --sizes "$sizes" --offset 4096
+    done
+  done
+  for p in get put coop shm; do
+    check "same_gpu_pingpong,$p,D D" env GPULMT_GPU=0 GPULMT_PROTOCOL=$p $run $bin/gpulmt-check pingpong \
+      --placement "D D" --sizes 1,65537,4194304,67108864 --offset 4096
+  done
+  check same_device_3ranks env GPULMT_GPU=0 $bin/gpulmt-run -n 3 --timeout 120 -- $bin/gpulmt-check same-device
+  check alltoall_4ranks $bin/gpulmt-run -n 4 --timeout 120 -- $bin/gpulmt-check alltoall --iters 4
+  check free_4ranks $bin/gpulmt-run -n 4 --timeout 120 -- $bin/gpulmt-check free --rounds 3 --fresh-open
+  check cache_64_in_flight $run $bin/gpulmt-check cache
+  for pl in "D D" "H D" "D H"; do check "truncate $pl" $run $bin/gpulmt-check truncate --placement "$pl"; done
+  if [ -x "$bin/c_host" ]; then
+    check c_abi_plugin_host_all_protocols $bin/c_host get put coop shm auto
+    check c_abi_plugin_host_rings_all_protocols env GPULMT_HOST_RINGS=1 $bin/c_host get put coop shm auto
+    check c_abi_endpoint_pingpong_device $run $bin/c_pingpong device 50 1 8 65536 4194304 67108864
+  fi
+  $bin/gpulmt-run -n 2 --timeout 60 -- $bin/gpulmt-check die --when mid --how kill --placement "D D" > /tmp/chk.txt 2>&1
+  if grep -q survivor-ok /tmp/chk.txt; then echo "peer_death_mid_transfer,ok"; else
+    echo "peer_death_mid_transfer,FAIL"
+    tail -5 /tmp/chk.txt
+  fi
+  if on_gpu && [ -x "$bin/gpulmt-unit" ]; then
+    if $bin/gpulmt-unit --ignored --test-threads=1 device::cuda > "$out/unit.txt" 2>&1; then
+      echo "cuda_unit_tests,ok,$(grep -o '[0-9]* passed' "$out/unit.txt" | tail -1)"
+    else
+      echo "cuda_unit_tests,FAIL"
+      tail -5 "$out/unit.txt"
+    fi
+  fi
+}
+
+report() {
+  if [ -f "$out/gpulmt.csv" ] || [ -f "$out/stencil.csv" ]; then
+    log report
+    $bin/bench-report "$out" > "$out/report.md" 2>> "$out/log.txt"
+  fi
+}
+
+host_info
+# Ranks sharing the one GPU need MPS to run at once.
+if on_gpu && [ "$(gpu_count)" -lt 2 ]; then MPS=1 start_mps; fi
+case $mode in
+  osu | stencil | shim) "$mode" ;;
+  checks)
+    log checks
+    checks | tee "$out/check.csv"
+    ;;
+  full)
+    osu
+    stencil
+    shim
+    log checks
+    checks > "$out/check.csv"
+    ;;
+esac
+if [ -f "$out/check.csv" ]; then
+  echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
+fi
+[ "$mode" = checks ] || report
+stop_mps
+if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
+log done
+! grep -q ',FAIL' "$out/check.csv" 2>/dev/null
