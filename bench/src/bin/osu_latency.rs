@@ -36,13 +36,15 @@ unsafe fn round_trip<const STAMP: bool>(
     let now = || if STAMP { now_ns() } else { 0 };
     t[0] = now();
     let send = |ctx: &mut Context, b: &Buffer, posted: &mut u64, done: &mut u64| {
-        let s = or_die(ctx.isend(b.ptr as *const u8, size, peer, tag), "isend");
+        // SAFETY: the caller's buffers hold `size` bytes and outlive the call; we wait here.
+        let s = or_die(unsafe { ctx.isend(b.ptr as *const u8, size, peer, tag) }, "isend");
         *posted = now();
         or_die(ctx.wait(s), "send");
         *done = now();
     };
     let recv = |ctx: &mut Context, posted: &mut u64, done: &mut u64| {
-        let r = or_die(ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(tag)), "irecv");
+        // SAFETY: as for the send.
+        let r = or_die(unsafe { ctx.irecv(rbuf.ptr as *mut u8, size, Some(peer), Some(tag)) }, "irecv");
         *posted = now();
         or_die(ctx.wait(r), "recv");
         *done = now();
@@ -122,13 +124,14 @@ fn main() {
                 if i == warm {
                     t0 = Instant::now();
                 }
-                // SAFETY: the buffers hold the largest size and live until the end.
                 if anatomy {
+                    // SAFETY: the buffers hold the largest size and live until the end.
                     let t = unsafe { round_trip::<true>(ctx, me, sbuf, rbuf, sbuf, size, 1) };
                     if i >= warm {
                         stamps.push(t);
                     }
                 } else {
+                    // SAFETY: as above.
                     unsafe { round_trip::<false>(ctx, me, sbuf, rbuf, sbuf, size, 1) };
                 }
             }

@@ -285,7 +285,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 fn variant(b: &CudaBackend, name: &str, s: &mut Server, engine: u32, dst: usize, src: usize, len: usize, seed: u8) {
     let want = pattern(seed, len);
     let zero = vec![0u8; len];
-    // SAFETY (every backend copy of this function): main passes `src` and `dst` as device
+    // SAFETY: (every backend copy of this function) main passes `src` and `dst` as device
     // allocations of `b` of at least `len` bytes, alive for the whole run, and every copy is
     // waited for before the next touches them.
     unsafe {
