@@ -174,6 +174,15 @@ shim() {
   timeout 180 $mpirun -np 4 $shim -x GPULMT_HANDLE_CACHE=0 /tmp/p2p_cuda > "$out/shim_p2p_np4_nocache.txt" 2>&1
   echo "p2p_cuda_malloc,np=4 handle cache off,rc=$?" | tee -a "$out/shim_log.txt"
   grep FAIL "$out/shim_p2p_np4_nocache.txt" | tee -a "$out/shim_log.txt"
+  log shim: every collective and the barrier on gpulmt_mpi_alloc buffers \(CUDA memory here\)
+  mpicc -O2 -Iffi/shim/include ffi/shim/tests/c/coll.c -o /tmp/shim_coll
+  mpicc -O2 -Iffi/shim/include ffi/shim/tests/c/barrier.c -o /tmp/shim_barrier
+  for np in 2 4; do
+    for prog in coll barrier; do
+      timeout 180 $mpirun -np $np $shim /tmp/shim_$prog > "$out/shim_${prog}_np$np.txt" 2>&1
+      echo "shim_$prog,np=$np,rc=$?,$(grep -c ' ok' "$out/shim_${prog}_np$np.txt") ok lines" | tee -a "$out/shim_log.txt"
+    done
+  done
   log shim: cuda_osu, and host latency with and without the shim
   timeout 240 $mpirun -np 2 $shim /tmp/cuda_osu > "$out/shim_cuda_osu.csv" 2> "$out/shim_cuda_osu.err"
   echo "cuda_osu,rc=$?" | tee -a "$out/shim_log.txt"
