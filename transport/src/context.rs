@@ -568,9 +568,10 @@ impl Context {
         }
         let ptr = buf as usize;
         // Export only buffers that PUT/COOPERATE could write: rendezvous sized, from a
-        // sender that may be on this node (no IPC region ever goes to another node).
+        // sender that may be another rank of this node (no IPC region ever goes to another
+        // node, and a self copy needs none).
         let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit)
-            && src.is_none_or(|s| self.topo.on_node(s));
+            && src.map_or(self.topo.local_size() > 1, |s| self.topo.on_node(s));
         let info = self.classify(ptr, len)?;
         anatomy::mark(Point::Probe, probe::RECV_CLASSIFIED);
         let kind = info.kind;
