@@ -790,11 +790,12 @@ impl Drop for Context {
         self.wait_copies_in_flight();
         if !self.finalized {
             // Dropped without finalize (panic, early return): tell peers at once so
-            // they fail their transfers with us instead of waiting, and end the internode
-            // transfers on buffers that may go with us.
+            // they fail their transfers with us instead of waiting.
             self.seg.mark_state(self.info.rank as usize, RankState::Failed);
             let _ = self.cache.close_all();
-            let _ = self.shutdown_offnode(Instant::now());
         }
+        // Internode transfers on buffers that may go with us end now (if a finalize that
+        // failed early has not stopped the path already).
+        let _ = self.shutdown_offnode(Instant::now());
     }
 }
