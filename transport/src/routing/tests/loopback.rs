@@ -192,6 +192,9 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn every_placement_and_size_crosses_the_loopback_path_byte_for_byte() {
     let ([p0, p1], wire) = LoopbackPath::pair();
     let mut ctxs = [two_nodes(0, Some(p0)), two_nodes(1, Some(p1))];
+    // Pseudo-nodes of one host: separate LMT jobs, and node ids that no region matches.
+    assert_ne!(ctxs[0].node_job().job, ctxs[1].node_job().job);
+    assert_ne!(ctxs[0].node, ctxs[1].node);
     let sizes = [0usize, 1, 4095, 8192, 8193, 65537, 1 << 20];
     for (send_dev, recv_dev) in [(false, false), (true, false), (false, true), (true, true)] {
         for (k, &len) in sizes.iter().enumerate() {
