@@ -5,7 +5,7 @@
 //! A context spans every rank of its job ([`Topology`]): ranks in the API are job ranks.
 //! The ranks of its node share its LMT job (shared-memory segment, rings, staging, IPC),
 //! addressed by local index; ranks of other nodes are reached through an
-//! [`OffNodePath`] ([`crate::routing`]).
+//! [`OffNodePath`] (`routing.rs`).
 //!
 //! A context is driven by its owner's thread: progress happens inside `test`,
 //! `wait`, `progress` and the other calls (like MPI_THREAD_FUNNELED). The I/O that

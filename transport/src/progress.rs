@@ -4,7 +4,7 @@
 //!
 //! The engine speaks job ranks; the rings, staging areas and rank table of the node's
 //! segment are indexed by local index ([`crate::topology`]). Packets and transfers for
-//! ranks of other nodes go to the internode path ([`crate::routing`]).
+//! ranks of other nodes go to the internode path (`routing.rs`).
 
 use std::collections::VecDeque;
 use std::time::Instant;
