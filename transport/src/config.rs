@@ -84,6 +84,7 @@ pub struct Config {
     pub copy_priority: CopyPriority,
     pub copy_server_max: u64,
     pub copy_server_idle: Duration,
+    pub pseudo_nodes: u32,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -226,6 +227,7 @@ impl Config {
             },
             copy_server_max: r.size("GPULMT_COPY_SERVER_MAX")?,
             copy_server_idle: r.duration("GPULMT_COPY_SERVER_IDLE_US")?,
+            pseudo_nodes: r.count("GPULMT_PSEUDO_NODES")?,
         };
         if c.device_eager_limit > c.eager_limit {
             return Err(ConfigError {

@@ -346,6 +346,18 @@ pub const VARIABLES: &[Variable] = &[
                   find where a small message's latency goes.",
     },
     Variable {
+        name: "GPULMT_PSEUDO_NODES",
+        kind: Kind::Count { min: 1, max: 1024, power_of_two: false },
+        default: Text("1"),
+        class: Diagnostic,
+        meaning: "A test setting for jobs started by `mpirun` (`gpulmt::mpi::init_from_mpi`): split the ranks of \
+                  each host into this many nodes, contiguous groups by their index on the host (3 ranks in 2: \
+                  {0, 1} and {2}). Ranks of different groups share no shared memory and no IPC handle: \
+                  everything between them takes the internode path, so that one machine exercises it. From 1 \
+                  to the ranks of the smallest host; a job started by `gpulmt-run` is one node and refuses \
+                  more than 1.",
+    },
+    Variable {
         name: "GPULMT_SIM_DEVICES",
         kind: Kind::Count { min: 1, max: 1024, power_of_two: false },
         default: Text("2"),
