@@ -205,7 +205,9 @@ fn eager_messages_to_another_node_take_the_path_in_order() {
     let (mut ctx, script) = scripted();
     let a = b"first message".to_vec();
     let b = vec![7u8; 3000];
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s1 = unsafe { ctx.isend(a.as_ptr(), a.len(), 1, 5) }.unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s2 = unsafe { ctx.isend(b.as_ptr(), b.len(), 1, 6) }.unwrap();
     assert_eq!(ctx.wait(s1).unwrap().source, 1);
     ctx.wait(s2).unwrap();
@@ -220,7 +222,9 @@ fn eager_messages_to_another_node_take_the_path_in_order() {
     // A device payload is staged to the host and travels in the packet as well.
     let dev = ctx.mem_alloc(100).unwrap();
     let data: Vec<u8> = (0..100).collect();
+    // SAFETY: both ranges lie in this test's live allocations of at least that length.
     unsafe { ctx.copy_sync(dev, data.as_ptr() as usize, 100) }.unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s = unsafe { ctx.isend(dev as *const u8, 100, 1, 7) }.unwrap();
     ctx.wait(s).unwrap();
     assert!(
@@ -235,6 +239,7 @@ fn backpressure_keeps_posts_in_order_until_the_path_has_room() {
     let (mut ctx, script) = scripted();
     script.with(|s| s.full = true);
     let msgs: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 10 + i as usize]).collect();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let reqs: Vec<_> = msgs.iter().map(|m| unsafe { ctx.isend(m.as_ptr(), m.len(), 1, 9) }.unwrap()).collect();
     ctx.progress().unwrap();
     assert!(script.with(|s| s.took.is_empty()));
@@ -269,10 +274,12 @@ fn inbound_packets_reach_the_engine_as_the_peer_rank() {
     assert_eq!(&host[..7], b"to host");
     // An eager payload for a device buffer is copied into it.
     let dev = ctx.mem_alloc(64).unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctx.irecv(dev as *mut u8, 64, None, None) }.unwrap();
     let st = ctx.wait(r).unwrap();
     assert_eq!((st.source, st.len), (1, 64));
     let mut back = [0u8; 64];
+    // SAFETY: both ranges lie in this test's live allocations of at least that length.
     unsafe { ctx.copy_sync(back.as_mut_ptr() as usize, dev, 64) }.unwrap();
     assert_eq!(back, [9u8; 64]);
 
@@ -297,6 +304,7 @@ fn a_rendezvous_from_another_node_posts_the_receive_before_the_cts() {
     let len = 1 << 20;
     let msg = script.with(|s| s.rts_from_peer(4, len as u64));
     let mut buf = vec![0u8; len + 10];
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctx.irecv(buf.as_mut_ptr(), buf.len(), Some(1), Some(4)) }.unwrap();
     ctx.progress().unwrap();
     let took = script.with(|s| s.took.clone());
@@ -311,6 +319,7 @@ fn a_rendezvous_from_another_node_posts_the_receive_before_the_cts() {
     );
     assert_eq!(ctx.test(&r).unwrap(), None, "not complete before the path reports the transfer");
     // The "network" writes the data, then reports the transfer done.
+    // SAFETY: both ranges lie in this test's live allocations of at least that length.
     unsafe { std::ptr::write_bytes(recv.buf as *mut u8, 0x5a, len) };
     script.with(|s| s.done.push_back((recv.id, Ok(()))));
     let st = ctx.wait(r).unwrap();
@@ -325,6 +334,7 @@ fn a_rendezvous_to_another_node_sends_the_request_buffer_without_a_region() {
     let (mut ctx, script) = scripted();
     let len = 256 << 10;
     let dev = ctx.mem_alloc(len).unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s = unsafe { ctx.isend(dev as *const u8, len, 1, 8) }.unwrap();
     ctx.progress().unwrap();
     let Some(Packet::Rts { msg, tag: 8, len: l, src: MemDesc::Net }) = script.with(|s| s.ctrl()).pop() else {
@@ -342,6 +352,7 @@ fn a_rendezvous_to_another_node_sends_the_request_buffer_without_a_region() {
     assert_eq!(ctx.wait(s).unwrap().len, len as u64);
 
     // A transfer that fails on the network fails its request.
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s = unsafe { ctx.isend(dev as *const u8, len, 1, 8) }.unwrap();
     ctx.progress().unwrap();
     let Some(Packet::Rts { msg, .. }) = script.with(|s| s.ctrl()).pop() else { panic!("no RTS") };
@@ -364,6 +375,7 @@ fn a_waiting_receive_and_its_cts_stay_behind_backpressure_and_a_cancel_ends_them
     script.with(|s| s.full = true);
     let msg = script.with(|s| s.rts_from_peer(2, 100_000));
     let mut buf = vec![0u8; 100_000];
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctx.irecv(buf.as_mut_ptr(), buf.len(), Some(1), Some(2)) }.unwrap();
     ctx.progress().unwrap();
     assert!(script.with(|s| s.took.is_empty()));
@@ -384,6 +396,7 @@ fn a_waiting_receive_and_its_cts_stay_behind_backpressure_and_a_cancel_ends_them
         s.full = true;
         s.rts_from_peer(2, 100_000);
     });
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctx.irecv(buf.as_mut_ptr(), buf.len(), Some(1), Some(2)) }.unwrap();
     ctx.progress().unwrap();
     script.with(|s| s.failed.push(1));
@@ -401,11 +414,13 @@ fn a_transfer_the_path_took_is_cancelled_when_its_peer_fails() {
     let (mut ctx, script) = scripted();
     script.with(|s| s.rts_from_peer(2, 100_000));
     let mut buf = vec![0u8; 100_000];
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctx.irecv(buf.as_mut_ptr(), buf.len(), Some(1), Some(2)) }.unwrap();
     ctx.progress().unwrap();
     let Some(Took::Recv(recv)) = script.with(|s| s.took.first().cloned()) else { panic!("no receive posted") };
     // A receive from the failed rank that has not matched fails at once.
     let mut other = [0u8; 4];
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let pending = unsafe { ctx.irecv(other.as_mut_ptr(), 4, Some(1), Some(3)) }.unwrap();
     script.with(|s| s.failed.push(1));
     assert!(matches!(ctx.wait(pending).unwrap_err().as_transfer(), Some(ProtoError::PeerFailed { rank: 1 })));
@@ -422,12 +437,16 @@ fn a_path_that_goes_down_makes_other_nodes_unreachable_with_its_reason() {
     let (mut ctx, script) = scripted();
     script.with(|s| s.refuse = Some(NetError::Down("the proxy thread exited".into())));
     let mut byte = [0u8; 1];
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctx.irecv(byte.as_mut_ptr(), 1, Some(1), Some(1)) }.unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s = unsafe { ctx.isend(byte.as_ptr(), 1, 1, 1) }.unwrap();
     ctx.wait(s).unwrap();
     assert!(matches!(ctx.wait(r).unwrap_err().as_transfer(), Some(ProtoError::PeerFailed { rank: 1 })));
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let e = unsafe { ctx.isend(byte.as_ptr(), 1, 1, 1) }.unwrap_err();
     assert!(e.to_string().contains("the proxy thread exited"), "{e}");
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     assert!(unsafe { ctx.irecv(byte.as_mut_ptr(), 1, Some(1), None) }.is_err());
     finish(ctx);
 }
@@ -437,20 +456,24 @@ fn without_a_path_other_nodes_fail_at_once_and_finalize_needs_only_the_node() {
     let mut ctx = two_nodes(0, None);
     assert!(ctx.topology().on_node(0) && !ctx.topology().on_node(1));
     let mut byte = [0u8; 1];
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let e = unsafe { ctx.isend(byte.as_ptr(), 1, 1, 0) }.unwrap_err();
     assert!(
         matches!(&e, Error::Transfer(ProtoError::Unsupported { what }) if what.contains("rank 1 runs on another node")
         && what.contains("without an internode path")),
         "{e}"
     );
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     assert!(unsafe { ctx.irecv(byte.as_mut_ptr(), 1, Some(1), None) }.is_err());
     assert!(ctx.barrier().is_err(), "a job-wide barrier needs the other node");
     // This node's traffic is unaffected.
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctx.irecv(byte.as_mut_ptr(), 1, None, None) }.unwrap();
     ctx.send(&[42], 0, 3).unwrap();
     assert_eq!(ctx.wait(r).unwrap().source, 0);
     assert_eq!(byte, [42]);
     ctx.set_offnode_absent("internode path not built yet");
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let e = unsafe { ctx.isend(byte.as_ptr(), 1, 1, 0) }.unwrap_err();
     assert!(e.to_string().contains("internode path not built yet"), "{e}");
     ctx.finalize().unwrap();

@@ -50,6 +50,7 @@ impl Wire {
             // SAFETY: both buffers are valid until their transfers are reported done (the
             // post_* contracts), which is below; they belong to different requests. Sim
             // device memory is shared memory mapped into this process, so host copies reach it.
+            // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
             unsafe { std::ptr::copy_nonoverlapping(send.buf as *const u8, recv.buf as *mut u8, send.len) };
             self.done[send.at as usize].push((send.id, Ok(())));
             self.done[recv.at as usize].push((recv.id, Ok(())));
@@ -205,13 +206,17 @@ fn every_placement_and_size_crosses_the_loopback_path_byte_for_byte() {
             // One byte more than sent, at an offset, to see that nothing lands outside.
             let (dst, _keep_dst) = buffer(&mut ctxs[1], recv_dev, len + 2);
             let fence = vec![0xeeu8; len + 2];
+            // SAFETY: both ranges lie in this test's live allocations of at least that length.
             unsafe { ctxs[1].copy_sync(dst, fence.as_ptr() as usize, len + 2) }.unwrap();
             let tag = k as i32;
+            // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
             let r = unsafe { ctxs[1].irecv((dst + 1) as *mut u8, len + 1, None, Some(tag)) }.unwrap();
+            // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
             let s = unsafe { ctxs[0].isend(src as *const u8, len, 1, tag) }.unwrap();
             let [_, got] = drive(&mut ctxs, [vec![s], vec![r]]);
             assert_eq!((got[0].source, got[0].tag, got[0].len), (0, tag, len as u64));
             let mut back = vec![0u8; len + 2];
+            // SAFETY: both ranges lie in this test's live allocations of at least that length.
             unsafe { ctxs[1].copy_sync(back.as_mut_ptr() as usize, dst, len + 2) }.unwrap();
             let where_ =
                 format!("{} -> {}, {len} bytes", if send_dev { "D" } else { "H" }, if recv_dev { "D" } else { "H" });
@@ -235,17 +240,23 @@ fn wildcard_receives_keep_each_senders_order_across_eager_and_rendezvous() {
     let mut ctxs = [two_nodes(0, Some(p0)), two_nodes(1, Some(p1))];
     // A rendezvous, then an eager message, with one tag: the first receive gets the first.
     let (big, small) = (pattern(100_000, 1), pattern(100, 2));
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s1 = unsafe { ctxs[0].isend(big.as_ptr(), big.len(), 1, 3) }.unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s2 = unsafe { ctxs[0].isend(small.as_ptr(), small.len(), 1, 3) }.unwrap();
     let (mut a, mut b) = (vec![0u8; 100_000], vec![0u8; 100_000]);
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r1 = unsafe { ctxs[1].irecv(a.as_mut_ptr(), a.len(), None, None) }.unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r2 = unsafe { ctxs[1].irecv(b.as_mut_ptr(), b.len(), None, Some(3)) }.unwrap();
     let [_, got] = drive(&mut ctxs, [vec![s1, s2], vec![r1, r2]]);
     assert_eq!((got[0].source, got[0].len, got[1].len), (0, 100_000, 100));
     assert_eq!(a, big);
     assert_eq!(b[..100], small[..]);
     // Truncation: the receive is too small for the rendezvous.
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s = unsafe { ctxs[0].isend(big.as_ptr(), big.len(), 1, 4) }.unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let r = unsafe { ctxs[1].irecv(b.as_mut_ptr(), 10, Some(0), Some(4)) }.unwrap();
     let recvd = loop {
         ctxs[0].progress().unwrap();
@@ -274,6 +285,7 @@ fn two_threads_meet_in_job_wide_barriers_and_finalize() {
                     // A message each way between barriers, through the path.
                     let peer = 1 - me as Rank;
                     let mut got = [0u8; 1];
+                    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
                     let r = unsafe { ctx.irecv(got.as_mut_ptr(), 1, Some(peer), Some(1)) }.unwrap();
                     ctx.send(&[round], peer, 1).unwrap();
                     ctx.wait(r).unwrap();
