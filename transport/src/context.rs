@@ -27,7 +27,9 @@ use crate::memtype::HostRangeCache;
 use crate::progress::{CopyQueue, Stats};
 use crate::requests::RequestTable;
 use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
+use crate::shm::object::ShmError;
 use crate::shm::ring::PacketRing;
+use crate::shm::sweep::{self, Evidence};
 
 /// Tags at or above this value are reserved for gpulmt's own collectives.
 pub const TAG_UB: Tag = gpulmt_protocols::matching::RESERVED_TAG_BASE;
@@ -200,10 +202,13 @@ impl Context {
             depth: cfg.depth,
         };
         let seg = if info.rank == 0 {
-            JobSegment::create(&info.job, layout)?
+            create_segment(&info.job, layout)?
         } else {
             JobSegment::open(&info.job, cfg.init_timeout)?
         };
+        // Until every rank has mapped the segment, a failure of rank 0 must remove its
+        // name (nobody else would); afterwards the name is removed at once (below).
+        let named = NameGuard(if info.rank == 0 { Some(info.job.as_str()) } else { None });
         if seg.layout() != layout {
             return Err(Error::Bootstrap(format!(
                 "rank {} was configured with {:?} but the job uses {:?}: give every rank the same GPULMT_* settings",
@@ -213,12 +218,16 @@ impl Context {
             )));
         }
         let node = node_id();
-        seg.set_rank(info.rank as usize, std::process::id(), node, device);
         let me = info.rank as usize;
+        seg.claim_rank(me, std::process::id(), node, device)?;
         if let Err(e) = seg.barrier(me, cfg.init_timeout, || false) {
             seg.mark_state(me, RankState::Failed);
             return Err(e.into());
         }
+        // Every rank has mapped the segment: its name is not needed any more, and without
+        // it a job that dies from here on leaves nothing named behind, and nothing started
+        // later with this job's id can reach the segment.
+        drop(named);
         for r in 0..info.size as usize {
             if seg.rank_node(r) != node {
                 return Err(Error::Bootstrap(format!(
@@ -302,6 +311,13 @@ impl Context {
             capture: None,
             info,
         })
+    }
+
+    /// The job's shared-memory segment (its rings and staging), for tools and tests that
+    /// inject faults into it. Writing into it behind the context's back breaks the job.
+    #[doc(hidden)]
+    pub fn job_segment(&self) -> &JobSegment {
+        &self.seg
     }
 
     pub fn rank(&self) -> u32 {
@@ -731,11 +747,39 @@ impl Context {
                 tracing::warn!(error = %e, "freeing device memory at finalize");
             }
         }
-        if self.rank() == 0 {
-            // Every rank has mapped the segment; the name is no longer needed.
-            let _ = JobSegment::unlink(&self.info.job);
-        }
         Ok(())
+    }
+}
+
+/// Creates the job's segment (rank 0). First removes what dead jobs left in /dev/shm
+/// (their owners' locks prove them gone), including a leftover of this very job id.
+fn create_segment(job: &str, layout: JobLayout) -> Result<JobSegment> {
+    let removed = sweep::sweep(Evidence::Locks);
+    if removed > 0 {
+        tracing::info!(removed, "removed shared-memory objects that dead jobs left behind");
+    }
+    JobSegment::create(job, layout).map_err(|e| match e {
+        ShmError::Os { call: "shm_open", source, .. } if source.raw_os_error() == Some(libc::EEXIST) => {
+            Error::Bootstrap(format!(
+                "the job segment of job {job} already exists and a live process holds it: another job runs with this \
+                 GPULMT_JOB (start every job with its own id: gpulmt-run makes one), or a second rank 0 ({source})"
+            ))
+        }
+        e => e.into(),
+    })
+}
+
+/// Removes the job segment's name when dropped (rank 0 during init): on success once
+/// every rank has mapped it, on failure so that nothing is left behind.
+struct NameGuard<'a>(Option<&'a str>);
+
+impl Drop for NameGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(job) = self.0 {
+            if let Err(e) = JobSegment::unlink(job) {
+                tracing::warn!(error = %e, "removing the name of the job segment");
+            }
+        }
     }
 }
 
