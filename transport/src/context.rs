@@ -6,6 +6,8 @@
 //! `wait`, `progress` and the other calls (like MPI_THREAD_FUNNELED). The I/O that
 //! executes the protocol engine's actions lives in [`crate::progress`].
 
+mod live;
+
 use std::collections::VecDeque;
 
 // Request ids and buffer ids are ours: a fast hasher is safe on this hot path.
@@ -157,6 +159,8 @@ pub struct Context {
     /// Plugin mode: set while an LMT call wants its RTS/CTS handed back as a cookie
     /// for the host to carry, instead of sent.
     pub(crate) capture: Option<Option<Vec<u8>>>,
+    /// This process's claim of the rank (one live context per rank), released on drop.
+    _live: live::LiveClaim,
 }
 
 impl Context {
@@ -179,6 +183,7 @@ impl Context {
         info: JobInfo,
         channel: Option<crate::plugin::HostChannel>,
     ) -> Result<Context> {
+        let live = live::LiveClaim::take(&info)?;
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {
@@ -309,6 +314,7 @@ impl Context {
             finalized: false,
             channel,
             capture: None,
+            _live: live,
             info,
         })
     }
