@@ -7,6 +7,7 @@
 //! executes the protocol engine's actions lives in [`crate::progress`].
 
 mod live;
+mod released;
 
 use std::collections::VecDeque;
 
@@ -159,6 +160,8 @@ pub struct Context {
     /// Plugin mode: set while an LMT call wants its RTS/CTS handed back as a cookie
     /// for the host to carry, instead of sent.
     pub(crate) capture: Option<Option<Vec<u8>>>,
+    /// Every range `mem_alloc` returned, to refuse buffers in released device memory.
+    past_allocations: released::PastAllocations,
     /// This process's claim of the rank (one live context per rank), released on drop.
     _live: live::LiveClaim,
 }
@@ -314,6 +317,7 @@ impl Context {
             finalized: false,
             channel,
             capture: None,
+            past_allocations: Default::default(),
             _live: live,
             info,
         })
@@ -394,14 +398,24 @@ impl Context {
         Ok(desc)
     }
 
-    /// Classifies a user buffer, from the host-range cache when possible.
+    /// Classifies a user buffer, from the host-range cache when possible. Refuses a
+    /// range no buffer can have (NULL with bytes, beyond the address space or
+    /// `isize::MAX`), and one in device memory this context released.
     pub(crate) fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
+        if len > isize::MAX as usize || ptr.checked_add(len).is_none() || (ptr == 0 && len > 0) {
+            return Err(Error::InvalidArgument(format!(
+                "buffer {ptr:#x} of {len} bytes cannot exist (NULL, or beyond the end of the address space or isize::MAX bytes)"
+            )));
+        }
         if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
             return Ok(PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 });
         }
         let info = self.backend.pointer_info(ptr)?;
-        if info.kind == MemoryKind::Host && self.cfg.memtype_cache {
-            self.host_ranges.insert(ptr, len);
+        if info.kind == MemoryKind::Host {
+            self.past_allocations.check_host(ptr, len)?;
+            if self.cfg.memtype_cache {
+                self.host_ranges.insert(ptr, len);
+            }
         }
         Ok(info)
     }
@@ -688,6 +702,7 @@ impl Context {
         let ptr = self.backend.alloc(self.device, bytes)?;
         let info = self.backend.pointer_info(ptr)?;
         self.allocations.insert(info.buffer_id, ptr);
+        self.past_allocations.note(ptr, info.size);
         Ok(ptr)
     }
 
@@ -698,8 +713,14 @@ impl Context {
     /// # Safety
     /// `src..src+len` must be readable and `dst..dst+len` writable for the whole call, with
     /// nothing else writing `src` or accessing `dst` meanwhile. The backend refuses a device
-    /// range it knows to run past its allocation; host memory it cannot check.
+    /// range it knows to run past its allocation, and a range in device memory this context
+    /// released; other host memory it cannot check.
     pub unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<()> {
+        for end in [dst, src] {
+            if self.backend.pointer_info(end)?.kind == MemoryKind::Host {
+                self.past_allocations.check_host(end, len)?;
+            }
+        }
         // SAFETY: this function's contract is the backend's.
         Ok(unsafe { self.backend.copy_sync(dst, src, len) }?)
     }
