@@ -183,7 +183,7 @@
  * An endpoint of a gpulmt job: the context and what the ABI keeps beside it.
  *
  * C sees it only as `gpulmt_ctx*`, from `gpulmt_init` or `gpulmt_plugin_init` until
- * `gpulmt_finalize`.
+ * `gpulmt_finalize`: a handle of the [`crate::registry`], never its address.
  */
 typedef struct gpulmt_ctx gpulmt_ctx;
 
@@ -328,9 +328,11 @@ int gpulmt_init(struct gpulmt_ctx **out);
  * A context that hit `GPULMT_ERR_INTERNAL` is only released, and the call returns
  * `GPULMT_ERR_INTERNAL` again.
  *
+ * A context that is not live (NULL, finalized already, never handed out) is refused
+ * with `GPULMT_ERR_INVALID_ARGUMENT`, as by every other call.
+ *
  * # Safety
- * `ctx` is NULL (the call then fails) or a live context that no other thread uses,
- * and it is not used again after the call.
+ * None beyond the function's: `ctx` is only looked up, never dereferenced.
  */
 int gpulmt_finalize(struct gpulmt_ctx *ctx);
 

@@ -25,6 +25,7 @@ pub mod endpoint;
 pub mod error;
 pub mod handle;
 pub mod plugin;
+mod registry;
 
 use std::ffi::c_int;
 

@@ -11,6 +11,9 @@
 //! `wait`, `progress` and the other calls (like MPI_THREAD_FUNNELED). The I/O that
 //! executes the protocol engine's actions lives in [`crate::progress`].
 
+mod live;
+mod released;
+
 use std::collections::VecDeque;
 
 // Request ids and buffer ids are ours: a fast hasher is safe on this hot path.
@@ -34,7 +37,9 @@ use crate::progress::{CopyQueue, Stats};
 use crate::requests::RequestTable;
 use crate::routing::OffNode;
 use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
+use crate::shm::object::ShmError;
 use crate::shm::ring::PacketRing;
+use crate::shm::sweep::{self, Evidence};
 pub use crate::topology::JobInfo;
 use crate::topology::Topology;
 
@@ -134,6 +139,10 @@ pub struct Context {
     pub(crate) capture: Option<Option<Vec<u8>>>,
     /// The path to ranks of other nodes, and its posts waiting for room.
     pub(crate) offnode: OffNode,
+    /// Every range `mem_alloc` returned, to refuse buffers in released device memory.
+    past_allocations: released::PastAllocations,
+    /// This process's claim of the rank (one live context per rank), released on drop.
+    _live: live::LiveClaim,
 }
 
 impl Context {
@@ -200,6 +209,7 @@ impl Context {
                 info.size
             )));
         }
+        let live = live::LiveClaim::take(&info)?;
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {
@@ -223,10 +233,13 @@ impl Context {
             depth: cfg.depth,
         };
         let seg = if info.rank == 0 {
-            JobSegment::create(&info.job, layout)?
+            create_segment(&info.job, layout)?
         } else {
             JobSegment::open(&info.job, cfg.init_timeout)?
         };
+        // Until every rank has mapped the segment, a failure of rank 0 must remove its
+        // name (nobody else would); afterwards the name is removed at once (below).
+        let named = NameGuard(if info.rank == 0 { Some(info.job.as_str()) } else { None });
         if seg.layout() != layout {
             return Err(Error::Bootstrap(format!(
                 "rank {} was configured with {:?} but the job uses {:?}: give every rank the same GPULMT_* settings",
@@ -239,12 +252,16 @@ impl Context {
         // and regions get the node's, which differs between the pseudo-nodes of a host.
         let host = node_id();
         let node = host ^ u64::from(place.node).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        seg.set_rank(info.rank as usize, std::process::id(), host, device);
         let me = info.rank as usize;
+        seg.claim_rank(me, std::process::id(), host, device)?;
         if let Err(e) = seg.barrier(me, cfg.init_timeout, || false) {
             seg.mark_state(me, RankState::Failed);
             return Err(e.into());
         }
+        // Every rank has mapped the segment: its name is not needed any more, and without
+        // it a job that dies from here on leaves nothing named behind, and nothing started
+        // later with this job's id can reach the segment.
+        drop(named);
         for r in 0..info.size as usize {
             if seg.rank_node(r) != host {
                 return Err(Error::Bootstrap(format!(
@@ -333,10 +350,19 @@ impl Context {
             finalized: false,
             channel,
             capture: None,
+            past_allocations: Default::default(),
+            _live: live,
             info,
             topo,
             offnode,
         })
+    }
+
+    /// The job's shared-memory segment (its rings and staging), for tools and tests that
+    /// inject faults into it. Writing into it behind the context's back breaks the job.
+    #[doc(hidden)]
+    pub fn job_segment(&self) -> &JobSegment {
+        &self.seg
     }
 
     /// This rank's job rank.
@@ -420,14 +446,24 @@ impl Context {
         Ok(desc)
     }
 
-    /// Classifies a user buffer, from the host-range cache when possible.
+    /// Classifies a user buffer, from the host-range cache when possible. Refuses a
+    /// range no buffer can have (NULL with bytes, beyond the address space or
+    /// `isize::MAX`), and one in device memory this context released.
     pub(crate) fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
+        if len > isize::MAX as usize || ptr.checked_add(len).is_none() || (ptr == 0 && len > 0) {
+            return Err(Error::InvalidArgument(format!(
+                "buffer {ptr:#x} of {len} bytes cannot exist (NULL, or beyond the end of the address space or isize::MAX bytes)"
+            )));
+        }
         if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
             return Ok(PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 });
         }
         let info = self.backend.pointer_info(ptr)?;
-        if info.kind == MemoryKind::Host && self.cfg.memtype_cache {
-            self.host_ranges.insert(ptr, len);
+        if info.kind == MemoryKind::Host {
+            self.past_allocations.check_host(ptr, len)?;
+            if self.cfg.memtype_cache {
+                self.host_ranges.insert(ptr, len);
+            }
         }
         Ok(info)
     }
@@ -700,6 +736,7 @@ impl Context {
         let ptr = self.backend.alloc(self.device, bytes)?;
         let info = self.backend.pointer_info(ptr)?;
         self.allocations.insert(info.buffer_id, ptr);
+        self.past_allocations.note(ptr, info.size);
         Ok(ptr)
     }
 
@@ -710,8 +747,14 @@ impl Context {
     /// # Safety
     /// `src..src+len` must be readable and `dst..dst+len` writable for the whole call, with
     /// nothing else writing `src` or accessing `dst` meanwhile. The backend refuses a device
-    /// range it knows to run past its allocation; host memory it cannot check.
+    /// range it knows to run past its allocation, and a range in device memory this context
+    /// released; other host memory it cannot check.
     pub unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<()> {
+        for end in [dst, src] {
+            if self.backend.pointer_info(end)?.kind == MemoryKind::Host {
+                self.past_allocations.check_host(end, len)?;
+            }
+        }
         // SAFETY: this function's contract is the backend's.
         Ok(unsafe { self.backend.copy_sync(dst, src, len) }?)
     }
@@ -776,11 +819,39 @@ impl Context {
                 tracing::warn!(error = %e, "freeing device memory at finalize");
             }
         }
-        if self.info.rank == 0 {
-            // Every rank of the node has mapped the segment; the name is no longer needed.
-            let _ = JobSegment::unlink(&self.info.job);
-        }
         offnode
+    }
+}
+
+/// Creates the job's segment (rank 0). First removes what dead jobs left in /dev/shm
+/// (their owners' locks prove them gone), including a leftover of this very job id.
+fn create_segment(job: &str, layout: JobLayout) -> Result<JobSegment> {
+    let removed = sweep::sweep(Evidence::Locks);
+    if removed > 0 {
+        tracing::info!(removed, "removed shared-memory objects that dead jobs left behind");
+    }
+    JobSegment::create(job, layout).map_err(|e| match e {
+        ShmError::Os { call: "shm_open", source, .. } if source.raw_os_error() == Some(libc::EEXIST) => {
+            Error::Bootstrap(format!(
+                "the job segment of job {job} already exists and a live process holds it: another job runs with this \
+                 GPULMT_JOB (start every job with its own id: gpulmt-run makes one), or a second rank 0 ({source})"
+            ))
+        }
+        e => e.into(),
+    })
+}
+
+/// Removes the job segment's name when dropped (rank 0 during init): on success once
+/// every rank has mapped it, on failure so that nothing is left behind.
+struct NameGuard<'a>(Option<&'a str>);
+
+impl Drop for NameGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(job) = self.0 {
+            if let Err(e) = JobSegment::unlink(job) {
+                tracing::warn!(error = %e, "removing the name of the job segment");
+            }
+        }
     }
 }
 

@@ -7,7 +7,12 @@
 //!   (`/dev/shm/gpulmt-sim-<pid>-<nonce>-<buffer id>`), so that another process can map
 //!   it from an exported handle exactly as `cuIpcOpenMemHandle` maps a peer's
 //!   allocation. The first 4096 bytes of each object are a header (`object.rs`) that lets the
-//!   opener verify the handle and lets the owner count the peers that map it.
+//!   opener verify the handle and lets the owner count the peers that map it. Pages are
+//!   reserved at allocation, so a full `/dev/shm` fails `alloc` as out-of-memory does.
+//!   The instance's owner object (`gpulmt-sim-<pid>-<nonce>-owner`, locked while the
+//!   instance has allocations) lets the next job remove the objects of a process that was killed
+//!   (see [`crate::shm::sweep`]): a peer may open a handle at any time, so the names
+//!   must live as long as the allocations.
 //! - **IPC rules** of the real driver are enforced because the handle cache above
 //!   relies on them: a handle cannot be opened twice in one process
 //!   ([`DeviceError::DoubleOpen`]), a process cannot open its own handle, a forged or
@@ -56,9 +61,11 @@ use tracing::{debug, warn};
 
 use super::{BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind, PointerInfo};
 use crate::shm::object::{ShmError, ShmSegment};
+use crate::shm::owner::OwnerLock;
+use crate::shm::wait::sleep_for;
 use engine::{spin_ns, CopyJob, Engine, SimTicket, Tickets};
 use object::{
-    bad_handle, fresh_nonce, header, object_len, release_mapper, shm_error, shm_name, HandleFields, Header,
+    bad_handle, fresh_nonce, header, object_len, owner_name, release_mapper, shm_error, shm_name, HandleFields, Header,
     HEADER_BYTES, HEADER_MAGIC,
 };
 use registry::{LocalAlloc, OpenKey, PeerMap, Region, State};
@@ -190,6 +197,14 @@ impl DeviceBackend for SimBackend {
             code: CUDA_ERROR_OUT_OF_MEMORY,
             message: format!("{bytes} bytes cannot be allocated"),
         })?;
+        {
+            // The owner object before the first allocation object: no allocation of this
+            // instance exists that the sweep could take for abandoned.
+            let mut st = lock(&self.state);
+            if st.owner.is_none() {
+                st.owner = Some(OwnerLock::create(&owner_name(self.pid, self.nonce)).map_err(shm_error)?);
+            }
+        }
         let buffer_id = NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed);
         let name = shm_name(self.pid, self.nonce, buffer_id);
         // Pages reserved now: a full /dev/shm must fail here, like cuMemAlloc returning
@@ -235,7 +250,17 @@ impl DeviceBackend for SimBackend {
             }
         };
         let buffer_id = local.buffer_id;
-        let mappers = local.release()?;
+        let released = local.release();
+        {
+            // No allocation left: nothing for the owner object to claim (a process that
+            // freed all its device memory leaves nothing in /dev/shm). The next alloc
+            // makes it again.
+            let mut st = lock(&self.state);
+            if !st.regions.values().any(|r| matches!(r, Region::Local(_))) {
+                st.owner = None;
+            }
+        }
+        let mappers = released?;
         debug!(buffer_id, ptr = format_args!("{ptr:#x}"), "sim: free");
         if mappers > 0 {
             warn!(
@@ -368,7 +393,7 @@ impl DeviceBackend for SimBackend {
             return Err(bad_handle(format!("buffer {} of pid {}: the owner freed it", f.buffer_id, f.owner_pid)));
         }
         if self.cfg.ipc_open_us > 0 {
-            std::thread::sleep(Duration::from_micros(self.cfg.ipc_open_us));
+            sleep_for(Duration::from_micros(self.cfg.ipc_open_us));
         }
         let data = map.ptr() as usize + HEADER_BYTES;
         lock(&self.state).regions.insert(data, Region::Peer(PeerMap { key, owner_dev: f.device, size, map }));
@@ -562,5 +587,7 @@ impl Drop for SimBackend {
                 },
             }
         }
+        // Last: the allocations' names are gone, nothing is left for it to claim.
+        drop(st.owner);
     }
 }
