@@ -20,7 +20,6 @@
 //! on stderr, and the job aborts.
 
 use gpulmt::mpi::rsmpi::traits::{Communicator, CommunicatorCollectives};
-use gpulmt::shm::job::JobSegment;
 use gpulmt::{Context, Rank};
 
 /// Sizes of the messages, up to a NET / SHM rendezvous (4 MiB).
@@ -176,14 +175,13 @@ fn main() {
             fail(me, format!("rank {r} (on this node: {}) has job id equal to ours: {same_id}", topo.on_node(r)));
         }
     }
-    let seg = JobSegment::open(&job.job, std::time::Duration::from_secs(5))
-        .unwrap_or_else(|e| fail(me, format!("opening this node's segment: {e}")));
+    // The context's own mapping: the segment's name is gone once every rank joined.
+    let seg = ctx.job_segment();
     let in_segment: Vec<u32> = (0..seg.nranks()).map(|l| seg.rank_pid(l)).collect();
     let of_node: Vec<u32> = members.iter().map(|&r| pids[r as usize]).collect();
     if in_segment != of_node {
         fail(me, format!("segment {} lists pids {in_segment:?}, the node's ranks are {of_node:?}", seg.name()));
     }
-    drop(seg);
     checks += 1;
 
     // Within the node: every placement and size, over the rings, IPC and staging.
