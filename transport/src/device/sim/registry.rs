@@ -58,6 +58,8 @@ pub(super) struct State {
     pub(super) open_keys: HashSet<OpenKey>,
     /// Registered host ranges: start -> length.
     pub(super) host: BTreeMap<usize, usize>,
+    /// Host-mapped allocations (`alloc_host_mapped`): start -> length of the mapping.
+    pub(super) host_mapped: BTreeMap<usize, usize>,
 }
 
 impl State {
