@@ -8,6 +8,7 @@
 //! test fails when the file differs.
 
 mod kind;
+mod net;
 mod reference;
 mod variables;
 
@@ -18,6 +19,7 @@ use gpulmt_protocols::policy::PolicyConfig;
 use gpulmt_protocols::ProtocolOverride;
 
 pub use kind::{parse_duration, parse_size, show_duration, show_size, Kind, TimeUnit, Value};
+pub use net::NetConfig;
 pub use reference::reference_markdown;
 pub use variables::{variable, Class, DefaultValue, Variable, LAUNCHER_VARIABLES, VARIABLES};
 
@@ -84,6 +86,8 @@ pub struct Config {
     pub copy_priority: CopyPriority,
     pub copy_server_max: u64,
     pub copy_server_idle: Duration,
+    /// The internode path's settings (`GPULMT_NET_*`).
+    pub net: NetConfig,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -226,6 +230,7 @@ impl Config {
             },
             copy_server_max: r.size("GPULMT_COPY_SERVER_MAX")?,
             copy_server_idle: r.duration("GPULMT_COPY_SERVER_IDLE_US")?,
+            net: NetConfig::read(&r)?,
         };
         if c.device_eager_limit > c.eager_limit {
             return Err(ConfigError {
