@@ -133,11 +133,6 @@ impl NetPath {
         HostQueue::claim(&self.shared, &self.targets, self.post_timeout)
     }
 
-    /// The context thread's own queue (for its one-sided ops, fence and quiet).
-    pub fn context_queue(&mut self) -> &mut HostQueue {
-        &mut self.queue
-    }
-
     /// The job ranks this path reaches.
     pub fn peers(&self) -> &[Rank] {
         self.targets.ranks()

@@ -82,12 +82,18 @@ pub struct HostQueue {
     state: Option<ProducerState>,
     /// How long a blocking post waits for credit.
     post_timeout: Duration,
+    /// The queue's tail when this handle claimed it: failures below belong to an
+    /// earlier owner.
+    since: u64,
+    /// The CQ's failure count last reported by a quiet (or at claim).
+    failed_seen: u64,
 }
 
 impl HostQueue {
     pub(crate) fn claim(shared: &Arc<Shared>, targets: &Arc<Targets>, post_timeout: Duration) -> Option<HostQueue> {
         let (index, state) = shared.set.claim()?;
         let mem = shared.set.queues[index].clone();
+        let (since, failed_seen) = (state.producer.tail(), mem.load_cq().failed);
         Some(HostQueue {
             shared: shared.clone(),
             targets: targets.clone(),
@@ -95,6 +101,8 @@ impl HostQueue {
             mem,
             state: Some(state),
             post_timeout,
+            since,
+            failed_seen,
         })
     }
 
@@ -148,17 +156,9 @@ impl HostQueue {
                 ))));
             }
         }
+        let pos = self.reserve()?;
         let mem = self.mem.clone();
         let st = self.st();
-        let pos = match st.producer.try_reserve() {
-            Ok(pos) => pos,
-            Err(_full) => {
-                // The credit rule: the head is read only when the ring looks full.
-                let head = mem.load_head();
-                st.producer.observe_head(head).map_err(|e| PostError::Failed(NetError::Rejected(e.to_string())))?;
-                st.producer.try_reserve().map_err(|_| PostError::NoResource)?
-            }
-        };
         let slots = st.producer.slots();
         let idx = slot_index(pos, slots);
         let op = match ctrl {
@@ -179,6 +179,22 @@ impl HostQueue {
         mem.commit(idx, raw.words[0]);
         mem.ring_doorbell(st.producer.tail());
         Ok(pos)
+    }
+
+    /// Reserves the next position, reading the consumer's head only when the ring looks
+    /// full (the credit rule).
+    fn reserve(&mut self) -> Result<u64, PostError> {
+        let mem = self.mem.clone();
+        let st = self.st();
+        match st.producer.try_reserve() {
+            Ok(pos) => Ok(pos),
+            Err(_full) => {
+                st.producer
+                    .observe_head(mem.load_head())
+                    .map_err(|e| PostError::Failed(NetError::Rejected(e.to_string())))?;
+                st.producer.try_reserve().map_err(|_| PostError::NoResource)
+            }
+        }
     }
 
     /// [`try_post`](Self::try_post), waiting for credit up to the post timeout.
@@ -289,7 +305,13 @@ impl HostQueue {
     }
 
     /// Waits until every op posted so far has completed (one-sided ones: visible at
-    /// their target), up to `deadline`. Reports the queue's first failed op among them.
+    /// their target), up to `deadline`. Reports the first of the ops that failed since
+    /// the last quiet (or the claim), with the proxy's text; the next quiet starts clean.
+    ///
+    /// This differs from the CQ's sticky first error ([`Quiet`]'s rule, for device
+    /// producers that read one record): a host handle knows the failure count at its last
+    /// quiet, and the queue holds every failure's text, so a queue stays usable after a
+    /// failed op (and a queue claimed again does not inherit its last owner's error).
     pub fn quiet(&mut self, deadline: Instant) -> Result<(), QuietError> {
         let mut q = Quiet::new(self.tail(), Some(deadline));
         let mut backoff = Backoff::default();
@@ -298,18 +320,63 @@ impl HostQueue {
             let cq = self.cq();
             match q.poll(&cq) {
                 QuietStatus::Pending => backoff.wait(),
-                QuietStatus::Done => return Ok(()),
-                QuietStatus::Failed(e) => {
-                    let text = self
-                        .mem
-                        .take_details(cq.done)
-                        .into_iter()
-                        .find(|(s, _)| *s == e.seq)
-                        .map_or_else(|| e.failure.to_string(), |(_, d)| d.text);
-                    return Err(QuietError::Failed { seq: e.seq, text });
-                }
                 QuietStatus::TimedOut { done, until } => return Err(QuietError::TimedOut { done, until }),
+                QuietStatus::Done | QuietStatus::Failed(_) => {
+                    // done reached the tail, and nothing else posts on this queue: the
+                    // count covers exactly the ops below the tail.
+                    if cq.failed == self.failed_seen {
+                        return Ok(());
+                    }
+                    self.failed_seen = cq.failed;
+                    let since = self.since;
+                    let first = self.mem.take_details(cq.done).into_iter().find(|&(seq, _)| seq >= since);
+                    let (seq, text) = first.map_or_else(
+                        || (cq.done, "an op failed (its text was taken already)".into()),
+                        |(seq, d)| (seq, d.text),
+                    );
+                    return Err(QuietError::Failed { seq, text });
+                }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+impl HostQueue {
+    /// Commits the words `make(pos, slots)` gives at the next position (any bits: tests
+    /// of bad packets), rings the doorbell; returns the position.
+    pub(crate) fn post_raw(&mut self, make: impl FnOnce(u64, u64) -> [u64; PACKET_WORDS]) -> u64 {
+        let pos = retry_reserve(self);
+        let mem = self.mem.clone();
+        let st = self.st();
+        let words = make(pos, st.producer.slots());
+        let idx = slot_index(pos, st.producer.slots());
+        let mut body = [0u64; PACKET_WORDS - 1];
+        body.copy_from_slice(&words[1..]);
+        mem.write_body(idx, &body);
+        mem.commit(idx, words[0]);
+        mem.ring_doorbell(st.producer.tail());
+        pos
+    }
+
+    /// Reserves the next position and rings the doorbell without committing it: a
+    /// producer that stops mid-queue. Returns the position.
+    pub(crate) fn reserve_without_commit(&mut self) -> u64 {
+        let pos = retry_reserve(self);
+        let mem = self.mem.clone();
+        mem.ring_doorbell(self.st().producer.tail());
+        pos
+    }
+}
+
+#[cfg(test)]
+fn retry_reserve(q: &mut HostQueue) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match q.reserve() {
+            Ok(pos) => return pos,
+            Err(PostError::NoResource) if Instant::now() < deadline => std::thread::yield_now(),
+            Err(e) => panic!("no room in the ring: {e}"),
         }
     }
 }

@@ -384,9 +384,17 @@ impl Proxy {
     /// Ends op `seq` of queue `qi` soon (the context gave up on it).
     pub(super) fn cancel_op(&mut self, qi: usize, seq: u64) {
         let found = self.ops.iter_mut().find(|(_, op)| op.queue == qi && op.seq == seq);
-        if let Some((&key, op)) = found {
-            Self::cancel(op, &mut self.net, "cancelled: its request failed first");
-            self.finish_if_done(key);
+        match found {
+            Some((&key, op)) => {
+                Self::cancel(op, &mut self.net, "cancelled: its request failed first");
+                self.finish_if_done(key);
+            }
+            // Not started yet (still in its slot, or held by a fence): it fails when it
+            // would start. One that completed already is not in the tracker's window.
+            None if self.queues[qi].tracker.admits(seq) => {
+                self.cancels.insert((qi, seq));
+            }
+            None => {}
         }
     }
 

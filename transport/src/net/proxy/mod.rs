@@ -120,6 +120,8 @@ pub(crate) struct Proxy {
     windows: Vec<Option<LocalWindow>>,
     /// One-sided data transfers started (their tags).
     one_sided_next: u64,
+    /// Ops the context cancelled before the proxy took (or started) them: (queue, seq).
+    cancels: rustc_hash::FxHashSet<(usize, u64)>,
     pools: [Pool; 3],
     stopping: Stopping,
 }
@@ -167,6 +169,7 @@ impl Proxy {
             inbound: Vec::new(),
             windows: Vec::new(),
             one_sided_next: 0,
+            cancels: Default::default(),
             pools,
             stopping: Stopping::Running,
         }

@@ -161,6 +161,12 @@ impl Proxy {
 
     /// Starts the op of `held`, taken from queue `qi`.
     fn start(&mut self, qi: usize, held: &Held) -> Start {
+        if self.cancels.remove(&(qi, held.seq)) {
+            return Start::Failed(
+                OpFailure::cancelled(),
+                "cancelled before it started: its request failed first".into(),
+            );
+        }
         match held.packet.op {
             Op::Nop => unreachable!("NOPs complete when taken"),
             Op::Ctrl { .. } => self.start_ctrl(qi, held),

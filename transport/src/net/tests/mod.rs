@@ -118,8 +118,9 @@ fn retry<T>(mut post: impl FnMut() -> Result<T, PostError>) -> T {
 /// itself.
 struct Buf {
     backend: Backend,
-    /// The vector holding a host buffer.
-    _host: Option<Vec<u8>>,
+    /// The vector holding a host buffer (of words: its start is 8-aligned, as a device
+    /// allocation's is).
+    _host: Option<Vec<u64>>,
     dev: Option<usize>,
     /// The buffer's address (inside the allocation, at the offset).
     addr: usize,
@@ -132,7 +133,7 @@ impl Buf {
     fn new(backend: &Backend, device: Option<u32>, len: usize) -> Buf {
         match device {
             None => {
-                let mut v = vec![0u8; len + OFFSET + 5];
+                let mut v = vec![0u64; (len + OFFSET + 5).div_ceil(8)];
                 let addr = v.as_mut_ptr() as usize + OFFSET;
                 Buf { backend: backend.clone(), _host: Some(v), dev: None, addr, len }
             }
@@ -141,6 +142,11 @@ impl Buf {
                 Buf { backend: backend.clone(), _host: None, dev: Some(base), addr: base + OFFSET, len }
             }
         }
+    }
+
+    /// The 8-aligned start of the allocation, `OFFSET` bytes before the buffer.
+    fn base(&self) -> usize {
+        self.addr - OFFSET
     }
 
     fn mem(&self) -> crate::device::MemoryKind {
