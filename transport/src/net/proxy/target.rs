@@ -10,8 +10,9 @@
 //!
 //! A signal in host memory is updated atomically with release ordering; one in device
 //! memory is written by the copy engine after the data's copies finished (an `Add` there
-//! reads, adds and writes back: atomic against other signals this proxy writes, not
-//! against a kernel writing the same word).
+//! reads, adds and writes back, one device signal update at a time in this proxy, so two
+//! ranks' adds to one word both count; a kernel writing the same word meanwhile is not
+//! ordered with it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -201,7 +202,7 @@ impl Proxy {
         if t.data.is_some() || t.copy.is_some() {
             return work;
         }
-        if !t.signal_step(&self.net.backend) {
+        if !t.signal_step(&self.net.backend, &mut self.device_signal_busy) {
             return work;
         }
         let reply = AmReply { op: t.am.op, status: t.status };
@@ -257,8 +258,10 @@ impl TargetOp {
         }
     }
 
-    /// Moves the signal update on; true once there is nothing (more) to do.
-    fn signal_step(&mut self, backend: &crate::device::Backend) -> bool {
+    /// Moves the signal update on; true once there is nothing (more) to do. `busy` is
+    /// the proxy's one device signal update in flight: a device update waits for it, so
+    /// read-add-write updates of one word never interleave.
+    fn signal_step(&mut self, backend: &crate::device::Backend, busy: &mut bool) -> bool {
         loop {
             match std::mem::replace(&mut self.signal, Signal::None) {
                 Signal::None => return true,
@@ -278,7 +281,12 @@ impl TargetOp {
                     }
                     return true;
                 }
+                Signal::Pending { addr, value, op, kind: MemoryKind::Device(dev) } if *busy => {
+                    self.signal = Signal::Pending { addr, value, op, kind: MemoryKind::Device(dev) };
+                    return false;
+                }
                 Signal::Pending { addr, value, op, kind: MemoryKind::Device(dev) } => {
+                    *busy = true;
                     let word = Box::new(value);
                     let at = &*word as *const u64 as usize;
                     // SAFETY: the device word is inside the window (checked, 8 bytes); the
@@ -293,7 +301,10 @@ impl TargetOp {
                     match (copy, op) {
                         (Ok(ticket), SignalOp::Set) => self.signal = Signal::Writing { ticket, _word: word },
                         (Ok(ticket), SignalOp::Add) => self.signal = Signal::Reading { ticket, word, addr, value, dev },
-                        (Err(e), _) => self.fail(format!("writing the signal: {e}")),
+                        (Err(e), _) => {
+                            *busy = false;
+                            self.fail(format!("writing the signal: {e}"));
+                        }
                     }
                 }
                 Signal::Reading { ticket, mut word, addr, value, dev } => match backend.copy_poll(ticket) {
@@ -301,20 +312,37 @@ impl TargetOp {
                         self.signal = Signal::Reading { ticket, word, addr, value, dev };
                         return false;
                     }
+                    Err(e) => {
+                        *busy = false;
+                        self.fail(format!("reading the signal: {e}"));
+                    }
                     Ok(true) => {
                         *word = word.wrapping_add(value);
-                        self.signal =
-                            Signal::Pending { addr, value: *word, op: SignalOp::Set, kind: MemoryKind::Device(dev) };
+                        let at = &*word as *const u64 as usize;
+                        // SAFETY: as for the read: the device word inside the window, the
+                        // boxed host word held with the ticket.
+                        match unsafe { backend.copy_async(dev, NET_LANE, addr, at, 8) } {
+                            Ok(ticket) => self.signal = Signal::Writing { ticket, _word: word },
+                            Err(e) => {
+                                *busy = false;
+                                self.fail(format!("writing the signal: {e}"));
+                            }
+                        }
                     }
-                    Err(e) => self.fail(format!("reading the signal: {e}")),
                 },
                 Signal::Writing { ticket, _word } => match backend.copy_poll(ticket) {
                     Ok(false) => {
                         self.signal = Signal::Writing { ticket, _word };
                         return false;
                     }
-                    Ok(true) => return true,
-                    Err(e) => self.fail(format!("writing the signal: {e}")),
+                    Ok(true) => {
+                        *busy = false;
+                        return true;
+                    }
+                    Err(e) => {
+                        *busy = false;
+                        self.fail(format!("writing the signal: {e}"));
+                    }
                 },
             }
         }
