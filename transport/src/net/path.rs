@@ -28,6 +28,9 @@ use crate::offnode::{NetError, OffNodePath, PostError};
 
 /// How long the path waits for the proxy to apply a command (a window, templates).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a blocking one-sided post waits for credit: a queue full for this long has a
+/// proxy that takes nothing.
+const POST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What an op of the context's queue was, to report it.
 #[derive(Clone, Copy, Debug)]
@@ -104,7 +107,7 @@ impl NetPath {
         let thread = Proxy::new(pcfg, iface, backend, shared.clone(), Arc::new(table))
             .spawn()
             .map_err(|e| NetError::Down(format!("starting the proxy thread: {e}")))?;
-        let queue = HostQueue::claim(&shared, &targets, cfg.stall).expect("a fresh set has its first queue free");
+        let queue = HostQueue::claim(&shared, &targets, POST_TIMEOUT).expect("a fresh set has its first queue free");
         tracing::info!(
             rank = me,
             peers = peers.len(),
@@ -119,7 +122,7 @@ impl NetPath {
             posted: VecDeque::new(),
             ids: FxHashMap::default(),
             thread: Some(thread),
-            post_timeout: cfg.stall,
+            post_timeout: POST_TIMEOUT,
             drain: cfg.drain,
             templates,
             next_window: 0,
@@ -205,6 +208,54 @@ impl NetPath {
         Ok(seq)
     }
 
+    /// Reports the ops of the context's queue below the CQ's `done`.
+    fn report_completed(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
+        let cq = self.queue.cq();
+        if self.posted.front().is_none_or(|&(seq, _)| seq >= cq.done) {
+            return 0;
+        }
+        let details: FxHashMap<u64, FailureDetail> = self.queue.take_failures(cq.done).into_iter().collect();
+        let mut n = 0;
+        while let Some(&(seq, what)) = self.posted.front().filter(|&&(seq, _)| seq < cq.done) {
+            self.posted.pop_front();
+            let result = details.get(&seq).map_or(Ok(()), |d| Err(failure_error(d)));
+            match what {
+                Posted::Data(id) => {
+                    self.ids.remove(&id);
+                    done(id, result);
+                    n += 1;
+                }
+                Posted::Ctrl { to } => {
+                    if let Err(e) = result {
+                        tracing::error!(rank = to, error = %e, "a control packet to another node failed; the rank counts as failed");
+                        let mut f = lock(&self.shared.failed_ranks);
+                        if !f.contains(&to) {
+                            f.push(to);
+                        }
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// The proxy thread died on its own (a panic): nothing will complete the ops posted,
+    /// so they are reported failed, to end their requests instead of hanging them. The
+    /// network may still hold their buffers; the error says so.
+    fn fail_all(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
+        let why = self.down.clone().unwrap_or_default();
+        let mut n = 0;
+        for (_, what) in self.posted.drain(..) {
+            if let Posted::Data(id) = what {
+                let text = format!("{why}; MPI may still hold this transfer's buffer: do not reuse it");
+                done(id, Err(NetError::Down(text)));
+                n += 1;
+            }
+        }
+        self.ids.clear();
+        n
+    }
+
     fn device_flag(mem: MemoryKind, flag: Flags) -> Flags {
         match mem {
             MemoryKind::Host => Flags::NONE,
@@ -264,31 +315,9 @@ impl OffNodePath for NetPath {
     }
 
     fn poll_done(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
-        let cq = self.queue.cq();
-        if self.posted.front().is_none_or(|&(seq, _)| seq >= cq.done) {
-            return 0;
-        }
-        let details: FxHashMap<u64, FailureDetail> = self.queue.take_failures(cq.done).into_iter().collect();
-        let mut n = 0;
-        while let Some(&(seq, what)) = self.posted.front().filter(|&&(seq, _)| seq < cq.done) {
-            self.posted.pop_front();
-            let result = details.get(&seq).map_or(Ok(()), |d| Err(failure_error(d)));
-            match what {
-                Posted::Data(id) => {
-                    self.ids.remove(&id);
-                    done(id, result);
-                    n += 1;
-                }
-                Posted::Ctrl { to } => {
-                    if let Err(e) = result {
-                        tracing::error!(rank = to, error = %e, "a control packet to another node failed; the rank counts as failed");
-                        let mut f = lock(&self.shared.failed_ranks);
-                        if !f.contains(&to) {
-                            f.push(to);
-                        }
-                    }
-                }
-            }
+        let n = self.report_completed(done);
+        if self.thread.is_some() && !self.posted.is_empty() && self.check_up().is_err() {
+            return n + self.fail_all(done);
         }
         n
     }

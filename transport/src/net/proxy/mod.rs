@@ -218,7 +218,8 @@ impl Proxy {
             work |= self.start_held();
             work |= self.test_network();
             work |= self.advance();
-            if self.stopping == Stopping::Running {
+            // Peers are served until the end: a peer may still send while this rank drains.
+            if !matches!(self.stopping, Stopping::Cancelling(_)) {
                 self.refill_pools();
             }
             self.publish();
