@@ -184,7 +184,8 @@ impl NetPath {
         if let Some(why) = &self.down {
             return Err(NetError::Down(why.clone()));
         }
-        // Acquire, pairs with the proxy thread's release at its exit: its status is there.
+        // Acquire, pairs with Proxy::spawn's release at the thread's exit: its status.
+        // Scope: host.
         if !self.shared.running.load(Ordering::Acquire) {
             let why = match lock(&self.shared.exit).clone() {
                 Some(Err(e)) => e,

@@ -167,6 +167,8 @@ impl QueueMem {
     /// them ([`commit`](Self::commit)).
     pub fn write_body(&self, index: usize, body: &[u64; PACKET_WORDS - 1]) {
         for (w, &v) in body.iter().enumerate() {
+            // Relaxed: published by commit's release store after them (pairs with
+            // load_commit). Scope: system.
             self.slot_word(index, w + 1).store(v, Ordering::Relaxed);
         }
     }
@@ -182,14 +184,15 @@ impl QueueMem {
     /// Rings the doorbell: the producer has reserved `tail` slots.
     pub fn ring_doorbell(&self, tail: u64) {
         // Release, pairs with load_tail: the packets committed before it are visible when
-        // the proxy sees the tail (readiness itself is decided by commit words).
+        // the proxy sees the tail (readiness itself is decided by commit words). Scope: system.
         self.word(TAIL_AT).store(tail, Ordering::Release);
     }
 
     /// The consumer's head (the credit), for [`Producer::observe_head`](gpulmt_protocols::gio::Producer::observe_head).
     pub fn load_head(&self) -> u64 {
         // Acquire, pairs with publish_head: the proxy read (took) every slot below it
-        // before it published the head, so the producer may overwrite them.
+        // before it published the head, so the producer may overwrite them. Scope: system
+        // (a GPU producer uses ld.acquire.sys).
         self.word(HEAD_AT).load(Ordering::Acquire)
     }
 
@@ -197,13 +200,16 @@ impl QueueMem {
     pub fn load_cq(&self) -> CqSnapshot {
         // Acquire, pairs with publish_cq's release store of done: the ops below done are
         // complete (their data landed, the proxy saw MPI finish them) and their failure
-        // details are written. `failed` may already count failures past this `done`.
+        // details are written. Scope: system.
         let done = self.word(CQ_AT).load(Ordering::Acquire);
+        // Relaxed, pairs with publish_cq's store before its release of done: it may count
+        // failures past this `done` already (a benign race: a newer value, never older).
         let failed = self.word(CQ_AT + 8).load(Ordering::Relaxed);
         // Acquire, pairs with publish_cq's release store of the error word: its seq.
         let err_word = self.word(CQ_AT + 24).load(Ordering::Acquire);
         let first_error = match err_word {
             0 => None,
+            // Relaxed, pairs with publish_cq: ordered by the acquire of the error word.
             w => ErrorRecord::from_words([self.word(CQ_AT + 16).load(Ordering::Relaxed), w]),
         };
         CqSnapshot { done, failed, first_error }
@@ -212,6 +218,7 @@ impl QueueMem {
     /// Why the queue takes no more packets, if it does not.
     pub fn state(&self) -> QueueState {
         // Acquire, pairs with set_state: the error completions published with the state.
+        // Scope: system.
         QueueState::from_word(self.word(STATE_AT).load(Ordering::Acquire))
     }
 
@@ -230,7 +237,8 @@ impl QueueMem {
 
     /// The doorbell.
     pub fn load_tail(&self) -> u64 {
-        // Acquire, pairs with ring_doorbell.
+        // Acquire, pairs with ring_doorbell: the packets committed before the tail.
+        // Scope: system (a GPU producer rings it with st.release.sys).
         self.word(TAIL_AT).load(Ordering::Acquire)
     }
 
@@ -246,6 +254,9 @@ impl QueueMem {
         let mut raw = RawPacket::default();
         raw.words[0] = self.load_commit(index);
         for w in 1..PACKET_WORDS {
+            // Relaxed, pairs with write_body: ordered after load_commit's acquire of the
+            // commit word; a word of an older lap is read only if the commit bit is old
+            // too, and then the packet is not taken (a benign race).
             raw.words[w] = self.slot_word(index, w).load(Ordering::Relaxed);
         }
         raw
@@ -254,7 +265,7 @@ impl QueueMem {
     /// Publishes the head: every slot below it was taken and may be reused.
     pub fn publish_head(&self, head: u64) {
         // Release, pairs with load_head: the proxy's reads of the taken slots (and their
-        // control bytes) happen before the producer overwrites them.
+        // control bytes) happen before the producer overwrites them. Scope: system.
         self.word(HEAD_AT).store(head, Ordering::Release);
     }
 
@@ -267,11 +278,13 @@ impl QueueMem {
     pub fn publish_cq(&self, cq: &CqSnapshot) {
         if let Some(e) = cq.first_error {
             let [seq, word] = e.to_words();
+            // Relaxed, pairs with load_cq: published by the error word's release below.
             self.word(CQ_AT + 16).store(seq, Ordering::Relaxed);
             // Release, pairs with load_cq's acquire of the error word: its seq. Written
-            // once: the first error never changes.
+            // once: the first error never changes. Scope: system.
             self.word(CQ_AT + 24).store(word, Ordering::Release);
         }
+        // Relaxed, pairs with load_cq: published by done's release below.
         self.word(CQ_AT + 8).store(cq.failed, Ordering::Relaxed);
         // Release, pairs with load_cq: everything the proxy saw of the completed ops
         // (data MPI or a copy engine wrote, failure details, the counters above) is
@@ -281,7 +294,8 @@ impl QueueMem {
 
     /// Stops the queue for good (stall, corruption, shutdown).
     pub fn set_state(&self, state: QueueState) {
-        // Release, pairs with state(): see there.
+        // Release, pairs with state(): the error completions published before it are
+        // visible with the state. Scope: system.
         self.word(STATE_AT).store(state as u64, Ordering::Release);
     }
 }

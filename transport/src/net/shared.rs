@@ -128,7 +128,8 @@ impl Shared {
     pub fn post_command(&self, cmd: Command) -> u64 {
         let mut c = lock(&self.commands);
         c.push(cmd);
-        // Under the lock: the proxy takes commands and reads the count under it too.
+        // Relaxed, pairs with take_commands: the lock orders the count with the command
+        // (the proxy reads both under it). Scope: host.
         self.posted.fetch_add(1, Ordering::Relaxed) + 1
     }
 
@@ -136,9 +137,10 @@ impl Shared {
     pub fn command(&self, cmd: Command, timeout: Duration) -> Result<(), String> {
         let seq = self.post_command(cmd);
         let deadline = Instant::now() + timeout;
-        // Acquire, pairs with take_commands' release of applied: the proxy's effects of
-        // the command (its tables) are in place before this returns.
+        // Acquire, pairs with applied's release: the proxy's effects of the command (its
+        // tables) are in place before this returns. Scope: host.
         while self.applied.load(Ordering::Acquire) < seq {
+            // Acquire, pairs with the proxy thread's release at its exit: its status.
             if !self.running.load(Ordering::Acquire) {
                 return Err("the proxy thread has exited".into());
             }
@@ -152,18 +154,21 @@ impl Shared {
 
     /// The proxy: whether commands wait (one relaxed load per round).
     pub fn has_commands(&self) -> bool {
+        // Relaxed, pairs with post_command: a stale answer only delays a command by a
+        // round (a benign race); take_commands reads under the lock.
         self.posted.load(Ordering::Relaxed) != self.applied.load(Ordering::Relaxed)
     }
 
     /// The proxy: takes the commands; call [`applied`](Self::applied) once they are.
     pub fn take_commands(&self) -> (Vec<Command>, u64) {
         let mut c = lock(&self.commands);
+        // Relaxed, pairs with post_command: under the same lock as the commands.
         (std::mem::take(&mut *c), self.posted.load(Ordering::Relaxed))
     }
 
     /// The proxy applied the commands posted up to `upto`.
     pub fn applied(&self, upto: u64) {
-        // Release, pairs with command's acquire: see there.
+        // Release, pairs with command's acquire: the commands' effects. Scope: host.
         self.applied.store(upto, Ordering::Release);
     }
 
@@ -171,13 +176,13 @@ impl Shared {
     pub fn request_stop(&self, deadline: Instant) {
         let mut d = lock(&self.deadline);
         *d = Some(d.map_or(deadline, |old| old.min(deadline)));
-        // Release, pairs with stop_deadline's acquire: the deadline is written.
+        // Release, pairs with stop_deadline's acquire: the deadline is written. Scope: host.
         self.stop.store(true, Ordering::Release);
     }
 
     /// The proxy: the stop deadline, once stop is asked for.
     pub fn stop_deadline(&self) -> Option<Instant> {
-        // Acquire, pairs with request_stop.
+        // Acquire, pairs with request_stop: the deadline. Scope: host.
         match self.stop.load(Ordering::Acquire) {
             true => *lock(&self.deadline),
             false => None,

@@ -194,7 +194,8 @@ impl Proxy {
                 Err(format!("the proxy thread panicked: {what}"))
             });
             *lock(&shared.exit) = Some(result);
-            // Release, pairs with the path's acquire: the exit status is written.
+            // Release, pairs with NetPath::check_up and Shared::command's acquire: the exit
+            // status and the closed queues are written. Scope: host.
             shared.running.store(false, Ordering::Release);
         })
     }
