@@ -8,6 +8,7 @@
 //! test fails when the file differs.
 
 mod kind;
+mod net;
 mod reference;
 mod variables;
 
@@ -18,6 +19,7 @@ use gpulmt_protocols::policy::PolicyConfig;
 use gpulmt_protocols::ProtocolOverride;
 
 pub use kind::{parse_duration, parse_size, show_duration, show_size, Kind, TimeUnit, Value};
+pub use net::NetConfig;
 pub use reference::reference_markdown;
 pub use variables::{variable, Class, DefaultValue, Variable, LAUNCHER_VARIABLES, VARIABLES};
 
@@ -85,6 +87,8 @@ pub struct Config {
     pub copy_server_max: u64,
     pub copy_server_idle: Duration,
     pub pseudo_nodes: u32,
+    /// The internode path's settings (`GPULMT_NET_*`).
+    pub net: NetConfig,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -228,6 +232,7 @@ impl Config {
             copy_server_max: r.size("GPULMT_COPY_SERVER_MAX")?,
             copy_server_idle: r.duration("GPULMT_COPY_SERVER_IDLE_US")?,
             pseudo_nodes: r.count("GPULMT_PSEUDO_NODES")?,
+            net: NetConfig::read(&r)?,
         };
         if c.device_eager_limit > c.eager_limit {
             return Err(ConfigError {

@@ -26,6 +26,7 @@ pub mod mapping;
 pub mod memtype;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod net;
 pub mod offnode;
 pub mod plugin;
 pub mod progress;

@@ -288,6 +288,87 @@ pub const VARIABLES: &[Variable] = &[
                   transfer.",
     },
     Variable {
+        name: "GPULMT_NET_QUEUES",
+        kind: Kind::Count { min: 1, max: 4096, power_of_two: false },
+        default: Text("8"),
+        class: Normal,
+        meaning: "Internode path: GIO send queues this rank sets up at start, one per producer (the context's \
+                  thread takes the first, each other posting thread or thread block one more). The proxy polls \
+                  every queue in use; raise it for more producers.",
+    },
+    Variable {
+        name: "GPULMT_NET_QUEUE_SLOTS",
+        kind: Kind::Count { min: 4, max: 1 << 16, power_of_two: true },
+        default: Text("64"),
+        class: Normal,
+        meaning: "Internode path: slots (64-byte packets) of each GIO send queue: the operations one producer \
+                  can have posted and not yet taken by the proxy before it waits for credit.",
+    },
+    Variable {
+        name: "GPULMT_NET_BATCH",
+        kind: Kind::Count { min: 1, max: 1 << 16, power_of_two: false },
+        default: Text("32"),
+        class: Normal,
+        meaning: "Internode path: most packets the proxy takes from one queue per round, so that one busy \
+                  producer cannot starve the others.",
+    },
+    Variable {
+        name: "GPULMT_NET_CHUNK",
+        kind: Kind::Size { min: 4 << 10, max: 1 << 30, multiple_of: 4 << 10, zero_is_off: false, never: false },
+        default: Text("1M"),
+        class: Normal,
+        meaning: "Internode path: data travels in MPI messages of at most this size, and device data is staged \
+                  through pinned host buffers of this size (copy of one piece overlaps the wire of the next). \
+                  Every rank of a job must use the same value; the path checks at start.",
+    },
+    Variable {
+        name: "GPULMT_NET_DEPTH",
+        kind: Kind::Count { min: 1, max: 256, power_of_two: false },
+        default: Text("4"),
+        class: Normal,
+        meaning: "Internode path: pieces of one transfer in flight at once (staging copies and MPI messages).",
+    },
+    Variable {
+        name: "GPULMT_NET_CTRL_POOL",
+        kind: Kind::Count { min: 1, max: 4096, power_of_two: false },
+        default: Text("32"),
+        class: Normal,
+        meaning: "Internode path: receives the proxy keeps posted for control packets and one-sided requests \
+                  from any rank (each of them, 16 KiB apiece). Raise it where many ranks send at once.",
+    },
+    Variable {
+        name: "GPULMT_NET_STALL_MS",
+        kind: Kind::Duration { plain: TimeUnit::Millis, min: Duration::from_millis(1), max: Duration::from_secs(3600) },
+        default: Text("2s"),
+        class: Normal,
+        meaning: "Internode path: a producer that reserved a queue slot and did not fill it for this long is \
+                  taken as stopped: its queue fails with an error completion and a log line naming the slot.",
+    },
+    Variable {
+        name: "GPULMT_NET_DRAIN_MS",
+        kind: Kind::Duration { plain: TimeUnit::Millis, min: Duration::ZERO, max: Duration::from_secs(3600) },
+        default: Text("5s"),
+        class: Normal,
+        meaning: "Internode path: at shutdown, how long operations still in flight may finish before they are \
+                  cancelled and reported failed.",
+    },
+    Variable {
+        name: "GPULMT_NET_IDLE_SLEEP",
+        kind: Kind::Duration { plain: TimeUnit::Micros, min: Duration::ZERO, max: Duration::from_millis(100) },
+        default: Text("50us"),
+        class: Normal,
+        meaning: "Internode path: the longest the proxy thread sleeps between rounds when idle (it spins, then \
+                  yields, then sleeps longer and longer up to this). Lower it for latency, raise it to leave \
+                  the CPU to the application.",
+    },
+    Variable {
+        name: "GPULMT_NET_PROXY_CPU",
+        kind: Kind::Count { min: 0, max: 1 << 16, power_of_two: false },
+        default: Unset("not pinned"),
+        class: Normal,
+        meaning: "Internode path: pin the proxy thread to this CPU (a core the application does not use).",
+    },
+    Variable {
         name: "GPULMT_HANDLE_CACHE",
         kind: Kind::Bool,
         default: Text("1"),

@@ -59,7 +59,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::{BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind, PointerInfo};
+use super::{
+    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle, Mapping, MemoryKind, PointerInfo,
+};
 use crate::shm::object::{ShmError, ShmSegment};
 use crate::shm::owner::OwnerLock;
 use crate::shm::wait::sleep_for;
@@ -523,6 +525,54 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
+    /// Anonymous shared memory: zeroed, page-aligned, and at the same address for the
+    /// "device", as under CUDA's unified addressing. It is host memory to
+    /// [`pointer_info`](DeviceBackend::pointer_info), like CUDA's pinned memory.
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped, DeviceError> {
+        let len = bytes.max(1);
+        // SAFETY: a fresh anonymous mapping; no existing memory is named or touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(DeviceError::Driver {
+                call: "alloc_host_mapped",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                message: format!("mmap of {len} bytes: {e}"),
+            });
+        }
+        let host = ptr as usize;
+        lock(&self.state).host_mapped.insert(host, len);
+        debug!(bytes, ptr = format_args!("{host:#x}"), "sim: alloc_host_mapped");
+        Ok(HostMapped { host, device: host, len: bytes })
+    }
+
+    unsafe fn free_host_mapped(&self, host: usize) -> Result<(), DeviceError> {
+        let Some(len) = lock(&self.state).host_mapped.remove(&host) else {
+            return Err(DeviceError::InvalidPointer {
+                op: "free_host_mapped",
+                ptr: host,
+                expected: "the start of an alloc_host_mapped allocation not yet freed",
+            });
+        };
+        // SAFETY: the range is a mapping alloc_host_mapped made and nobody freed since
+        // (just removed from the registry under its lock); the caller guarantees nothing
+        // uses it any more.
+        if unsafe { libc::munmap(host as *mut libc::c_void, len) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(DeviceError::Driver { call: "free_host_mapped", code: 0, message: format!("munmap: {e}") });
+        }
+        Ok(())
+    }
+
     unsafe fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
         let mut st = lock(&self.state);
         if ptr == 0 || len == 0 {
@@ -567,6 +617,11 @@ impl Drop for SimBackend {
             }
         }
         let st = std::mem::take(&mut *lock(&self.state));
+        for (host, len) in st.host_mapped {
+            // SAFETY: a mapping of alloc_host_mapped never freed; the backend is going, and
+            // with it every user of its memory (its copy engines were joined above).
+            unsafe { libc::munmap(host as *mut libc::c_void, len) };
+        }
         for (ptr, region) in st.regions {
             match region {
                 Region::Peer(p) => {

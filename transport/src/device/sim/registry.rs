@@ -64,6 +64,8 @@ pub(super) struct State {
     /// tells the sweep that they are in use (see
     /// [`crate::shm::owner`]); once the process dies, that they are abandoned.
     pub(super) owner: Option<OwnerLock>,
+    /// Host-mapped allocations (`alloc_host_mapped`): start -> length of the mapping.
+    pub(super) host_mapped: BTreeMap<usize, usize>,
 }
 
 impl State {
