@@ -84,6 +84,8 @@ pub struct Config {
     pub copy_priority: CopyPriority,
     pub copy_server_max: u64,
     pub copy_server_idle: Duration,
+    /// Bytes of each rank's symmetric heap; None: the backend's default (`crate::sym`).
+    pub sym_heap: Option<u64>,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -135,6 +137,15 @@ impl Reader<'_> {
     fn size(&self, name: &'static str) -> Result<u64, ConfigError> {
         match self.read(name)? {
             Some(Value::Size(n)) => Ok(n),
+            other => Self::wrong_kind(name, other),
+        }
+    }
+
+    /// A size without a default (None when unset).
+    fn size_opt(&self, name: &'static str) -> Result<Option<u64>, ConfigError> {
+        match self.read(name)? {
+            Some(Value::Size(n)) => Ok(Some(n)),
+            None => Ok(None),
             other => Self::wrong_kind(name, other),
         }
     }
@@ -226,6 +237,7 @@ impl Config {
             },
             copy_server_max: r.size("GPULMT_COPY_SERVER_MAX")?,
             copy_server_idle: r.duration("GPULMT_COPY_SERVER_IDLE_US")?,
+            sym_heap: r.size_opt("GPULMT_SYM_HEAP")?,
         };
         if c.device_eager_limit > c.eager_limit {
             return Err(ConfigError {

@@ -155,6 +155,8 @@ pub struct Context {
     /// Plugin mode: set while an LMT call wants its RTS/CTS handed back as a cookie
     /// for the host to carry, instead of sent.
     pub(crate) capture: Option<Option<Vec<u8>>>,
+    /// The symmetric heap, from the first `sym_alloc` on (`crate::sym`).
+    pub(crate) sym: Option<crate::sym::SymHeap>,
 }
 
 impl Context {
@@ -300,6 +302,7 @@ impl Context {
             finalized: false,
             channel,
             capture: None,
+            sym: None,
             info,
         })
     }
@@ -402,7 +405,7 @@ impl Context {
     ///
     /// # Safety
     /// As `isend`'s.
-    unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
+    pub(crate) unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
         anatomy::mark(Point::SendPost, 0);
         if dst >= self.size() {
             return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
@@ -502,7 +505,7 @@ impl Context {
     ///
     /// # Safety
     /// As `irecv`'s.
-    unsafe fn irecv_tagged(
+    pub(crate) unsafe fn irecv_tagged(
         &mut self,
         buf: *mut u8,
         len: usize,
@@ -715,6 +718,9 @@ impl Context {
         while self.outbox_len > 0 {
             self.progress()?;
         }
+        // Device code and host calls are done with the peers' symmetric heaps (every rank
+        // passed the barrier above): give back their leases, so close_all closes them.
+        self.sym_release_mappings();
         self.cache.close_all().map_err(|e| Error::Free(format!("closing peer mappings at finalize: {e}")))?;
         let me = self.rank() as usize;
         let seg = &self.seg;
@@ -723,6 +729,8 @@ impl Context {
         self.seg.mark_state(me, RankState::Finalized);
         // Copies of requests never waited for may still run on our memory.
         self.wait_copies_in_flight();
+        // Every rank closed its mappings of our symmetric heap before the barrier above.
+        self.sym_free_heap();
         for (_, ptr) in self.allocations.drain() {
             // SAFETY: no copy of ours is in flight (above), every peer closed its mappings
             // of it before the barrier above, and mem_alloc's memory is the application's

@@ -30,7 +30,9 @@ pub mod plugin;
 pub mod progress;
 mod requests;
 pub mod shm;
+pub mod sym;
 
 pub use context::{Context, JobInfo, Request};
 pub use error::{Error, Result};
 pub use gpulmt_protocols::{policy::Protocol, ProtoError, Rank, Status, Tag};
+pub use sym::SymPtr;
