@@ -20,11 +20,15 @@
 //! - **Host operations** on the heap ([`host`]): put, get, put_signal, signal waits and
 //!   64-bit atomics, each complete when it returns.
 //!
+//! - **Device code** includes `include/gpulmt_device.cuh` (embedded here for NVRTC:
+//!   [`nvrtc`]) and gets its context from [`Context::sym_device_ctx`].
+//!
 //! The collectives use a reserved tag ([`SYM_TAG`]) of the context's own messages.
 
 pub mod alloc;
 pub mod host;
 pub mod layout;
+pub mod nvrtc;
 #[cfg(test)]
 mod tests;
 
