@@ -4,7 +4,9 @@
 //!   through every protocol, with the protocol counts checked against the policy, and
 //!   with a peer that leaves mid-transfer;
 //! - `examples/pingpong.c`: the plain endpoint API under `gpulmt-run -n 2`, host and
-//!   device buffers.
+//!   device buffers;
+//! - `examples/sym.c`: the symmetric heap's host calls under `gpulmt-run -n 3`, with
+//!   both headers included (gpulmt.h and gpulmt_device.cuh compiled as C).
 //!
 //! Needs `cc` (or `$CC`) and the launcher: run `cargo build --workspace` first.
 
@@ -212,5 +214,17 @@ fn pingpong_example_runs_under_the_launcher() {
                 out.dump()
             );
         }
+    }
+}
+
+#[test]
+fn sym_example_runs_under_the_launcher() {
+    let sym = compile("ffi/examples/sym.c", "sym", &["-std=c11"], true);
+    let out = Job::new(sym.to_str().unwrap(), 3, &[]).run();
+    out.assert_ok(3, "sym").assert_no_litter();
+    for rank in 0..3 {
+        let c = out.counters(rank, "symc");
+        assert_eq!((c["ctx_pe"], c["ctx_pes"], c["total"]), (rank as u64, 3, 1500), "rank {rank}\n{}", out.dump());
+        assert_eq!(c["offset"], out.counters(0, "symc")["offset"], "rank {rank}: another offset\n{}", out.dump());
     }
 }

@@ -223,13 +223,19 @@ impl Context {
     /// it. Fails on every rank alike when the ranks name different allocations, or one
     /// that is not live.
     pub fn sym_free(&mut self, p: SymPtr) -> Result<()> {
+        self.sym_free_at(p.addr)
+    }
+
+    /// [`sym_free`](Self::sym_free) of the allocation that starts at the symmetric
+    /// address `addr` (for callers that keep only addresses, as C does). Any address is
+    /// checked collectively: a rank passing a wrong one fails every rank, none waits.
+    pub fn sym_free_at(&mut self, addr: usize) -> Result<()> {
         let Some(heap) = self.sym.as_ref() else {
             return Err(Error::InvalidArgument(format!(
-                "sym_free({:#x}): this rank has no symmetric heap (no sym_alloc was made)",
-                p.addr
+                "sym_free({addr:#x}): this rank has no symmetric heap (no sym_alloc was made)"
             )));
         };
-        let offset = p.addr.wrapping_sub(heap.base) as u64;
+        let offset = addr.wrapping_sub(heap.base) as u64;
         let call = self.sym_agree(2, offset)?;
         let heap = self.sym.as_mut().expect("checked above");
         heap.alloc.free(offset).map_err(|e| sym_error("sym_free", call, e))?;
