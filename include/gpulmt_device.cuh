@@ -272,18 +272,17 @@ GPULMT_DEV void *gpulmt_ptr(const void *sym, int pe)
     return gpulmt_check(GPULMT_OP_PTR, sym, 0, pe) ? (void *)gpulmt_direct(sym, pe) : (void *)0;
 }
 
-/* Copies n bytes, thread `t` of `nt` taking every nt-th piece: 16-byte vectors when both
+/* Copies n bytes, thread `t` of `nt` taking every nt-th piece: 16-byte vectors where both
  * ends allow, four in flight per thread (loads before stores, for one CTA's bandwidth),
  * then 8-byte words, then bytes. `fresh` loads with ld.volatile (relaxed at system
  * scope): a get must not read a line this SM's L1 cached before the peer changed it. */
 GPULMT_DEV void gpulmt_copy(char *dst, const char *src, gpulmt_u64 n, unsigned t, unsigned nt, int fresh)
 {
-    gpulmt_u64 done = 0;
-    if ((((gpulmt_u64)dst | (gpulmt_u64)src) & 15) == 0) {
-        gpulmt_u64 vecs = n / 16;
+    gpulmt_u64 done = 0, align = (gpulmt_u64)dst | (gpulmt_u64)src;
+    if ((align & 15) == 0) {
+        gpulmt_u64 vecs = n / 16, i = t;
         uint4 *d = (uint4 *)dst;
         const uint4 *s = (const uint4 *)src;
-        gpulmt_u64 i = t;
         for (; i + 3ull * nt < vecs; i += 4ull * nt) {
             uint4 v[4];
             for (int k = 0; k < 4; k++) {
@@ -314,12 +313,15 @@ GPULMT_DEV void gpulmt_copy(char *dst, const char *src, gpulmt_u64 n, unsigned t
             d[i] = v;
         }
         done = vecs * 16;
-    } else if ((((gpulmt_u64)dst | (gpulmt_u64)src) & 7) == 0) {
-        gpulmt_u64 words = n / 8;
+    }
+    if ((align & 7) == 0) {
+        gpulmt_u64 *d = (gpulmt_u64 *)(dst + done);
+        const gpulmt_u64 *s = (const gpulmt_u64 *)(src + done);
+        gpulmt_u64 words = (n - done) / 8;
         for (gpulmt_u64 i = t; i < words; i += nt) {
-            ((gpulmt_u64 *)dst)[i] = fresh ? ((volatile const gpulmt_u64 *)src)[i] : ((const gpulmt_u64 *)src)[i];
+            d[i] = fresh ? ((volatile const gpulmt_u64 *)s)[i] : s[i];
         }
-        done = words * 8;
+        done += words * 8;
     }
     for (gpulmt_u64 i = done + t; i < n; i += nt) {
         dst[i] = fresh ? ((volatile const char *)src)[i] : src[i];
