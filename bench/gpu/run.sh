@@ -10,8 +10,8 @@
 #            ping-pong) and osu_latency / osu_bw / osu_bibw per protocol, the handle cache
 #            on and off, split copies, the SHM fallback per chunk size, and the 8 B D D
 #            latency five more times, each beside the floor
-#   stencil  Stencil2D: bit-identical checks, then staged / inter-k / inter-k-overlap on 2
-#            and 4 ranks, both precisions, halo 1 and 4, and compute alone (1 rank)
+#   stencil  Stencil2D: bit-identical checks, then staged / inter-k / inter-k-overlap / gio
+#            on 2 and 4 ranks, both precisions, halo 1 and 4, and compute alone (1 rank)
 #   shim     the PMPI shim under mpirun on an application's cudaMalloc buffers: p2p.c's
 #            semantic checks (2 and 4 ranks), cuda_osu (bandwidth, latency, byte checks),
 #            host latency with and without the shim, gpulmt's own osu_bw beside it
@@ -134,16 +134,19 @@ stencil() {
     $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" > /tmp/stencil.txt 2>&1 \
       || { log "stencil2d FAILED: -n $n $*"; tail -3 /tmp/stencil.txt >&2; }
   }
-  # The 4-rank jobs put two ranks on a GPU (all of them on one): MPS lets them run at once.
+  # The 4-rank jobs put two ranks on a GPU (all of them on one): MPS lets them run at once
+  # (gio's persistent kernels wait for each other: without MPS they would be time-sliced).
   MPS=1 start_mps
+  # gio keeps both fields in the symmetric heap: 8192^2 doubles need two ~540 MB fields.
+  export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-2G}
   echo "mps=$mps" > "$out/stencil_env.txt"
   log stencil2d checks: bit-identical to the single-rank CPU reference
-  for n in 2 4; do for m in staged inter-k inter-k-overlap; do for p in single double; do
+  for n in 2 4; do for m in staged inter-k inter-k-overlap gio; do for p in single double; do
     one "$n" --size 512 --iters 20 --halo 4 --mode "$m" --precision "$p" --check --csv "$out/stencil_check.csv"
   done; done; done
   log stencil2d table
   for n in 2 4; do for p in single double; do for s in $sizes; do for h in 1 4; do
-    for m in staged inter-k inter-k-overlap; do
+    for m in staged inter-k inter-k-overlap gio; do
       one "$n" --size "$s" --halo "$h" --precision "$p" --mode "$m" --iters "$iters" --csv "$csv"
     done
   done; done; done; done

@@ -10,7 +10,10 @@ const DEVICE_CHECK: &str = env!("CARGO_BIN_EXE_device_check");
 fn every_kernel_compiles_under_nvrtc_where_it_is_installed() {
     let (out, text) = run_program(DEVICE_CHECK, &[], &["--compile-only"]);
     match out.status.code() {
-        Some(0) => assert!(text.contains("9 kernels compiled with NVRTC"), "{text}"),
+        Some(0) => {
+            assert!(text.contains("9 kernels compiled with NVRTC"), "{text}");
+            assert!(text.contains("stencil_gio compiled with NVRTC (float, double)"), "{text}");
+        }
         // Exit 2: NVRTC is not installed here; the message says how to get it.
         Some(2) => {
             assert!(text.contains("LD_LIBRARY_PATH"), "{text}");

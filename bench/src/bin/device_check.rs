@@ -3,7 +3,7 @@
 //! ```text
 //! gpulmt-run -n 2 device_check                # conformance checks: name,ok|FAIL,detail
 //! gpulmt-run -n 2 device_check --bench        # anchor,metric,bytes,value (beside NVSHMEM's)
-//! device_check --compile-only                 # every kernel through NVRTC, no GPU needed
+//! device_check --compile-only                 # every kernel through NVRTC (Stencil2D's gio too), no GPU needed
 //! ```
 //!
 //! Ranks sharing a GPU need MPS (their kernels wait for each other). On the sim backend
@@ -62,6 +62,16 @@ fn main() {
             kernel_names(KERNELS).len(),
             kernel_names(KERNELS).join(" ")
         );
+        // Stencil2D's gio mode, in both precisions, as it compiles them.
+        use gpulmt_bench::stencil::{gio::GIO_SOURCE, kernel::CUDA_SOURCE};
+        for real in ["float", "double"] {
+            let source = format!("typedef {real} real;\n{CUDA_SOURCE}\n{GIO_SOURCE}");
+            if let Err(e) = gpulmt::sym::nvrtc::compile_device_kernels(&source, "stencil2d_gio.cu", &["--fmad=false"]) {
+                eprintln!("device_check: {e}");
+                std::process::exit(1);
+            }
+        }
+        println!("device_check: stencil_gio compiled with NVRTC (float, double)");
         return;
     }
     let mut ctx = Context::init().unwrap_or_else(|e| {

@@ -35,8 +35,9 @@ pub enum Mode {
     /// As inter-k, with the first step's interior computed while the halos move and
     /// its boundary strips after.
     InterKOverlap,
-    // The intra-kernel mode of the GIO issue goes here: a `HaloExchange` whose
-    // start/finish signal and wait, and a step in `run` that launches the fused kernel.
+    /// GPU-initiated (seed 000's intra-kernel mode): one persistent kernel puts the halos
+    /// into the neighbours' symmetric fields with put_signal and waits for theirs.
+    Gio,
 }
 
 impl Mode {
@@ -45,6 +46,7 @@ impl Mode {
             Mode::Staged => "staged",
             Mode::InterK => "inter-k",
             Mode::InterKOverlap => "inter-k-overlap",
+            Mode::Gio => "gio",
         }
     }
 
@@ -58,6 +60,7 @@ impl Mode {
         let carrier = match self {
             Mode::Staged => Carrier::HostStaged,
             Mode::InterK | Mode::InterKOverlap => Carrier::Device,
+            Mode::Gio => unreachable!("the gio mode runs its own loop (stencil::gio)"),
         };
         Ok(Box::new(PairwiseExchange::<T>::new(ctx, d, carrier)?))
     }
@@ -243,6 +246,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     };
     let d = Decomp::new(grid, ctx.rank(), global, o.halo).map_err(StencilError::Config)?;
     let weights = Weights::<T>::new(o.weight_center, o.weight_cardinal, o.weight_diagonal);
+    if o.mode == Mode::Gio {
+        return run_gio(ctx, o, &d, weights);
+    }
     let mut dev = compute::for_context::<T>(ctx, weights, o.fmad)?;
     let dev = dev.as_mut();
 
@@ -381,13 +387,37 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         dev.timeline(warm_batches)?.iter().for_each(|b| times.add(b));
         println!("{}", times.line(ctx.rank(), o.mode));
     }
-    let reports = gather_reports(ctx, &mine)?;
+    let passed = conclude::<T>(ctx, o, &d, &weights, dev.describe(), (warmup, steps), &mine, fields[cur])?;
+
+    ctx.mem_free(fields[0])?;
+    ctx.mem_free(fields[1])?;
+    ex.release(ctx)?;
+    ctx.mem_free_commit()?;
+    Ok(passed)
+}
+
+/// The end of a run on every rank: rank 0 prints the report (and CSV rows) from every
+/// rank's `mine`, and with `--check` the gathered `field` is compared with the CPU
+/// reference after `steps` steps (`warmup` of them untimed). Returns whether the check
+/// passed (true without one).
+#[allow(clippy::too_many_arguments)]
+fn conclude<T: Real>(
+    ctx: &mut Context,
+    o: &StencilOptions,
+    d: &Decomp,
+    weights: &Weights<T>,
+    compute: String,
+    (warmup, steps): (usize, usize),
+    mine: &RankReport,
+    field: usize,
+) -> Result<bool> {
+    let reports = gather_reports(ctx, mine)?;
     let setup = Setup {
         o,
-        d: &d,
+        d,
         ranks: ctx.size(),
         backend: ctx.backend_kind(),
-        compute: dev.describe(),
+        compute,
         warmup,
         precision: T::NAME,
         elem_bytes: size_of::<T>(),
@@ -400,9 +430,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     let mut passed = true;
     if o.check || o.corrupt_rank.is_some() {
         if o.corrupt_rank == Some(ctx.rank()) {
-            corrupt::<T>(ctx, &d, fields[cur])?;
+            corrupt::<T>(ctx, d, field)?;
         }
-        if let Some(err) = check::<T>(ctx, &d, fields[cur], &weights, steps)? {
+        if let Some(err) = check::<T>(ctx, d, field, weights, steps)? {
             let tolerance = setup.tolerance::<T>(steps);
             passed = err.max_rel <= tolerance.0;
             println!(
@@ -420,9 +450,34 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         }
     }
 
-    ctx.mem_free(fields[0])?;
-    ctx.mem_free(fields[1])?;
-    ex.release(ctx)?;
+    Ok(passed)
+}
+
+/// A run in `gio` mode ([`super::gio`]): its own loop, then the same report and check.
+fn run_gio<T: Real>(ctx: &mut Context, o: &StencilOptions, d: &Decomp, weights: Weights<T>) -> Result<bool> {
+    if o.no_exchange || o.timeline || o.host_intervals {
+        return Err(StencilError::Config(
+            "--no-exchange, --timeline and --host-intervals do not apply to --mode gio (one kernel runs every step)"
+                .into(),
+        ));
+    }
+    let h = d.halo;
+    let warmup = o.warmup.unwrap_or(2 * h).next_multiple_of(h);
+    let g = super::gio::run::<T>(ctx, d, weights, warmup, o.iters, o.fmad)?;
+    let mut tally = ProtocolTally::default();
+    for side in Side::ALL.into_iter().filter(|s| d.neighbour(*s).is_some()) {
+        tally.count(side, "gio", (warmup / h) as u64 + g.exchanges);
+    }
+    let mine = RankReport {
+        device: ctx.device(),
+        elapsed: g.elapsed,
+        exchange: g.exchange,
+        exchanges: g.exchanges,
+        timed_opens: 0,
+        tally,
+    };
+    let passed = conclude::<T>(ctx, o, d, &weights, g.compute.clone(), (warmup, warmup + o.iters), &mine, g.field)?;
+    g.release(ctx)?;
     ctx.mem_free_commit()?;
     Ok(passed)
 }

@@ -220,7 +220,7 @@ impl Context {
         let me = self.rank();
         let word = self.sym_target(&Access { what: "sym_signal_wait_until", addr: sig, len: 8, pe: me, word: true })?;
         let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
+        for polls in 0u64.. {
             let seen = self.word_load(word)?;
             if cmp.holds(seen, value) {
                 return Ok(Some(seen));
@@ -228,8 +228,15 @@ impl Context {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            std::hint::spin_loop();
+            // Spin first (a signal is usually close); then yield, so that ranks sharing
+            // the cores with this one (the one that will signal, often) can run.
+            if polls < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
+        unreachable!("the poll count does not run out")
     }
 
     /// Adds `value` to the 64-bit word at the symmetric address `dst` on `pe`; returns
