@@ -170,6 +170,13 @@ GPULMT_DEV gpulmt_u64 gpulmt_ld_relaxed_sys(const gpulmt_u64 *p)
     return v;
 }
 
+GPULMT_DEV gpulmt_u64 gpulmt_ld_acquire_sys(const gpulmt_u64 *p)
+{
+    gpulmt_u64 v;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
 GPULMT_DEV gpulmt_u64 gpulmt_ld_acquire_gpu(const gpulmt_u64 *p)
 {
     gpulmt_u64 v;
@@ -341,13 +348,6 @@ GPULMT_DEV void gpulmt_signal_release(gpulmt_u64 *word, gpulmt_u64 value, int op
 /* ---- The queue path: GIO packets in the block's send queue (off-node PEs) ------------ */
 /* OFF-NODE STUB: complete against protocols/src/gio's format, unreachable until the host
  * fills gpulmt_dctx.queues (docs/device-api.md, "Wiring the off-node path"). */
-
-GPULMT_DEV gpulmt_u64 gpulmt_ld_acquire_sys(const gpulmt_u64 *p)
-{
-    gpulmt_u64 v;
-    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 
 /* This block's send queue, or NULL where the off-node path is not wired. */
 GPULMT_DEV const gpulmt_gio_sq *gpulmt_gio_my_sq(void)
@@ -714,13 +714,14 @@ GPULMT_DEV gpulmt_u64 gpulmt_signal_wait_until(gpulmt_u64 *sig, int cmp, gpulmt_
         return 0;
     }
     gpulmt_u64 seen;
+    /* Acquire loads at system scope: the one that sees the awaited value synchronizes with
+     * the release that wrote it (put_signal's), so the data published before that signal
+     * is visible to this thread's later loads, and this SM's L1 holds no stale line of it.
+     * Cheaper at the moment it matters than relaxed polling and a fence after it: no
+     * wait for this thread's own outstanding stores. */
     do {
-        seen = gpulmt_ld_relaxed_sys(sig);
+        seen = gpulmt_ld_acquire_sys(sig);
     } while (!gpulmt_cmp(seen, cmp, value));
-    /* The acquire pattern: the relaxed load observed the signaller's release; this fence
-     * makes it synchronize, so the data it published is visible to the loads that follow
-     * (and this SM's L1 holds no stale line of it). */
-    gpulmt_fence_sys();
     return seen;
 }
 
@@ -834,10 +835,11 @@ GPULMT_DEV void gpulmt_barrier_all_block(void)
                                 0, 0);
             }
         }
-        /* Arrivals only grow: every PE's e-th arrival has come when the count reaches e * n. */
-        while (gpulmt_ld_relaxed_sys(arrivals) < e * (gpulmt_u64)n) {
+        /* Arrivals only grow: every PE's e-th arrival has come when the count reaches e * n.
+         * Acquire, as in signal_wait_until: the arrivals are release RMWs of one word, so
+         * the load that sees the last one synchronizes with every PE's. */
+        while (gpulmt_ld_acquire_sys(arrivals) < e * (gpulmt_u64)n) {
         }
-        gpulmt_fence_sys(); /* the acquire pattern, as in signal_wait_until */
     }
     __syncthreads();
 }

@@ -26,10 +26,11 @@
 //! Modules, bottom up: [`grid`] (decomposition and regions), [`kernel`] (arithmetic,
 //! initial values, reference), [`compute`] (where the arithmetic runs: CUDA kernels
 //! or the CPU on sim device memory), [`exchange`] (the halo exchange), [`gio`] (the
-//! intra-kernel mode), [`app`]
-//! (options, the time loop, report, check).
+//! intra-kernel mode), [`check`] (`--check`), [`app`]
+//! (options, the time loop, the report).
 
 pub mod app;
+pub mod check;
 pub mod compute;
 pub mod exchange;
 pub mod gio;
