@@ -734,12 +734,12 @@ int gpulmt_sym_free(struct gpulmt_ctx *ctx,
                     void *ptr);
 
 /**
- * `*out` is the address in this process of `pe`'s copy of the symmetric address `sym`,
+ * `*ptr` is the address in this process of `pe`'s copy of the symmetric address `sym`,
  * for direct loads and stores (host: sim heaps are host memory; CUDA heaps are device
  * memory, for kernels), or NULL where this rank does not map `pe`'s heap.
  *
  * # Safety
- * `ctx` is a live context that no other thread uses during the call; `out` is valid for
+ * `ctx` is a live context that no other thread uses during the call; `ptr` is valid for
  * writes.
  */
 int gpulmt_sym_ptr(struct gpulmt_ctx *ctx,
@@ -872,13 +872,13 @@ int gpulmt_sym_atomic_fetch(struct gpulmt_ctx *ctx,
 int gpulmt_sym_quiet(struct gpulmt_ctx *ctx);
 
 /**
- * Writes this rank's `gpulmt_device_ctx` (gpulmt_device.cuh) to `out`, which holds
+ * Writes this rank's `gpulmt_device_ctx` (gpulmt_device.cuh) to `ptr`, which holds
  * `bytes` = `GPULMT_DEVICE_CTX_BYTES`: copy it into a module's `gpulmt_dctx` symbol
  * before launching kernels that use the device API. Fails before the first
  * `gpulmt_sym_malloc`.
  *
  * # Safety
- * `ctx` is a live context that no other thread uses during the call; `out` is valid for
+ * `ctx` is a live context that no other thread uses during the call; `ptr` is valid for
  * writes of `bytes` bytes.
  */
 int gpulmt_sym_device_ctx(struct gpulmt_ctx *ctx,

@@ -245,13 +245,19 @@ GPULMT_DEV void gpulmt_reject(gpulmt_u32 op, int pe, const void *sym, gpulmt_u64
     }
 }
 
-/* Whether [sym, sym + bytes) lies in the heap's allocation area and pe is a PE of the
- * job; records the access otherwise. Traps when the host never set the context. */
-GPULMT_DEV int gpulmt_check(gpulmt_u32 op, const void *sym, gpulmt_u64 bytes, int pe)
+/* Traps when the host never set this module's context (or set another version's). */
+GPULMT_DEV void gpulmt_require_ctx(void)
 {
     if (gpulmt_dctx.version != GPULMT_DEVICE_CTX_VERSION) {
         __trap(); /* gpulmt_dctx was not set: see the top of this header */
     }
+}
+
+/* Whether [sym, sym + bytes) lies in the heap's allocation area and pe is a PE of the
+ * job; records the access otherwise. Traps when the host never set the context. */
+GPULMT_DEV int gpulmt_check(gpulmt_u32 op, const void *sym, gpulmt_u64 bytes, int pe)
+{
+    gpulmt_require_ctx();
 #ifdef GPULMT_DEVICE_UNCHECKED
     return 1;
 #else
@@ -791,6 +797,7 @@ GPULMT_DEV gpulmt_u64 gpulmt_atomic_fetch(gpulmt_u64 *dst, int pe)
  * PE's heap). */
 GPULMT_DEV void gpulmt_sync_grid(void)
 {
+    gpulmt_require_ctx();
     __syncthreads();
     if (gpulmt_block_thread() == 0) {
         gpulmt_u64 *count = gpulmt_ctrl(GPULMT_CTRL_GRID_COUNT), *gen = gpulmt_ctrl(GPULMT_CTRL_GRID_GENERATION);
@@ -816,6 +823,7 @@ GPULMT_DEV void gpulmt_sync_grid(void)
  * every PE's operations issued before it are complete and visible (quiet + sync). */
 GPULMT_DEV void gpulmt_barrier_all_block(void)
 {
+    gpulmt_require_ctx();
     __syncthreads();
     if (gpulmt_block_thread() == 0) {
         gpulmt_quiet();

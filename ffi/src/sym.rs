@@ -81,12 +81,12 @@ pub unsafe extern "C" fn gpulmt_sym_free(ctx: *mut gpulmt_ctx, ptr: *mut c_void)
     unsafe { with_ctx(ctx, |h| Ok(h.ctx.sym_free_at(ptr as usize)?)) }
 }
 
-/// `*out` is the address in this process of `pe`'s copy of the symmetric address `sym`,
+/// `*ptr` is the address in this process of `pe`'s copy of the symmetric address `sym`,
 /// for direct loads and stores (host: sim heaps are host memory; CUDA heaps are device
 /// memory, for kernels), or NULL where this rank does not map `pe`'s heap.
 ///
 /// # Safety
-/// `ctx` is a live context that no other thread uses during the call; `out` is valid for
+/// `ctx` is a live context that no other thread uses during the call; `ptr` is valid for
 /// writes.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_sym_ptr(
@@ -315,13 +315,13 @@ pub unsafe extern "C" fn gpulmt_sym_quiet(ctx: *mut gpulmt_ctx) -> c_int {
     unsafe { with_ctx(ctx, |h| Ok(h.ctx.sym_quiet()?)) }
 }
 
-/// Writes this rank's `gpulmt_device_ctx` (gpulmt_device.cuh) to `out`, which holds
+/// Writes this rank's `gpulmt_device_ctx` (gpulmt_device.cuh) to `ptr`, which holds
 /// `bytes` = `GPULMT_DEVICE_CTX_BYTES`: copy it into a module's `gpulmt_dctx` symbol
 /// before launching kernels that use the device API. Fails before the first
 /// `gpulmt_sym_malloc`.
 ///
 /// # Safety
-/// `ctx` is a live context that no other thread uses during the call; `out` is valid for
+/// `ctx` is a live context that no other thread uses during the call; `ptr` is valid for
 /// writes of `bytes` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_sym_device_ctx(ctx: *mut gpulmt_ctx, ptr: *mut c_void, bytes: usize) -> c_int {
