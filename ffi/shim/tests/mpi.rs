@@ -420,6 +420,12 @@ fn a_rank_killed_mid_run_leaves_nothing_the_next_job_does_not_remove() {
     assert!(out.code.is_some_and(|c| c != 0), "mpirun must end with a failure\n{}", out.dump());
     let named: Vec<String> = objects_of(&[], &pids).into_iter().filter(|n| n.starts_with("gpulmt-mpi")).collect();
     assert!(named.is_empty(), "the job segment is still named: {named:?}\n{}", out.dump());
+    // The next job starts once this one's processes are gone: mpirun may return while a
+    // rank it told to stop is still exiting (and holding its owner lock) on a loaded host.
+    let gone_by = std::time::Instant::now() + Duration::from_secs(30);
+    while pids.iter().any(|&p| gpulmt::shm::owner::pid_alive(p)) && std::time::Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     sweep(Evidence::Locks);
     let left = objects_of(&[], &pids);
     assert!(left.is_empty(), "left after the sweep a job's start runs: {left:?}\n{}", out.dump());
