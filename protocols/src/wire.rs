@@ -11,7 +11,9 @@ use crate::{MsgId, Tag};
 
 /// Version of the wire format; a peer speaking another version is rejected.
 /// 4: RTS source `Net` and CTS mode `Net`, the rendezvous with a rank on another node.
-pub const WIRE_VERSION: u8 = 4;
+/// 5: the learn form of a region (see [`RegionMemo`]): a plain full region no longer
+/// enters a memo.
+pub const WIRE_VERSION: u8 = 5;
 /// Bytes of an IPC handle carried in a region (CUDA's `CUipcMemHandle`).
 pub const HANDLE_BYTES: usize = 64;
 
@@ -46,21 +48,53 @@ impl Region {
 /// RTS fits one cache line. Every region on a channel is a buffer of its sending rank;
 /// several slots because that rank's send buffers (its RTSs) and receive buffers (its
 /// CTSs and RTRs) cross in turn. Both ends update their memo packet by packet in channel
-/// order (a full region takes its buffer id's slot, else the oldest), so they agree; the
+/// order (a learnt region takes its buffer id's slot, else the oldest), so they agree; the
 /// buffer id in the short form guards the rest (a memo that disagrees makes the packet
 /// undecodable, never maps another allocation). Channels that do not keep order, or whose
 /// ends keep no memo, encode and decode with `None`: always in full.
+///
+/// Only the sending end's memo decides what is learnt. It sends a region to remember in
+/// the learn form, which carries the tag of its next learning: 64 bits mixed from the
+/// channel's key and the count of regions learnt so far (both ends are made with the same
+/// key, [`RegionMemo::keyed`]). The receiving end learns a region only from a whole,
+/// well-formed packet whose learn form carries exactly its own next tag. So bytes that
+/// did not come from the sender's encoder (a forged packet in the ring, a plain full
+/// region, a corrupted one) never enter the memo: they cannot push the sender's
+/// allocations out, nor replace one under its buffer id, and the sender's later short
+/// regions still decode. Only a forger that knows the key and the count, and so can
+/// forge any packet of the sender's, could make the memos disagree.
 #[derive(Clone, Debug, Default)]
 pub struct RegionMemo {
     slots: [Option<Region>; MEMO_SLOTS],
-    /// The slot the next full region takes.
+    /// The slot the next learnt region takes.
     next: usize,
+    /// The channel's key: with `learnt`, what the tag of the next learn form is.
+    key: u64,
+    /// Regions learnt so far.
+    learnt: u64,
 }
 
 /// Allocations a [`RegionMemo`] remembers.
 pub const MEMO_SLOTS: usize = 4;
 
 impl RegionMemo {
+    /// An empty memo for one end of the channel with key `key`; the other end's memo
+    /// must have the same key (say, a number both ranks read from their job, mixed with
+    /// the channel's two ends).
+    pub fn keyed(key: u64) -> RegionMemo {
+        RegionMemo { key, ..RegionMemo::default() }
+    }
+
+    /// The tag that the learn form of the channel's next learnt region carries.
+    fn next_tag(&self) -> u64 {
+        // splitmix64's finalizer: a bijection, so every learning of a channel has its own
+        // tag, and consecutive tags share no pattern a corrupted byte could hit.
+        let mut z = self.key.wrapping_add((self.learnt + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
     /// Whether `r` lies in a remembered allocation.
     fn knows(&self, r: &Region) -> bool {
         // Field by field, the buffer id first: no copies of the handle on the send path.
@@ -78,10 +112,11 @@ impl RegionMemo {
         self.slots.iter().flatten().find(|m| m.buffer_id == buffer_id).copied()
     }
 
-    /// Remembers a region that crossed in full: in place of one with its buffer id (ids
-    /// never repeat for a correct peer, but the two ends must never hold two entries for
-    /// one id), else of the oldest.
+    /// Remembers a region that crossed in learn form: in place of one with its buffer id
+    /// (ids never repeat for a correct peer, but the two ends must never hold two entries
+    /// for one id), else of the oldest.
     fn learn(&mut self, r: Region) {
+        self.learnt += 1;
         if let Some(same) = self.slots.iter_mut().flatten().find(|m| m.buffer_id == r.buffer_id) {
             *same = r;
             return;
@@ -94,6 +129,10 @@ impl RegionMemo {
 /// The form byte that leads an encoded region.
 const REGION_FULL: u8 = 1;
 const REGION_SHORT: u8 = 2;
+/// A full region for the receiving end's memo, followed by its tag (see [`RegionMemo`]).
+const REGION_LEARN: u8 = 4;
+/// Bytes the learn form adds to the full form: the tag.
+const LEARN_TAG_BYTES: usize = 8;
 /// The form bytes of an RTS's source that carry no region.
 const SRC_HOST: u8 = 0;
 const SRC_NET: u8 = 3;
@@ -261,8 +300,7 @@ impl Packet {
         }
     }
 
-    /// Bytes [`encode`](Self::encode) writes: the most [`encode_with`](Self::encode_with)
-    /// writes, which a memo may shorten.
+    /// Bytes [`encode`](Self::encode) writes (with no memo).
     pub fn encoded_len(&self) -> usize {
         // A region with its form byte, in full.
         const REGION: usize = 1 + REGION_BYTES;
@@ -284,6 +322,16 @@ impl Packet {
             }
     }
 
+    /// The most bytes [`encode_with`](Self::encode_with) writes with a memo: a region in
+    /// learn form carries its tag beyond the full form; in short form it is shorter.
+    pub fn encoded_len_with_memo(&self) -> usize {
+        let region = matches!(
+            self,
+            Packet::Rts { src: MemDesc::Device(_), .. } | Packet::Cts { dst: Some(_), .. } | Packet::Rtr { .. }
+        );
+        self.encoded_len() + if region { LEARN_TAG_BYTES } else { 0 }
+    }
+
     /// Encodes into `out`, which must hold [`encoded_len`](Self::encoded_len) bytes;
     /// returns the bytes written.
     pub fn encode(&self, out: &mut [u8]) -> usize {
@@ -291,8 +339,9 @@ impl Packet {
     }
 
     /// Encodes for an ordered channel whose sending end keeps `memo` (see [`RegionMemo`]);
-    /// `out` must hold [`encoded_len`](Self::encoded_len) bytes; returns the bytes written
-    /// (fewer where the memo shortened a region).
+    /// `out` must hold [`encoded_len_with_memo`](Self::encoded_len_with_memo) bytes (with
+    /// `None`, [`encoded_len`](Self::encoded_len)); returns the bytes written (fewer where
+    /// the memo shortened a region).
     pub fn encode_with(&self, out: &mut [u8], memo: Option<&mut RegionMemo>) -> usize {
         let mut w = Writer { buf: out, pos: 0, memo };
         w.u8(WIRE_VERSION);
@@ -397,7 +446,7 @@ impl Packet {
 
     /// Encodes into a new vector for an ordered channel whose sending end keeps `memo`.
     pub fn to_vec_with(&self, memo: Option<&mut RegionMemo>) -> Vec<u8> {
-        let mut v = vec![0; self.encoded_len()];
+        let mut v = vec![0; if memo.is_some() { self.encoded_len_with_memo() } else { self.encoded_len() }];
         let n = self.encode_with(&mut v, memo);
         v.truncate(n);
         v
@@ -410,8 +459,9 @@ impl Packet {
 
     /// Decodes untrusted bytes from an ordered channel whose receiving end keeps `memo`
     /// (see [`RegionMemo`]); every packet of the channel must pass through here, in order.
+    /// The memo learns only from a packet that decodes whole.
     pub fn decode_with(bytes: &[u8], memo: Option<&mut RegionMemo>) -> Result<Packet, DecodeError> {
-        let mut r = Reader { buf: bytes, pos: 0, kind: "header", memo };
+        let mut r = Reader { buf: bytes, pos: 0, kind: "header", memo, learn: None };
         let version = r.u8()?;
         if version != WIRE_VERSION {
             return Err(DecodeError::Version(version));
@@ -519,6 +569,9 @@ impl Packet {
         if r.remaining() != 0 {
             return Err(DecodeError::Trailing(r.remaining()));
         }
+        if let (Some(region), Some(memo)) = (r.learn, r.memo) {
+            memo.learn(region);
+        }
         Ok(pkt)
     }
 }
@@ -574,8 +627,10 @@ impl Writer<'_> {
     fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
-    /// A region with its form byte: short when the channel's memo knows its allocation.
+    /// A region with its form byte: short when the channel's memo knows its allocation,
+    /// else in learn form for a memo (the receiving end's then learns it), else in full.
     fn region(&mut self, r: &Region) {
+        let mut tag = None;
         if let Some(memo) = self.memo.as_deref_mut() {
             if memo.knows(r) {
                 self.u8(REGION_SHORT);
@@ -583,15 +638,19 @@ impl Writer<'_> {
                 self.u64(r.offset);
                 return;
             }
+            tag = Some(memo.next_tag());
             memo.learn(*r);
         }
-        self.u8(REGION_FULL);
+        self.u8(if tag.is_some() { REGION_LEARN } else { REGION_FULL });
         self.bytes(&r.handle);
         self.u64(r.alloc_size);
         self.u64(r.offset);
         self.u32(r.device);
         self.u64(r.node);
         self.u64(r.buffer_id);
+        if let Some(tag) = tag {
+            self.u64(tag);
+        }
     }
 }
 
@@ -600,6 +659,9 @@ struct Reader<'a> {
     pos: usize,
     kind: &'static str,
     memo: Option<&'a mut RegionMemo>,
+    /// A region in learn form with the memo's next tag: learnt once the whole packet
+    /// has decoded.
+    learn: Option<Region>,
 }
 
 impl<'a> Reader<'a> {
@@ -641,7 +703,7 @@ impl<'a> Reader<'a> {
     /// A region whose form byte (already read) is `form`.
     fn region(&mut self, form: u8) -> Result<Region, DecodeError> {
         let r = match form {
-            REGION_FULL => {
+            REGION_FULL | REGION_LEARN => {
                 let mut handle = [0u8; HANDLE_BYTES];
                 handle.copy_from_slice(self.take(HANDLE_BYTES)?);
                 let r = Region {
@@ -652,8 +714,18 @@ impl<'a> Reader<'a> {
                     node: self.u64()?,
                     buffer_id: self.u64()?,
                 };
-                if let Some(memo) = self.memo.as_deref_mut() {
-                    memo.learn(r);
+                if form == REGION_LEARN {
+                    // Only a channel's memo encodes the learn form, and only its memo can
+                    // take it. A tag other than the next one is not the sender's learning
+                    // (forged or corrupt): the region decodes, but is not remembered.
+                    let tag = self.u64()?;
+                    let memo = self
+                        .memo
+                        .as_deref()
+                        .ok_or(DecodeError::Field { field: "region.form", value: REGION_LEARN as u64 })?;
+                    if tag == memo.next_tag() {
+                        self.learn = Some(r);
+                    }
                 }
                 r
             }
@@ -802,7 +874,7 @@ mod tests {
     /// Encodes `p` through `tx` and decodes it through `rx`, as the two ends of a ring do.
     fn hop(p: &Packet, tx: &mut RegionMemo, rx: &mut RegionMemo) -> (usize, Result<Packet, DecodeError>) {
         let v = p.to_vec_with(Some(tx));
-        assert!(v.len() <= p.encoded_len(), "{p:?}");
+        assert!(v.len() <= p.encoded_len_with_memo(), "{p:?}");
         (v.len(), Packet::decode_with(&v, Some(rx)))
     }
 
@@ -890,6 +962,91 @@ mod tests {
         }
         assert_eq!(tx.slots.iter().flatten().count(), 1);
         assert_eq!(rx.slots.iter().flatten().count(), 1);
+    }
+
+    /// Issue 31: forged packets in a ring, between the sender's real ones, whose regions
+    /// would once push the sender's allocations out of the receiver's memo (its later
+    /// short regions then could not be decoded, and their transfers hung): full regions
+    /// of other allocations, a full region under a real buffer id, learn forms of another
+    /// channel's key, a learn form with the channel's next tag in a packet that does not
+    /// decode. None enters the memo; every real short region still decodes to its
+    /// allocation.
+    #[test]
+    fn forged_regions_never_push_the_senders_allocations_out_of_the_memo() {
+        let (mut tx, mut rx) = (RegionMemo::keyed(0x5eed), RegionMemo::keyed(0x5eed));
+        let rts = |r| Packet::Rts { msg: 1, tag: 2, len: 3, src: MemDesc::Device(r) };
+        for a in 1..=MEMO_SLOTS as u8 {
+            let (len, got) = hop(&rts(alloc_region(a, 0)), &mut tx, &mut rx);
+            assert_eq!(got, Ok(rts(alloc_region(a, 0))));
+            assert!(len > rts(alloc_region(a, 0)).encoded_len(), "learn form");
+        }
+        let mut forged: Vec<Vec<u8>> = (10..16).map(|a| rts(alloc_region(a, 0)).to_vec()).collect();
+        let impostor = Region { handle: [0xee; HANDLE_BYTES], ..alloc_region(1, 0) };
+        forged.push(Packet::Cts { msg: 9, mode: CtsMode::Put, dst: Some(impostor), split: 0 }.to_vec());
+        let mut other_key = RegionMemo::keyed(0xbad);
+        forged.extend((20..26).map(|a| rts(alloc_region(a, 0)).to_vec_with(Some(&mut other_key))));
+        let mut next_tag = tx.clone();
+        let mut trailing = rts(alloc_region(30, 0)).to_vec_with(Some(&mut next_tag));
+        trailing.push(0);
+        forged.push(trailing);
+        for v in &forged {
+            let _ = Packet::decode_with(v, Some(&mut rx));
+        }
+        for a in 1..=MEMO_SLOTS as u8 {
+            let p = rts(alloc_region(a, 64 * a as u64));
+            let (len, got) = hop(&p, &mut tx, &mut rx);
+            assert_eq!(got, Ok(p.clone()), "allocation {a} after {} forged packets", forged.len());
+            assert!(len < p.encoded_len(), "short form");
+        }
+        // The learn form is a memo's: decoded without one it is refused (one encoding per
+        // packet), as is a short region.
+        let v = rts(alloc_region(40, 0)).to_vec_with(Some(&mut tx));
+        assert_eq!(Packet::decode(&v), Err(DecodeError::Field { field: "region.form", value: REGION_LEARN as u64 }));
+    }
+
+    proptest! {
+        /// Real packets with regions cross a memo pair unchanged, and short exactly as
+        /// without forgeries, whatever forged packets (full regions of any allocation,
+        /// under real buffer ids too, learn forms of other keys, corrupted learn forms)
+        /// come between them.
+        #[test]
+        fn forged_packets_between_real_ones_leave_the_memos_agreeing(
+            seq in proptest::collection::vec((any::<bool>(), 0u8..3, 0u8..12, 0u64..4096, any::<u8>()), 1..80)
+        ) {
+            let (mut tx, mut rx) = (RegionMemo::keyed(7), RegionMemo::keyed(7));
+            let mut forger = RegionMemo::keyed(8);
+            let mut fulls: Vec<u8> = Vec::new();
+            for (real, kind, alloc, offset, noise) in seq {
+                let mut r = alloc_region(alloc % 7, offset);
+                if !real && noise % 2 == 0 {
+                    r.handle[0] ^= 0xff; // A real buffer id, another allocation.
+                }
+                let p = match kind {
+                    0 => Packet::Rtr { recv: 1, expect: 2, tag: 3, len: 4, dst: r },
+                    1 => Packet::Rts { msg: 1, tag: 2, len: 3, src: MemDesc::Device(r) },
+                    _ => Packet::Cts { msg: 1, mode: CtsMode::Put, dst: Some(r), split: 0 },
+                };
+                if real {
+                    let (len, got) = hop(&p, &mut tx, &mut rx);
+                    prop_assert_eq!(got, Ok(p.clone()));
+                    let short = fulls.iter().rev().take(MEMO_SLOTS).any(|&a| a == alloc % 7);
+                    prop_assert_eq!(len < p.encoded_len(), short);
+                    if !short {
+                        fulls.push(alloc % 7);
+                    }
+                    continue;
+                }
+                let mut v = match noise % 3 {
+                    0 => p.to_vec(),
+                    _ => p.to_vec_with(Some(&mut forger)),
+                };
+                if noise % 5 == 0 {
+                    let at = noise as usize % v.len();
+                    v[at] ^= 1 << (noise % 8);
+                }
+                let _ = Packet::decode_with(&v, Some(&mut rx));
+            }
+        }
     }
 
     proptest! {

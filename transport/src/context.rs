@@ -321,6 +321,12 @@ impl Context {
         let rx = (0..n).map(|r| seg.ring(r, me)).collect();
         let tx = (0..n).map(|r| seg.ring(me, r)).collect();
         let offnode = OffNode::new(&topo, offnode);
+        // Each ring's two ends key their region memos alike, from what both read in the
+        // job segment: bytes that did not come from the sender's encoder cannot teach the
+        // receiver's memo (see `RegionMemo`).
+        let ring_key = |from: usize, to: usize| seg.instance() ^ ((from as u64) << 32 | to as u64);
+        let rx_memo = (0..n).map(|r| RegionMemo::keyed(ring_key(r, me))).collect();
+        let tx_memo = (0..n).map(|r| RegionMemo::keyed(ring_key(me, r))).collect();
         Ok(Context {
             engine: Engine::new(ecfg),
             cfg,
@@ -341,8 +347,8 @@ impl Context {
             polls_since_liveness: 0,
             rx,
             tx,
-            rx_memo: vec![RegionMemo::default(); n],
-            tx_memo: vec![RegionMemo::default(); n],
+            rx_memo,
+            tx_memo,
             stats: Stats::default(),
             free_marks: FreeMarks::new(),
             allocations: HashMap::default(),

@@ -411,8 +411,8 @@ impl Context {
         let direct = self.direct_ring(to);
         let memo = &mut self.tx_memo[local];
         let pushed = direct.map_or(Ok(false), |ring| {
-            // The full form's length bounds what the memo may shorten.
-            ring.try_push_upto(p.encoded_len(), |slot| {
+            // The learn form's length bounds what the memo may write.
+            ring.try_push_upto(p.encoded_len_with_memo(), |slot| {
                 let n = p.encode_with(slot, Some(memo));
                 kind = slot[1];
                 n
