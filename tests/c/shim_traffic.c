@@ -4,12 +4,15 @@
  * device buffers move through libgpulmt_mpi.so preloaded.
  *
  * mpirun -np 2 [--allow-run-as-root --oversubscribe] -x LD_PRELOAD=libgpulmt_mpi.so \
- *        -x GPULMT_DEVICE=sim ./shim_traffic MILLIS SEED BYTES
+ *        -x GPULMT_DEVICE=sim ./shim_traffic MILLIS SEED BYTES [abort|exit]
  *
  * Ranks 0 and 1 ping-pong a device buffer (gpulmt_mpi_alloc) of BYTES bytes for MILLIS
  * ms (rank 0 decides each round, by a host message, whether another follows), every
  * byte checked; further ranks only finalize. Errors return (MPI_ERRORS_RETURN), so that
- * a rank whose peer died says so itself if mpirun has not taken it down first.
+ * a rank whose peer died says so itself if mpirun has not taken it down first. With
+ * `abort` or `exit`, rank 1 ends itself in its third round, its device send posted (a
+ * transfer under way): MPI_Abort(MPI_COMM_WORLD, 7), or _exit(7) (no MPI call, no
+ * atexit handler).
  *
  * Prints on stdout, flushed line by line (the suite acts on them while the job runs):
  *   rank=R ready pid=P             after the first round: transfers are under way
@@ -83,10 +86,11 @@ static void expect(const unsigned char *dev, unsigned char *host, size_t n, uint
 }
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: %s MILLIS SEED BYTES\n", argv[0]);
+  if (argc != 4 && argc != 5) {
+    fprintf(stderr, "usage: %s MILLIS SEED BYTES [abort|exit]\n", argv[0]);
     return 2;
   }
+  const char *end_self = argc == 5 ? argv[4] : "";
   double millis = atof(argv[1]);
   uint64_t seed = strtoull(argv[2], NULL, 10);
   size_t n = (size_t)strtoull(argv[3], NULL, 10);
@@ -130,6 +134,16 @@ int main(int argc, char **argv) {
       expect(dev, host, n, seed, round);
       fill(dev, host, n, seed ^ 1, round);
       check_call(MPI_Isend(dev, (int)n, MPI_BYTE, peer, 3, MPI_COMM_WORLD, &req), "MPI_Isend");
+      if (round == 2 && !strcmp(end_self, "abort")) {
+        printf("rank=1 aborting\n");
+        fflush(stdout);
+        MPI_Abort(MPI_COMM_WORLD, 7);
+      }
+      if (round == 2 && !strcmp(end_self, "exit")) {
+        printf("rank=1 exiting\n");
+        fflush(stdout);
+        _exit(7);
+      }
       check_call(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait (send)");
     }
     if (round == 0) {

@@ -316,10 +316,11 @@ fn kill_or_stop_a_random_rank_under_mpirun() {
 /// ping-ponged with plain MPI calls, every byte checked) with the PMPI shim preloaded,
 /// killed or stopped (then continued or killed) mid-transfer under `mpirun`, for each
 /// path the shim moves device messages by (gpulmt's GET, PUT and COOPERATE, and staging
-/// through the MPI library): the job ends within a bound, with a failure where a rank
-/// died (the survivor's own error or mpirun's), cleanly where it was only stopped; no
-/// byte is corrupt; the job segment has no name left, and the next job's start removes
-/// what the dead job's ranks held.
+/// through the MPI library); then a rank that ends itself mid-transfer by MPI_Abort and
+/// by _exit: the job ends within a bound, with a failure where a rank died (the
+/// survivor's own error or mpirun's), cleanly where it was only stopped; no byte is
+/// corrupt; the job segment has no name left, and the next job's start removes what the
+/// dead job's ranks held.
 #[test]
 fn kill_or_stop_a_random_rank_of_a_shim_job_under_mpirun() {
     let Some((prog, shim)) = shim_fault_program() else { return };
@@ -333,19 +334,24 @@ fn kill_or_stop_a_random_rank_of_a_shim_job_under_mpirun() {
         ("staged", &[("GPULMT_MPI_LMT_MIN", "1G")]),
     ];
     let mut survivor_errors = 0;
+    // `shim_traffic args` under mpirun on 2 ranks, with the shim preloaded and `env`.
+    let shim_job = |env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = Command::new("mpirun");
+        without_gpulmt_env(&mut cmd).env_remove("LD_PRELOAD");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"]);
+        let shim = shim.display().to_string();
+        for (k, v) in [("GPULMT_DEVICE", "sim"), ("LD_PRELOAD", shim.as_str())].iter().chain(env) {
+            cmd.arg("-x").arg(format!("{k}={v}"));
+        }
+        cmd.arg(&prog).args(args);
+        cmd
+    };
     for (path, env) in paths {
         for fault in [Fault::Kill, Fault::StopThenContinue, Fault::StopThenKill] {
             let plan = Plan::draw(&mut rng, fault);
             let what = format!("shim mpirun {}", plan.describe(path));
             let _lock = job_lock();
-            let mut cmd = Command::new("mpirun");
-            without_gpulmt_env(&mut cmd).env_remove("LD_PRELOAD");
-            cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"]);
-            let shim = shim.display().to_string();
-            for (k, v) in [("GPULMT_DEVICE", "sim"), ("LD_PRELOAD", shim.as_str())].iter().chain(env) {
-                cmd.arg("-x").arg(format!("{k}={v}"));
-            }
-            cmd.arg(&prog).args(["1200", &plan.seed, "1048576"]);
+            let cmd = shim_job(env, &["1200", &plan.seed, "1048576"]);
             let Some((out, pids, _)) = plan.run(&mut t, LiveJob::spawn(cmd, &what), false, &what) else { continue };
             survivor_errors += out.stdout.contains(&format!("rank={} peer-failed", 1 - plan.victim)) as u32;
             if out.code == Some(0) {
@@ -366,6 +372,30 @@ fn kill_or_stop_a_random_rank_of_a_shim_job_under_mpirun() {
             t.expect(named.is_empty(), format!("{what}: the job segment is still named: {named:?}"), &out);
             all_pids.extend(pids);
         }
+    }
+    for end in ["abort", "exit"] {
+        let (path, env) = paths[rng.below(paths.len() as u64) as usize];
+        let what = format!("shim mpirun {path}: rank 1 ends itself by {end} mid-transfer");
+        let _lock = job_lock();
+        let mut job = LiveJob::spawn(shim_job(env, &["5000", &rng.next().to_string(), "1048576", end]), &what);
+        let pids = job.ready_pids(2, Duration::from_secs(60));
+        let ended = job.wait_line(Duration::from_secs(60), |l| {
+            l.starts_with("rank=1 aborting") || l.starts_with("rank=1 exiting")
+        });
+        let at = Instant::now();
+        let out = job.finish(Duration::from_secs(90));
+        t.runs += 1;
+        t.injected += ended.is_some() as u32;
+        t.expect(pids.is_some() && ended.is_some(), format!("{what}: the ranks never got to it"), &out);
+        t.expect(out.code.is_some_and(|c| c != 0), format!("{what}: mpirun did not report the end"), &out);
+        t.expect(!out.stderr.contains("FAIL"), format!("{what}: a rank failed a check (corrupt data)"), &out);
+        let took = at.elapsed();
+        t.expect(took < Duration::from_secs(30), format!("{what}: the job ended {took:?} after the rank's end"), &out);
+        survivor_errors += out.stdout.contains("rank=0 peer-failed") as u32;
+        let pids = pids.unwrap_or_default();
+        let named: Vec<String> = objects_of(&[], &pids).into_iter().filter(|n| n.starts_with("gpulmt-mpi")).collect();
+        t.expect(named.is_empty(), format!("{what}: the job segment is still named: {named:?}"), &out);
+        all_pids.extend(pids);
     }
     // What the killed ranks (and survivors that exited on their error) held goes at the
     // next job's start (here: one rank's).
