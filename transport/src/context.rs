@@ -374,6 +374,23 @@ impl Context {
         &self.seg
     }
 
+    /// Writes `bytes` into the ring to local peer `to` as this rank's next packet there,
+    /// sealed as the context seals its own (see `RegionMemo`): how tests model a peer
+    /// whose engine sends lying packets, which the receiver must refuse by what they say
+    /// (bytes written into the ring unsealed are refused at the seal). `Ok(false)` when
+    /// the ring is full; call it only while [`control_pending`](Self::control_pending)
+    /// is false (the ring keeps its order).
+    #[doc(hidden)]
+    pub fn push_sealed(&mut self, to: u32, bytes: &[u8]) -> Result<bool, crate::shm::ring::RingError> {
+        let Some(local) = self.topo.local_of(to) else { return Ok(false) };
+        let (ring, memo) = (self.tx[local], &mut self.tx_memo[local]);
+        let n = bytes.len();
+        ring.try_push_with(n + gpulmt_protocols::wire::SEAL_BYTES, |slot| {
+            slot[..n].copy_from_slice(bytes);
+            memo.seal(&mut slot[n..]);
+        })
+    }
+
     /// This rank's job rank.
     pub fn rank(&self) -> u32 {
         self.topo.rank()

@@ -64,9 +64,10 @@ pub enum Cmd {
     /// A second init while the first context lives must fail at once; the first context
     /// then works and finalizes.
     SecondInit,
-    /// Rank 1 forges PACKETS control packets into its ring to rank 0 between real device
-    /// messages (whose regions cross that ring); rank 0 feeds COOKIES forged RTS cookies
-    /// to `lmt_start_recv`. Every real message must arrive intact.
+    /// Rank 1 forges PACKETS control packets into its ring to rank 0 (unsealed: as a
+    /// third party would) between real device messages (whose regions cross that ring);
+    /// rank 0 feeds COOKIES forged RTS cookies to `lmt_start_recv`. Every real message
+    /// must arrive intact.
     Fuzz {
         #[arg(long, default_value_t = 1)]
         seed: u64,
