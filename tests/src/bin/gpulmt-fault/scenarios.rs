@@ -336,6 +336,9 @@ fn traffic(mut ctx: Context, proto: Proto, millis: Duration, seed: u64) -> i32 {
 }
 
 fn hold_then_exchange(mut ctx: Context, hold: &std::path::Path) -> i32 {
+    // Device memory held through the hold: what a live job has for a sweep to leave alone.
+    let held = ctx.mem_alloc(1 << 20).or_fail("device memory to hold");
+    say!("rank={} holding", ctx.rank());
     let t0 = Instant::now();
     while !hold.exists() {
         if t0.elapsed() > Duration::from_secs(60) {
@@ -357,6 +360,8 @@ fn hold_then_exchange(mut ctx: Context, hold: &std::path::Path) -> i32 {
             fail(format!("the message after the hold is {got:?}"));
         }
     }
+    ctx.mem_free(held).or_fail("freeing the held device memory");
+    ctx.mem_free_commit().or_fail("committing the free");
     finish(ctx, "hold")
 }
 
