@@ -45,12 +45,15 @@ mpi_constants! {
     message_null: MPI_Message = RSMPI_MESSAGE_NULL;
     status_ignore: *mut MPI_Status = RSMPI_STATUS_IGNORE;
     in_place: *mut c_void = gpulmt_mpi_in_place;
+    combiner_named: c_int = gpulmt_mpi_combiner_named;
 }
 
 extern "C" {
     /// `MPI_IN_PLACE`, from `csrc/mpi_consts.c` (build.rs): a pointer cast in mpi.h's
     /// macro, which bindgen does not translate (Open MPI: 1, MPICH: -1).
     static gpulmt_mpi_in_place: *mut c_void;
+    /// `MPI_COMBINER_NAMED` (an enumerator of a named enum in MPICH's mpi.h).
+    static gpulmt_mpi_combiner_named: c_int;
 }
 
 /// A zeroed status to be filled by the MPI library.
@@ -241,7 +244,7 @@ fn is_named(dt: MPI_Datatype) -> bool {
     let (mut ints, mut addrs, mut types, mut combiner): (c_int, c_int, c_int, c_int) = (0, 0, 0, -1);
     // SAFETY: out-pointers to locals; an invalid datatype makes the call fail.
     let rc = unsafe { PMPI_Type_get_envelope(dt, &mut ints, &mut addrs, &mut types, &mut combiner) };
-    rc == SUCCESS && combiner == MPI_COMBINER_NAMED as c_int
+    rc == SUCCESS && combiner == combiner_named()
 }
 
 /// Fills a user's status (unless it is MPI_STATUS_IGNORE) with what the shim knows:

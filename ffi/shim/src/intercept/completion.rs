@@ -16,9 +16,10 @@ use crate::raw::*;
 use crate::state::errored;
 
 /// Runs a completion call of the MPI library on `reqs[..n]`. When one of them is a
-/// shim request that failed, MPI would hand the error to MPI_COMM_WORLD's handler
-/// (a generalized request has no communicator): that handler is set aside for the
-/// call, and the failed request's communicator's handler gets the error instead.
+/// shim request that failed, MPI would hand the error to MPI_COMM_WORLD's or
+/// MPI_COMM_SELF's handler (a generalized request has no communicator): those are set
+/// aside for the call, and the failed request's communicator's handler gets the error
+/// instead.
 ///
 /// # Safety
 /// `reqs` is NULL or holds `n` request handles, and `call` is a completion call of the MPI
@@ -35,16 +36,22 @@ unsafe fn complete(reqs: *const MPI_Request, n: c_int, call: impl FnOnce() -> c_
         }
     };
     let Some(comm) = comm else { return call() };
-    let world = comm_world();
-    let mut old = std::mem::MaybeUninit::uninit();
-    // SAFETY: MPI_COMM_WORLD's handler is swapped and restored around the call.
+    // MPI-3 libraries (Open MPI 4.1) raise an error of a request without a communicator
+    // on MPI_COMM_WORLD, MPI-4 ones (MPICH 4) on MPI_COMM_SELF: both are set aside.
+    let sides = [comm_world(), comm_self()];
+    let mut old = [std::mem::MaybeUninit::uninit(), std::mem::MaybeUninit::uninit()];
+    // SAFETY: the two handlers are swapped and restored around the call.
     unsafe {
-        PMPI_Comm_get_errhandler(world, old.as_mut_ptr());
-        let mut old = old.assume_init();
-        PMPI_Comm_set_errhandler(world, RSMPI_ERRORS_RETURN);
+        for (c, o) in sides.iter().zip(old.iter_mut()) {
+            PMPI_Comm_get_errhandler(*c, o.as_mut_ptr());
+            PMPI_Comm_set_errhandler(*c, RSMPI_ERRORS_RETURN);
+        }
         let rc = call();
-        PMPI_Comm_set_errhandler(world, old);
-        PMPI_Errhandler_free(&mut old);
+        for (c, o) in sides.iter().zip(old.iter_mut()) {
+            let mut o = o.assume_init();
+            PMPI_Comm_set_errhandler(*c, o);
+            PMPI_Errhandler_free(&mut o);
+        }
         raise(comm, rc)
     }
 }

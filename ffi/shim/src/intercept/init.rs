@@ -103,6 +103,8 @@ pub unsafe extern "C" fn MPI_Init_thread(
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Finalize() -> c_int {
     if ACTIVE.swap(false, Ordering::AcqRel) {
+        // The helper thread first: it takes the shim's lock.
+        crate::state::stop_background();
         let shim = lock().take();
         if let Some(s) = shim {
             s.finalize();

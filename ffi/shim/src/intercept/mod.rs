@@ -8,6 +8,7 @@
 
 pub mod barrier;
 pub mod coll;
+pub mod comm;
 pub mod completion;
 mod direct_recv;
 pub mod init;

@@ -71,18 +71,24 @@ impl Shim {
             return self.deliver_small(id, spec, source, tag, &b, env);
         }
         let mut inner = request_null();
-        let (rc, staging) = if spec.device && spec.contiguous {
-            // The MPI library writes host memory: stage, copy to the device at the end.
+        let (rc, staging) = if spec.device || bytes > spec.cap {
+            // The MPI library writes host memory: a device buffer (any datatype) gets the
+            // message staged, written to it at the end (`write_data`). A message longer
+            // than the buffer is staged too: the shim truncates it itself, so the library
+            // reports no error (MPICH would raise it on MPI_COMM_WORLD's handler, not the
+            // receive's) and writes nothing past the count (Open MPI would).
             let mut staging = vec![0u8; bytes];
-            self.counters.staged_recvs += 1;
+            if spec.device {
+                self.counters.staged_recvs += 1;
+            } else {
+                self.counters.host_recvs += 1;
+            }
             // SAFETY: staging holds the whole message and lives in the operation.
             let rc = unsafe { PMPI_Imrecv(staging.as_mut_ptr().cast(), bytes as c_int, byte(), &mut msg, &mut inner) };
             (rc, Some(staging))
         } else {
-            // Host memory (any datatype), or a non-contiguous device buffer that only a
-            // device-aware MPI library can fill.
             self.counters.host_recvs += 1;
-            // SAFETY: the user's buffer and datatype, valid until the receive completes.
+            // SAFETY: the user's host buffer and datatype, valid until the receive completes.
             let rc = unsafe { PMPI_Imrecv(spec.buf as *mut c_void, spec.count, spec.dtype, &mut msg, &mut inner) };
             (rc, None)
         };

@@ -36,9 +36,12 @@
 //! - [`recv`]: posting receives and writing a matched message into the user's buffer;
 //! - [`matching`]: matching messages to posted receives in MPI's order, and probes;
 //! - [`progress`]: polling gpulmt and every running operation;
+//! - [`background`]: progress from a helper thread while the application's thread waits
+//!   in a blocking call of the MPI library;
 //! - [`staging`](mod@staging): what staging needs: which buffers are device memory, the
 //!   copier, and non-blocking calls on staged buffers.
 
+mod background;
 mod greq;
 mod lock;
 mod matching;
@@ -56,6 +59,7 @@ use std::ffi::c_int;
 use gpulmt::Context;
 use mpi_sys::*;
 
+pub use background::{stop as stop_background, while_blocked};
 pub use greq::errored;
 pub use lock::{host_fast_path, lock};
 pub use ops::Done;
@@ -106,6 +110,9 @@ pub struct Shim {
     /// Whether device buffers wait for the application's legacy default stream first
     /// (`GPULMT_MPI_SETTLE`).
     settle: bool,
+    /// The library provides `MPI_THREAD_MULTIPLE`: the helper thread of `background`
+    /// may make MPI calls while the application's thread is inside the library.
+    thread_multiple: bool,
     pub counters: gpulmt_mpi_counters,
 }
 
