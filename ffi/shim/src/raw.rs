@@ -10,7 +10,6 @@ pub const SUCCESS: c_int = MPI_SUCCESS as c_int;
 pub const ERR_TRUNCATE: c_int = MPI_ERR_TRUNCATE as c_int;
 pub const ERR_OTHER: c_int = MPI_ERR_OTHER as c_int;
 pub const ERR_INTERN: c_int = MPI_ERR_INTERN as c_int;
-pub const ERR_TYPE: c_int = MPI_ERR_TYPE as c_int;
 pub const ERR_COUNT: c_int = MPI_ERR_COUNT as c_int;
 
 /// Defines `pub fn $name() -> $ty` reading rsmpi's static `$konst`.
@@ -43,6 +42,7 @@ mpi_constants! {
     info_null: MPI_Info = RSMPI_INFO_NULL;
     request_null: MPI_Request = RSMPI_REQUEST_NULL;
     message_null: MPI_Message = RSMPI_MESSAGE_NULL;
+    message_no_proc: MPI_Message = RSMPI_MESSAGE_NO_PROC;
     status_ignore: *mut MPI_Status = RSMPI_STATUS_IGNORE;
     in_place: *mut c_void = gpulmt_mpi_in_place;
     combiner_named: c_int = gpulmt_mpi_combiner_named;
@@ -152,6 +152,23 @@ pub fn find_count_word() {
         // Relaxed: see `status_bytes`.
         COUNT_WORD.store(w * word, Ordering::Relaxed);
     }
+}
+
+/// An MPI handle (`MPI_Request`, `MPI_Message`, `MPI_Win`: a pointer in Open MPI, an int
+/// in MPICH) as a number, to key the shim's tables by.
+pub fn handle_key<T: Copy>(h: T) -> u64 {
+    const { assert!(std::mem::size_of::<T>() <= 8) };
+    let mut k = 0u64;
+    // SAFETY: a handle is plain data of at most 8 bytes (checked above), copied into the
+    // low bytes of `k`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&h as *const T).cast::<u8>(),
+            (&mut k as *mut u64).cast::<u8>(),
+            std::mem::size_of::<T>(),
+        )
+    };
+    k
 }
 
 /// Whether a (source, tag) pair satisfies a receive's (source, tag), wildcards included.

@@ -133,6 +133,12 @@ fn barrier() -> &'static Path {
     BIN.get_or_init(|| mpicc("barrier", "tests/c/barrier.c"))
 }
 
+/// `tests/c/calls.c`, compiled once.
+fn calls() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| mpicc("calls", "tests/c/calls.c"))
+}
+
 /// `tests/c/blocked.c`, compiled once.
 fn blocked() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -372,6 +378,27 @@ fn blocking_collectives_keep_device_transfers_moving() {
         let run = clean_run_within(blocked(), np, &[("GPULMT_PROTOCOL", protocol)], args, Duration::from_secs(120));
         run.assert_all_ok(np);
         assert!(!run.stderr.contains("watchdog"), "{}", run.dump());
+    }
+}
+
+/// Issue 30: the point-to-point calls beyond plain sends and receives on device buffers
+/// give what the same calls give on host buffers: buffered and ready sends, persistent
+/// requests started again and again (with MPI_Startall, MPI_Request_free, MPI_Cancel,
+/// MPI_Request_get_status, an inactive request in a wait), the program's matched probes
+/// and receives (of envelopes, data, 176-byte host data, after a plain probe, behind an
+/// earlier posted receive, truncated), MPI_Sendrecv_replace, and derived datatypes with
+/// gaps on either side (tests/c/calls.c says more). Its barriers per exchange make it a
+/// program of many collectives (see `collective_nps`).
+#[test]
+fn point_to_point_calls_on_device_buffers_match_host_buffers() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in collective_nps(&[2, 3, 4]) {
+        let run = clean_run_within(calls(), np, &[], &[], Duration::from_secs(180));
+        run.assert_all_ok(np);
+        assert!(run.stderr.contains("MPI_Start: the persistent request is still active"), "{}", run.dump());
     }
 }
 

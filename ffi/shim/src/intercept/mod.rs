@@ -12,6 +12,8 @@ pub mod comm;
 pub mod completion;
 mod direct_recv;
 pub mod init;
+pub mod mprobe;
+pub mod persistent;
 pub mod probe;
 pub mod recv;
 pub mod send;

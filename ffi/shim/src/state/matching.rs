@@ -55,14 +55,21 @@ impl Shim {
                 continue;
             }
             self.posted.remove(i);
-            self.deliver(id, &spec, msg, &st);
+            self.deliver(id, &spec, msg, st.MPI_SOURCE, st.MPI_TAG, status_bytes(&st));
         }
     }
 
-    /// Receives the matched message `msg` for operation `id`.
-    fn deliver(&mut self, id: u64, spec: &RecvSpec, mut msg: MPI_Message, st: &MPI_Status) {
-        let (source, tag) = (st.MPI_SOURCE, st.MPI_TAG);
-        let bytes = status_bytes(st);
+    /// Receives the matched message `msg` (`bytes` long, from `source` with `tag`) for
+    /// operation `id`.
+    pub(super) fn deliver(
+        &mut self,
+        id: u64,
+        spec: &RecvSpec,
+        mut msg: MPI_Message,
+        source: c_int,
+        tag: c_int,
+        bytes: usize,
+    ) {
         if bytes == ENVELOPE_BYTES {
             let mut b = Box::new([0u8; ENVELOPE_BYTES]);
             // SAFETY: a matched message of exactly this many bytes.
@@ -124,7 +131,7 @@ impl Shim {
                 continue;
             }
             let bytes = status_bytes(&st);
-            if bytes != ENVELOPE_BYTES {
+            if bytes != ENVELOPE_BYTES || !self.envelopes_possible() {
                 return Some((st.MPI_SOURCE, st.MPI_TAG, bytes));
             }
             // Envelope-sized: take it to look inside, and keep it for its receive.

@@ -128,6 +128,7 @@ impl Shim {
             next_op: 1,
             posted: Vec::new(),
             stash: Vec::new(),
+            probed: HashMap::new(),
             finished: HashMap::new(),
             allocations: Vec::new(),
             last_device: None,

@@ -1,14 +1,16 @@
 //! What staging needs of the shim: which of a call's buffers are device memory (settled
-//! before staging reads them), the copier, and non-blocking calls the MPI library runs
-//! on staged buffers (collectives today), whose requests the shim completes after
-//! copying the results back.
+//! before staging reads them), the copier, the device buffer of a point-to-point call
+//! staged whole, and calls the MPI library runs on staged buffers, whose requests the
+//! shim completes after copying the results back.
+
+use std::ffi::c_int;
 
 use mpi_sys::*;
 
 use super::ops::{Done, State};
 use super::Shim;
 use crate::raw::*;
-use crate::staging::{Copier, Region, Staged};
+use crate::staging::{Copier, Region, Role, Shape, Staged};
 
 impl Shim {
     /// Whether any of these pointers is device memory (a quick look: one byte each).
@@ -47,7 +49,47 @@ impl Shim {
         comm: MPI_Comm,
         call: &'static str,
     ) -> MPI_Request {
-        self.new_op(None, comm, State::Staged { inner, staged, call }, true).1
+        self.track_staged_op(inner, staged, comm, call, true).1
+    }
+
+    /// As [`track_staged`](Self::track_staged); without `greq`, for a blocking call whose
+    /// caller waits for the operation (`wait_op`). Returns the operation and the request.
+    pub fn track_staged_op(
+        &mut self,
+        inner: MPI_Request,
+        staged: Staged,
+        comm: MPI_Comm,
+        call: &'static str,
+        greq: bool,
+    ) -> (u64, MPI_Request) {
+        self.new_op(None, comm, State::Staged { inner, staged, call }, greq)
+    }
+
+    /// Stages the buffer of a point-to-point call, `count` elements of `dt` at `buf`
+    /// (any datatype: the whole span the elements cover), when it is device memory:
+    /// copied in (what `role` reads, and a written span with gaps, so that they come
+    /// back unchanged). `None` for host memory or an empty buffer; an invalid count or
+    /// datatype is left to the library (`None` too). A failure is an MPI error code
+    /// naming `call`.
+    pub fn stage_buffer(
+        &mut self,
+        buf: usize,
+        count: c_int,
+        dt: MPI_Datatype,
+        role: Role,
+        call: &str,
+    ) -> Result<Option<Staged>, c_int> {
+        let Ok(Some(region)) = Region::of(buf, Shape::Count { count: count.into(), dt }, role) else { return Ok(None) };
+        if !self.region_on_device(&region) {
+            return Ok(None);
+        }
+        // SAFETY: the region lies in the call's buffer, which MPI's rules keep valid (and,
+        // where the call writes it, unused by the program) until the call completes; the
+        // caller keeps the `Staged` no longer than that.
+        let staged = unsafe { Staged::new(vec![Some(region)]) }.map_err(|e| e.code(call))?;
+        crate::staging::count_staged(1, staged.bytes(true));
+        staged.copy_in(self.ctx.backend()).map_err(|e| e.code(call))?;
+        Ok(Some(staged))
     }
 
     /// Polls a non-blocking call on staged buffers; its result once it finished.
