@@ -9,3 +9,6 @@
 
 void *const gpulmt_mpi_in_place = MPI_IN_PLACE;
 const int gpulmt_mpi_combiner_named = MPI_COMBINER_NAMED;
+const int gpulmt_mpi_win_base = MPI_WIN_BASE;
+const int gpulmt_mpi_win_model = MPI_WIN_MODEL;
+const int gpulmt_mpi_win_separate = MPI_WIN_SEPARATE;

@@ -65,6 +65,7 @@ mod hostmem;
 pub mod intercept;
 mod mpierr;
 mod raw;
+pub mod rma;
 mod scratch;
 pub mod staging;
 mod state;

@@ -46,6 +46,8 @@ mpi_constants! {
     status_ignore: *mut MPI_Status = RSMPI_STATUS_IGNORE;
     in_place: *mut c_void = gpulmt_mpi_in_place;
     combiner_named: c_int = gpulmt_mpi_combiner_named;
+    win_base: c_int = gpulmt_mpi_win_base;
+    win_model: c_int = gpulmt_mpi_win_model;
 }
 
 extern "C" {
@@ -54,6 +56,12 @@ extern "C" {
     static gpulmt_mpi_in_place: *mut c_void;
     /// `MPI_COMBINER_NAMED` (an enumerator of a named enum in MPICH's mpi.h).
     static gpulmt_mpi_combiner_named: c_int;
+    /// The predefined window attributes `MPI_WIN_BASE` and `MPI_WIN_MODEL` (enumerators in
+    /// Open MPI's mpi.h, macros in MPICH's), and the model `MPI_WIN_SEPARATE`, whose
+    /// address `MPI_Win_get_attr` hands out.
+    static gpulmt_mpi_win_base: c_int;
+    static gpulmt_mpi_win_model: c_int;
+    pub static gpulmt_mpi_win_separate: c_int;
 }
 
 /// A zeroed status to be filled by the MPI library.

@@ -139,6 +139,12 @@ fn calls() -> &'static Path {
     BIN.get_or_init(|| mpicc("calls", "tests/c/calls.c"))
 }
 
+/// `tests/c/rma.c`, compiled once.
+fn rma() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| mpicc("rma", "tests/c/rma.c"))
+}
+
 /// `tests/c/blocked.c`, compiled once.
 fn blocked() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -399,6 +405,24 @@ fn point_to_point_calls_on_device_buffers_match_host_buffers() {
         let run = clean_run_within(calls(), np, &[], &[], Duration::from_secs(180));
         run.assert_all_ok(np);
         assert!(run.stderr.contains("MPI_Start: the persistent request is still active"), "{}", run.dump());
+    }
+}
+
+/// Issue 30: one-sided communication with device memory: windows of MPI_Win_create over
+/// device buffers (host shadows kept coherent at the separate model's synchronizations)
+/// and device origin buffers, with fence, post/start/complete/wait and passive target
+/// (lock/unlock, flush, lock_all), every value checked in five placements; a dynamic
+/// window refuses device memory with an error naming the call (tests/c/rma.c).
+#[test]
+fn one_sided_communication_on_device_memory_matches_host_memory() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in collective_nps(&[2, 3, 4]) {
+        let run = clean_run_within(rma(), np, &[], &[], Duration::from_secs(120));
+        run.assert_all_ok(np);
+        assert!(run.stderr.contains("MPI_Win_attach: device memory cannot be attached"), "{}", run.dump());
     }
 }
 

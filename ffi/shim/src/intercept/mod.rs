@@ -16,6 +16,7 @@ pub mod mprobe;
 pub mod persistent;
 pub mod probe;
 pub mod recv;
+pub mod rma;
 pub mod send;
 pub mod sendrecv;
 

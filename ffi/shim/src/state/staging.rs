@@ -79,15 +79,34 @@ impl Shim {
         role: Role,
         call: &str,
     ) -> Result<Option<Staged>, c_int> {
-        let Ok(Some(region)) = Region::of(buf, Shape::Count { count: count.into(), dt }, role) else { return Ok(None) };
-        if !self.region_on_device(&region) {
+        self.stage_buffers(&[(buf, count, dt, role)], call)
+    }
+
+    /// [`stage_buffer`](Self::stage_buffer) for the buffers of one call, staged together
+    /// (`Staged::pointer(i, ..)` for the i-th); `None` when none is device memory.
+    pub fn stage_buffers(
+        &mut self,
+        bufs: &[(usize, c_int, MPI_Datatype, Role)],
+        call: &str,
+    ) -> Result<Option<Staged>, c_int> {
+        let mut regions = Vec::with_capacity(bufs.len());
+        for &(buf, count, dt, role) in bufs {
+            // NULL: a buffer the call ignores (MPI_Fetch_and_op's origin with MPI_NO_OP).
+            let region = match Region::of(buf, Shape::Count { count: count.into(), dt }, role) {
+                Ok(Some(r)) if buf != 0 && self.region_on_device(&r) => Some(r),
+                _ => None,
+            };
+            regions.push(region);
+        }
+        let staged_buffers = regions.iter().flatten().count();
+        if staged_buffers == 0 {
             return Ok(None);
         }
-        // SAFETY: the region lies in the call's buffer, which MPI's rules keep valid (and,
-        // where the call writes it, unused by the program) until the call completes; the
+        // SAFETY: the regions lie in the call's buffers, which MPI's rules keep valid (and,
+        // where the call writes them, unused by the program) until the call completes; the
         // caller keeps the `Staged` no longer than that.
-        let staged = unsafe { Staged::new(vec![Some(region)]) }.map_err(|e| e.code(call))?;
-        crate::staging::count_staged(1, staged.bytes(true));
+        let staged = unsafe { Staged::new(regions) }.map_err(|e| e.code(call))?;
+        crate::staging::count_staged(staged_buffers, staged.bytes(true));
         staged.copy_in(self.ctx.backend()).map_err(|e| e.code(call))?;
         Ok(Some(staged))
     }
