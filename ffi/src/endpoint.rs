@@ -8,7 +8,7 @@ use gpulmt::config::Config;
 use gpulmt::progress::Stats;
 use gpulmt::{Context, Error, JobInfo, Protocol, Request};
 
-use crate::error::{guard, record, FfiError};
+use crate::error::guard;
 use crate::handle::{
     check_buf, finish, gpulmt_ctx, gpulmt_request, gpulmt_status, out, rank_arg, set_opt, test_request, with_ctx,
     GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, GPULMT_REQUEST_NULL,
@@ -80,13 +80,13 @@ impl From<&Stats> for gpulmt_stats {
     }
 }
 
-/// Hands a new context to C.
+/// Hands a new context to C: its handle (see [`crate::registry`]).
 ///
 /// # Safety
 /// `out` is valid for writes.
 pub(crate) unsafe fn hand_out(out: *mut *mut gpulmt_ctx, h: gpulmt_ctx) {
     // SAFETY: the caller's contract.
-    unsafe { *out = Box::into_raw(Box::new(h)) };
+    unsafe { *out = crate::registry::register(h) };
 }
 
 /// Joins the job that `gpulmt-run` describes in the environment (`GPULMT_JOB`,
@@ -105,13 +105,9 @@ pub unsafe extern "C" fn gpulmt_init(out: *mut *mut gpulmt_ctx) -> c_int {
         // SAFETY: the caller's contract.
         let slot = unsafe { crate::handle::out(out, "out")? };
         *slot = std::ptr::null_mut();
-        // Context::init, keeping the job id for gpulmt_ctx::finalize.
-        let cfg = Config::from_env().map_err(Error::from)?;
-        let info = JobInfo::from_env()?;
-        let job = info.job.clone();
-        let ctx = Context::init_with(cfg, info)?;
+        let ctx = Context::init_with(Config::from_env().map_err(Error::from)?, JobInfo::from_env()?)?;
         // SAFETY: checked non-null above.
-        unsafe { hand_out(out, gpulmt_ctx::new(ctx, job, None)) };
+        unsafe { hand_out(out, gpulmt_ctx::new(ctx, None)) };
         Ok(())
     })
 }
@@ -125,17 +121,14 @@ pub unsafe extern "C" fn gpulmt_init(out: *mut *mut gpulmt_ctx) -> c_int {
 /// A context that hit `GPULMT_ERR_INTERNAL` is only released, and the call returns
 /// `GPULMT_ERR_INTERNAL` again.
 ///
+/// A context that is not live (NULL, finalized already, never handed out) is refused
+/// with `GPULMT_ERR_INVALID_ARGUMENT`, as by every other call.
+///
 /// # Safety
-/// `ctx` is NULL (the call then fails) or a live context that no other thread uses,
-/// and it is not used again after the call.
+/// None beyond the function's: `ctx` is only looked up, never dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn gpulmt_finalize(ctx: *mut gpulmt_ctx) -> c_int {
-    if ctx.is_null() {
-        return record(FfiError::invalid("the context is NULL"));
-    }
-    // SAFETY: a live context from Box::into_raw, which the caller gives up.
-    let h = unsafe { Box::from_raw(ctx) };
-    guard(move || h.finalize())
+    guard(|| crate::registry::unregister(ctx)?.finalize())
 }
 
 /// Gives this context's rank in its job.

@@ -4,10 +4,9 @@
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use gpulmt::shm::job::JobSegment;
 use gpulmt::{Context, Error, Rank, Request, Status};
 
-use crate::error::{guard, record, FfiError, GPULMT_ERR_BAD_RANK, GPULMT_ERR_INTERNAL, GPULMT_SUCCESS};
+use crate::error::{guard, panic_message, FfiError, GPULMT_ERR_BAD_RANK, GPULMT_ERR_INTERNAL, GPULMT_SUCCESS};
 
 /// A pending operation: a request id, or `GPULMT_REQUEST_NULL`.
 #[allow(non_camel_case_types)]
@@ -63,13 +62,10 @@ pub(crate) struct PluginState {
 /// An endpoint of a gpulmt job: the context and what the ABI keeps beside it.
 ///
 /// C sees it only as `gpulmt_ctx*`, from `gpulmt_init` or `gpulmt_plugin_init` until
-/// `gpulmt_finalize`.
+/// `gpulmt_finalize`: a handle of the [`crate::registry`], never its address.
 #[allow(non_camel_case_types)]
 pub struct gpulmt_ctx {
     pub(crate) ctx: Context,
-    /// The job id, to remove the job's segment when the context is released without
-    /// the collective finalize.
-    pub(crate) job: String,
     /// Set for contexts made by `gpulmt_plugin_init`.
     pub(crate) plugin: Option<PluginState>,
     /// Set when a call panicked: the context's state is unknown, so it only accepts
@@ -78,16 +74,16 @@ pub struct gpulmt_ctx {
 }
 
 impl gpulmt_ctx {
-    pub(crate) fn new(ctx: Context, job: String, plugin: Option<PluginState>) -> Self {
-        Self { ctx, job, plugin, poisoned: false }
+    pub(crate) fn new(ctx: Context, plugin: Option<PluginState>) -> Self {
+        Self { ctx, plugin, poisoned: false }
     }
 
     /// Leaves the job: collectively for a context of `gpulmt_init`, locally for a
     /// plugin context, and only releasing a poisoned one (`GPULMT_ERR_INTERNAL`).
     pub(crate) fn finalize(self) -> Result<(), FfiError> {
-        let gpulmt_ctx { ctx, job, plugin, poisoned } = self;
+        let gpulmt_ctx { ctx, plugin, poisoned } = self;
         if poisoned {
-            release_locally(ctx, &job)?;
+            release_locally(ctx)?;
             return Err(FfiError::new(
                 GPULMT_ERR_INTERNAL,
                 "the context was released without finalizing: it hit an internal error earlier",
@@ -95,7 +91,7 @@ impl gpulmt_ctx {
         }
         match plugin {
             None => Ok(ctx.finalize()?),
-            Some(_) => release_locally(ctx, &job),
+            Some(_) => release_locally(ctx),
         }
     }
     /// Declares failed every rank whose `send_blob` failed: the host's channel to it is
@@ -149,44 +145,42 @@ impl gpulmt_ctx {
 }
 
 /// Releases a context without talking to peers: peers see this rank as gone, its
-/// mappings close and its device memory is released; rank 0, which created the job's
-/// segment, removes its name (every rank mapped it while joining).
-fn release_locally(ctx: Context, job: &str) -> Result<(), FfiError> {
-    let rank = ctx.rank();
+/// mappings close and its device memory is released. The job segment has no name left
+/// to remove (rank 0 removed it once every rank had joined).
+fn release_locally(ctx: Context) -> Result<(), FfiError> {
     drop(ctx);
-    if rank == 0 {
-        JobSegment::unlink(job).map_err(Error::from)?;
-    }
     Ok(())
 }
 
-/// Runs the body of an extern function on a context: a null or poisoned context is
-/// rejected, errors and panics become the returned code (a panic poisons the
-/// context), and failed `send_blob` calls are settled afterwards.
+/// Runs the body of an extern function on a context: a NULL, stale (finalized),
+/// garbage, busy or poisoned context is rejected (see [`crate::registry`]), errors and
+/// panics become the returned code (a panic poisons the context), and failed
+/// `send_blob` calls are settled afterwards.
 ///
 /// # Safety
-/// `ctx` is NULL or a live pointer from `gpulmt_init` / `gpulmt_plugin_init` that no
-/// other thread uses during the call.
+/// The pointers the body dereferences are the body's to check; `ctx` itself is only
+/// looked up, never dereferenced, so it may be anything.
 pub(crate) unsafe fn with_ctx(ctx: *mut gpulmt_ctx, f: impl FnOnce(&mut gpulmt_ctx) -> Result<(), FfiError>) -> c_int {
-    // SAFETY: the caller passes NULL or a live, unaliased context.
-    let Some(h) = (unsafe { ctx.as_mut() }) else {
-        return record(FfiError::invalid("the context is NULL"));
-    };
-    if h.poisoned {
-        return record(FfiError::new(
-            GPULMT_ERR_INTERNAL,
-            "this context hit an internal error earlier and is unusable; release it with gpulmt_finalize",
-        ));
-    }
-    let code = guard(|| {
-        let r = f(h);
-        h.settle_send_failures();
-        r
-    });
-    if code == GPULMT_ERR_INTERNAL {
-        h.poisoned = true;
-    }
-    code
+    guard(|| {
+        crate::registry::with_live(ctx, |h| {
+            if h.poisoned {
+                return Err(FfiError::new(
+                    GPULMT_ERR_INTERNAL,
+                    "this context hit an internal error earlier and is unusable; release it with gpulmt_finalize",
+                ));
+            }
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let r = f(h);
+                h.settle_send_failures();
+                r
+            }))
+            .unwrap_or_else(|payload| Err(FfiError::new(GPULMT_ERR_INTERNAL, panic_message(&*payload))));
+            if r.as_ref().is_err_and(|e| e.code == GPULMT_ERR_INTERNAL) {
+                h.poisoned = true;
+            }
+            r
+        })
+    })
 }
 
 /// An out-parameter that must not be NULL.

@@ -194,7 +194,7 @@ pub unsafe extern "C" fn gpulmt_plugin_init(
             None => Context::init_plugin_rings(cfg, info)?,
         };
         let rings = ops.send_blob.is_none();
-        let h = gpulmt_ctx::new(ctx, job, Some(PluginState { send_failures, rings }));
+        let h = gpulmt_ctx::new(ctx, Some(PluginState { send_failures, rings }));
         // SAFETY: checked non-null above.
         unsafe { hand_out(out, h) };
         Ok(())

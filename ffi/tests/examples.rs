@@ -4,7 +4,12 @@
 //!   through every protocol, with the protocol counts checked against the policy, and
 //!   with a peer that leaves mid-transfer;
 //! - `examples/pingpong.c`: the plain endpoint API under `gpulmt-run -n 2`, host and
-//!   device buffers.
+//!   device buffers;
+//! - `tests/c/misuse.c`: the ABI called wrongly (NULL, stale and garbage contexts,
+//!   impossible lengths, released device memory, a configuration out of range): every
+//!   call must return its error code.
+//! - `examples/sym.c`: the symmetric heap's host calls under `gpulmt-run -n 3`, with
+//!   both headers included (gpulmt.h and gpulmt_device.cuh compiled as C).
 //!
 //! Needs `cc` (or `$CC`) and the launcher: run `cargo build --workspace` first.
 
@@ -14,58 +19,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use gpulmt_tests::{
-    expected_pingpong, expected_protocol, job_lock, sizes, target_profile_dir, Job, JobOutput, Mem, Setup,
+    compile_c as compile, expected_pingpong, expected_protocol, job_lock, repo_root, sizes, target_profile_dir, Job,
+    JobOutput, Mem, Setup,
 };
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("ffi/ is inside the workspace").to_path_buf()
-}
-
-/// The directory of the cdylib this `cargo test` built. `cargo build` copies it up to
-/// `target/<profile>/`, `cargo test` leaves it in `deps/`: link against `deps/` so the
-/// examples always run against the library under test.
-fn lib_dir() -> PathBuf {
-    let deps = target_profile_dir().join("deps");
-    assert!(
-        deps.join("libgpulmt.so").is_file(),
-        "{} is missing: build the C library with `cargo build -p gpulmt-ffi`",
-        deps.join("libgpulmt.so").display()
-    );
-    deps
-}
-
-fn cc() -> String {
-    std::env::var("CC").unwrap_or_else(|_| "cc".into())
-}
-
-/// Compiles `source` (relative to the repository) with strict warnings into the
-/// scratch directory; `link` adds the library. Returns the output path.
-fn compile(source: &str, out_name: &str, extra: &[&str], link: bool) -> PathBuf {
-    let root = repo_root();
-    let dir = target_profile_dir().join("ffi-examples");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(out_name);
-    let mut cmd = Command::new(cc());
-    cmd.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1"])
-        .args(extra)
-        .arg("-I")
-        .arg(root.join("include"))
-        .arg(root.join(source))
-        .arg("-o")
-        .arg(&out);
-    if link {
-        let lib = lib_dir();
-        cmd.arg("-L").arg(&lib).arg(format!("-Wl,-rpath,{}", lib.display())).arg("-lgpulmt");
-    }
-    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{}`: {e} (set CC)", cc()));
-    assert!(
-        o.status.success(),
-        "compiling {source} failed:\n{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
-}
 
 /// Runs `cmd` with only the given `GPULMT_*` settings, killing it after `limit`.
 fn run_with_limit(mut cmd: Command, env: &[(&str, &str)], limit: Duration, what: String) -> JobOutput {
@@ -212,5 +168,42 @@ fn pingpong_example_runs_under_the_launcher() {
                 out.dump()
             );
         }
+    }
+}
+
+/// Misuse of the C ABI gives error codes, never a crash or a success: calls after
+/// `gpulmt_finalize` (stale handle), made-up handles, `SIZE_MAX` and other lengths
+/// beyond `PTRDIFF_MAX`, device memory after `gpulmt_mem_free` + `gpulmt_mem_free_commit`;
+/// and `GPULMT_CHUNK_SIZE=1..6` fails `gpulmt_init` with `GPULMT_ERR_CONFIG`.
+#[test]
+fn misuse_of_the_c_abi_gives_error_codes() {
+    let misuse = compile("ffi/tests/c/misuse.c", "misuse", &["-std=c11"], true);
+    let out = Job::new(misuse.to_str().unwrap(), 2, &["7"]).run();
+    out.assert_ok(2, "misuse");
+    for size in ["1", "6"] {
+        let _lock = job_lock();
+        let what = format!("GPULMT_CHUNK_SIZE={size} misuse config");
+        let mut cmd = Command::new(&misuse);
+        cmd.arg("config");
+        let out = run_with_limit(
+            cmd,
+            &[("GPULMT_DEVICE", "sim"), ("GPULMT_CHUNK_SIZE", size)],
+            Duration::from_secs(60),
+            what,
+        );
+        out.assert_ok(1, "config");
+        assert!(out.stdout.contains(&format!("GPULMT_CHUNK_SIZE=\"{size}\" is invalid")), "{}", out.dump());
+    }
+}
+
+#[test]
+fn sym_example_runs_under_the_launcher() {
+    let sym = compile("ffi/examples/sym.c", "sym", &["-std=c11"], true);
+    let out = Job::new(sym.to_str().unwrap(), 3, &[]).run();
+    out.assert_ok(3, "sym").assert_no_litter();
+    for rank in 0..3 {
+        let c = out.counters(rank, "symc");
+        assert_eq!((c["ctx_pe"], c["ctx_pes"], c["total"]), (rank as u64, 3, 1500), "rank {rank}\n{}", out.dump());
+        assert_eq!(c["offset"], out.counters(0, "symc")["offset"], "rank {rank}: another offset\n{}", out.dump());
     }
 }

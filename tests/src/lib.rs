@@ -21,6 +21,8 @@
 //! busy-polls, so two jobs at once on a small CI machine would only slow each other
 //! down (and timing assertions would become flaky).
 
+pub mod live;
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -37,6 +39,59 @@ pub fn target_profile_dir() -> PathBuf {
     } else {
         deps.to_path_buf()
     }
+}
+
+/// The repository's root directory.
+pub fn repo_root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the workspace").to_path_buf()
+}
+
+/// The directory of the C library `libgpulmt.so` that C programs are linked against:
+/// `cargo test` leaves the cdylib it built in `deps/` (`cargo build` copies it up to
+/// `target/<profile>/`), so that C programs run against the library under test.
+pub fn c_lib_dir() -> PathBuf {
+    let deps = target_profile_dir().join("deps");
+    assert!(
+        deps.join("libgpulmt.so").is_file(),
+        "{} is missing: build the C library with `cargo build -p gpulmt-ffi`",
+        deps.join("libgpulmt.so").display()
+    );
+    deps
+}
+
+/// The C compiler: `$CC`, else `cc`.
+pub fn c_compiler() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// Compiles `source` (relative to the repository) with strict warnings against
+/// `include/gpulmt.h` into `target/<profile>/ffi-examples/<out_name>`; `link` adds the
+/// library ([`c_lib_dir`]). Returns the program's path.
+pub fn compile_c(source: &str, out_name: &str, extra: &[&str], link: bool) -> PathBuf {
+    let root = repo_root();
+    let dir = target_profile_dir().join("ffi-examples");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(out_name);
+    let mut cmd = Command::new(c_compiler());
+    cmd.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1"])
+        .args(extra)
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg(root.join(source))
+        .arg("-o")
+        .arg(&out);
+    if link {
+        let lib = c_lib_dir();
+        cmd.arg("-L").arg(&lib).arg(format!("-Wl,-rpath,{}", lib.display())).arg("-lgpulmt");
+    }
+    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{}`: {e} (set CC)", c_compiler()));
+    assert!(
+        o.status.success(),
+        "compiling {source} failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
 }
 
 /// The launcher, `target/<profile>/gpulmt-run`; panics with the command to build it.
@@ -71,11 +126,7 @@ pub fn check_program(from_cargo: Option<&str>) -> PathBuf {
 pub fn run_program(program: &str, envs: &[(&str, &str)], args: &[&str]) -> (std::process::Output, String) {
     let _lock = job_lock();
     let mut cmd = Command::new(program);
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
-            cmd.env_remove(k);
-        }
-    }
+    without_gpulmt_env(&mut cmd);
     let out = cmd.envs(envs.iter().copied()).args(args).output().unwrap_or_else(|e| panic!("start {program}: {e}"));
     let text = format!(
         "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
@@ -84,6 +135,81 @@ pub fn run_program(program: &str, envs: &[(&str, &str)], args: &[&str]) -> (std:
         String::from_utf8_lossy(&out.stderr)
     );
     (out, text)
+}
+
+/// Removes every `GPULMT_*` variable of the test's own environment from `cmd`: a job
+/// runs with the settings its test gives, none inherited from the caller's shell.
+pub fn without_gpulmt_env(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// `gpulmt-run -n N --timeout T -- prog args` with only `env` of the `GPULMT_*`
+/// settings (plus `GPULMT_DEVICE=sim`).
+pub fn launcher_command(
+    n: usize,
+    timeout_s: u64,
+    prog: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut cmd = Command::new(launcher());
+    cmd.arg("-n").arg(n.to_string()).arg("--timeout").arg(timeout_s.to_string()).arg("--").arg(prog).args(args);
+    without_gpulmt_env(&mut cmd).env("GPULMT_DEVICE", "sim").envs(env.iter().copied());
+    cmd
+}
+
+/// `gpulmt-fault-mpi` (the fault-injection rank program started by `mpirun`, built with
+/// the `mpi` feature; `.ci/run` builds it) where it and `mpirun` exist; `None` (saying
+/// why) where either is missing.
+pub fn mpi_fault_program() -> Option<PathBuf> {
+    let prog = target_profile_dir().join("gpulmt-fault-mpi");
+    let mpirun = Command::new("sh").args(["-c", "command -v mpirun"]).output().is_ok_and(|o| o.status.success());
+    if !mpirun {
+        eprintln!("SKIPPED: mpirun is not on PATH (apt-get install openmpi-bin; .ci/run does)");
+        return None;
+    }
+    if !prog.is_file() {
+        eprintln!(
+            "SKIPPED: {} is missing: cargo build -p gpulmt-tests --features mpi --bin gpulmt-fault-mpi (.ci/run does)",
+            prog.display()
+        );
+        return None;
+    }
+    Some(prog)
+}
+
+/// Whether this process may give a command a mount namespace of its own with a private
+/// /dev/shm (as root: `unshare -m`, `mount -t tmpfs`); prints why not.
+pub fn private_dev_shm_possible() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED: cannot mount a private /dev/shm (needs root: unshare -m, mount -t tmpfs)");
+    }
+    ok
+}
+
+/// `inner` run in a mount namespace of its own whose /dev/shm is a tmpfs of `size`
+/// (`8m`, `64m`...): how a test gives a job a small or full /dev/shm without touching
+/// the machine's. See [`private_dev_shm_possible`].
+pub fn in_private_dev_shm(size: &str, inner: &Command) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "sh", "-c", &format!("mount -t tmpfs -o size={size} tmpfs /dev/shm && exec \"$@\""), "sh"]);
+    cmd.arg(inner.get_program()).args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd
 }
 
 /// Holds the lock that serializes jobs (see the module documentation).
@@ -201,29 +327,54 @@ impl JobOutput {
     }
 
     pub fn litter(&self) -> Vec<String> {
-        let job = self.job();
-        let pids = self.pids();
-        shm_entries("gpulmt-")
-            .into_iter()
-            .filter(|n| {
-                let of_job = job.as_ref().is_some_and(|j| {
-                    let base = format!("gpulmt-{j}");
-                    n == &base || n.starts_with(&format!("{base}-"))
-                });
-                let of_pid = pids.iter().any(|p| n.starts_with(&format!("gpulmt-sim-{p}-")));
-                of_job || of_pid
-            })
-            .collect()
+        objects_of(&self.job().into_iter().collect::<Vec<_>>(), &self.pids())
     }
 }
 
-/// `/dev/shm` entries whose names start with `prefix`.
-pub fn shm_entries(prefix: &str) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(prefix)).collect())
+/// The gpulmt objects in `/dev/shm` that belong to the given jobs or processes: job
+/// segments and their objects (`gpulmt-<job>`, `gpulmt-<job>-*`), the simulated device
+/// memory of the processes (`gpulmt-sim-<pid>-*`), and the segments of jobs they made
+/// from MPI (`gpulmt-mpi<pid>x*`, named after local rank 0). Leak checks look only at
+/// these, so that another job running on the machine meanwhile cannot fail them.
+pub fn objects_of(jobs: &[String], pids: &[u32]) -> Vec<String> {
+    gpulmt::shm::object::entries(gpulmt::shm::object::OBJECT_PREFIX)
+        .into_iter()
+        .filter(|n| {
+            let of_job = jobs.iter().any(|j| {
+                let base = format!("gpulmt-{j}");
+                n == &base || n.starts_with(&format!("{base}-"))
+            });
+            let of_pid = pids
+                .iter()
+                .any(|p| n.starts_with(&format!("gpulmt-sim-{p}-")) || n.starts_with(&format!("gpulmt-mpi{p}x")));
+            of_job || of_pid
+        })
+        .collect()
+}
+
+/// The processes descended from `pid` (children, their children...), from the parent
+/// pids of `/proc/*/stat`: how a test finds the ranks that an MPI launcher started.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let parent_of = |p: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    let all: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|p| Some((p, parent_of(p)?)))
+                .collect()
+        })
         .unwrap_or_default();
-    v.sort();
-    v
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(all.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    found.remove(0);
+    found
 }
 
 /// A job to run: `gpulmt-run -n N --timeout T -- gpulmt-check <args>`.
@@ -278,11 +429,7 @@ impl Job {
         cmd.arg("-n").arg(self.n.to_string()).arg("--timeout").arg(self.timeout_s.to_string()).arg("--");
         cmd.arg(&self.check).args(&self.args);
         // Only the settings of this test: none inherited from the caller's shell.
-        for (k, _) in std::env::vars_os() {
-            if k.to_str().is_some_and(|k| k.starts_with("GPULMT_")) {
-                cmd.env_remove(k);
-            }
-        }
+        without_gpulmt_env(&mut cmd);
         for (k, v) in &self.env {
             cmd.env(k, v);
         }

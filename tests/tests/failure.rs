@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use gpulmt_tests::{shm_entries, Job, JobOutput};
+use gpulmt::shm::object::entries;
+use gpulmt_tests::{Job, JobOutput};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_gpulmt-check");
 
@@ -119,7 +120,7 @@ fn no_shm_litter_after_normal_and_killed_runs() {
     }
     assert_eq!(found, planted.iter().map(|s| s.to_string()).collect::<Vec<_>>());
 
-    let before = shm_entries("gpulmt-");
+    let before = entries("gpulmt-");
     // A normal run with device memory, peer mappings and SHM staging.
     let out = Job::new(CHECK, 3, &["alltoall", "--iters", "2"]).run();
     out.assert_ok(3, "alltoall");
@@ -130,7 +131,7 @@ fn no_shm_litter_after_normal_and_killed_runs() {
     assert!(killed.job().is_some() && killed.pids().len() == 2, "{}", killed.dump());
     killed.assert_no_litter();
     // Nothing new of these jobs appeared, whatever other test suites did meanwhile.
-    let after = shm_entries("gpulmt-");
+    let after = entries("gpulmt-");
     let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
     let ours: Vec<&&String> = new
         .iter()

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use gpulmt_tests::{info_program, job_lock, shm_entries};
+use gpulmt_tests::{info_program, job_lock, objects_of};
 
 /// Runs gpulmt-info with no `GPULMT_*` variable of the test's environment but `envs`;
 /// returns its exit code and stdout, having checked that it left nothing in /dev/shm.
@@ -21,7 +21,7 @@ fn info(envs: &[(&str, &str)]) -> (Option<i32>, String) {
     let pid = child.id();
     let out = child.wait_with_output().expect("wait for gpulmt-info");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let left = shm_entries(&format!("gpulmt-sim-{pid}-"));
+    let left = objects_of(&[], &[pid]);
     assert!(left.is_empty(), "gpulmt-info left {left:?} in /dev/shm\n{stdout}");
     (out.status.code(), stdout)
 }

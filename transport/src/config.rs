@@ -8,6 +8,7 @@
 //! test fails when the file differs.
 
 mod kind;
+mod net;
 mod reference;
 mod variables;
 
@@ -18,6 +19,7 @@ use gpulmt_protocols::policy::PolicyConfig;
 use gpulmt_protocols::ProtocolOverride;
 
 pub use kind::{parse_duration, parse_size, show_duration, show_size, Kind, TimeUnit, Value};
+pub use net::NetConfig;
 pub use reference::reference_markdown;
 pub use variables::{variable, Class, DefaultValue, Variable, LAUNCHER_VARIABLES, VARIABLES};
 
@@ -84,6 +86,11 @@ pub struct Config {
     pub copy_priority: CopyPriority,
     pub copy_server_max: u64,
     pub copy_server_idle: Duration,
+    pub pseudo_nodes: u32,
+    /// The internode path's settings (`GPULMT_NET_*`).
+    pub net: NetConfig,
+    /// Bytes of each rank's symmetric heap; None: the backend's default (`crate::sym`).
+    pub sym_heap: Option<u64>,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -135,6 +142,15 @@ impl Reader<'_> {
     fn size(&self, name: &'static str) -> Result<u64, ConfigError> {
         match self.read(name)? {
             Some(Value::Size(n)) => Ok(n),
+            other => Self::wrong_kind(name, other),
+        }
+    }
+
+    /// A size without a default (None when unset).
+    fn size_opt(&self, name: &'static str) -> Result<Option<u64>, ConfigError> {
+        match self.read(name)? {
+            Some(Value::Size(n)) => Ok(Some(n)),
+            None => Ok(None),
             other => Self::wrong_kind(name, other),
         }
     }
@@ -226,6 +242,9 @@ impl Config {
             },
             copy_server_max: r.size("GPULMT_COPY_SERVER_MAX")?,
             copy_server_idle: r.duration("GPULMT_COPY_SERVER_IDLE_US")?,
+            pseudo_nodes: r.count("GPULMT_PSEUDO_NODES")?,
+            net: NetConfig::read(&r)?,
+            sym_heap: r.size_opt("GPULMT_SYM_HEAP")?,
         };
         if c.device_eager_limit > c.eager_limit {
             return Err(ConfigError {

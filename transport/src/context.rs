@@ -2,9 +2,17 @@
 //! point-to-point operations, device memory management with two-phase free, and
 //! the job's bootstrap.
 //!
+//! A context spans every rank of its job ([`Topology`]): ranks in the API are job ranks.
+//! The ranks of its node share its LMT job (shared-memory segment, rings, staging, IPC),
+//! addressed by local index; ranks of other nodes are reached through an
+//! [`OffNodePath`] (`routing.rs`).
+//!
 //! A context is driven by its owner's thread: progress happens inside `test`,
 //! `wait`, `progress` and the other calls (like MPI_THREAD_FUNNELED). The I/O that
 //! executes the protocol engine's actions lives in [`crate::progress`].
+
+mod live;
+mod released;
 
 use std::collections::VecDeque;
 
@@ -24,14 +32,19 @@ use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, Po
 use crate::error::{Error, Result};
 use crate::mapping::DeviceOpener;
 use crate::memtype::HostRangeCache;
+use crate::offnode::OffNodePath;
 use crate::progress::{CopyQueue, Stats};
 use crate::requests::RequestTable;
+use crate::routing::OffNode;
 use crate::shm::job::{node_id, JobLayout, JobSegment, RankState};
+use crate::shm::object::ShmError;
 use crate::shm::ring::PacketRing;
+use crate::shm::sweep::{self, Evidence};
+pub use crate::topology::JobInfo;
+use crate::topology::Topology;
 
 /// Tags at or above this value are reserved for gpulmt's own collectives.
 pub const TAG_UB: Tag = gpulmt_protocols::matching::RESERVED_TAG_BASE;
-const BARRIER_TAG: Tag = i32::MAX - 1;
 
 /// A pending operation. Complete it with [`Context::wait`] or [`Context::test`].
 #[must_use = "a request must be waited for or tested to completion"]
@@ -59,40 +72,6 @@ pub(crate) struct ReqState {
     pub span: tracing::Span,
 }
 
-/// Identity of a rank within its job, from the launcher's environment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JobInfo {
-    pub job: String,
-    pub rank: u32,
-    pub size: u32,
-}
-
-impl JobInfo {
-    /// Reads `GPULMT_JOB`, `GPULMT_RANK`, `GPULMT_SIZE`; without them this is a
-    /// one-rank job of its own.
-    pub fn from_env() -> Result<JobInfo> {
-        let var = |k: &str| std::env::var(k).ok();
-        match (var("GPULMT_JOB"), var("GPULMT_RANK"), var("GPULMT_SIZE")) {
-            (Some(job), Some(rank), Some(size)) => {
-                let parse = |k: &str, v: &str| {
-                    v.trim().parse::<u32>().map_err(|_| Error::Bootstrap(format!("{k}={v:?} is not a number")))
-                };
-                let (rank, size) = (parse("GPULMT_RANK", &rank)?, parse("GPULMT_SIZE", &size)?);
-                if rank >= size {
-                    return Err(Error::Bootstrap(format!("GPULMT_RANK={rank} is not below GPULMT_SIZE={size}")));
-                }
-                Ok(JobInfo { job, rank, size })
-            }
-            (None, None, None) => {
-                Ok(JobInfo { job: format!("solo{}x{:x}", std::process::id(), now_nanos()), rank: 0, size: 1 })
-            }
-            _ => Err(Error::Bootstrap(
-                "GPULMT_JOB, GPULMT_RANK and GPULMT_SIZE must be set together: start ranks with gpulmt-run".into(),
-            )),
-        }
-    }
-}
-
 /// Starts the copy server of this rank's device (`GPULMT_COPY_SERVER_MAX`); where it
 /// cannot run, small copies keep using the copy engine.
 fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device: DevId) {
@@ -107,14 +86,15 @@ fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device:
     }
 }
 
-fn now_nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-}
-
 /// One rank's endpoint of a gpulmt job.
 pub struct Context {
     pub(crate) cfg: Config,
+    /// The LMT job of this rank's node: its segment's name, local index and size.
     pub(crate) info: JobInfo,
+    /// Every rank of the job: job rank <-> (node, local index).
+    pub(crate) topo: Topology,
+    /// The node id of the engine and of exported regions: the host's, and with
+    /// pseudo-nodes distinct per pseudo-node, so that no region crosses them.
     pub(crate) node: u64,
     pub(crate) backend: Backend,
     pub(crate) device: DevId,
@@ -124,23 +104,25 @@ pub struct Context {
     pub(crate) exports: ExportCache<u64, IpcHandle>,
     pub(crate) reqs: RequestTable<ReqState>,
     host_ranges: HostRangeCache,
-    /// Per peer: encoded packets waiting for space in its ring (FIFO).
+    /// Per job rank: encoded packets waiting for space in its ring (FIFO); empty for
+    /// ranks of other nodes, whose waiting posts `offnode` keeps.
     pub(crate) outbox: Vec<VecDeque<Vec<u8>>>,
     pub(crate) outbox_len: usize,
     pub(crate) loopback: VecDeque<Packet>,
     /// Device copies in flight, one FIFO per (engine, lane): copies of one lane
     /// finish in order, so only each queue's oldest needs polling.
     pub(crate) inflight: Vec<CopyQueue>,
-    /// Per directed pair index: whether its staging area is registered for DMA.
+    /// Per directed pair of local indices: whether its staging area is registered for DMA.
     pub(crate) staging_registered: Vec<bool>,
     pub(crate) last_liveness: Instant,
     /// Progress calls since the last liveness check (reading the clock on every
     /// call would cost a tenth of the eager latency).
     pub(crate) polls_since_liveness: u32,
-    /// Views of the rings from each peer to us and from us to each peer.
+    /// Views of the rings from each rank of the node to us and from us to each, by
+    /// local index.
     pub(crate) rx: Vec<PacketRing>,
     pub(crate) tx: Vec<PacketRing>,
-    /// Per peer, each ring end's memory of the allocations whose regions it carried in
+    /// Per local index, each ring end's memory of the allocations whose regions it carried in
     /// full, so that a later region of one crosses in one cache line (see `RegionMemo`).
     pub(crate) rx_memo: Vec<RegionMemo>,
     pub(crate) tx_memo: Vec<RegionMemo>,
@@ -155,6 +137,14 @@ pub struct Context {
     /// Plugin mode: set while an LMT call wants its RTS/CTS handed back as a cookie
     /// for the host to carry, instead of sent.
     pub(crate) capture: Option<Option<Vec<u8>>>,
+    /// The path to ranks of other nodes, and its posts waiting for room.
+    pub(crate) offnode: OffNode,
+    /// Every range `mem_alloc` returned, to refuse buffers in released device memory.
+    past_allocations: released::PastAllocations,
+    /// This process's claim of the rank (one live context per rank), released on drop.
+    _live: live::LiveClaim,
+    /// The symmetric heap, from the first `sym_alloc` on (`crate::sym`).
+    pub(crate) sym: Option<crate::sym::SymHeap>,
 }
 
 impl Context {
@@ -167,16 +157,61 @@ impl Context {
         Self::init_with(Config::from_env()?, JobInfo::from_env()?)
     }
 
-    /// Joins a job with an explicit configuration.
+    /// Joins a job of one node with an explicit configuration.
     pub fn init_with(cfg: Config, info: JobInfo) -> Result<Context> {
-        Self::init_inner(cfg, info, None)
+        Self::init_inner(cfg, info, None, None, None)
     }
 
+    /// Joins a job that may span nodes: `topology` places every job rank, `info` is the
+    /// LMT job of this rank's node (its id, and this rank's local index and the node's
+    /// size, as `topology` says), and `offnode` reaches the ranks of other nodes. Without
+    /// it, transfers with ranks of other nodes fail with an error that says so.
+    pub fn init_world(
+        cfg: Config,
+        info: JobInfo,
+        topology: Topology,
+        offnode: Option<Box<dyn OffNodePath>>,
+    ) -> Result<Context> {
+        Self::init_inner(cfg, info, Some(topology), offnode, None)
+    }
+
+    /// `topology` None: one node, whose job ranks are `info`'s.
     pub(crate) fn init_inner(
         cfg: Config,
         info: JobInfo,
+        topology: Option<Topology>,
+        offnode: Option<Box<dyn OffNodePath>>,
         channel: Option<crate::plugin::HostChannel>,
     ) -> Result<Context> {
+        if info.rank >= info.size {
+            return Err(Error::Bootstrap(format!(
+                "local rank {} is not below the node's {} ranks",
+                info.rank, info.size
+            )));
+        }
+        let topo = match topology {
+            Some(t) => t,
+            None if cfg.pseudo_nodes > 1 => {
+                return Err(Error::Bootstrap(format!(
+                    "GPULMT_PSEUDO_NODES={} splits jobs started by mpirun (gpulmt::mpi::init_from_mpi); this job \
+                     has one node (gpulmt-run, or an LMT plugin's): unset it",
+                    cfg.pseudo_nodes
+                )))
+            }
+            None => Topology::single_node(info.rank, info.size),
+        };
+        let place = topo.place();
+        if (place.local, topo.local_size()) != (info.rank, info.size) {
+            return Err(Error::Bootstrap(format!(
+                "job rank {} is local rank {} of {} on its node, but its node's job says {} of {}",
+                topo.rank(),
+                place.local,
+                topo.local_size(),
+                info.rank,
+                info.size
+            )));
+        }
+        let live = live::LiveClaim::take(&info)?;
         let backend = device::select(cfg.device)?;
         let ndev = backend.device_count();
         if ndev == 0 {
@@ -189,7 +224,7 @@ impl Context {
             Some(g) => g,
             None => {
                 let local = std::env::var("GPULMT_LOCAL_RANK").ok().and_then(|v| v.parse::<u32>().ok());
-                local.unwrap_or(info.rank) % ndev
+                local.unwrap_or(topo.host_local()) % ndev
             }
         };
         let layout = JobLayout {
@@ -200,10 +235,13 @@ impl Context {
             depth: cfg.depth,
         };
         let seg = if info.rank == 0 {
-            JobSegment::create(&info.job, layout)?
+            create_segment(&info.job, layout)?
         } else {
             JobSegment::open(&info.job, cfg.init_timeout)?
         };
+        // Until every rank has mapped the segment, a failure of rank 0 must remove its
+        // name (nobody else would); afterwards the name is removed at once (below).
+        let named = NameGuard(if info.rank == 0 { Some(info.job.as_str()) } else { None });
         if seg.layout() != layout {
             return Err(Error::Bootstrap(format!(
                 "rank {} was configured with {:?} but the job uses {:?}: give every rank the same GPULMT_* settings",
@@ -212,17 +250,25 @@ impl Context {
                 seg.layout()
             )));
         }
-        let node = node_id();
-        seg.set_rank(info.rank as usize, std::process::id(), node, device);
+        // The segment's rank table holds the host's id (pids are checked on it); the engine
+        // and regions get the node's, which differs between the pseudo-nodes of a host.
+        let host = node_id();
+        let node = host ^ u64::from(place.node).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let me = info.rank as usize;
+        seg.claim_rank(me, std::process::id(), host, device)?;
         if let Err(e) = seg.barrier(me, cfg.init_timeout, || false) {
             seg.mark_state(me, RankState::Failed);
             return Err(e.into());
         }
+        // Every rank has mapped the segment: its name is not needed any more, and without
+        // it a job that dies from here on leaves nothing named behind, and nothing started
+        // later with this job's id can reach the segment.
+        drop(named);
         for r in 0..info.size as usize {
-            if seg.rank_node(r) != node {
+            if seg.rank_node(r) != host {
                 return Err(Error::Bootstrap(format!(
-                    "rank {r} runs on another node: gpulmt-run starts local ranks only"
+                    "local rank {r} of job {} runs on another host: a node's ranks must share one machine",
+                    info.job
                 )));
             }
         }
@@ -249,7 +295,8 @@ impl Context {
         }
 
         let peer_access = (0..ndev * ndev).map(|i| backend.can_access_peer(i / ndev, i % ndev)).collect();
-        let ecfg = cfg.engine_config(info.rank, info.size, node, ndev, peer_access);
+        let mut ecfg = cfg.engine_config(topo.rank(), topo.size(), node, ndev, peer_access);
+        ecfg.on_node = topo.on_node_mask();
 
         let limits = if cfg.handle_cache {
             CacheLimits { max_entries: cfg.cache_entries, max_bytes: cfg.cache_bytes, enabled: true }
@@ -260,8 +307,12 @@ impl Context {
         let free_commit =
             FreeCommit::new(info.size as usize, me).map_err(|e| Error::Bootstrap(format!("two-phase free: {e}")))?;
         tracing::info!(
-            rank = info.rank,
-            size = info.size,
+            rank = topo.rank(),
+            size = topo.size(),
+            node = place.node,
+            nodes = topo.node_count(),
+            local_rank = info.rank,
+            local_size = info.size,
             job = %info.job,
             backend = %backend.kind(),
             device,
@@ -271,6 +322,7 @@ impl Context {
         let n = info.size as usize;
         let rx = (0..n).map(|r| seg.ring(r, me)).collect();
         let tx = (0..n).map(|r| seg.ring(me, r)).collect();
+        let offnode = OffNode::new(&topo, offnode);
         Ok(Context {
             engine: Engine::new(ecfg),
             cfg,
@@ -282,7 +334,7 @@ impl Context {
             exports: ExportCache::new(),
             reqs: RequestTable::default(),
             host_ranges: HostRangeCache::default(),
-            outbox: (0..n).map(|_| VecDeque::new()).collect(),
+            outbox: (0..topo.size()).map(|_| VecDeque::new()).collect(),
             outbox_len: 0,
             loopback: VecDeque::new(),
             inflight: Vec::new(),
@@ -300,16 +352,41 @@ impl Context {
             finalized: false,
             channel,
             capture: None,
+            past_allocations: Default::default(),
+            _live: live,
+            sym: None,
             info,
+            topo,
+            offnode,
         })
     }
 
-    pub fn rank(&self) -> u32 {
-        self.info.rank
+    /// The job's shared-memory segment (its rings and staging), for tools and tests that
+    /// inject faults into it. Writing into it behind the context's back breaks the job.
+    #[doc(hidden)]
+    pub fn job_segment(&self) -> &JobSegment {
+        &self.seg
     }
 
+    /// This rank's job rank.
+    pub fn rank(&self) -> u32 {
+        self.topo.rank()
+    }
+
+    /// Ranks of the job (every node).
     pub fn size(&self) -> u32 {
-        self.info.size
+        self.topo.size()
+    }
+
+    /// Where every rank of the job runs.
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    /// The LMT job of this rank's node: the id that names its shared-memory segment,
+    /// this rank's local index and the node's number of ranks.
+    pub fn node_job(&self) -> &JobInfo {
+        &self.info
     }
 
     /// The device this rank is bound to.
@@ -372,14 +449,24 @@ impl Context {
         Ok(desc)
     }
 
-    /// Classifies a user buffer, from the host-range cache when possible.
+    /// Classifies a user buffer, from the host-range cache when possible. Refuses a
+    /// range no buffer can have (NULL with bytes, beyond the address space or
+    /// `isize::MAX`), and one in device memory this context released.
     pub(crate) fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
+        if len > isize::MAX as usize || ptr.checked_add(len).is_none() || (ptr == 0 && len > 0) {
+            return Err(Error::InvalidArgument(format!(
+                "buffer {ptr:#x} of {len} bytes cannot exist (NULL, or beyond the end of the address space or isize::MAX bytes)"
+            )));
+        }
         if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
             return Ok(PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 });
         }
         let info = self.backend.pointer_info(ptr)?;
-        if info.kind == MemoryKind::Host && self.cfg.memtype_cache {
-            self.host_ranges.insert(ptr, len);
+        if info.kind == MemoryKind::Host {
+            self.past_allocations.check_host(ptr, len)?;
+            if self.cfg.memtype_cache {
+                self.host_ranges.insert(ptr, len);
+            }
         }
         Ok(info)
     }
@@ -402,15 +489,16 @@ impl Context {
     ///
     /// # Safety
     /// As `isend`'s.
-    unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
+    pub(crate) unsafe fn isend_tagged(&mut self, buf: *const u8, len: usize, dst: Rank, tag: Tag) -> Result<Request> {
         anatomy::mark(Point::SendPost, 0);
         if dst >= self.size() {
             return Err(ProtoError::BadRank { rank: dst, size: self.size() }.into());
         }
+        self.check_reachable(dst)?;
         let ptr = buf as usize;
         let info = self.classify(ptr, len)?;
         let kind = info.kind;
-        let eager = self.engine.is_eager(len as u64, matches!(kind, MemoryKind::Device(_)));
+        let eager = self.engine.is_eager_to(dst, len as u64, matches!(kind, MemoryKind::Device(_)));
         if eager && kind == MemoryKind::Host && dst != self.rank() {
             // Fast path: the payload goes from the user's buffer straight into the
             // ring slot, and the send is complete (the bytes are in the ring).
@@ -427,7 +515,8 @@ impl Context {
             st.result = Some(Ok(Status { source: dst, tag, len: len as u64 }));
             return Ok(Request(req.0));
         }
-        let desc = self.describe(info, ptr, len, !eager)?;
+        // No IPC region ever goes to another node.
+        let desc = self.describe(info, ptr, len, !eager && self.topo.on_node(dst))?;
         let payload = if eager {
             let mut v = vec![0u8; len];
             if len > 0 {
@@ -502,7 +591,7 @@ impl Context {
     ///
     /// # Safety
     /// As `irecv`'s.
-    unsafe fn irecv_tagged(
+    pub(crate) unsafe fn irecv_tagged(
         &mut self,
         buf: *mut u8,
         len: usize,
@@ -514,10 +603,14 @@ impl Context {
             if s >= self.size() {
                 return Err(ProtoError::BadRank { rank: s, size: self.size() }.into());
             }
+            self.check_reachable(s)?;
         }
         let ptr = buf as usize;
-        // Export only buffers that PUT/COOPERATE could write: rendezvous sized.
-        let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit);
+        // Export only buffers that PUT/COOPERATE could write: rendezvous sized, from a
+        // sender that may be another rank of this node (no IPC region ever goes to another
+        // node, and a self copy needs none).
+        let export = len as u64 > self.engine.config().device_eager_limit.min(self.cfg.eager_limit)
+            && src.map_or(self.topo.local_size() > 1, |s| self.topo.on_node(s));
         let info = self.classify(ptr, len)?;
         anatomy::mark(Point::Probe, probe::RECV_CLASSIFIED);
         let kind = info.kind;
@@ -639,26 +732,6 @@ impl Context {
         self.wait(r)
     }
 
-    /// Synchronises all ranks of the job (dissemination barrier over zero-byte
-    /// messages, so progress continues while waiting).
-    pub fn barrier(&mut self) -> Result<()> {
-        let (me, n) = (self.rank(), self.size());
-        let mut step = 1;
-        while step < n {
-            let to = (me + step) % n;
-            let from = (me + n - step) % n;
-            let mut byte = 0u8;
-            // SAFETY: zero-length buffers are never dereferenced, and `byte` outlives both
-            // requests (wait_all below completes them).
-            let r = unsafe { self.irecv_tagged(&mut byte, 0, Some(from), Some(BARRIER_TAG))? };
-            // SAFETY: as for the receive.
-            let s = unsafe { self.isend_tagged(&byte, 0, to, BARRIER_TAG)? };
-            self.wait_all(vec![s, r])?;
-            step *= 2;
-        }
-        Ok(())
-    }
-
     /// Allocates `bytes` of device memory on this rank's device. It stays valid until it is
     /// freed through [`mem_free`](Self::mem_free) and [`mem_free_commit`](Self::mem_free_commit),
     /// or until [`finalize`](Self::finalize).
@@ -666,6 +739,7 @@ impl Context {
         let ptr = self.backend.alloc(self.device, bytes)?;
         let info = self.backend.pointer_info(ptr)?;
         self.allocations.insert(info.buffer_id, ptr);
+        self.past_allocations.note(ptr, info.size);
         Ok(ptr)
     }
 
@@ -676,8 +750,14 @@ impl Context {
     /// # Safety
     /// `src..src+len` must be readable and `dst..dst+len` writable for the whole call, with
     /// nothing else writing `src` or accessing `dst` meanwhile. The backend refuses a device
-    /// range it knows to run past its allocation; host memory it cannot check.
+    /// range it knows to run past its allocation, and a range in device memory this context
+    /// released; other host memory it cannot check.
     pub unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<()> {
+        for end in [dst, src] {
+            if self.backend.pointer_info(end)?.kind == MemoryKind::Host {
+                self.past_allocations.check_host(end, len)?;
+            }
+        }
         // SAFETY: this function's contract is the backend's.
         Ok(unsafe { self.backend.copy_sync(dst, src, len) }?)
     }
@@ -710,19 +790,35 @@ impl Context {
         if !self.reqs.is_empty() {
             tracing::warn!(pending = self.reqs.len(), "finalize with requests not waited for");
         }
-        self.barrier()?;
-        // Outgoing packets must reach the rings before peers stop reading them.
-        while self.outbox_len > 0 {
+        // Every rank stops sending before any tears down. Without a path to the other
+        // nodes nothing crosses them, and the node's ranks are all there is to wait for.
+        if self.offnode.is_up() {
+            self.barrier()?;
+        } else {
+            let node = self.topo.node_members().to_vec();
+            self.barrier_among(Some(&node))?;
+        }
+        // Outgoing packets must reach the rings (and the internode path) before peers
+        // stop reading them.
+        while self.outbox_len > 0 || self.offnode.queued() > 0 {
             self.progress()?;
         }
+        // Device code and host calls are done with the peers' symmetric heaps (every rank
+        // passed the barrier above): give back their leases, so close_all closes them.
+        self.sym_release_mappings();
         self.cache.close_all().map_err(|e| Error::Free(format!("closing peer mappings at finalize: {e}")))?;
-        let me = self.rank() as usize;
+        // The node's segment, and the mappings it guards, are the node's ranks' only.
+        let me = self.info.rank as usize;
         let seg = &self.seg;
         let failed = || (0..seg.nranks()).any(|r| r != me && seg.rank_state(r) == RankState::Failed);
         self.seg.barrier(me, self.cfg.init_timeout, failed)?;
         self.seg.mark_state(me, RankState::Finalized);
-        // Copies of requests never waited for may still run on our memory.
+        // Transfers of requests never waited for may still run on our memory: the
+        // internode path's first (it drains or cancels them), then the copies.
+        let offnode = self.shutdown_offnode(Instant::now() + self.cfg.init_timeout);
         self.wait_copies_in_flight();
+        // Every rank closed its mappings of our symmetric heap before the barrier above.
+        self.sym_free_heap();
         for (_, ptr) in self.allocations.drain() {
             // SAFETY: no copy of ours is in flight (above), every peer closed its mappings
             // of it before the barrier above, and mem_alloc's memory is the application's
@@ -731,11 +827,39 @@ impl Context {
                 tracing::warn!(error = %e, "freeing device memory at finalize");
             }
         }
-        if self.rank() == 0 {
-            // Every rank has mapped the segment; the name is no longer needed.
-            let _ = JobSegment::unlink(&self.info.job);
+        offnode
+    }
+}
+
+/// Creates the job's segment (rank 0). First removes what dead jobs left in /dev/shm
+/// (their owners' locks prove them gone), including a leftover of this very job id.
+fn create_segment(job: &str, layout: JobLayout) -> Result<JobSegment> {
+    let removed = sweep::sweep(Evidence::Locks);
+    if removed > 0 {
+        tracing::info!(removed, "removed shared-memory objects that dead jobs left behind");
+    }
+    JobSegment::create(job, layout).map_err(|e| match e {
+        ShmError::Os { call: "shm_open", source, .. } if source.raw_os_error() == Some(libc::EEXIST) => {
+            Error::Bootstrap(format!(
+                "the job segment of job {job} already exists and a live process holds it: another job runs with this \
+                 GPULMT_JOB (start every job with its own id: gpulmt-run makes one), or a second rank 0 ({source})"
+            ))
         }
-        Ok(())
+        e => e.into(),
+    })
+}
+
+/// Removes the job segment's name when dropped (rank 0 during init): on success once
+/// every rank has mapped it, on failure so that nothing is left behind.
+struct NameGuard<'a>(Option<&'a str>);
+
+impl Drop for NameGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(job) = self.0 {
+            if let Err(e) = JobSegment::unlink(job) {
+                tracing::warn!(error = %e, "removing the name of the job segment");
+            }
+        }
     }
 }
 
@@ -746,8 +870,11 @@ impl Drop for Context {
         if !self.finalized {
             // Dropped without finalize (panic, early return): tell peers at once so
             // they fail their transfers with us instead of waiting.
-            self.seg.mark_state(self.rank() as usize, RankState::Failed);
+            self.seg.mark_state(self.info.rank as usize, RankState::Failed);
             let _ = self.cache.close_all();
         }
+        // Internode transfers on buffers that may go with us end now (if a finalize that
+        // failed early has not stopped the path already).
+        let _ = self.shutdown_offnode(Instant::now());
     }
 }

@@ -3,6 +3,10 @@
 //! node-local ranks, every rank closes its mappings of marked buffers (waiting for
 //! transfers in flight), acknowledges, and only then do owners release the memory.
 //! The commit's state machine is `gpulmt_handles::FreeCommit`; this is its I/O.
+//!
+//! The commit runs among the ranks of this rank's node only, by local index: no region
+//! ever goes to another node, so no rank there maps this rank's memory, and a free
+//! packet from a rank of another node breaks the protocol.
 
 use gpulmt_handles::{FreeMsg, Outgoing, Phase};
 use gpulmt_protocols::wire::Packet;
@@ -33,9 +37,10 @@ impl Context {
             .map_err(|_| Error::Free(format!("double free of {ptr:#x}: it is already marked for the next commit")))
     }
 
-    /// Collective over the job's ranks (every rank must call it): releases the
-    /// memory marked by [`mem_free`](Self::mem_free) on every rank, after every rank
-    /// closed its mappings of it. Safe to call with nothing marked.
+    /// Collective over the ranks of this rank's node (every rank of the node must call
+    /// it; each node commits on its own): releases the memory marked by
+    /// [`mem_free`](Self::mem_free) on every rank of the node, after every rank of the
+    /// node closed its mappings of it. Safe to call with nothing marked.
     pub fn mem_free_commit(&mut self) -> Result<()> {
         let marks = self.free_marks.take();
         let out = self.free_commit.start(marks).map_err(|e| Error::Free(e.to_string()))?;
@@ -46,10 +51,12 @@ impl Context {
             match self.free_commit.phase() {
                 Phase::CollectingMarks | Phase::AwaitingAcks => {}
                 Phase::CloseMappings => {
-                    let doomed: Vec<(usize, Vec<u64>)> =
-                        self.free_commit.peer_marks().map(|(r, m)| (r, m.to_vec())).collect();
+                    // The commit speaks local indices, the handle cache job ranks.
+                    let topo = &self.topo;
+                    let doomed: Vec<(Rank, Vec<u64>)> =
+                        self.free_commit.peer_marks().map(|(l, m)| (topo.job_rank_of(l), m.to_vec())).collect();
                     let hit = |k: &crate::mapping::PeerBufferKey| {
-                        doomed.iter().any(|(r, ids)| *r == k.peer as usize && ids.contains(&k.buffer_id))
+                        doomed.iter().any(|(r, ids)| *r == k.peer && ids.contains(&k.buffer_id))
                     };
                     self.cache.invalidate_where(hit);
                     // Mappings still used by copies close at their last release.
@@ -72,7 +79,7 @@ impl Context {
                                 // A peer that died while mapping the buffer never closed
                                 // its mapping; the memory is released all the same.
                                 Err(e @ crate::device::DeviceError::FreedWhileMapped { .. })
-                                    if (0..self.size()).any(|r| self.engine.is_peer_failed(r)) =>
+                                    if self.topo.node_members().iter().any(|&r| self.engine.is_peer_failed(r)) =>
                                 {
                                     tracing::warn!(error = %e, "freed a buffer that a failed peer still mapped");
                                 }
@@ -98,24 +105,33 @@ impl Context {
                 FreeMsg::Marks { epoch, marks } => Packet::FreeMarks { epoch, buffer_ids: marks },
                 FreeMsg::Ack { epoch } => Packet::FreeAck { epoch },
             };
-            self.send_packet(o.to as Rank, p);
+            let to = self.topo.job_rank_of(o.to);
+            self.send_packet(to, p);
         }
     }
 
-    pub(crate) fn on_free_packet(&mut self, from: usize, p: Packet) {
+    /// A free-commit packet from job rank `from`, which must share this node.
+    pub(crate) fn on_free_packet(&mut self, from: Rank, p: Packet) {
+        let Some(local) = self.topo.local_of(from) else {
+            self.stats.violations += 1;
+            tracing::warn!(peer = from, "dropped a free-commit message from a rank of another node");
+            return;
+        };
         let msg = match p {
             Packet::FreeMarks { epoch, buffer_ids } => FreeMsg::Marks { epoch, marks: buffer_ids },
             Packet::FreeAck { epoch } => FreeMsg::Ack { epoch },
             _ => return,
         };
-        if let Err(e) = self.free_commit.on_message(from, msg) {
+        if let Err(e) = self.free_commit.on_message(local, msg) {
             self.stats.violations += 1;
             tracing::warn!(peer = from, error = %e, "dropped a free-commit message");
         }
     }
 
-    pub(crate) fn free_peer_failed(&mut self, r: usize) {
-        if let Err(e) = self.free_commit.on_peer_failed(r) {
+    /// Job rank `r` failed: a commit stops waiting for it if it shares this node.
+    pub(crate) fn free_peer_failed(&mut self, r: Rank) {
+        let Some(local) = self.topo.local_of(r) else { return };
+        if let Err(e) = self.free_commit.on_peer_failed(local) {
             tracing::warn!(peer = r, error = %e, "two-phase free: peer failure");
         }
     }

@@ -14,6 +14,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod anatomy;
+mod barrier;
 pub mod binding;
 pub mod config;
 pub mod context;
@@ -25,12 +26,18 @@ pub mod mapping;
 pub mod memtype;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod net;
 pub mod offnode;
 pub mod plugin;
 pub mod progress;
 mod requests;
+mod routing;
 pub mod shm;
+pub mod sym;
+pub mod topology;
 
 pub use context::{Context, JobInfo, Request};
 pub use error::{Error, Result};
 pub use gpulmt_protocols::{policy::Protocol, ProtoError, Rank, Status, Tag};
+pub use sym::SymPtr;
+pub use topology::Topology;

@@ -30,7 +30,7 @@ impl Context {
     /// Joins a job as an LMT plugin: `send` carries gpulmt's control blobs to other
     /// local ranks; the host hands incoming ones to [`deliver`](Self::deliver).
     pub fn init_plugin(cfg: Config, info: JobInfo, send: HostChannel) -> Result<Context> {
-        Self::init_inner(cfg, info, Some(send))
+        Self::init_inner(cfg, info, None, None, Some(send))
     }
 
     /// Joins a job as an LMT plugin whose control packets, all but the RTS cookie,
@@ -38,13 +38,14 @@ impl Context {
     /// [`progress`](Self::progress) while transfers run (and while
     /// [`control_pending`](Self::control_pending)), instead of carrying blobs.
     pub fn init_plugin_rings(cfg: Config, info: JobInfo) -> Result<Context> {
-        Self::init_inner(cfg, info, None)
+        Self::init_inner(cfg, info, None, None, None)
     }
 
-    /// Packets wait in this rank's outbox for room in a peer's ring: progress must
-    /// run for the peer to see them, even with no request of this rank in flight.
+    /// Packets wait in this rank's outbox for room in a peer's ring (or in the internode
+    /// path): progress must run for the peer to see them, even with no request of this
+    /// rank in flight.
     pub fn control_pending(&self) -> bool {
-        self.outbox_len > 0 || !self.loopback.is_empty()
+        self.outbox_len > 0 || !self.loopback.is_empty() || self.offnode.queued() > 0
     }
 
     /// Hands gpulmt a control blob the host received from local rank `from`.

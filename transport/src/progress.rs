@@ -1,6 +1,10 @@
 //! The progress engine: executes the protocol engine's actions (ring packets,
 //! copies, completions) and feeds it what happened (packets read, copies done,
 //! peers dead). Everything here is I/O; every decision is in `gpulmt-protocols`.
+//!
+//! The engine speaks job ranks; the rings, staging areas and rank table of the node's
+//! segment are indexed by local index ([`crate::topology`]). Packets and transfers for
+//! ranks of other nodes go to the internode path (`routing.rs`).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -79,6 +83,9 @@ impl Context {
         if self.outbox_len > 0 {
             did |= self.flush_outbox();
         }
+        if self.offnode.has_path() {
+            did |= self.progress_offnode();
+        }
         self.run_actions();
         // By count only: a call that did something is usually one a request completes
         // in, and the clock read (50 ns on 2x H200's host) would delay that completion.
@@ -92,25 +99,27 @@ impl Context {
         Ok(did)
     }
 
-    /// Takes every packet waiting: our own (loopback), then each peer's ring to us.
+    /// Takes every packet waiting: our own (loopback), then the ring to us of each rank
+    /// of the node.
     pub(crate) fn take_packets(&mut self) -> bool {
         let mut did = false;
         while let Some(p) = self.loopback.pop_front() {
             did = true;
             self.on_packet(self.rank(), p);
         }
-        let me = self.rank() as usize;
-        for from in 0..self.size() as usize {
-            if from != me {
-                did |= self.drain_ring(from);
+        let me = self.info.rank as usize;
+        for local in 0..self.rx.len() {
+            if local != me {
+                did |= self.drain_ring(local);
             }
         }
         did
     }
 
-    /// Reads every packet waiting in `from`'s ring to us.
-    fn drain_ring(&mut self, from: usize) -> bool {
-        let ring = self.rx[from];
+    /// Reads every packet waiting in the ring to us from local index `local`.
+    fn drain_ring(&mut self, local: usize) -> bool {
+        let ring = self.rx[local];
+        let from = self.topo.job_rank_of(local);
         let mut did = false;
         loop {
             // Eager messages a receive is waiting for are copied from the slot into
@@ -118,14 +127,12 @@ impl Context {
             let popped = ring.try_pop(|bytes| {
                 anatomy::mark(Point::PacketIn, bytes.get(1).copied().unwrap_or(0));
                 if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
-                    if let Some((req, buf, result)) =
-                        self.engine.take_eager_match(from as Rank, tag, payload.len() as u64)
-                    {
+                    if let Some((req, buf, result)) = self.engine.take_eager_match(from, tag, payload.len() as u64) {
                         self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
                         return None;
                     }
                 }
-                Some(Packet::decode_with(bytes, Some(&mut self.rx_memo[from])))
+                Some(Packet::decode_with(bytes, Some(&mut self.rx_memo[local])))
             });
             match popped {
                 Ok(None) => break,
@@ -136,7 +143,7 @@ impl Context {
                 Ok(Some(Some(Ok(p)))) => {
                     did = true;
                     self.stats.packets_received += 1;
-                    self.on_packet(from as Rank, p);
+                    self.on_packet(from, p);
                     anatomy::mark(Point::Probe, anatomy::probe::PACKET_HANDLED);
                 }
                 Ok(Some(Some(Err(e)))) => {
@@ -147,7 +154,7 @@ impl Context {
                 Err(e) => {
                     self.stats.violations += 1;
                     tracing::error!(peer = from, error = %e, "control ring from peer is corrupt; treating the peer as failed");
-                    self.peer_failed(from as Rank);
+                    self.peer_failed(from);
                     break;
                 }
             }
@@ -162,7 +169,7 @@ impl Context {
 
     fn on_packet(&mut self, from: Rank, p: Packet) {
         match p {
-            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => self.on_free_packet(from as usize, p),
+            Packet::FreeMarks { .. } | Packet::FreeAck { .. } => self.on_free_packet(from, p),
             p => self.engine.on_packet(from, p),
         }
         self.run_actions();
@@ -296,16 +303,9 @@ impl Context {
                     tracing::warn!(peer, "protocol violation: {what}");
                 }
                 Action::MapPeer { peer, region } => self.map_offered(peer, region),
-                // Only for peers off this node, which this transport does not have yet
-                // (its engine config keeps every rank on the node).
-                Action::NetSend { id, req, .. } | Action::NetRecv { id, req, .. } => {
-                    const WHY: &str = "internode path not built";
-                    if let Some(st) = self.reqs.get_mut(req.0) {
-                        st.result = Some(Err(gpulmt_protocols::ProtoError::Unsupported { what: WHY.into() }));
-                    }
-                    self.engine.on_net_done(id, Err(WHY.into()));
-                }
-                Action::NetCancel { .. } => {}
+                Action::NetSend { id, req, to, xfer, len } => self.post_net_send(id, req, to, xfer, len),
+                Action::NetRecv { id, req, from, xfer, len } => self.post_net_recv(id, req, from, xfer, len),
+                Action::NetCancel { id } => self.cancel_net(id),
             }
         }
     }
@@ -315,7 +315,7 @@ impl Context {
     /// full or packets are already waiting for it.
     pub(crate) fn send_eager_in_place(&mut self, to: Rank, msg: u64, tag: i32, payload: &[u8]) {
         let hdr = gpulmt_protocols::wire::eager_overhead();
-        let pushed = self.direct_ring(to as usize).map_or(Ok(false), |ring| {
+        let pushed = self.direct_ring(to).map_or(Ok(false), |ring| {
             ring.try_push_with(hdr + payload.len(), |slot| {
                 gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
                 slot[hdr..].copy_from_slice(payload);
@@ -329,11 +329,12 @@ impl Context {
         self.send_packet(to, Packet::Eager { msg, tag, payload: payload.to_vec() });
     }
 
-    /// The ring to rank `t` when a packet may be written straight into it: the rings
-    /// carry the control path (no plugin channel) and nothing waits ahead of it in the
-    /// outbox. None when it must be queued instead (as when the ring is full).
-    fn direct_ring(&self, t: usize) -> Option<crate::shm::ring::PacketRing> {
-        (self.outbox[t].is_empty() && self.channel.is_none()).then(|| self.tx[t])
+    /// The ring to job rank `t` when a packet may be written straight into it: `t` shares
+    /// this node, the rings carry the control path (no plugin channel) and nothing waits
+    /// ahead of it in the outbox. None when it must be queued or routed instead.
+    fn direct_ring(&self, t: Rank) -> Option<crate::shm::ring::PacketRing> {
+        let local = self.topo.local_of(t)?;
+        (self.outbox[t as usize].is_empty() && self.channel.is_none()).then(|| self.tx[local])
     }
 
     /// Writes an eager payload (already cut to the buffer's length) into a
@@ -379,7 +380,8 @@ impl Context {
     }
 
     /// Queues a packet to a peer: straight into its ring when there is room and
-    /// nothing is waiting ahead of it, else into the outbox (FIFO per peer).
+    /// nothing is waiting ahead of it, else into the outbox (FIFO per peer); a peer of
+    /// another node's to the internode path.
     pub(crate) fn send_packet(&mut self, to: Rank, p: Packet) {
         if let Some(slot @ None) = &mut self.capture {
             // The RTS always rides the host's matched message; the CTS only where the
@@ -393,6 +395,9 @@ impl Context {
             self.loopback.push_back(p);
             return;
         }
+        let Some(local) = self.topo.local_of(to) else {
+            return self.send_offnode(to, &p);
+        };
         if let Some(ch) = &mut self.channel {
             self.stats.packets_sent += 1;
             ch(to, &p.to_vec());
@@ -403,8 +408,8 @@ impl Context {
         let mut kind = 0;
         // The ring's ends keep region memos: every packet to `t` is encoded with its memo,
         // in ring order (the outbox keeps that order), and decoded so by `drain_ring`.
-        let direct = self.direct_ring(t);
-        let memo = &mut self.tx_memo[t];
+        let direct = self.direct_ring(to);
+        let memo = &mut self.tx_memo[local];
         let pushed = direct.map_or(Ok(false), |ring| {
             // The full form's length bounds what the memo may shorten.
             ring.try_push_upto(p.encoded_len(), |slot| {
@@ -424,14 +429,14 @@ impl Context {
             }
         }
         self.stats.backpressure += 1;
-        self.outbox[t].push_back(p.to_vec_with(Some(&mut self.tx_memo[t])));
+        self.outbox[t].push_back(p.to_vec_with(Some(&mut self.tx_memo[local])));
         self.outbox_len += 1;
     }
 
     fn flush_outbox(&mut self) -> bool {
         let mut did = false;
-        for t in 0..self.outbox.len() {
-            let ring = self.tx[t];
+        for local in 0..self.tx.len() {
+            let (ring, t) = (self.tx[local], self.topo.job_rank_of(local) as usize);
             while let Some(bytes) = self.outbox[t].front() {
                 match ring.try_push(bytes) {
                     Ok(true) => {
@@ -480,9 +485,11 @@ impl Context {
                 }
                 Ok(m.ptr + (region.offset + offset) as usize)
             }
-            Loc::Staging { from, to, slot } => {
-                let (from, to) = (from as usize, to as usize);
-                let pair = from * self.size() as usize + to;
+            Loc::Staging { from: job_from, to: job_to, slot } => {
+                let (Some(from), Some(to)) = (self.topo.local_of(job_from), self.topo.local_of(job_to)) else {
+                    return Err(format!("staging between ranks {job_from} and {job_to}, not both of this node"));
+                };
+                let pair = from * self.tx.len() + to;
                 if !self.staging_registered[pair] {
                     let (base, bytes) = self.seg.staging(from, to);
                     // SAFETY: the staging area lies in the job segment, host memory this
@@ -592,20 +599,22 @@ impl Context {
         }
     }
 
-    /// Checks every peer; a failed or finalized peer's transfers fail.
+    /// Checks every other rank of the node; a failed or finalized one's transfers fail.
+    /// (The internode path reports the ranks of other nodes.)
     fn check_liveness(&mut self) {
         self.last_liveness = Instant::now();
-        let me = self.rank() as usize;
-        for r in 0..self.size() as usize {
-            if r == me || self.engine.is_peer_failed(r as Rank) {
+        let me = self.info.rank as usize;
+        for local in 0..self.rx.len() {
+            let r = self.topo.job_rank_of(local);
+            if local == me || self.engine.is_peer_failed(r) {
                 continue;
             }
-            match self.seg.peer_status(r) {
+            match self.seg.peer_status(local) {
                 PeerStatus::Alive | PeerStatus::Unknown => {}
                 PeerStatus::Finalized | PeerStatus::Failed => {
                     // What it sent before it went is in its ring: take it first.
-                    self.drain_ring(r);
-                    self.peer_failed(r as Rank);
+                    self.drain_ring(local);
+                    self.peer_failed(r);
                 }
             }
         }
@@ -619,9 +628,12 @@ impl Context {
         self.engine.on_peer_failed(r);
         self.outbox_len -= self.outbox[r as usize].len();
         self.outbox[r as usize].clear();
+        // Its control packets waiting for the internode path will never be wanted; its
+        // waiting transfers end through the engine's cancels (run below).
+        self.offnode.drop_ctrl_to(r);
         // Its mappings stay until our copies on them finish (leases), then close.
         self.cache.invalidate_where(|k| k.peer == r);
-        self.free_peer_failed(r as usize);
+        self.free_peer_failed(r);
         self.run_actions();
     }
 }

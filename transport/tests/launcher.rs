@@ -223,7 +223,7 @@ fn helper_rank() {
     let layout = JobLayout { nranks: 2, ring_slots: 8, slot_size: 64, chunk_size: 4096, depth: 2 };
     if rank == 0 {
         let seg = JobSegment::create(&job, layout).unwrap();
-        seg.set_rank(0, std::process::id(), node_id(), 0);
+        seg.claim_rank(0, std::process::id(), node_id(), 0).unwrap();
         // Only the launcher writes Failed for rank 1 (it exits without marking itself).
         let t0 = Instant::now();
         while seg.rank_state(1) != RankState::Failed {
@@ -234,7 +234,7 @@ fn helper_rank() {
         std::process::exit(0);
     } else {
         let seg = JobSegment::open(&job, Duration::from_secs(10)).unwrap();
-        seg.set_rank(1, std::process::id(), node_id(), 0);
+        seg.claim_rank(1, std::process::id(), node_id(), 0).unwrap();
         std::process::exit(5);
     }
 }

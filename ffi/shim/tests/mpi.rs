@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use gpulmt_tests::{job_lock, shm_entries, target_profile_dir};
+use gpulmt_tests::{descendants, job_lock, objects_of, target_profile_dir};
 
 /// The MPI the shim was built against (its build.rs says which) and its tools: the C
 /// programs are compiled and launched with the same MPI, Open MPI (`mpicc`, `mpirun`) or
@@ -168,6 +168,8 @@ struct Run {
     stdout: String,
     stderr: String,
     what: String,
+    /// The processes mpirun started (seen while it ran): whose objects are the run's.
+    pids: Vec<u32>,
 }
 
 impl Run {
@@ -265,7 +267,13 @@ fn mpirun_within(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], ar
     let err = pipe(Box::new(child.stderr.take().unwrap()));
     let t0 = Instant::now();
     let mut term_sent = None;
+    let mut pids = Vec::new();
     let status = loop {
+        for p in descendants(child.id()) {
+            if !pids.contains(&p) {
+                pids.push(p);
+            }
+        }
         if let Some(s) = child.try_wait().expect("wait for the MPI launcher") {
             break s;
         }
@@ -283,7 +291,7 @@ fn mpirun_within(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], ar
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let run = Run { code: status.code(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), what };
+    let run = Run { code: status.code(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), what, pids };
     assert!(term_sent.is_none(), "timed out after {} s (hung?)\n{}", limit.as_secs(), run.dump());
     run
 }
@@ -302,16 +310,22 @@ fn collective_nps(nps: &[usize]) -> Vec<usize> {
     run
 }
 
-/// Runs `prog` with the shim and checks that it left no shared memory behind.
+/// Runs `prog` with the shim and checks that it left no shared memory behind: none of
+/// the objects of its processes (what other jobs on the machine make is theirs).
 fn clean_run(prog: &Path, np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
     clean_run_within(prog, np, env, args, RUN_LIMIT)
 }
 
 /// As [`clean_run`], killed (and failed) after `limit`.
 fn clean_run_within(prog: &Path, np: usize, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Run {
-    let before = shm_entries("gpulmt-");
     let run = mpirun_within(prog, np, true, env, args, limit);
-    let left: Vec<String> = shm_entries("gpulmt-").into_iter().filter(|n| !before.contains(n)).collect();
+    assert!(
+        run.pids.len() >= np,
+        "saw {} processes of mpirun, expected its {np} ranks\n{}",
+        run.pids.len(),
+        run.dump()
+    );
+    let left = objects_of(&[], &run.pids);
     assert!(left.is_empty(), "/dev/shm objects left behind: {left:?}\n{}", run.dump());
     run
 }
@@ -534,4 +548,40 @@ fn the_sim_example_pingpongs_device_buffers_through_gpulmt() {
     let run = mpirun(device_pingpong(), 2, false, &[], &[]);
     assert_ne!(run.code, Some(0), "{}", run.dump());
     assert!(run.stderr.contains("LD_PRELOAD=/path/to/libgpulmt_mpi.so"), "{}", run.dump());
+}
+
+/// A rank of a shim job SIGKILLed mid-run (no gpulmt-run to clean up after mpirun): the
+/// job segment has no name left (rank 0 removed it when every rank had joined), and what
+/// the dead processes held (their simulated device memory) is abandoned by their owner
+/// locks, which the sweep at the start of the next job on the node removes.
+#[test]
+fn a_rank_killed_mid_run_leaves_nothing_the_next_job_does_not_remove() {
+    use gpulmt::shm::sweep::{sweep, Evidence};
+    use gpulmt_tests::live::{signal, LiveJob};
+    if !have_mpi() {
+        return;
+    }
+    let prog = p2p();
+    let _lock = job_lock();
+    let mut cmd = Command::new("mpirun");
+    gpulmt_tests::without_gpulmt_env(&mut cmd).env_remove("LD_PRELOAD");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "GPULMT_DEVICE=sim", "-x"])
+        .arg(format!("LD_PRELOAD={}", shim_lib().display()))
+        .arg(prog);
+    let mut job = LiveJob::spawn(cmd, "mpirun -np 2 (shim) p2p, rank killed after its first part");
+    let started = job.wait_line(Duration::from_secs(120), |l| l.starts_with("part ") && l.ends_with(" done"));
+    let pids = descendants(job.pid());
+    if started.is_some() {
+        if let Some(&victim) = pids.iter().max() {
+            signal(victim, libc::SIGKILL);
+        }
+    }
+    let out = job.finish(Duration::from_secs(120));
+    assert!(started.is_some() && pids.len() >= 2, "the job never ran a part\n{}", out.dump());
+    assert!(out.code.is_some_and(|c| c != 0), "mpirun must end with a failure\n{}", out.dump());
+    let named: Vec<String> = objects_of(&[], &pids).into_iter().filter(|n| n.starts_with("gpulmt-mpi")).collect();
+    assert!(named.is_empty(), "the job segment is still named: {named:?}\n{}", out.dump());
+    sweep(Evidence::Locks);
+    let left = objects_of(&[], &pids);
+    assert!(left.is_empty(), "left after the sweep a job's start runs: {left:?}\n{}", out.dump());
 }

@@ -19,9 +19,11 @@
 //! program cannot be started.
 //!
 //! Whatever happens, the job's shared-memory objects are removed at the end: the job
-//! segment and `gpulmt-<job>-*`, and the simulated-device objects `gpulmt-sim-<pid>-*`
-//! of every rank process. `--cleanup` removes leftovers of jobs whose processes are all
-//! dead (e.g. after the launcher itself was SIGKILLed).
+//! segment and `gpulmt-<job>-*`, the simulated-device objects `gpulmt-sim-<pid>-*` of
+//! every rank process, and whatever else owner locks prove abandoned (objects of the
+//! processes a rank started, of jobs killed before). `--cleanup` removes leftovers of
+//! jobs whose processes are all dead (e.g. after the launcher itself was SIGKILLed),
+//! judging by pids and age too where there are no owner locks.
 
 use std::ffi::OsString;
 use std::io;
@@ -34,9 +36,8 @@ use clap::error::ErrorKind;
 use clap::{ColorChoice, Parser, ValueEnum};
 
 use gpulmt::shm::job::{JobSegment, RankState, JOB_ENV, MAX_RANKS};
-use gpulmt::shm::object::{
-    cleanup_stale_jobs, cleanup_stale_sim_objects, remove_job_objects, remove_objects_with_prefix, SIM_PREFIX,
-};
+use gpulmt::shm::object::{remove_job_objects, remove_objects_with_prefix, SIM_PREFIX};
+use gpulmt::shm::sweep::{sweep, Evidence};
 
 /// The synopsis, printed with every usage error and at the top of `--help`.
 const USAGE: &str = "usage: gpulmt-run -n N [--bind core|none] [--timeout SECS] [--abort-grace-ms MS] [--cleanup] [--] prog [args...]\n       gpulmt-run --cleanup\n       gpulmt-run --config-table";
@@ -223,7 +224,8 @@ struct Rank {
 struct Launcher {
     job: String,
     ranks: Vec<Rank>,
-    /// The job segment, once it exists (rank 0 creates it), to mark failed ranks.
+    /// The job segment, once seen (rank 0 creates it, and removes its name once every
+    /// rank has mapped it: the launcher looks for it from the start), to mark failed ranks.
     segment: Option<JobSegment>,
 }
 
@@ -244,10 +246,16 @@ impl Launcher {
     }
 
     /// Opens the job segment if it exists and is initialized (one attempt, no waiting).
+    /// Only a segment one of our ranks created is ours: after our rank 0 removed the name,
+    /// another job started by hand with our job id may have made one of its own.
     fn segment(&mut self) -> Option<&JobSegment> {
         if self.segment.is_none() {
             match JobSegment::open(&self.job, Duration::ZERO) {
-                Ok(s) => self.segment = Some(s),
+                Ok(s) if is_descendant(s.creator_pid(), std::process::id()) => self.segment = Some(s),
+                Ok(s) => tracing::warn!(
+                    creator = s.creator_pid(),
+                    "a segment named after this job was made by a process this launcher did not start; ignored"
+                ),
                 // Rank 0 may not have created it (yet, or ever): nothing to mark then.
                 Err(e) => tracing::debug!(error = %e, "job segment not available"),
             }
@@ -330,8 +338,30 @@ impl Launcher {
         for pid in pids {
             removed += remove_objects_with_prefix(&format!("{SIM_PREFIX}{pid}-"));
         }
+        // What processes the ranks started left, and leftovers of jobs killed before.
+        removed += sweep(Evidence::Locks);
         tracing::debug!(job = %self.job, removed, "removed the job's shared-memory objects");
     }
+}
+
+/// Whether `pid` is `ancestor` or one of its descendants (by the parent pids of
+/// `/proc/<pid>/stat`; false where /proc cannot tell).
+fn is_descendant(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..64 {
+        if pid == ancestor {
+            return true;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+        let Some(ppid) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) else {
+            return false;
+        };
+        match ppid.parse() {
+            Ok(p) if p > 1 => pid = p,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// Spawns rank `r` of `n`.
@@ -383,7 +413,7 @@ fn spawn_rank(prog: &[OsString], job: &str, r: usize, n: usize, cpu: Option<usiz
 
 fn run(args: Args) -> u8 {
     if args.cleanup {
-        let removed = cleanup_stale_jobs() + cleanup_stale_sim_objects();
+        let removed = sweep(Evidence::Any);
         println!("gpulmt-run: removed {removed} stale shared-memory object(s)");
         if args.prog.is_empty() {
             return 0;
@@ -430,6 +460,10 @@ fn run(args: Args) -> u8 {
 
     while l.ranks.iter().any(|k| k.running) {
         let now = Instant::now();
+        // Until it is seen: its name lives only while the ranks start.
+        if l.segment.is_none() {
+            l.segment();
+        }
         for (_, code) in l.reap() {
             // Ranks we kill after a timeout do not define the exit status.
             if first_failure.is_none() && !timed_out {

@@ -249,6 +249,16 @@ pub const VARIABLES: &[Variable] = &[
                   doubling up to 128 ms).",
     },
     Variable {
+        name: "GPULMT_SYM_HEAP",
+        kind: Kind::Size { min: 64 << 10, max: u64::MAX, multiple_of: 1, zero_is_off: false, never: false },
+        default: Unset("1 GiB on CUDA (NVSHMEM's default), 64 MiB on sim"),
+        class: Normal,
+        meaning: "Bytes of each rank's symmetric heap, reserved on the rank's device at the first \
+                  `sym_alloc` / `gpulmt_sym_malloc` (collective): every symmetric allocation comes from it. Every \
+                  rank must give the same value. The first few KiB hold gpulmt's control words (device \
+                  barriers, the table of the peers' heaps).",
+    },
+    Variable {
         name: "GPULMT_COPY_PRIORITY",
         kind: Kind::Choice(&["auto", "high", "normal"]),
         default: Text("auto"),
@@ -286,6 +296,87 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "Log filter of the subscriber that gpulmt's binaries and C entry points install (to standard \
                   error). `info` says which backend and protocols were chosen and why; `debug` traces every \
                   transfer.",
+    },
+    Variable {
+        name: "GPULMT_NET_QUEUES",
+        kind: Kind::Count { min: 1, max: 4096, power_of_two: false },
+        default: Text("8"),
+        class: Normal,
+        meaning: "Internode path: GIO send queues this rank sets up at start, one per producer (the context's \
+                  thread takes the first, each other posting thread or thread block one more). The proxy polls \
+                  every queue in use; raise it for more producers.",
+    },
+    Variable {
+        name: "GPULMT_NET_QUEUE_SLOTS",
+        kind: Kind::Count { min: 4, max: 1 << 16, power_of_two: true },
+        default: Text("64"),
+        class: Normal,
+        meaning: "Internode path: slots (64-byte packets) of each GIO send queue: the operations one producer \
+                  can have posted and not yet taken by the proxy before it waits for credit.",
+    },
+    Variable {
+        name: "GPULMT_NET_BATCH",
+        kind: Kind::Count { min: 1, max: 1 << 16, power_of_two: false },
+        default: Text("32"),
+        class: Normal,
+        meaning: "Internode path: most packets the proxy takes from one queue per round, so that one busy \
+                  producer cannot starve the others.",
+    },
+    Variable {
+        name: "GPULMT_NET_CHUNK",
+        kind: Kind::Size { min: 4 << 10, max: 1 << 30, multiple_of: 4 << 10, zero_is_off: false, never: false },
+        default: Text("1M"),
+        class: Normal,
+        meaning: "Internode path: data travels in MPI messages of at most this size, and device data is staged \
+                  through pinned host buffers of this size (copy of one piece overlaps the wire of the next). \
+                  Every rank of a job must use the same value; the path checks at start.",
+    },
+    Variable {
+        name: "GPULMT_NET_DEPTH",
+        kind: Kind::Count { min: 1, max: 256, power_of_two: false },
+        default: Text("4"),
+        class: Normal,
+        meaning: "Internode path: pieces of one transfer in flight at once (staging copies and MPI messages).",
+    },
+    Variable {
+        name: "GPULMT_NET_CTRL_POOL",
+        kind: Kind::Count { min: 1, max: 4096, power_of_two: false },
+        default: Text("32"),
+        class: Normal,
+        meaning: "Internode path: receives the proxy keeps posted for control packets and one-sided requests \
+                  from any rank (each of them, 16 KiB apiece). Raise it where many ranks send at once.",
+    },
+    Variable {
+        name: "GPULMT_NET_STALL_MS",
+        kind: Kind::Duration { plain: TimeUnit::Millis, min: Duration::from_millis(1), max: Duration::from_secs(3600) },
+        default: Text("2s"),
+        class: Normal,
+        meaning: "Internode path: a producer that reserved a queue slot and did not fill it for this long is \
+                  taken as stopped: its queue fails with an error completion and a log line naming the slot.",
+    },
+    Variable {
+        name: "GPULMT_NET_DRAIN_MS",
+        kind: Kind::Duration { plain: TimeUnit::Millis, min: Duration::ZERO, max: Duration::from_secs(3600) },
+        default: Text("5s"),
+        class: Normal,
+        meaning: "Internode path: at shutdown, how long operations still in flight may finish before they are \
+                  cancelled and reported failed.",
+    },
+    Variable {
+        name: "GPULMT_NET_IDLE_SLEEP",
+        kind: Kind::Duration { plain: TimeUnit::Micros, min: Duration::ZERO, max: Duration::from_millis(100) },
+        default: Text("50us"),
+        class: Normal,
+        meaning: "Internode path: the longest the proxy thread sleeps between rounds when idle (it spins, then \
+                  yields, then sleeps longer and longer up to this). Lower it for latency, raise it to leave \
+                  the CPU to the application.",
+    },
+    Variable {
+        name: "GPULMT_NET_PROXY_CPU",
+        kind: Kind::Count { min: 0, max: 1 << 16, power_of_two: false },
+        default: Unset("not pinned"),
+        class: Normal,
+        meaning: "Internode path: pin the proxy thread to this CPU (a core the application does not use).",
     },
     Variable {
         name: "GPULMT_HANDLE_CACHE",
@@ -344,6 +435,18 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "Builds with the `anatomy` cargo feature only: each rank writes host timestamps of the steps \
                   of its messages to `PREFIX.<rank>.csv` at finalize (see `transport/src/anatomy.rs`), to \
                   find where a small message's latency goes.",
+    },
+    Variable {
+        name: "GPULMT_PSEUDO_NODES",
+        kind: Kind::Count { min: 1, max: 1024, power_of_two: false },
+        default: Text("1"),
+        class: Diagnostic,
+        meaning: "A test setting for jobs started by `mpirun` (`gpulmt::mpi::init_from_mpi`): split the ranks of \
+                  each host into this many nodes, contiguous groups by their index on the host (3 ranks in 2: \
+                  {0, 1} and {2}). Ranks of different groups share no shared memory and no IPC handle: \
+                  everything between them takes the internode path, so that one machine exercises it. From 1 \
+                  to the ranks of the smallest host; a job started by `gpulmt-run` is one node and refuses \
+                  more than 1.",
     },
     Variable {
         name: "GPULMT_SIM_DEVICES",

@@ -79,6 +79,19 @@ pub struct Mapping {
     pub size: usize,
 }
 
+/// Pinned host memory that the devices can also address: from
+/// [`DeviceBackend::alloc_host_mapped`]. The host reaches it at `host`, a kernel at `device`
+/// (the same address on the sim and under CUDA's unified addressing, but not guaranteed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostMapped {
+    /// The host's address of the first byte (page-aligned).
+    pub host: usize,
+    /// A device's address of the same byte.
+    pub device: usize,
+    /// Bytes of the allocation.
+    pub len: usize,
+}
+
 /// An asynchronous copy in flight; poll it with [`DeviceBackend::copy_poll`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CopyTicket(pub u64);
@@ -244,6 +257,22 @@ pub trait DeviceBackend: Send + Sync {
         let _ = high;
         Err(DeviceError::Unsupported { op: "set_copy_priority", backend: self.kind() })
     }
+
+    /// Allocates `bytes` of zeroed, pinned host memory that every device of this backend
+    /// can address too (CUDA: `cuMemHostAlloc(PORTABLE | DEVICEMAP)` and
+    /// `cuMemHostGetDevicePointer`; the sim: plain anonymous shared memory). The GIO queues
+    /// live in it, so that a kernel can be a producer; staging buffers use it because copy
+    /// engines DMA it without registration. Free it with
+    /// [`free_host_mapped`](Self::free_host_mapped).
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped, DeviceError>;
+
+    /// Frees memory from [`alloc_host_mapped`](Self::alloc_host_mapped), named by its host
+    /// address. An address that is not the start of such an allocation is refused.
+    ///
+    /// # Safety
+    /// No copy or kernel may still read or write the memory, and nothing may touch it
+    /// afterwards: it is unmapped at once.
+    unsafe fn free_host_mapped(&self, host: usize) -> Result<(), DeviceError>;
 
     /// Pins and registers host memory so device engines can DMA it (shared staging
     /// chunks); registering the same range twice is not an error.

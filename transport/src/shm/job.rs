@@ -4,7 +4,8 @@
 //! ranks that died. It holds everything the ranks of one node share:
 //!
 //! ```text
-//! page 0            Header: magic (written last), layout, creator pid, barrier counter
+//! page 0            Header: magic (written last), layout, creator pid, instance nonce,
+//!                   barrier counter
 //! page-aligned      rank table: [nranks] RankEntry { pid, state, node_id, device, .. }
 //! page-aligned      nranks*nranks PacketRings; ring (from, to) carries from -> to
 //!                   (the diagonal is allocated but unused, for simple indexing)
@@ -19,16 +20,31 @@
 //! Publication: the creator writes the header and only then stores the magic with
 //! Release; openers poll the magic with Acquire, so once they see it every header
 //! field is visible. The layout is never changed after that.
+//!
+//! Ownership and liveness ([`super::owner`]): every handle keeps the object's descriptor
+//! open, and holds OFD locks through it that the kernel drops when the process dies.
+//! The creator locks byte [`CREATOR_LOCK`] before it publishes the magic; a rank claims
+//! byte `rank` when it registers ([`JobSegment::claim_rank`]), and that lock is how its
+//! peers see it alive (a zombie holds none) and how a second process claiming the same
+//! rank is refused. A segment nobody holds a lock on is abandoned, and the next job's
+//! sweep removes it ([`super::sweep`]).
+//!
+//! The name is needed only until every rank has opened the segment: the job's rank 0
+//! removes it once the ranks met at their first barrier, so a job that dies later
+//! leaves nothing named behind, and a job started later with the same `GPULMT_JOB`
+//! cannot reach this one's segment.
 
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use super::object::{pid_alive, ShmError, ShmSegment, OBJECT_PREFIX};
+use super::object::{Opts, ShmError, ShmSegment, OBJECT_PREFIX};
+use super::owner::{locked_by_others, pid_alive, try_lock_byte};
 use super::ring::{PacketRing, RING_ALIGN};
+use super::wait::sleep_toward;
 
 /// Environment variable that carries the job id (set by `gpulmt-run`).
 pub const JOB_ENV: &str = "GPULMT_JOB";
@@ -37,10 +53,16 @@ pub const JOB_ENV: &str = "GPULMT_JOB";
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GLMTSHM1");
 
 /// Bumped whenever the layout below changes, so mismatched binaries fail loudly.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version 2: the instance nonce, and owner locks (a version-1 segment holds none, so the
+/// sweep must not judge it by them).
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Most local ranks a job segment supports (nranks^2 rings and staging areas).
 pub const MAX_RANKS: u32 = 1024;
+
+/// The byte of the segment's object its creator holds a lock on for its life (rank `r`
+/// holds byte `r`; locks may lie beyond the end of a file).
+pub const CREATOR_LOCK: u64 = MAX_RANKS as u64;
 
 const PAGE: usize = 4096;
 
@@ -175,6 +197,8 @@ struct Header {
     creator_pid: u32,
     /// Total size the creator laid out; checked against the object size by openers.
     total_bytes: u64,
+    /// A random number drawn by the creator: names this instance of the job in messages.
+    instance: u64,
     /// Arrivals at barriers since creation; on its own line since every rank polls it.
     barrier: CachePadded<AtomicU64>,
 }
@@ -241,18 +265,33 @@ pub struct JobSegment {
     job: String,
     layout: JobLayout,
     off: Offsets,
+    /// Ranks this handle claimed: its own locks, which its descriptor cannot see.
+    claimed: Mutex<Vec<usize>>,
 }
 
 impl JobSegment {
-    /// Creates and initializes the segment of `job` (rank 0 does this, once).
+    /// Creates and initializes the segment of `job` (rank 0 does this, once), with every
+    /// page reserved: a `/dev/shm` too small for it fails here ([`ShmError::NoSpace`],
+    /// saying how much is needed), not as a SIGBUS in some rank later.
     ///
     /// Fails with `EEXIST` if it already exists (another job with the same id, or a
     /// leftover: `gpulmt-run --cleanup`).
     pub fn create(job: &str, layout: JobLayout) -> Result<Self, ShmError> {
         check_job_id(job)?;
         let off = layout.offsets()?;
-        warn_if_shm_small(off.total, &layout);
-        let seg = ShmSegment::create(&segment_name(job), off.total)?;
+        let seg = ShmSegment::create_opts(&segment_name(job), off.total, Opts { reserve: true, keep_fd: true })
+            .map_err(|e| match e {
+                ShmError::NoSpace { name, needed, free, size, .. } => {
+                    ShmError::NoSpace { what: JOB_SEGMENT_WHAT, name, needed, free, size }
+                }
+                e => e,
+            })?;
+        let fd = seg.fd().expect("kept");
+        // Before the magic: a segment with the magic always has a live creator or a dead
+        // one, never one that has not locked yet (the sweep relies on it).
+        if !try_lock_byte(fd, CREATOR_LOCK).map_err(|e| lock_error(seg.name(), e))? {
+            return Err(lock_error(seg.name(), io::Error::from_raw_os_error(libc::EAGAIN)));
+        }
         // Fresh pages read as zeros: rank entries are Empty, rings are empty, the
         // barrier counter is 0. Only the header needs writing.
         let hdr = seg.ptr().cast::<Header>();
@@ -267,8 +306,9 @@ impl JobSegment {
             std::ptr::addr_of_mut!((*hdr).depth).write(layout.depth);
             std::ptr::addr_of_mut!((*hdr).creator_pid).write(std::process::id());
             std::ptr::addr_of_mut!((*hdr).total_bytes).write(off.total as u64);
+            std::ptr::addr_of_mut!((*hdr).instance).write(instance_nonce());
         }
-        let me = JobSegment { seg, job: job.to_owned(), layout, off };
+        let me = JobSegment { seg, job: job.to_owned(), layout, off, claimed: Mutex::new(Vec::new()) };
         // Release: publishes every header field above to openers that Acquire the magic.
         me.header().magic.store(MAGIC, Ordering::Release);
         tracing::debug!(name = me.name(), bytes = off.total, ?layout, "created job segment");
@@ -281,6 +321,7 @@ impl JobSegment {
         check_job_id(job)?;
         let name = segment_name(job);
         let start = Instant::now();
+        let deadline = start + timeout;
         let mut pause = Duration::from_micros(200);
         let mut last_state;
         loop {
@@ -300,14 +341,14 @@ impl JobSegment {
                     waited,
                 });
             }
-            std::thread::sleep(pause.min(timeout - waited));
+            sleep_toward(deadline, pause);
             pause = (pause * 2).min(Duration::from_millis(20));
         }
     }
 
     /// One attempt: `Ok(None)` if the segment exists but its magic is not set yet.
     fn try_open(job: &str, name: &str) -> Result<Option<Self>, ShmError> {
-        let seg = ShmSegment::open(name)?;
+        let seg = ShmSegment::open_opts(name, Opts { keep_fd: true, reserve: false })?;
         let bad = |reason: String| ShmError::BadSegment { name: name.to_owned(), reason };
         if seg.len() < PAGE {
             return Err(bad(format!("size {} is smaller than its header page", seg.len())));
@@ -346,7 +387,7 @@ impl JobSegment {
                 seg.len()
             )));
         }
-        Ok(Some(JobSegment { seg, job: job.to_owned(), layout, off }))
+        Ok(Some(JobSegment { seg, job: job.to_owned(), layout, off, claimed: Mutex::new(Vec::new()) }))
     }
 
     /// Removes the name of `job`'s segment (mappings stay valid). `Ok(false)` if absent.
@@ -397,6 +438,22 @@ impl JobSegment {
         self.header().creator_pid
     }
 
+    /// The random number that names this instance of the job (drawn by its creator).
+    pub fn instance(&self) -> u64 {
+        self.header().instance
+    }
+
+    /// The descriptor the locks of this handle are held through.
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.seg.fd().expect("job segments keep their descriptor")
+    }
+
+    /// Whether some other process's handle (or another handle of this one) holds a lock
+    /// on the segment: its creator or a registered rank. None if the kernel cannot say.
+    pub fn held_by_others(&self) -> Option<bool> {
+        locked_by_others(self.fd(), 0, CREATOR_LOCK + 1).ok()
+    }
+
     /// The ring that carries packets from rank `from` to rank `to`.
     ///
     /// Protocol invariant (not checkable here, since peers are other processes): only
@@ -432,15 +489,33 @@ impl JobSegment {
         self.staging(from, to).0 + slot * self.layout.chunk_size as usize
     }
 
-    /// Registers rank `rank` as alive with its pid, node and device.
-    pub fn set_rank(&self, rank: usize, pid: u32, node_id: u64, device: u32) {
+    /// Claims rank `rank` for this handle (its lock, held until the handle is dropped or
+    /// the process dies) and registers it as alive with its pid, node and device.
+    ///
+    /// Fails with [`ShmError::RankTaken`] when a live handle elsewhere holds the rank:
+    /// two processes claiming one rank (a second job instance with this job's id, or a
+    /// second context for the rank), whose registration would break the first's.
+    pub fn claim_rank(&self, rank: usize, pid: u32, node_id: u64, device: u32) -> Result<(), ShmError> {
         let e = self.entry(rank);
+        if !try_lock_byte(self.fd(), rank as u64).map_err(|err| lock_error(self.name(), err))? {
+            return Err(ShmError::RankTaken {
+                name: self.name().to_owned(),
+                rank,
+                pid: e.pid.load(Ordering::Acquire),
+                instance: self.instance(),
+            });
+        }
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        if !claimed.contains(&rank) {
+            claimed.push(rank);
+        }
         // Relaxed: published by the Release store of the state below.
         e.pid.store(pid, Ordering::Relaxed);
         e.node_id.store(node_id, Ordering::Relaxed);
         e.device.store(device, Ordering::Relaxed);
         // Release: a peer that Acquires state == Alive sees pid, node and device.
         e.state.store(RankState::Alive as u32, Ordering::Release);
+        Ok(())
     }
 
     /// Stored state of rank `r`.
@@ -472,24 +547,40 @@ impl JobSegment {
         self.entry(r).device.load(Ordering::Acquire)
     }
 
-    /// What we can tell about rank `r`. `Alive` entries are double-checked with
-    /// `kill(pid, 0)` (a process killed by SIGKILL cannot mark itself), so this makes a
-    /// syscall: poll it at a modest rate (e.g. every few ms while blocked on a peer).
+    /// What we can tell about rank `r`. `Alive` entries are double-checked with the
+    /// rank's lock (a process killed by SIGKILL cannot mark itself, and the kernel drops
+    /// its lock as it dies, before it is a zombie), so this makes a syscall: poll it at a
+    /// modest rate (e.g. every few ms while blocked on a peer).
     pub fn peer_status(&self, r: usize) -> PeerStatus {
         match self.rank_state(r) {
             RankState::Empty => PeerStatus::Unknown,
             RankState::Finalized => PeerStatus::Finalized,
             RankState::Failed => PeerStatus::Failed,
             RankState::Alive => {
-                let pid = self.rank_pid(r);
-                // Pids only mean something on our own machine (and pid namespace).
-                if self.rank_node(r) == node_id() && pid != 0 && !pid_alive(pid) {
-                    PeerStatus::Failed
-                } else {
+                // Locks and pids only mean something on our own machine.
+                if self.rank_node(r) != node_id() || self.claimed_here(r) {
+                    return PeerStatus::Alive;
+                }
+                let alive = match locked_by_others(self.fd(), r as u64, 1) {
+                    Ok(held) => held,
+                    // The kernel cannot say (never on tmpfs): the pid, zombies as dead.
+                    Err(_) => {
+                        let pid = self.rank_pid(r);
+                        pid == 0 || pid_alive(pid)
+                    }
+                };
+                if alive {
                     PeerStatus::Alive
+                } else {
+                    PeerStatus::Failed
                 }
             }
         }
+    }
+
+    /// Whether this handle claimed rank `r` (its own lock, invisible to its descriptor).
+    fn claimed_here(&self, r: usize) -> bool {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).contains(&r)
     }
 
     /// Waits until all `nranks` ranks have called `barrier` for the same generation.
@@ -513,6 +604,7 @@ impl JobSegment {
         // Relaxed: diagnostics only (who is missing).
         me_entry.barrier_gen.store(generation, Ordering::Relaxed);
         let start = Instant::now();
+        let deadline = start + timeout;
         let mut last_peer_check = start;
         let mut spins = 0u32;
         loop {
@@ -560,33 +652,30 @@ impl JobSegment {
             } else if spins < 1000 {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(200));
+                sleep_toward(deadline, Duration::from_micros(200));
             }
         }
     }
 }
 
-/// Warns if `/dev/shm` has less free space than the segment could touch: the mapping
-/// succeeds (it is sparse) but touching pages beyond the free space raises SIGBUS.
-fn warn_if_shm_small(total: usize, layout: &JobLayout) {
-    let Ok(dir) = std::ffi::CString::new(super::object::SHM_DIR) else { return };
-    // SAFETY: zeroed statvfs is a valid out-buffer.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: dir is a valid C string; st a valid out-pointer.
-    if unsafe { libc::statvfs(dir.as_ptr(), &mut st) } != 0 {
-        tracing::debug!(error = %io::Error::last_os_error(), "statvfs(/dev/shm) failed; not checking its free space");
-        return;
-    }
-    let free = (st.f_bavail as u128) * (st.f_frsize as u128);
-    if (total as u128) > free {
-        tracing::warn!(
-            segment_bytes = total,
-            shm_free_bytes = free as u64,
-            ?layout,
-            "the job segment is larger than the free space of /dev/shm: ranks will die with SIGBUS if they touch \
-             that much staging; enlarge /dev/shm (e.g. docker --shm-size) or lower the SHM chunk size/depth"
-        );
-    }
+/// What the errors of a job segment that does not fit `/dev/shm` call it, with what
+/// sizes it.
+const JOB_SEGMENT_WHAT: &str =
+    "the job segment (per pair of local ranks GPULMT_CHUNK_SIZE x GPULMT_PIPELINE_DEPTH of staging, which smaller values shrink)";
+
+/// A failed lock operation on the segment's object as an [`ShmError::Os`].
+fn lock_error(name: &str, e: io::Error) -> ShmError {
+    ShmError::os("fcntl(F_OFD_SETLK)", name, e.raw_os_error().unwrap_or(0))
+}
+
+/// A random number for a new instance of a job (std's `RandomState` draws its keys from
+/// the OS; the time and pid make instances differ even if it did not).
+fn instance_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
 }
 
 /// FNV-1a 64: a hash that is the same in every process and every build (unlike std's).
@@ -627,22 +716,22 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// For `--cleanup`: if `name` is an initialized job segment, the pids that own it (the
-/// creator and every registered rank); `None` if it cannot be parsed as one.
-pub(crate) fn probe_owner_pids(name: &str) -> Option<Vec<u32>> {
+/// For the sweep: if `name` is an initialized job segment of this layout version,
+/// whether it is abandoned (nobody holds a lock on it: its creator and every rank that
+/// claimed one are gone); `None` if it cannot be parsed as one.
+pub(crate) fn probe_abandoned(name: &str) -> Option<bool> {
     let job = name.strip_prefix(OBJECT_PREFIX)?;
     check_job_id(job).ok()?;
     let seg = JobSegment::try_open(job, name).ok()??;
-    let mut pids = vec![seg.creator_pid()];
-    pids.extend((0..seg.nranks()).map(|r| seg.rank_pid(r)).filter(|&p| p != 0));
-    Some(pids)
+    Some(!seg.held_by_others()?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::shm::object::tests::dead_pid;
-    use crate::shm::object::{cleanup_stale_jobs, SHM_DIR};
+    use crate::shm::object::SHM_DIR;
+    use crate::shm::sweep::{cleanup_stale_jobs, Evidence};
     use std::path::Path;
     use std::sync::atomic::{AtomicBool, AtomicUsize};
 
@@ -691,13 +780,26 @@ mod tests {
         assert_eq!(b.layout(), layout(3));
         assert_eq!(b.creator_pid(), std::process::id());
 
+        assert_eq!(b.instance(), a.instance());
+
         // Rank table.
         assert_eq!(b.peer_status(1), PeerStatus::Unknown);
-        a.set_rank(1, std::process::id(), node_id(), 7);
+        a.claim_rank(1, std::process::id(), node_id(), 7).unwrap();
         assert_eq!(b.rank_state(1), RankState::Alive);
         assert_eq!(b.rank_pid(1), std::process::id());
         assert_eq!(b.rank_device(1), 7);
         assert_eq!(b.peer_status(1), PeerStatus::Alive);
+        // A second claim of rank 1 through another handle (another process) is refused,
+        // and leaves the first's registration alone.
+        match b.claim_rank(1, 4242, node_id(), 3) {
+            Err(e @ ShmError::RankTaken { rank: 1, .. }) => {
+                assert!(e.to_string().contains("GPULMT_JOB"), "{e}");
+                assert!(e.to_string().contains(&format!("{:016x}", a.instance())), "{e}");
+            }
+            other => panic!("second claim of rank 1: {other:?}"),
+        }
+        assert_eq!((b.rank_pid(1), b.rank_device(1)), (std::process::id(), 7));
+        a.claim_rank(1, std::process::id(), node_id(), 7).unwrap();
         b.mark_state(1, RankState::Finalized);
         assert_eq!(a.peer_status(1), PeerStatus::Finalized);
 
@@ -756,7 +858,7 @@ mod tests {
                 s.spawn(move || {
                     // Each "rank" has its own mapping, as separate processes would.
                     let seg = JobSegment::open(job, Duration::from_secs(5)).unwrap();
-                    seg.set_rank(me, std::process::id(), node_id(), 0);
+                    seg.claim_rank(me, std::process::id(), node_id(), 0).unwrap();
                     for round in 0..200 {
                         counter.fetch_add(1, Ordering::Relaxed);
                         seg.barrier(me, Duration::from_secs(20), || false).unwrap();
@@ -802,17 +904,71 @@ mod tests {
         assert!(e.to_string().contains("aborted"), "{e}");
     }
 
+    /// A rank's handle going away the way a process's does at death (its descriptor
+    /// closes, nobody marks it) makes it Failed: the lock it held is gone.
     #[test]
     fn peer_status_detects_dead_pid() {
         let job = unique_job("dead");
         let _c = Cleanup(job.clone());
         let seg = JobSegment::create(&job, layout(2)).unwrap();
-        seg.set_rank(1, dead_pid(), node_id(), 0);
+        let rank1 = JobSegment::open(&job, Duration::ZERO).unwrap();
+        rank1.claim_rank(1, dead_pid(), node_id(), 0).unwrap();
+        assert_eq!(seg.peer_status(1), PeerStatus::Alive, "its lock is held");
+        drop(rank1);
         assert_eq!(seg.rank_state(1), RankState::Alive, "nobody marked it");
         assert_eq!(seg.peer_status(1), PeerStatus::Failed, "but its process is gone");
-        // A pid on another node is not ours to check.
-        seg.set_rank(1, dead_pid(), node_id() ^ 1, 0);
+        // A rank on another node is not ours to check.
+        let rank1 = JobSegment::open(&job, Duration::ZERO).unwrap();
+        rank1.claim_rank(1, dead_pid(), node_id() ^ 1, 0).unwrap();
+        drop(rank1);
         assert_eq!(seg.peer_status(1), PeerStatus::Alive);
+    }
+
+    /// Where `zombie_rank_is_seen_dead` tells its helper process which job to join.
+    const ZOMBIE_JOB_ENV: &str = "GPULMT_TEST_ZOMBIE_JOB";
+
+    /// Not a test by itself: the rank process of [`zombie_rank_is_seen_dead`], which runs
+    /// this test binary filtered to it. Without the variable it does nothing.
+    #[test]
+    fn zombie_helper() {
+        let Ok(job) = std::env::var(ZOMBIE_JOB_ENV) else { return };
+        let seg = JobSegment::open(&job, Duration::from_secs(20)).unwrap();
+        seg.claim_rank(1, std::process::id(), node_id(), 0).unwrap();
+        std::thread::sleep(Duration::from_secs(120));
+    }
+
+    /// A rank killed while its parent does not reap it is a zombie, which `kill(pid, 0)`
+    /// still finds; its peers must see it dead at once all the same.
+    #[test]
+    fn zombie_rank_is_seen_dead() {
+        let job = unique_job("zombie");
+        let _c = Cleanup(job.clone());
+        let seg = JobSegment::create(&job, layout(2)).unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "shm::job::tests::zombie_helper", "--test-threads=1"])
+            .env(ZOMBIE_JOB_ENV, &job)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let t0 = Instant::now();
+        while seg.rank_pid(1) != pid || seg.rank_state(1) != RankState::Alive {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the helper never claimed rank 1");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(seg.peer_status(1), PeerStatus::Alive);
+        // SAFETY: signalling our own child; it is reaped below, after the checks.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        let stat = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        while !stat().rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')) {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the helper never became a zombie: {}", stat());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: signal 0 sends nothing: the zombie still answers.
+        assert_eq!(unsafe { libc::kill(pid as i32, 0) }, 0, "a zombie answers kill(pid, 0)");
+        assert_eq!(seg.peer_status(1), PeerStatus::Failed, "the zombie rank counts as alive");
+        child.wait().unwrap();
     }
 
     #[test]
@@ -826,19 +982,47 @@ mod tests {
             // Pretend a dead process created it and ran its ranks.
             // SAFETY: header page of our own mapping; no concurrent readers of this field.
             unsafe { std::ptr::addr_of_mut!((*seg.seg.ptr().cast::<Header>()).creator_pid).write(dead_pid()) };
-            seg.set_rank(0, dead_pid(), node_id(), 0);
+            seg.claim_rank(0, dead_pid(), node_id(), 0).unwrap();
             let _extra = ShmSegment::create(&format!("gpulmt-{dead_job}-x"), 4096).unwrap();
         }
-        let live = JobSegment::create(&live_job, layout(2)).unwrap();
-        live.set_rank(1, dead_pid(), node_id(), 0); // the creator (us) is still alive
+        let _live = JobSegment::create(&live_job, layout(2)).unwrap();
+        let rank1 = JobSegment::open(&live_job, Duration::ZERO).unwrap();
+        rank1.claim_rank(1, dead_pid(), node_id(), 0).unwrap();
+        drop(rank1); // rank 1 died, but the creator (us) still holds the segment
         let _extra = ShmSegment::create(&format!("gpulmt-{live_job}-x"), 4096).unwrap();
 
-        assert!(cleanup_stale_jobs() >= 2);
+        assert!(cleanup_stale_jobs(Evidence::Locks) >= 2);
         let exists = |n: String| Path::new(SHM_DIR).join(n).exists();
         assert!(!exists(format!("gpulmt-{dead_job}")));
         assert!(!exists(format!("gpulmt-{dead_job}-x")));
         assert!(exists(format!("gpulmt-{live_job}")));
         assert!(exists(format!("gpulmt-{live_job}-x")));
+    }
+
+    /// A segment larger than /dev/shm fails its creation, saying how much it needs and
+    /// how to get it, instead of being made sparse (and killing ranks with SIGBUS later).
+    #[test]
+    fn a_segment_larger_than_dev_shm_is_refused_at_creation() {
+        let huge = JobLayout { nranks: 64, ring_slots: 16, slot_size: 128, chunk_size: 1 << 30, depth: 1 };
+        let (size, _) = crate::shm::object::shm_space();
+        let needed = huge.total_bytes() as u64;
+        if size == 0 || size >= needed {
+            eprintln!("SKIPPED: /dev/shm has no size limit below {needed} bytes (size {size})");
+            return;
+        }
+        let job = unique_job("huge");
+        let _c = Cleanup(job.clone());
+        match JobSegment::create(&job, huge) {
+            Err(e @ ShmError::NoSpace { needed: n, .. }) => {
+                assert_eq!(n, needed);
+                let msg = e.to_string();
+                for want in ["--shm-size", "remount", "GPULMT_CHUNK_SIZE", "job segment"] {
+                    assert!(msg.contains(want), "{want:?} missing from: {msg}");
+                }
+            }
+            other => panic!("a {needed}-byte segment on a {size}-byte /dev/shm: {other:?}"),
+        }
+        assert!(!Path::new(SHM_DIR).join(segment_name(&job)).exists(), "the failed segment was left");
     }
 
     #[test]

@@ -1,8 +1,7 @@
 //! Named POSIX shared-memory objects, the one place gpulmt makes, maps, lists and
 //! removes them: creating or opening an object and mapping it read-write and
-//! `MAP_SHARED` ([`ShmSegment`]), removing its name, listing `/dev/shm` by prefix
-//! ([`entries`]), the liveness of an owner process, and the housekeeping that removes
-//! leftovers. The errors of the whole `shm` layer ([`ShmError`]) live here too.
+//! `MAP_SHARED` ([`ShmSegment`]), removing its name, and listing `/dev/shm` by prefix
+//! ([`entries`]). The errors of the whole `shm` layer ([`ShmError`]) live here too.
 //!
 //! Both users go through it: the job segment ([`super::job`]) and the `sim` device
 //! backend, whose simulated device memory is one object per allocation.
@@ -11,17 +10,21 @@
 //! `gpulmt-run --cleanup` can find them:
 //! - `gpulmt-<job>`: the job segment (see [`super::job`]);
 //! - `gpulmt-<job>-<anything>`: further objects of that job;
-//! - `gpulmt-sim-<pid>-<anything>`: simulated device memory owned by process `<pid>`.
+//! - `gpulmt-sim-<pid>-<nonce>-<anything>`: simulated device memory of one backend
+//!   instance of process `<pid>`, claimed by its owner object
+//!   `gpulmt-sim-<pid>-<nonce>-owner` (see [`super::owner`]).
 //!
-//! A segment is never unlinked implicitly: the name must outlive the creator for late
-//! openers, and a crashed job leaves its objects behind on purpose (they are small
-//! until touched, and `gpulmt-run` removes them after every run).
+//! Names live no longer than they must: the job segment's name goes as soon as every
+//! rank has mapped it, a sim allocation's when it is freed. What a killed process
+//! leaves behind is found by its owner locks, which die with it, and removed by the
+//! next job that starts on the node ([`super::sweep`]), by `gpulmt-run` after every
+//! run, and by `gpulmt-run --cleanup`.
 
 use std::ffi::CString;
 use std::io;
-use std::path::Path;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Where Linux exposes POSIX shared-memory objects as files.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -32,8 +35,8 @@ pub const OBJECT_PREFIX: &str = "gpulmt-";
 /// Prefix of the simulated-device objects: `gpulmt-sim-<pid>-...`.
 pub const SIM_PREFIX: &str = "gpulmt-sim-";
 
-/// Unparseable `gpulmt-*` objects older than this are presumed abandoned by `--cleanup`.
-pub const STALE_UNPARSEABLE_AGE: Duration = Duration::from_secs(3600);
+/// How to raise the size of `/dev/shm`, for errors that ran out of it.
+pub const HINT_SHM_SIZE: &str = "enlarge /dev/shm: in a container start it with a larger --shm-size (docker run --shm-size=1g ...), on a host remount it (as root: mount -o remount,size=4G /dev/shm); `gpulmt-run --cleanup` removes leftovers of dead jobs";
 
 /// What to tell the user when no more specific advice applies.
 const HINT_LEFTOVERS: &str = "/dev/shm full or limited? remove leftovers with `gpulmt-run --cleanup` (and check `df -h /dev/shm`; in a container, docker's --shm-size)";
@@ -73,6 +76,28 @@ pub enum ShmError {
     /// A job barrier could not complete.
     #[error("barrier #{generation} of job segment \"/{name}\" failed on rank {me}: {reason}; ranks that have not arrived: {missing:?}")]
     Barrier { name: String, me: usize, generation: u64, missing: Vec<usize>, reason: String },
+    /// `/dev/shm` has not room for an object (reserved at creation, so that running out
+    /// is this error and not a SIGBUS on first touch).
+    #[error("{what} \"/{name}\" needs {} of /dev/shm, but only {} of its {} are free; {HINT_SHM_SIZE}", mib(*needed), mib(*free), mib(*size))]
+    NoSpace {
+        /// What the object is for ("job segment", "sim device allocation").
+        what: &'static str,
+        name: String,
+        /// Bytes the object needs.
+        needed: u64,
+        /// Free bytes of /dev/shm when it failed, and its size.
+        free: u64,
+        size: u64,
+    },
+    /// A rank of a job segment is already held by a live process: two processes claim
+    /// the same rank (two job instances with one `GPULMT_JOB`, or a second context).
+    #[error("rank {rank} of job segment \"/{name}\" (instance {instance:016x}) is already held by a live process (pid {pid} registered it): is another job running with the same GPULMT_JOB, or a second context for this rank? Start every job with its own id (gpulmt-run makes one)")]
+    RankTaken { name: String, rank: usize, pid: u32, instance: u64 },
+}
+
+/// `n` bytes in MiB, for messages.
+fn mib(n: u64) -> String {
+    format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64)
 }
 
 impl ShmError {
@@ -85,13 +110,13 @@ impl ShmError {
     }
 
     /// Builds an [`ShmError::Os`] from the current `errno`, with advice that fits it.
-    fn last_os(call: &'static str, name: &str) -> Self {
+    pub(crate) fn last_os(call: &'static str, name: &str) -> Self {
         Self::os(call, name, io::Error::last_os_error().raw_os_error().unwrap_or(0))
     }
 
     /// Builds an [`ShmError::Os`] from `errno`, for calls that return it instead of
     /// setting it (`posix_fallocate`).
-    fn os(call: &'static str, name: &str, errno: i32) -> Self {
+    pub(crate) fn os(call: &'static str, name: &str, errno: i32) -> Self {
         let source = io::Error::from_raw_os_error(errno);
         ShmError::Os { call, name: name.to_owned(), source, hint: hint_for(call, errno) }
     }
@@ -119,7 +144,7 @@ fn hint_for(call: &str, errno: i32) -> &'static str {
 
 /// Checks `name` and returns it without a leading `/` (how we store it) and as the
 /// C string `shm_open` wants (with the leading `/`).
-fn c_name(name: &str) -> Result<(String, CString), ShmError> {
+pub(crate) fn c_name(name: &str) -> Result<(String, CString), ShmError> {
     let bare = name.strip_prefix('/').unwrap_or(name);
     let invalid = |reason| ShmError::InvalidName { name: name.to_owned(), reason };
     if bare.is_empty() {
@@ -143,13 +168,63 @@ fn c_name(name: &str) -> Result<(String, CString), ShmError> {
     Ok((bare.to_owned(), c))
 }
 
-/// Closes `fd`, logging (not failing) on error: after mmap the mapping no longer needs
-/// the descriptor, and there is nothing useful to do if close fails on a tmpfs fd.
-fn close_fd(fd: libc::c_int, name: &str) {
-    // SAFETY: fd is a descriptor we opened and own; it is closed exactly once.
-    if unsafe { libc::close(fd) } != 0 {
-        tracing::warn!(name, error = %io::Error::last_os_error(), "close of shm descriptor failed");
+/// Maps `len` bytes of `fd` read-write and shared; keeps the descriptor if asked (it is
+/// closed otherwise: the mapping does not need it). Returns the errno on failure.
+fn map(fd: OwnedFd, len: usize, keep_fd: bool) -> Result<(NonNull<u8>, Option<OwnedFd>), i32> {
+    // SAFETY: fd is open with at least len bytes; we ask for a fresh mapping anywhere.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
     }
+    Ok((NonNull::new(p.cast()).expect("mmap returned NULL"), keep_fd.then_some(fd)))
+}
+
+/// Reserves the first `len` bytes of `fd` (`posix_fallocate`) with every signal blocked
+/// in this thread: tmpfs gives up a reservation (and undoes it) when a signal arrives,
+/// so under a fast interval timer (a profiler's SIGPROF, an application's SIGALRM) an
+/// unblocked reservation of a large object would fail or never finish. The signals wait
+/// until the reservation is done. Returns `posix_fallocate`'s error number (0: done).
+fn reserve(fd: BorrowedFd<'_>, len: libc::off_t) -> i32 {
+    // SAFETY: zeroed sigset_t values are valid out-buffers; sigfillset initializes `all`.
+    let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: valid sigset pointers; pthread_sigmask changes only this thread's mask,
+    // which is restored below before returning.
+    let masked =
+        unsafe { libc::sigfillset(&mut all) == 0 && libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0 };
+    let rc = loop {
+        // SAFETY: fd is open. posix_fallocate returns the error instead of setting errno.
+        let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len) };
+        // Signals the mask cannot block (none for this thread once masked) still end it.
+        if rc != libc::EINTR {
+            break rc;
+        }
+    };
+    if masked {
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+    rc
+}
+
+/// The size and free bytes of `/dev/shm` (zeros if unknown).
+pub fn shm_space() -> (u64, u64) {
+    let Ok(dir) = CString::new(SHM_DIR) else { return (0, 0) };
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: dir is a valid C string; st a valid out-pointer.
+    if unsafe { libc::statvfs(dir.as_ptr(), &mut st) } != 0 {
+        return (0, 0);
+    }
+    let frsize = st.f_frsize as u64;
+    (st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize)
+}
+
+/// The error of an object of `len` bytes that `/dev/shm` has no room for.
+fn no_space(what: &'static str, name: &str, len: usize) -> ShmError {
+    let (size, free) = shm_space();
+    ShmError::NoSpace { what, name: name.to_owned(), needed: len as u64, free, size }
 }
 
 /// A named POSIX shared-memory object mapped read-write and `MAP_SHARED`.
@@ -161,13 +236,29 @@ pub struct ShmSegment {
     len: usize,
     /// Without the leading `/`.
     name: String,
+    /// The descriptor, where kept ([`Opts::keep_fd`]): for locks on the object.
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the segment is a plain mapping of shared memory; it holds no thread-affine
 // state. What lives inside is synchronized by its users (atomics, SPSC rings).
 unsafe impl Send for ShmSegment {}
-// SAFETY: as above; `&ShmSegment` only hands out the raw pointer and the length.
+// SAFETY: as above; `&ShmSegment` only hands out the raw pointer, the length and the
+// descriptor (whose lock operations are system calls, safe from any thread).
 unsafe impl Sync for ShmSegment {}
+
+/// How to make or open a [`ShmSegment`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Opts {
+    /// Reserve every page at creation (`posix_fallocate`): a full `/dev/shm` fails
+    /// creation ([`ShmError::NoSpace`]), like a device allocation running out of memory,
+    /// instead of raising SIGBUS when a page is first touched. Filesystems that cannot
+    /// reserve leave the object sparse.
+    pub reserve: bool,
+    /// Keep the descriptor open for the segment's life ([`ShmSegment::fd`]): the object's
+    /// locks (see [`super::owner`]) are held through it, and die with it.
+    pub keep_fd: bool,
+}
 
 impl ShmSegment {
     /// Creates the object `name` (it must not exist), sizes it to `len` bytes and maps it.
@@ -176,19 +267,18 @@ impl ShmSegment {
     /// sparse: pages cost memory only once touched (and reading untouched pages gives
     /// zeros, so a fresh segment is zero-initialized). Note that tmpfs checks its size
     /// limit when a page is first touched, not here: touching a page of a segment larger
-    /// than the free space of `/dev/shm` raises SIGBUS.
+    /// than the free space of `/dev/shm` raises SIGBUS (reserve with [`Opts::reserve`]).
     pub fn create(name: &str, len: usize) -> Result<Self, ShmError> {
-        Self::create_with(name, len, false)
+        Self::create_opts(name, len, Opts::default())
     }
 
-    /// As [`create`](Self::create), but reserves every page now: a full `/dev/shm`
-    /// fails here (like a device allocation running out of memory), not as a SIGBUS on
-    /// first touch. Filesystems that cannot reserve leave the object sparse.
+    /// As [`create`](Self::create), with every page reserved now ([`Opts::reserve`]).
     pub fn create_reserved(name: &str, len: usize) -> Result<Self, ShmError> {
-        Self::create_with(name, len, true)
+        Self::create_opts(name, len, Opts { reserve: true, keep_fd: false })
     }
 
-    fn create_with(name: &str, len: usize, reserve: bool) -> Result<Self, ShmError> {
+    /// As [`create`](Self::create), with the given options.
+    pub fn create_opts(name: &str, len: usize, opts: Opts) -> Result<Self, ShmError> {
         let (bare, cname) = c_name(name)?;
         if len == 0 {
             return Err(ShmError::BadLayout(format!("cannot create \"/{bare}\" with size 0")));
@@ -197,16 +287,17 @@ impl ShmSegment {
             .map_err(|_| ShmError::BadLayout(format!("size {len} of \"/{bare}\" does not fit off_t")))?;
         // O_EXCL: two jobs must never share a segment by accident (same job id, leftover).
         // SAFETY: cname is a valid NUL-terminated string.
-        let fd = unsafe {
+        let raw = unsafe {
             libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC, 0o600)
         };
-        if fd < 0 {
+        if raw < 0 {
             return Err(ShmError::last_os("shm_open", &bare));
         }
+        // SAFETY: raw is a descriptor we just opened and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // From here on a failure must remove the half-made object, or it would block the
         // next create of this name (O_EXCL) and leak until --cleanup.
         let fail_with = |err: ShmError| {
-            close_fd(fd, &bare);
             // SAFETY: cname is valid; we created this name just now.
             unsafe { libc::shm_unlink(cname.as_ptr()) };
             err
@@ -215,30 +306,25 @@ impl ShmSegment {
         // The umask may have stripped bits from 0600 but cannot have added any; force the
         // exact mode anyway so that a umask of e.g. 0277 cannot leave us read-only.
         // SAFETY: fd is open.
-        if unsafe { libc::fchmod(fd, 0o600) } != 0 {
+        if unsafe { libc::fchmod(raw, 0o600) } != 0 {
             return Err(fail("fchmod"));
         }
         // ftruncate makes a sparse file: no page is allocated until touched.
         // SAFETY: fd is open.
-        if unsafe { libc::ftruncate(fd, off_len) } != 0 {
+        if unsafe { libc::ftruncate(raw, off_len) } != 0 {
             return Err(fail("ftruncate"));
         }
-        if reserve {
-            // SAFETY: fd is open. posix_fallocate returns the error instead of setting errno.
-            let rc = unsafe { libc::posix_fallocate(fd, 0, off_len) };
-            if rc != 0 && rc != libc::EOPNOTSUPP {
-                return Err(fail_with(ShmError::os("posix_fallocate", &bare, rc)));
+        if opts.reserve {
+            match reserve(fd.as_fd(), off_len) {
+                0 | libc::EOPNOTSUPP => {}
+                libc::ENOSPC => return Err(fail_with(no_space("shared-memory object", &bare, len))),
+                rc => return Err(fail_with(ShmError::os("posix_fallocate", &bare, rc))),
             }
         }
-        // SAFETY: fd is open and sized to len; we ask for a fresh mapping anywhere.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(fail("mmap"));
+        match map(fd, len, opts.keep_fd) {
+            Ok((ptr, fd)) => Ok(ShmSegment { ptr, len, name: bare, fd }),
+            Err(errno) => Err(fail_with(ShmError::os("mmap", &bare, errno))),
         }
-        close_fd(fd, &bare);
-        Ok(ShmSegment { ptr: NonNull::new(p.cast()).expect("mmap returned NULL"), len, name: bare })
     }
 
     /// Opens and maps the existing object `name`; its size is the object's current size.
@@ -246,45 +332,44 @@ impl ShmSegment {
     /// Returns [`ShmError::Empty`] if the object has size 0 (its creator has not sized it
     /// yet), so that waiting openers can retry.
     pub fn open(name: &str) -> Result<Self, ShmError> {
+        Self::open_opts(name, Opts::default())
+    }
+
+    /// As [`open`](Self::open), with the given options (`reserve` does not apply).
+    pub fn open_opts(name: &str, opts: Opts) -> Result<Self, ShmError> {
         let (bare, cname) = c_name(name)?;
         // SAFETY: cname is a valid NUL-terminated string.
-        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
-        if fd < 0 {
+        let raw = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if raw < 0 {
             return Err(ShmError::last_os("shm_open", &bare));
         }
+        // SAFETY: raw is a descriptor we just opened and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: zeroed stat is a valid out-buffer for fstat.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open and st is a valid out-pointer.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            let err = ShmError::last_os("fstat", &bare);
-            close_fd(fd, &bare);
-            return Err(err);
+        if unsafe { libc::fstat(raw, &mut st) } != 0 {
+            return Err(ShmError::last_os("fstat", &bare));
         }
         let len = match usize::try_from(st.st_size) {
-            Ok(0) => {
-                close_fd(fd, &bare);
-                return Err(ShmError::Empty { name: bare });
-            }
+            Ok(0) => return Err(ShmError::Empty { name: bare }),
             Ok(n) => n,
             Err(_) => {
-                close_fd(fd, &bare);
                 return Err(ShmError::BadSegment {
                     name: bare,
                     reason: format!("size {} does not fit usize", st.st_size),
                 });
             }
         };
-        // SAFETY: fd is open with at least len bytes; fresh mapping anywhere.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            let err = ShmError::last_os("mmap", &bare);
-            close_fd(fd, &bare);
-            return Err(err);
+        match map(fd, len, opts.keep_fd) {
+            Ok((ptr, fd)) => Ok(ShmSegment { ptr, len, name: bare, fd }),
+            Err(errno) => Err(ShmError::os("mmap", &bare, errno)),
         }
-        close_fd(fd, &bare);
-        Ok(ShmSegment { ptr: NonNull::new(p.cast()).expect("mmap returned NULL"), len, name: bare })
+    }
+
+    /// The descriptor, if the segment was made with [`Opts::keep_fd`].
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
     }
 
     /// Removes the name `name`. Existing mappings stay valid until unmapped.
@@ -373,7 +458,7 @@ pub fn entries(prefix: &str) -> Vec<String> {
 }
 
 /// Unlinks `name`, counting it if it was removed and logging why if it could not be.
-fn unlink_counted(name: &str) -> usize {
+pub(crate) fn unlink_counted(name: &str) -> usize {
     match ShmSegment::unlink(name) {
         Ok(true) => {
             tracing::debug!(name, "removed shared-memory object");
@@ -404,7 +489,7 @@ pub fn remove_objects_with_prefix(prefix: &str) -> usize {
 /// True if `name` is `base` itself or `base` followed by a character that cannot be
 /// part of a job id's alphanumeric run (`-`, `.`, `_`...), so that job `ab` does not
 /// match the objects of job `abc`.
-fn is_object_of(name: &str, base: &str) -> bool {
+pub(crate) fn is_object_of(name: &str, base: &str) -> bool {
     match name.strip_prefix(base) {
         Some("") => true,
         Some(rest) => !rest.as_bytes()[0].is_ascii_alphanumeric(),
@@ -423,88 +508,10 @@ pub fn remove_job_objects(job: &str) -> usize {
     entries(&base).iter().filter(|n| is_object_of(n, &base)).map(|n| unlink_counted(n)).sum()
 }
 
-/// Liveness of a process on this machine: `kill(pid, 0)` fails with ESRCH only if no
-/// such process exists (EPERM means it exists but belongs to someone else, and counts as
-/// alive). Pid 0 and pids beyond `pid_t` name no process of ours: not alive.
-pub fn pid_alive(pid: u32) -> bool {
-    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
-    if p <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks for existence and permission; it sends nothing.
-    if unsafe { libc::kill(p, 0) } == 0 {
-        return true;
-    }
-    io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-/// Age of `/dev/shm/<name>` by modification time (None if unknown).
-fn object_age(name: &str) -> Option<Duration> {
-    let modified = std::fs::metadata(Path::new(SHM_DIR).join(name)).ok()?.modified().ok()?;
-    SystemTime::now().duration_since(modified).ok()
-}
-
-/// Removes the objects of jobs whose owners are all dead; returns how many were removed.
-///
-/// For every `gpulmt-<job>` job segment it can parse (through [`super::job`]), if the
-/// creator and every rank pid recorded in its rank table are dead, it removes the
-/// segment and the job's other objects (`gpulmt-<job>-*`). A live job's objects are
-/// kept. Other `gpulmt-*` objects it cannot attribute to a parsed job (not a job
-/// segment, a segment still being initialized, another user's) are removed only when
-/// older than [`STALE_UNPARSEABLE_AGE`]. Simulated-device objects (`gpulmt-sim-*`) are
-/// left to [`cleanup_stale_sim_objects`].
-///
-/// Pids are checked on this machine: run it on the node that ran the job.
-pub fn cleanup_stale_jobs() -> usize {
-    let names: Vec<String> = entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
-    // (segment name, all owners dead)
-    let mut jobs: Vec<(String, bool)> = Vec::new();
-    for n in &names {
-        if let Some(pids) = super::job::probe_owner_pids(n) {
-            let dead = pids.iter().all(|&p| !pid_alive(p));
-            jobs.push((n.clone(), dead));
-        }
-    }
-    let mut removed = 0;
-    for n in &names {
-        // The longest parsed job segment this name belongs to (a job id may itself
-        // contain '-', so `gpulmt-a-b` could be an object of `gpulmt-a` or a segment).
-        let owner = jobs.iter().filter(|(j, _)| is_object_of(n, j)).max_by_key(|(j, _)| j.len());
-        let stale = match owner {
-            Some((_, dead)) => *dead,
-            None => object_age(n).is_some_and(|age| age > STALE_UNPARSEABLE_AGE),
-        };
-        if stale {
-            removed += unlink_counted(n);
-        }
-    }
-    removed
-}
-
-/// The owner pid in the name of a simulated-device object, `gpulmt-sim-<pid>-...`.
-pub fn sim_object_pid(name: &str) -> Option<u32> {
-    let (pid, _) = name.strip_prefix(SIM_PREFIX)?.split_once('-')?;
-    pid.parse().ok()
-}
-
-/// Removes `gpulmt-sim-<pid>-*` objects whose `<pid>` is dead (crashed or killed before
-/// it could clean up); returns how many. Names without a parseable pid are left alone
-/// (they are not ours to judge). Liveness is [`pid_alive`]'s: only meaningful within one
-/// pid namespace (a container sharing `/dev/shm` with the host sees other pids).
-pub fn cleanup_stale_sim_objects() -> usize {
-    let mut removed = 0;
-    for n in entries(SIM_PREFIX) {
-        let Some(pid) = sim_object_pid(&n) else { continue };
-        if !pid_alive(pid) {
-            removed += unlink_counted(&n);
-        }
-    }
-    removed
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::path::Path;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A name unique to this test process and call, so parallel tests never collide.
@@ -580,37 +587,6 @@ pub(crate) mod tests {
         assert!(Path::new(SHM_DIR).join(&longer).exists(), "job {job}7 is another job");
         assert_eq!(remove_objects_with_prefix(&longer), 1);
         assert_eq!(remove_objects_with_prefix(""), 0);
-    }
-
-    #[test]
-    fn stale_sim_objects() {
-        let dead = dead_pid();
-        let stale = format!("{SIM_PREFIX}{dead}-test-dev0");
-        let live = format!("{SIM_PREFIX}{}-test-dev0", std::process::id());
-        drop(ShmSegment::create(&stale, 4096).unwrap());
-        drop(ShmSegment::create(&live, 4096).unwrap());
-        assert!(cleanup_stale_sim_objects() >= 1);
-        assert!(!Path::new(SHM_DIR).join(&stale).exists());
-        assert!(Path::new(SHM_DIR).join(&live).exists(), "objects of live processes must be kept");
-        ShmSegment::unlink(&live).unwrap();
-    }
-
-    #[test]
-    fn objects_of_one_pid_by_prefix() {
-        let dead = dead_pid();
-        let make = |pid: u32, tag: &str| {
-            let name = format!("{SIM_PREFIX}{pid}-{tag}-1");
-            drop(ShmSegment::create(&name, 4096).unwrap());
-            name
-        };
-        let other = make(dead, "00000000cafef00d");
-        let live = make(std::process::id(), "00000000feedface");
-        assert_eq!(remove_objects_with_prefix(&format!("{SIM_PREFIX}{dead}-")), 1);
-        assert!(!Path::new(SHM_DIR).join(&other).exists());
-        assert!(Path::new(SHM_DIR).join(&live).exists());
-        ShmSegment::unlink(&live).unwrap();
-        assert_eq!(sim_object_pid("gpulmt-sim-123-abc-4"), Some(123));
-        assert_eq!(sim_object_pid("gpulmt-other-123-abc-4"), None);
     }
 
     #[test]

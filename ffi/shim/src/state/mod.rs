@@ -88,7 +88,6 @@ pub struct gpulmt_mpi_counters {
 /// `MPI_Init`, and the operations it manages.
 pub struct Shim {
     pub ctx: Context,
-    job: String,
     job_hash: u64,
     world_rank: c_int,
     world_group: MPI_Group,

@@ -90,7 +90,7 @@ impl Shim {
         };
         let mut fail = |why: String, ctx: Option<Context>| {
             if let Some(ctx) = ctx {
-                release(ctx, &job, lrank == 0);
+                release(ctx);
             }
             // SAFETY: communicators and group made above; nothing uses them any more.
             unsafe {
@@ -119,7 +119,6 @@ impl Shim {
         Ok(Shim {
             ctx,
             job_hash: job_hash(&job),
-            job,
             world_rank: wrank,
             world_group,
             node_comm,
@@ -177,9 +176,8 @@ impl Shim {
             // MPI_Finalize; after the barrier no rank drives a copy on it.
             let _ = unsafe { self.ctx.backend().free(ptr) };
         }
-        let Shim { ctx, job, mut node_comm, mut world_group, .. } = self;
-        let rank0 = ctx.rank() == 0;
-        release(ctx, &job, rank0);
+        let Shim { ctx, mut node_comm, mut world_group, .. } = self;
+        release(ctx);
         // SAFETY: the shim's own communicators and group, unused from now on.
         unsafe {
             PMPI_Comm_free(&mut node_comm);
@@ -188,10 +186,8 @@ impl Shim {
     }
 }
 
-/// Releases a plugin context locally; rank 0 removes the job's shared memory.
-fn release(ctx: Context, job: &str, rank0: bool) {
+/// Releases a plugin context locally. The job segment's name went at init, once every rank
+/// had mapped it: unlinking it by name here could remove another job instance's segment.
+fn release(ctx: Context) {
     drop(ctx);
-    if rank0 {
-        let _ = gpulmt::shm::job::JobSegment::unlink(job);
-    }
 }

@@ -43,16 +43,8 @@ pub fn print_stats(ctx: &Context) {
     );
 }
 
-/// `/dev/shm` entries whose name starts with `prefix`.
-pub fn shm_entries(prefix: &str) -> Vec<String> {
-    match std::fs::read_dir("/dev/shm") {
-        Ok(d) => d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(prefix)).collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
 pub fn my_sim_objects() -> Vec<String> {
-    shm_entries(&format!("gpulmt-sim-{}-", std::process::id()))
+    gpulmt::shm::object::entries(&format!("gpulmt-sim-{}-", std::process::id()))
 }
 
 /// Finalizes and checks that the library left nothing of this process in /dev/shm.

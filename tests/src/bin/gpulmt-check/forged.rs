@@ -15,7 +15,7 @@ pub const FORGED_LEN: usize = 1 << 20;
 pub const FORGED_MSG: u64 = 1 << 40;
 
 pub fn run(ctx: &mut Context) {
-    use gpulmt::shm::job::{node_id, JobSegment};
+    use gpulmt::shm::job::node_id;
     use gpulmt_protocols::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet, Region, WIRE_VERSION};
     need_ranks(ctx, 2, "forged");
     let me = ctx.rank();
@@ -83,8 +83,6 @@ pub fn run(ctx: &mut Context) {
             node: node_id(),
             buffer_id: info.buffer_id,
         };
-        let job = std::env::var("GPULMT_JOB").unwrap_or_else(|_| fail("forged: GPULMT_JOB is not set"));
-        let seg = JobSegment::open(&job, Duration::from_secs(5)).or_fail("forged: opening the job segment");
         let mut ready = [0u8; 5];
         ctx.recv(&mut ready, Some(0), Some(1)).or_fail("forged: ready");
         let rts = |n: u64, tag: Tag, len: u64, src: MemDesc| Packet::Rts { msg: FORGED_MSG + n, tag, len, src };
@@ -120,7 +118,7 @@ pub fn run(ctx: &mut Context) {
         ];
         // This rank's context has no packet of its own waiting for this ring, and
         // nothing else runs meanwhile, so the ring stays single-producer.
-        let ring = seg.ring(1, 0);
+        let ring = ctx.job_segment().ring(1, 0);
         let deadline = Instant::now() + Duration::from_secs(10);
         for p in &packets {
             while !ring.try_push(p).or_fail("forged: pushing into the ring") {
@@ -128,7 +126,6 @@ pub fn run(ctx: &mut Context) {
                 std::thread::yield_now();
             }
         }
-        drop(seg);
         ctx.send(b"done", 0, 2).or_fail("forged: done");
         let mut b = Buf::new(ctx, Kind::Dev, FORGED_LEN, 4096, GUARD_SEND);
         b.write(ctx, &pattern(17, FORGED_LEN));

@@ -40,8 +40,8 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
 use super::{
-    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind, PointerInfo,
-    IPC_HANDLE_BYTES,
+    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle, Mapping, MemoryKind,
+    PointerInfo, IPC_HANDLE_BYTES,
 };
 use copies::{lane_slot, Pending, Tickets, LEGACY_STREAM, SYNC_SLOT};
 use copy_server::CopyServer;
@@ -465,6 +465,28 @@ impl DeviceBackend for CudaBackend {
             d.high_priority.store(high, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped, DeviceError> {
+        // PORTABLE: pinned for every context; DEVICEMAP: mapped into the device's address
+        // space, so a kernel can poll and write it (the GIO queues).
+        let _current = self.enter(self.fallback_device())?;
+        let mut host: *mut c_void = ptr::null_mut();
+        let len = bytes.max(1);
+        cu!(cuMemHostAlloc(&mut host, len, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP))?;
+        // SAFETY: just allocated, `len` bytes long, and nobody else knows the address yet.
+        unsafe { ptr::write_bytes(host.cast::<u8>(), 0, len) };
+        let mut device: CUdeviceptr = 0;
+        if let Err(f) = cu!(cuMemHostGetDevicePointer_v2(&mut device, host, 0)) {
+            warn_teardown(cu!(cuMemFreeHost(host)));
+            return Err(f.into());
+        }
+        Ok(HostMapped { host: host as usize, device: device as usize, len: bytes })
+    }
+
+    unsafe fn free_host_mapped(&self, host: usize) -> Result<(), DeviceError> {
+        let _current = self.enter(self.fallback_device())?;
+        Ok(cu!(cuMemFreeHost(host as *mut c_void))?)
     }
 
     unsafe fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {

@@ -303,6 +303,34 @@ fn gpu_alloc_classify_copy_free() {
     }
 }
 
+/// Host-mapped memory: zeroed, host memory to pointer_info, reachable by the copy engine
+/// both ways, and at a device address the driver maps (what a GIO queue needs).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_host_mapped_memory() {
+    let b = backend();
+    let len = 3 << 20;
+    let m = b.alloc_host_mapped(len).unwrap();
+    assert_ne!(m.device, 0);
+    assert_eq!(m.len, len);
+    // SAFETY: `m` is ours, `len` bytes, and nothing else touches it until it is freed;
+    // `p` is an allocation of `len` bytes; every copy is waited for before its memory is
+    // read or freed.
+    unsafe {
+        let bytes = std::slice::from_raw_parts_mut(m.host as *mut u8, len);
+        assert!(bytes.iter().all(|&x| x == 0), "host-mapped memory starts zeroed");
+        assert_eq!(b.pointer_info(m.host).unwrap().kind, MemoryKind::Host);
+        let p = b.alloc(0, len).unwrap();
+        bytes.copy_from_slice(&pattern(len, 9));
+        poll_until_done(&b, b.copy_async(0, 16, p, m.host, len).unwrap());
+        bytes.fill(0);
+        poll_until_done(&b, b.copy_async(0, 16, m.host, p, len).unwrap());
+        assert!(bytes == pattern(len, 9), "round trip through the copy engine");
+        b.free(p).unwrap();
+        b.free_host_mapped(m.host).unwrap();
+    }
+}
+
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn gpu_peer_copies() {

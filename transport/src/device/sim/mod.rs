@@ -7,7 +7,12 @@
 //!   (`/dev/shm/gpulmt-sim-<pid>-<nonce>-<buffer id>`), so that another process can map
 //!   it from an exported handle exactly as `cuIpcOpenMemHandle` maps a peer's
 //!   allocation. The first 4096 bytes of each object are a header (`object.rs`) that lets the
-//!   opener verify the handle and lets the owner count the peers that map it.
+//!   opener verify the handle and lets the owner count the peers that map it. Pages are
+//!   reserved at allocation, so a full `/dev/shm` fails `alloc` as out-of-memory does.
+//!   The instance's owner object (`gpulmt-sim-<pid>-<nonce>-owner`, locked while the
+//!   instance has allocations) lets the next job remove the objects of a process that was killed
+//!   (see [`crate::shm::sweep`]): a peer may open a handle at any time, so the names
+//!   must live as long as the allocations.
 //! - **IPC rules** of the real driver are enforced because the handle cache above
 //!   relies on them: a handle cannot be opened twice in one process
 //!   ([`DeviceError::DoubleOpen`]), a process cannot open its own handle, a forged or
@@ -54,11 +59,15 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::{BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping, MemoryKind, PointerInfo};
+use super::{
+    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle, Mapping, MemoryKind, PointerInfo,
+};
 use crate::shm::object::{ShmError, ShmSegment};
+use crate::shm::owner::OwnerLock;
+use crate::shm::wait::sleep_for;
 use engine::{spin_ns, CopyJob, Engine, SimTicket, Tickets};
 use object::{
-    bad_handle, fresh_nonce, header, object_len, release_mapper, shm_error, shm_name, HandleFields, Header,
+    bad_handle, fresh_nonce, header, object_len, owner_name, release_mapper, shm_error, shm_name, HandleFields, Header,
     HEADER_BYTES, HEADER_MAGIC,
 };
 use registry::{LocalAlloc, OpenKey, PeerMap, Region, State};
@@ -190,6 +199,14 @@ impl DeviceBackend for SimBackend {
             code: CUDA_ERROR_OUT_OF_MEMORY,
             message: format!("{bytes} bytes cannot be allocated"),
         })?;
+        {
+            // The owner object before the first allocation object: no allocation of this
+            // instance exists that the sweep could take for abandoned.
+            let mut st = lock(&self.state);
+            if st.owner.is_none() {
+                st.owner = Some(OwnerLock::create(&owner_name(self.pid, self.nonce)).map_err(shm_error)?);
+            }
+        }
         let buffer_id = NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed);
         let name = shm_name(self.pid, self.nonce, buffer_id);
         // Pages reserved now: a full /dev/shm must fail here, like cuMemAlloc returning
@@ -235,7 +252,17 @@ impl DeviceBackend for SimBackend {
             }
         };
         let buffer_id = local.buffer_id;
-        let mappers = local.release()?;
+        let released = local.release();
+        {
+            // No allocation left: nothing for the owner object to claim (a process that
+            // freed all its device memory leaves nothing in /dev/shm). The next alloc
+            // makes it again.
+            let mut st = lock(&self.state);
+            if !st.regions.values().any(|r| matches!(r, Region::Local(_))) {
+                st.owner = None;
+            }
+        }
+        let mappers = released?;
         debug!(buffer_id, ptr = format_args!("{ptr:#x}"), "sim: free");
         if mappers > 0 {
             warn!(
@@ -368,7 +395,7 @@ impl DeviceBackend for SimBackend {
             return Err(bad_handle(format!("buffer {} of pid {}: the owner freed it", f.buffer_id, f.owner_pid)));
         }
         if self.cfg.ipc_open_us > 0 {
-            std::thread::sleep(Duration::from_micros(self.cfg.ipc_open_us));
+            sleep_for(Duration::from_micros(self.cfg.ipc_open_us));
         }
         let data = map.ptr() as usize + HEADER_BYTES;
         lock(&self.state).regions.insert(data, Region::Peer(PeerMap { key, owner_dev: f.device, size, map }));
@@ -498,6 +525,54 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
+    /// Anonymous shared memory: zeroed, page-aligned, and at the same address for the
+    /// "device", as under CUDA's unified addressing. It is host memory to
+    /// [`pointer_info`](DeviceBackend::pointer_info), like CUDA's pinned memory.
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped, DeviceError> {
+        let len = bytes.max(1);
+        // SAFETY: a fresh anonymous mapping; no existing memory is named or touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(DeviceError::Driver {
+                call: "alloc_host_mapped",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                message: format!("mmap of {len} bytes: {e}"),
+            });
+        }
+        let host = ptr as usize;
+        lock(&self.state).host_mapped.insert(host, len);
+        debug!(bytes, ptr = format_args!("{host:#x}"), "sim: alloc_host_mapped");
+        Ok(HostMapped { host, device: host, len: bytes })
+    }
+
+    unsafe fn free_host_mapped(&self, host: usize) -> Result<(), DeviceError> {
+        let Some(len) = lock(&self.state).host_mapped.remove(&host) else {
+            return Err(DeviceError::InvalidPointer {
+                op: "free_host_mapped",
+                ptr: host,
+                expected: "the start of an alloc_host_mapped allocation not yet freed",
+            });
+        };
+        // SAFETY: the range is a mapping alloc_host_mapped made and nobody freed since
+        // (just removed from the registry under its lock); the caller guarantees nothing
+        // uses it any more.
+        if unsafe { libc::munmap(host as *mut libc::c_void, len) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(DeviceError::Driver { call: "free_host_mapped", code: 0, message: format!("munmap: {e}") });
+        }
+        Ok(())
+    }
+
     unsafe fn register_host(&self, ptr: usize, len: usize) -> Result<(), DeviceError> {
         let mut st = lock(&self.state);
         if ptr == 0 || len == 0 {
@@ -542,6 +617,11 @@ impl Drop for SimBackend {
             }
         }
         let st = std::mem::take(&mut *lock(&self.state));
+        for (host, len) in st.host_mapped {
+            // SAFETY: a mapping of alloc_host_mapped never freed; the backend is going, and
+            // with it every user of its memory (its copy engines were joined above).
+            unsafe { libc::munmap(host as *mut libc::c_void, len) };
+        }
         for (ptr, region) in st.regions {
             match region {
                 Region::Peer(p) => {
@@ -562,5 +642,7 @@ impl Drop for SimBackend {
                 },
             }
         }
+        // Last: the allocations' names are gone, nothing is left for it to claim.
+        drop(st.owner);
     }
 }

@@ -8,6 +8,7 @@ use tracing::warn;
 
 use crate::device::{DevId, DeviceError, IpcHandle, IPC_HANDLE_BYTES};
 use crate::shm::object::{ShmError, ShmSegment, SIM_PREFIX};
+use crate::shm::owner::OWNER_SUFFIX;
 
 /// Size of the header page in front of each allocation's data.
 pub(super) const HEADER_BYTES: usize = 4096;
@@ -102,6 +103,12 @@ pub(super) fn shm_name(pid: u32, nonce: u64, buffer_id: u64) -> String {
     format!("{SIM_PREFIX}{pid}-{nonce:016x}-{buffer_id}")
 }
 
+/// Name of the owner object of a backend instance's allocations (see
+/// [`crate::shm::owner::OwnerLock`]): their common prefix and [`OWNER_SUFFIX`].
+pub(super) fn owner_name(pid: u32, nonce: u64) -> String {
+    format!("{SIM_PREFIX}{pid}-{nonce:016x}-{OWNER_SUFFIX}")
+}
+
 /// Bytes of the whole object (header page + data rounded up) for a data size; None when
 /// no object can be that large (it must fit `off_t`).
 pub(super) fn object_len(size: usize) -> Option<usize> {
@@ -116,6 +123,17 @@ pub(super) fn bad_handle(reason: impl Into<String>) -> DeviceError {
 /// A failure of the shared-memory layer as a [`DeviceError::Driver`] naming the libc call
 /// (and its errno) where there is one.
 pub(super) fn shm_error(e: ShmError) -> DeviceError {
+    // Out of /dev/shm is what out of device memory looks like here: say so.
+    let e = match e {
+        ShmError::NoSpace { name, needed, free, size, .. } => ShmError::NoSpace {
+            what: "the sim device allocation (simulated device memory lives in /dev/shm)",
+            name,
+            needed,
+            free,
+            size,
+        },
+        e => e,
+    };
     let call = match &e {
         ShmError::Os { call, .. } => call,
         _ => "shm",

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use super::object::{header, shm_error, unlink};
 use crate::device::{DevId, DeviceError};
 use crate::shm::object::ShmSegment;
+use crate::shm::owner::OwnerLock;
 
 /// Identifies one allocation of one backend instance across the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +59,13 @@ pub(super) struct State {
     pub(super) open_keys: HashSet<OpenKey>,
     /// Registered host ranges: start -> length.
     pub(super) host: BTreeMap<usize, usize>,
+    /// The owner object of this instance's objects, made by an allocation when there is
+    /// none and released when the last allocation is freed: held while it exists, it
+    /// tells the sweep that they are in use (see
+    /// [`crate::shm::owner`]); once the process dies, that they are abandoned.
+    pub(super) owner: Option<OwnerLock>,
+    /// Host-mapped allocations (`alloc_host_mapped`): start -> length of the mapping.
+    pub(super) host_mapped: BTreeMap<usize, usize>,
 }
 
 impl State {

@@ -416,6 +416,35 @@ fn inline_copies_are_done_when_started() {
     }
 }
 
+/// Host-mapped memory is zeroed host memory (not a device allocation), a copy engine
+/// moves data between it and device memory, and it is freed exactly once.
+#[test]
+fn host_mapped_memory_is_zeroed_host_memory_copies_reach() {
+    let b = two();
+    let m = b.alloc_host_mapped(10_000).unwrap();
+    assert_eq!((m.device, m.len), (m.host, 10_000));
+    assert_eq!(m.host % 4096, 0, "page-aligned");
+    // SAFETY: the 10_000 bytes just allocated, untouched by anything else.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(m.host as *mut u8, m.len) };
+    assert!(bytes.iter().all(|&x| x == 0), "alloc_host_mapped memory must start zeroed");
+    assert_eq!(b.pointer_info(m.host + 5).unwrap().kind, MemoryKind::Host);
+    let dev = b.alloc(1, 4096).unwrap();
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    // SAFETY: `dev` is a live allocation of b, `m` live host-mapped memory; nothing else
+    // touches either while the copies run (each is waited for).
+    unsafe {
+        fill(&b, dev, &pattern);
+        wait(&b, b.copy_async(1, 0, m.host + 100, dev, 4096).unwrap());
+    }
+    assert_eq!(&bytes[100..4196], &pattern[..]);
+    // SAFETY: no copy is in flight and `bytes` is not used after this.
+    unsafe {
+        b.free_host_mapped(m.host).unwrap();
+        assert!(matches!(b.free_host_mapped(m.host), Err(DeviceError::InvalidPointer { .. })));
+        b.free(dev).unwrap();
+    }
+}
+
 #[test]
 fn register_host_ranges() {
     let b = two();

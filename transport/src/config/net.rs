@@ -1,0 +1,61 @@
+//! The settings of the internode path (`GPULMT_NET_*`, `docs/internode.md`): the GIO
+//! queues, the proxy's batching, staging and backoff, and its deadlines.
+
+use std::time::Duration;
+
+use super::{ConfigError, Reader, Value};
+
+/// The internode path's settings; each field is the variable of the same meaning in the
+/// table (`config::VARIABLES`). Sizes are in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    /// `GPULMT_NET_QUEUES`: send queues set up at start.
+    pub queues: u32,
+    /// `GPULMT_NET_QUEUE_SLOTS`: slots per send queue (a power of two).
+    pub queue_slots: u32,
+    /// `GPULMT_NET_BATCH`: packets taken from one queue per proxy round.
+    pub batch: u32,
+    /// `GPULMT_NET_CHUNK`: largest MPI message of a transfer, and the staging buffer size.
+    pub chunk: u64,
+    /// `GPULMT_NET_DEPTH`: pieces of one transfer in flight.
+    pub depth: u32,
+    /// `GPULMT_NET_CTRL_POOL`: receives kept posted for control packets and one-sided
+    /// requests.
+    pub ctrl_pool: u32,
+    /// `GPULMT_NET_STALL_MS`: a reserved slot left unfilled this long fails its queue.
+    pub stall: Duration,
+    /// `GPULMT_NET_DRAIN_MS`: how long shutdown lets operations in flight finish.
+    pub drain: Duration,
+    /// `GPULMT_NET_IDLE_SLEEP`: the idle proxy's longest sleep.
+    pub idle_sleep: Duration,
+    /// `GPULMT_NET_PROXY_CPU`: the CPU to pin the proxy thread to.
+    pub proxy_cpu: Option<u32>,
+}
+
+impl Default for NetConfig {
+    /// The defaults of the table.
+    fn default() -> Self {
+        super::Config::default().net
+    }
+}
+
+impl NetConfig {
+    pub(super) fn read(r: &Reader<'_>) -> Result<NetConfig, ConfigError> {
+        Ok(NetConfig {
+            queues: r.count("GPULMT_NET_QUEUES")?,
+            queue_slots: r.count("GPULMT_NET_QUEUE_SLOTS")?,
+            batch: r.count("GPULMT_NET_BATCH")?,
+            chunk: r.size("GPULMT_NET_CHUNK")?,
+            depth: r.count("GPULMT_NET_DEPTH")?,
+            ctrl_pool: r.count("GPULMT_NET_CTRL_POOL")?,
+            stall: r.duration("GPULMT_NET_STALL_MS")?,
+            drain: r.duration("GPULMT_NET_DRAIN_MS")?,
+            idle_sleep: r.duration("GPULMT_NET_IDLE_SLEEP")?,
+            proxy_cpu: match r.read("GPULMT_NET_PROXY_CPU")? {
+                None => None,
+                Some(Value::Count(n)) => Some(n as u32),
+                other => Reader::wrong_kind("GPULMT_NET_PROXY_CPU", other),
+            },
+        })
+    }
+}

@@ -1,0 +1,353 @@
+//! [`NetPath`]: the internode path as a context drives it ([`OffNodePath`]), and the
+//! host's one-sided API (windows, producer handles) over the same proxy.
+//!
+//! The context's thread holds the set's first queue: a control packet becomes a CTRL
+//! packet (its bytes in the slot's control slab), a rendezvous side a SEND or RECV packet
+//! whose tag word is the transfer's `xfer`. Completions come back through the queue's
+//! counters: ops complete in queue order as far as the context sees (`done` is the
+//! contiguous prefix), each failure with the text the proxy recorded.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gpulmt_protocols::gio::{FailureKind, Flags, Op, Template, TemplateTable, Window};
+use gpulmt_protocols::{NetId, Rank};
+use rustc_hash::FxHashMap;
+
+use super::iface::NetIface;
+use super::producer::{HostQueue, Targets, WindowId};
+use super::proxy::{limits, Proxy, ProxyConfig};
+use super::queue::{FailureDetail, QueueMem};
+use super::shared::{lock, Command, LocalWindow, QueueSet, Shared};
+use crate::config::NetConfig;
+use crate::device::{Backend, MemoryKind};
+use crate::offnode::{NetError, OffNodePath, PostError};
+
+/// How long the path waits for the proxy to apply a command (a window, templates).
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a blocking one-sided post waits for credit: a queue full for this long has a
+/// proxy that takes nothing.
+const POST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What an op of the context's queue was, to report it.
+#[derive(Clone, Copy, Debug)]
+enum Posted {
+    Ctrl { to: Rank },
+    Data(NetId),
+}
+
+/// The internode path: the proxy thread, the queues, and the context's producer handle.
+pub struct NetPath {
+    shared: Arc<Shared>,
+    targets: Arc<Targets>,
+    /// The context thread's queue.
+    queue: HostQueue,
+    /// Ops of `queue` not yet reported, in sequence order.
+    posted: VecDeque<(u64, Posted)>,
+    ids: FxHashMap<NetId, u64>,
+    thread: Option<JoinHandle<()>>,
+    post_timeout: Duration,
+    drain: Duration,
+    /// The templates every queue uses (rebuilt when a window is added).
+    templates: Vec<Template>,
+    next_window: WindowId,
+    /// Why the path is down, once it is.
+    down: Option<String>,
+}
+
+fn failure_error(d: &FailureDetail) -> NetError {
+    let text = d.text.clone();
+    match d.failure.kind {
+        FailureKind::Net => NetError::Mpi { call: "MPI", message: text },
+        FailureKind::PeerFailed => NetError::PeerFailed { rank: d.failure.detail },
+        FailureKind::Cancelled => NetError::Cancelled(text),
+        FailureKind::BadPacket | FailureKind::Stalled => NetError::Rejected(text),
+    }
+}
+
+impl NetPath {
+    /// Starts the path over `iface` for the job ranks `peers` (those on other nodes):
+    /// sets up the queues (`cfg.queues` of `cfg.queue_slots` slots, in memory from
+    /// `backend`), starts the proxy thread, and claims the first queue for the caller's
+    /// thread. `net::start` (feature `mpi`) is the MPI flavour.
+    pub fn start_with(
+        iface: Box<dyn NetIface>,
+        peers: &[Rank],
+        cfg: &NetConfig,
+        backend: Backend,
+    ) -> Result<NetPath, NetError> {
+        let (me, size) = (iface.rank(), iface.size());
+        if let Some(&bad) = peers.iter().find(|&&r| r == me || r >= size) {
+            return Err(NetError::Down(format!(
+                "rank {bad} cannot be an off-node peer of rank {me} in a job of {size} ranks"
+            )));
+        }
+        let mut queues = Vec::with_capacity(cfg.queues as usize);
+        for i in 0..cfg.queues {
+            let mem = QueueMem::new(backend.clone(), i, cfg.queue_slots as u64)
+                .map_err(|e| NetError::Down(format!("allocating GIO queue {i}: {e}")))?;
+            queues.push(Arc::new(mem));
+        }
+        let shared = Arc::new(Shared::new(QueueSet::new(queues)));
+        let targets = Arc::new(Targets::new(peers));
+        let templates: Vec<Template> = peers.iter().map(|&rank| Template { rank, comm: 0, window: None }).collect();
+        let table = TemplateTable::new(templates.clone(), limits()).map_err(|e| NetError::Down(e.to_string()))?;
+        let pcfg = ProxyConfig {
+            batch: cfg.batch as usize,
+            chunk: cfg.chunk,
+            depth: cfg.depth,
+            stall: cfg.stall,
+            idle_sleep: cfg.idle_sleep,
+            pool: cfg.ctrl_pool as usize,
+            cpu: cfg.proxy_cpu,
+        };
+        let thread = Proxy::new(pcfg, iface, backend, shared.clone(), Arc::new(table))
+            .spawn()
+            .map_err(|e| NetError::Down(format!("starting the proxy thread: {e}")))?;
+        let queue = HostQueue::claim(&shared, &targets, POST_TIMEOUT).expect("a fresh set has its first queue free");
+        tracing::info!(
+            rank = me,
+            peers = peers.len(),
+            queues = cfg.queues,
+            slots = cfg.queue_slots,
+            "internode path up"
+        );
+        Ok(NetPath {
+            shared,
+            targets,
+            queue,
+            posted: VecDeque::new(),
+            ids: FxHashMap::default(),
+            thread: Some(thread),
+            post_timeout: POST_TIMEOUT,
+            drain: cfg.drain,
+            templates,
+            next_window: 0,
+            down: None,
+        })
+    }
+
+    /// A producer handle of a free queue for another thread (the one-sided API), or
+    /// `None` when every queue of the set is held (`GPULMT_NET_QUEUES`).
+    pub fn queue(&self) -> Option<HostQueue> {
+        HostQueue::claim(&self.shared, &self.targets, self.post_timeout)
+    }
+
+    /// The job ranks this path reaches.
+    pub fn peers(&self) -> &[Rank] {
+        self.targets.ranks()
+    }
+
+    /// Exposes `base..base + size` to other ranks' one-sided ops as the next window;
+    /// returns its id. Every rank must expose its windows in the same order (as a
+    /// collective allocation would), so that one id names one window at every rank.
+    ///
+    /// # Safety
+    /// The range is valid memory of the kind `mem` names, for reads and writes by the
+    /// proxy at any time (other ranks' ops land whenever they come), until the path is
+    /// shut down; the application synchronises its own accesses with those ops (quiet on
+    /// the initiators, signals).
+    pub unsafe fn expose_window(&mut self, base: usize, size: u64, mem: MemoryKind) -> Result<WindowId, NetError> {
+        self.check_up()?;
+        let id = self.next_window;
+        let cmd = Command::Expose { id, window: LocalWindow { base, size, mem } };
+        self.shared.command(cmd, COMMAND_TIMEOUT).map_err(NetError::Down)?;
+        self.next_window += 1;
+        Ok(id)
+    }
+
+    /// Lets this rank's ops reach `rank`'s window `id`, of `size` bytes at `base` there
+    /// (what that rank's [`expose_window`](Self::expose_window) named). The initiator's
+    /// proxy checks each op against it, and the target checks again.
+    pub fn add_peer_window(&mut self, rank: Rank, id: WindowId, base: u64, size: u64) -> Result<(), NetError> {
+        self.check_up()?;
+        let t = self.targets.window(rank, id).ok_or_else(|| {
+            NetError::Rejected(format!("rank {rank} is not reached by the internode path, or window {id} is too many"))
+        })? as usize;
+        if self.templates.len() <= t {
+            let n = self.targets.ranks().len();
+            let blocks = t / n + 1;
+            for i in self.templates.len()..blocks * n {
+                self.templates.push(Template { rank: self.targets.ranks()[i % n], comm: 0, window: None });
+            }
+        }
+        self.templates[t].window = Some(Window { id, base, size });
+        let table =
+            TemplateTable::new(self.templates.clone(), limits()).map_err(|e| NetError::Rejected(e.to_string()))?;
+        self.shared.command(Command::Templates(Arc::new(table)), COMMAND_TIMEOUT).map_err(NetError::Down)
+    }
+
+    fn check_up(&mut self) -> Result<(), NetError> {
+        if let Some(why) = &self.down {
+            return Err(NetError::Down(why.clone()));
+        }
+        // Acquire, pairs with Proxy::spawn's release at the thread's exit: its status.
+        // Scope: host.
+        if !self.shared.running.load(Ordering::Acquire) {
+            let why = match lock(&self.shared.exit).clone() {
+                Some(Err(e)) => e,
+                _ => "the proxy thread exited".into(),
+            };
+            self.down = Some(why.clone());
+            return Err(NetError::Down(why));
+        }
+        Ok(())
+    }
+
+    fn post(&mut self, op: Op, flags: Flags, to: Rank, ctrl: Option<&[u8]>, what: Posted) -> Result<u64, PostError> {
+        self.check_up()?;
+        let t = self.targets.two_sided(to).ok_or_else(|| {
+            PostError::Failed(NetError::Rejected(format!(
+                "rank {to} is not on another node: the internode path does not reach it"
+            )))
+        })?;
+        let seq = self.queue.try_post(op, flags, t, ctrl)?;
+        self.posted.push_back((seq, what));
+        Ok(seq)
+    }
+
+    /// Reports the ops of the context's queue below the CQ's `done`.
+    fn report_completed(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
+        let cq = self.queue.cq();
+        if self.posted.front().is_none_or(|&(seq, _)| seq >= cq.done) {
+            return 0;
+        }
+        let details: FxHashMap<u64, FailureDetail> = self.queue.take_failures(cq.done).into_iter().collect();
+        let mut n = 0;
+        while let Some(&(seq, what)) = self.posted.front().filter(|&&(seq, _)| seq < cq.done) {
+            self.posted.pop_front();
+            let result = details.get(&seq).map_or(Ok(()), |d| Err(failure_error(d)));
+            match what {
+                Posted::Data(id) => {
+                    self.ids.remove(&id);
+                    done(id, result);
+                    n += 1;
+                }
+                Posted::Ctrl { to } => {
+                    if let Err(e) = result {
+                        tracing::error!(rank = to, error = %e, "a control packet to another node failed; the rank counts as failed");
+                        let mut f = lock(&self.shared.failed_ranks);
+                        if !f.contains(&to) {
+                            f.push(to);
+                        }
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// The proxy thread died on its own (a panic): nothing will complete the ops posted,
+    /// so they are reported failed, to end their requests instead of hanging them. The
+    /// network may still hold their buffers; the error says so.
+    fn fail_all(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
+        let why = self.down.clone().unwrap_or_default();
+        let mut n = 0;
+        for (_, what) in self.posted.drain(..) {
+            if let Posted::Data(id) = what {
+                let text = format!("{why}; MPI may still hold this transfer's buffer: do not reuse it");
+                done(id, Err(NetError::Down(text)));
+                n += 1;
+            }
+        }
+        self.ids.clear();
+        n
+    }
+
+    fn device_flag(mem: MemoryKind, flag: Flags) -> Flags {
+        match mem {
+            MemoryKind::Host => Flags::NONE,
+            MemoryKind::Device(_) => flag,
+        }
+    }
+}
+
+impl OffNodePath for NetPath {
+    fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError> {
+        self.post(Op::Ctrl { src: 0, size: 0 }, Flags::NONE, to, Some(packet), Posted::Ctrl { to }).map(|_| ())
+    }
+
+    unsafe fn post_send(
+        &mut self,
+        id: NetId,
+        to: Rank,
+        xfer: u64,
+        buf: usize,
+        len: usize,
+        mem: MemoryKind,
+    ) -> Result<(), PostError> {
+        let op = Op::Send { src: buf as u64, size: len as u64, tag: xfer };
+        let seq = self.post(op, Self::device_flag(mem, Flags::SRC_DEVICE), to, None, Posted::Data(id))?;
+        self.ids.insert(id, seq);
+        Ok(())
+    }
+
+    unsafe fn post_recv(
+        &mut self,
+        id: NetId,
+        from: Rank,
+        xfer: u64,
+        buf: usize,
+        len: usize,
+        mem: MemoryKind,
+    ) -> Result<(), PostError> {
+        let op = Op::Recv { dst: buf as u64, size: len as u64, tag: xfer };
+        let seq = self.post(op, Self::device_flag(mem, Flags::DST_DEVICE), from, None, Posted::Data(id))?;
+        self.ids.insert(id, seq);
+        Ok(())
+    }
+
+    fn cancel(&mut self, id: NetId) {
+        if let Some(&seq) = self.ids.get(&id) {
+            self.shared.post_command(Command::Cancel { queue: self.queue.index() as u32, seq });
+        }
+    }
+
+    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, &[u8])) -> usize {
+        let arrived = std::mem::take(&mut *lock(&self.shared.inbound));
+        let n = arrived.len();
+        for (from, packet) in arrived {
+            deliver(from, &packet);
+        }
+        n
+    }
+
+    fn poll_done(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
+        let n = self.report_completed(done);
+        if self.thread.is_some() && !self.posted.is_empty() && self.check_up().is_err() {
+            return n + self.fail_all(done);
+        }
+        n
+    }
+
+    fn poll_failed(&mut self, failed: &mut dyn FnMut(Rank)) {
+        let ranks = std::mem::take(&mut *lock(&self.shared.failed_ranks));
+        for r in ranks {
+            failed(r);
+        }
+    }
+
+    fn shutdown(&mut self, deadline: Instant) -> Result<(), NetError> {
+        let Some(thread) = self.thread.take() else { return Ok(()) };
+        self.shared.request_stop(deadline);
+        if thread.join().is_err() {
+            tracing::error!("the proxy thread could not be joined");
+        }
+        self.down = Some("the internode path was shut down".into());
+        let exit = lock(&self.shared.exit).take().unwrap_or(Ok(()));
+        exit.map_err(|e| NetError::Down(format!("shutdown: {e}")))
+    }
+}
+
+impl Drop for NetPath {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            if let Err(e) = self.shutdown(Instant::now() + self.drain) {
+                tracing::error!(error = %e, "internode path dropped without shutdown");
+            }
+        }
+    }
+}
