@@ -12,6 +12,7 @@ pub mod comm;
 pub mod completion;
 mod direct_recv;
 pub mod init;
+pub mod io;
 pub mod mprobe;
 pub mod persistent;
 pub mod probe;

@@ -31,6 +31,7 @@
 pub mod alltoall;
 pub mod bcast;
 pub mod gather;
+pub mod neighbor;
 pub mod reduce;
 pub mod scatter;
 
