@@ -12,3 +12,16 @@ const int gpulmt_mpi_combiner_named = MPI_COMBINER_NAMED;
 const int gpulmt_mpi_win_base = MPI_WIN_BASE;
 const int gpulmt_mpi_win_model = MPI_WIN_MODEL;
 const int gpulmt_mpi_win_separate = MPI_WIN_SEPARATE;
+
+/* The predefined datatypes the device reduction works on (src/device_reduce.rs), each
+ * with its kind: (class << 8) | bytes, class 0 signed integer, 1 unsigned, 2 floating. */
+const MPI_Datatype gpulmt_mpi_reduce_types[] = {
+    MPI_INT,      MPI_UNSIGNED, MPI_LONG,     MPI_UNSIGNED_LONG, MPI_LONG_LONG, MPI_UNSIGNED_LONG_LONG,
+    MPI_INT32_T,  MPI_UINT32_T, MPI_INT64_T,  MPI_UINT64_T,      MPI_FLOAT,     MPI_DOUBLE,
+};
+const int gpulmt_mpi_reduce_kinds[] = {
+    (0 << 8) | (int)sizeof(int),  (1 << 8) | (int)sizeof(unsigned), (0 << 8) | (int)sizeof(long),
+    (1 << 8) | (int)sizeof(unsigned long), (0 << 8) | (int)sizeof(long long), (1 << 8) | (int)sizeof(unsigned long long),
+    (0 << 8) | 4, (1 << 8) | 4, (0 << 8) | 8, (1 << 8) | 8, (2 << 8) | (int)sizeof(float), (2 << 8) | (int)sizeof(double),
+};
+const int gpulmt_mpi_reduce_type_count = sizeof gpulmt_mpi_reduce_kinds / sizeof gpulmt_mpi_reduce_kinds[0];

@@ -60,6 +60,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
+pub mod device_reduce;
 pub mod envelope;
 mod hostmem;
 pub mod intercept;

@@ -34,6 +34,7 @@ mpi_constants! {
     int32: MPI_Datatype = RSMPI_INT32_T;
     uint64: MPI_Datatype = RSMPI_UINT64_T;
     op_min: MPI_Op = RSMPI_MIN;
+    op_max: MPI_Op = RSMPI_MAX;
     any_source: c_int = RSMPI_ANY_SOURCE;
     any_tag: c_int = RSMPI_ANY_TAG;
     proc_null: c_int = RSMPI_PROC_NULL;

@@ -163,6 +163,12 @@ fn io() -> &'static Path {
     BIN.get_or_init(|| mpicc("io", "tests/c/io.c"))
 }
 
+/// `tests/c/devcoll.c`, compiled once.
+fn devcoll() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| mpicc("devcoll", "tests/c/devcoll.c"))
+}
+
 /// `examples/device_pingpong.c`, compiled once.
 fn device_pingpong() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -460,7 +466,9 @@ fn collectives_on_device_buffers_match_host_buffers() {
     }
     let _lock = job_lock();
     for np in collective_nps(&[2, 3, 4]) {
-        let run = clean_run_within(coll(), np, &[], &[], Duration::from_secs(120));
+        // The staged path: the device path (tested below) would take the large all-device
+        // MPI_Bcast, MPI_Allgather and MPI_Allreduce calls.
+        let run = clean_run_within(coll(), np, STAGED_ONLY, &[], Duration::from_secs(120));
         run.assert_all_ok(np);
         let staged = run.counters(" staging ", "staged_calls");
         assert!(staged.len() == np && staged.iter().all(|&n| n > 0), "some rank staged nothing\n{}", run.dump());
@@ -472,8 +480,8 @@ fn collectives_on_device_buffers_match_host_buffers() {
             run.dump()
         );
 
-        let run =
-            clean_run_within(coll(), np, &[("GPULMT_MPI_STAGING_MAX", "1M")], &["small"], Duration::from_secs(120));
+        let env = [STAGED_ONLY[0], ("GPULMT_MPI_STAGING_MAX", "1M")];
+        let run = clean_run_within(coll(), np, &env, &["small"], Duration::from_secs(120));
         run.assert_all_ok(np);
         let split = run.counters(" staging ", "split_calls");
         assert!(split.len() == np && split.iter().all(|&n| n > 0), "no reduction was split\n{}", run.dump());
@@ -507,6 +515,35 @@ fn file_io_on_device_buffers_matches_host_buffers() {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// Collectives only on the staged path.
+const STAGED_ONLY: &[(&str, &str)] = &[("GPULMT_MPI_COLL_DEVICE_MIN", "off")];
+
+/// Issue 30's fast paths: MPI_Bcast, MPI_Allgather and MPI_Allreduce of at least
+/// GPULMT_MPI_COLL_DEVICE_MIN bytes with device buffers on every rank move over gpulmt's
+/// point-to-point path, the reduction on the device (on sim the host loop in its place),
+/// and give what the library gives on host buffers: every op and type the path reduces,
+/// in place or not, odd counts, roots first and last; exactly those calls take it (not
+/// small ones, a host buffer on one rank, ops without a kernel), and none with `off`
+/// (tests/c/devcoll.c).
+#[test]
+fn large_collectives_on_device_buffers_move_over_gpulmt() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in collective_nps(&[2, 3, 4]) {
+        let env = [("GPULMT_MPI_COLL_DEVICE_MIN", "64K")];
+        let run = clean_run_within(devcoll(), np, &env, &[], Duration::from_secs(120));
+        run.assert_all_ok(np);
+        // 2 broadcasts, 2 allgathers, 48 allreduces of every op and type, 3 on duplicates.
+        let calls = run.counters(" devcoll ", "device_collectives");
+        assert!(calls.len() == np && calls.iter().all(|&n| n == 55), "{calls:?}\n{}", run.dump());
+    }
+    let run = clean_run_within(devcoll(), 2, STAGED_ONLY, &["off"], Duration::from_secs(120));
+    run.assert_all_ok(2);
+    assert_eq!(run.counters(" devcoll ", "device_collectives"), [0, 0], "{}", run.dump());
 }
 
 /// With rings of 4 slots, the window part puts more packets to a peer than its ring

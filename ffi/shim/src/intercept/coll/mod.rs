@@ -26,10 +26,14 @@
 //! results back; on host buffers the library's own requests.
 //!
 //! This module holds the driver every collective goes through; the calls are in one
-//! module per family: [`reduce`], [`bcast`], [`gather`], [`scatter`], [`alltoall`].
+//! module per family: [`reduce`], [`bcast`], [`gather`], [`scatter`], [`alltoall`],
+//! [`neighbor`]. Large blocking `MPI_Bcast`, `MPI_Allgather` and `MPI_Allreduce` on
+//! device buffers of every rank take the [`device`] path instead (gpulmt's
+//! point-to-point and a reduction on the GPU), when the ranks agree to.
 
 pub mod alltoall;
 pub mod bcast;
+pub mod device;
 pub mod gather;
 pub mod neighbor;
 pub mod reduce;

@@ -176,6 +176,10 @@ pub unsafe extern "C" fn MPI_Allreduce(
     comm: MPI_Comm,
 ) -> c_int {
     // SAFETY: the caller's arguments.
+    if let Some(rc) = unsafe { super::device::allreduce(sendbuf, recvbuf, count, dt, op, comm) } {
+        return rc;
+    }
+    // SAFETY: the caller's arguments.
     unsafe { every_rank("MPI_Allreduce", PMPI_Allreduce, false, sendbuf, recvbuf, count, dt, op, comm) }
 }
 

@@ -1,0 +1,510 @@
+//! The device path of blocking `MPI_Bcast`, `MPI_Allgather` and `MPI_Allreduce`: when
+//! every rank's buffers are contiguous device memory, the data moves between the GPUs
+//! over gpulmt's point-to-point path (peer copies on the copy engines within a node)
+//! instead of being staged through host memory around the library's collective, and
+//! `MPI_Allreduce` reduces on the GPU (`crate::device_reduce`: an NVRTC kernel on
+//! CUDA, the same loop on the host on sim, whose device memory the process addresses).
+//!
+//! - `MPI_Bcast`: a binomial tree from the root.
+//! - `MPI_Allgather`: every rank sends its block to every other rank at once.
+//! - `MPI_Allreduce`: a reduce-scatter (rank r gathers every rank's chunk r into a
+//!   device scratch buffer and reduces it into its receive buffer) followed by an
+//!   allgather of the reduced chunks. Each chunk is reduced by one rank in a fixed
+//!   order (its own elements, then the other ranks' in rank order), so every rank gets
+//!   the same bits; they may differ in the last place from the library's floating-point
+//!   sums, whose order MPI leaves open as well.
+//!
+//! Whether a call takes the device path is agreed among the ranks: every rank of an
+//! intracommunicator, for a call of at least `GPULMT_MPI_COLL_DEVICE_MIN` bytes (256K by
+//! default, the largest of all ranks' settings, agreed at `MPI_Init`; `off` disables
+//! the path), adds one small `MPI_Allreduce` saying whether its buffers qualify (shim
+//! active, device memory, contiguous datatypes, a reduction `device_reduce` has). MPI lets
+//! placements differ between ranks, and a rank cannot see its peers' buffers, so the
+//! agreement is what keeps every rank on the same path; when any rank says no, all take
+//! the staged path ([`super::blocking`]). Host-only programs pay that small call on
+//! collectives of that size. The point-to-point traffic runs on a duplicate of the
+//! communicator kept as its attribute (freed with it), so it never meets the program's
+//! messages. `gpulmt_mpi_device_collectives()` counts the calls that took the path.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+
+use mpi_sys::*;
+
+use super::super::completion::MPI_Waitall;
+use super::super::recv::MPI_Irecv;
+use super::super::send::MPI_Isend;
+use super::super::{active, raise, with};
+use crate::device_reduce::{Reducer, Reduction};
+use crate::raw::*;
+use crate::staging::{Region, Role, Shape};
+use crate::state::while_blocked;
+
+/// The smallest call (bytes) that may take the device path; `usize::MAX`: never.
+static MIN_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Calls that took the device path.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+/// The keyval of the duplicate communicators (`MPI_KEYVAL_INVALID` until the first).
+static KEYVAL: AtomicI32 = AtomicI32::new(KEYVAL_NONE);
+const KEYVAL_NONE: c_int = c_int::MIN;
+
+/// Default of `GPULMT_MPI_COLL_DEVICE_MIN`.
+pub const DEFAULT_MIN: usize = 256 << 10;
+
+/// This rank's `GPULMT_MPI_COLL_DEVICE_MIN` (`u64::MAX` for `off`; an invalid value
+/// counts as the default, and is logged).
+pub fn min_from_env() -> u64 {
+    match std::env::var("GPULMT_MPI_COLL_DEVICE_MIN") {
+        Ok(v) if v.trim() == "off" => u64::MAX,
+        Ok(v) if !v.trim().is_empty() => gpulmt::config::parse_size(v.trim()).unwrap_or_else(|| {
+            tracing::warn!(value = %v, "GPULMT_MPI_COLL_DEVICE_MIN is not a size (e.g. 256K) or off; using 256K");
+            DEFAULT_MIN as u64
+        }),
+        _ => DEFAULT_MIN as u64,
+    }
+}
+
+/// Sets the agreed threshold (the largest of the ranks' [`min_from_env`]).
+pub fn set_min(bytes: u64) {
+    MIN_BYTES.store(usize::try_from(bytes).unwrap_or(usize::MAX), Ordering::Relaxed);
+}
+
+/// Calls that took the device path so far.
+pub fn calls() -> u64 {
+    CALLS.load(Ordering::Relaxed)
+}
+
+/// Tags of the phases on the duplicate communicator.
+const TAG_BCAST: c_int = 1;
+const TAG_ALLGATHER: c_int = 2;
+const TAG_SCATTER: c_int = 3;
+const TAG_GATHER: c_int = 4;
+
+/// The copy callback of the keyval: a duplicate of the program's communicator gets a
+/// duplicate of its own on first use, not a copy.
+unsafe extern "C" fn no_copy(
+    _: MPI_Comm,
+    _: c_int,
+    _: *mut c_void,
+    _: *mut c_void,
+    _: *mut c_void,
+    flag: *mut c_int,
+) -> c_int {
+    // SAFETY: MPI passes a valid flag pointer.
+    unsafe { *flag = 0 };
+    SUCCESS
+}
+
+/// The delete callback: frees the duplicate with the program's communicator.
+unsafe extern "C" fn free_dup(_: MPI_Comm, _: c_int, value: *mut c_void, _: *mut c_void) -> c_int {
+    // SAFETY: the attribute's value is a Box<MPI_Comm> of `shadow`, given up once here.
+    let mut dup = unsafe { Box::from_raw(value.cast::<MPI_Comm>()) };
+    // SAFETY: the shim's own communicator, used by no operation after its owner's free.
+    unsafe { PMPI_Comm_free(&mut *dup) }
+}
+
+/// The duplicate of `comm` for the device path's traffic (collective on first use: every
+/// rank gets here in the same call, after agreeing).
+///
+/// # Safety
+/// `comm` is a valid intracommunicator.
+unsafe fn shadow(comm: MPI_Comm) -> Result<MPI_Comm, c_int> {
+    let mut key = KEYVAL.load(Ordering::Acquire);
+    if key == KEYVAL_NONE {
+        // SAFETY: the callbacks above match MPI's signatures; out-pointer to a local.
+        let rc = unsafe { PMPI_Comm_create_keyval(Some(no_copy), Some(free_dup), &mut key, std::ptr::null_mut()) };
+        if rc != SUCCESS {
+            return Err(rc);
+        }
+        KEYVAL.store(key, Ordering::Release);
+    }
+    let mut value: *mut c_void = std::ptr::null_mut();
+    let mut found = 0;
+    // SAFETY: the caller's communicator, the shim's keyval; out-pointers to locals.
+    let rc = unsafe { PMPI_Comm_get_attr(comm, key, (&mut value as *mut *mut c_void).cast(), &mut found) };
+    if rc != SUCCESS {
+        return Err(rc);
+    }
+    if found != 0 {
+        // SAFETY: the attribute is a Box<MPI_Comm> this function stored.
+        return Ok(unsafe { *value.cast::<MPI_Comm>() });
+    }
+    let mut dup = comm_null();
+    // SAFETY: collective over `comm`, whose ranks all reach this call (see above).
+    let rc = unsafe { PMPI_Comm_dup(comm, &mut dup) };
+    if rc != SUCCESS {
+        return Err(rc);
+    }
+    // SAFETY: the new communicator; errors come back to the shim, which raises them on `comm`.
+    unsafe { PMPI_Comm_set_errhandler(dup, RSMPI_ERRORS_RETURN) };
+    let boxed = Box::into_raw(Box::new(dup));
+    // SAFETY: the caller's communicator and the shim's keyval; free_dup takes the box back.
+    let rc = unsafe { PMPI_Comm_set_attr(comm, key, boxed.cast()) };
+    if rc == SUCCESS {
+        Ok(dup)
+    } else {
+        Err(rc)
+    }
+}
+
+/// Frees the duplicate of `MPI_COMM_WORLD` before the library finalizes (MPI frees the
+/// attributes of `MPI_COMM_WORLD` late in `MPI_Finalize`, when freeing another
+/// communicator from a callback is not safe on every library).
+pub fn finalize() {
+    let key = KEYVAL.swap(KEYVAL_NONE, Ordering::AcqRel);
+    if key != KEYVAL_NONE {
+        // SAFETY: MPI is initialized; deleting an attribute that is absent is no error.
+        unsafe {
+            PMPI_Comm_delete_attr(comm_world(), key);
+            let mut k = key;
+            PMPI_Comm_free_keyval(&mut k);
+        }
+    }
+}
+
+/// Whether `buf` holds `count` elements of `dt` contiguously in device memory (the
+/// program's pending default-stream writes to it landed when this says yes).
+fn contiguous_device(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> Option<usize> {
+    let (bytes, contiguous) = type_geometry(dt, count).ok()?;
+    if !contiguous || bytes == 0 || buf.is_null() || buf == in_place().cast_const() || bytes > c_int::MAX as usize {
+        return None;
+    }
+    let region = Region::of(buf as usize, Shape::Count { count: count.into(), dt }, Role::InOut).ok()??;
+    with(|s| s.region_on_device(&region)).unwrap_or(false).then_some(bytes)
+}
+
+/// Whether every rank of `comm` takes the device path for a call of `bytes` (the same
+/// on every rank), this rank saying `mine`. `None`: the call is not a candidate (small,
+/// an intercommunicator, the path off), decided without asking the peers.
+///
+/// # Safety
+/// `comm` is a valid communicator.
+unsafe fn agreed(comm: MPI_Comm, bytes: usize, mine: impl FnOnce() -> bool) -> Option<bool> {
+    if bytes < MIN_BYTES.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut inter = 0;
+    // SAFETY: the caller's communicator; an out-pointer to a local.
+    unsafe { PMPI_Comm_test_inter(comm, &mut inter) };
+    if inter != 0 {
+        return None;
+    }
+    let me = c_int::from(active() && mine());
+    let mut all = 0;
+    // SAFETY: one int each way; collective over `comm`, which every rank reaches with the
+    // same byte count (MPI's rule that type signatures match).
+    let rc = while_blocked(|| unsafe {
+        PMPI_Allreduce((&me as *const c_int).cast(), (&mut all as *mut c_int).cast(), 1, int32(), op_min(), comm)
+    });
+    Some(rc == SUCCESS && all == 1)
+}
+
+/// The point-to-point operations of one phase, waited for together.
+struct Phase {
+    comm: MPI_Comm,
+    tag: c_int,
+    reqs: Vec<MPI_Request>,
+    rc: c_int,
+}
+
+impl Phase {
+    fn new(comm: MPI_Comm, tag: c_int) -> Phase {
+        Phase { comm, tag, reqs: Vec::new(), rc: SUCCESS }
+    }
+
+    /// Sends `bytes` at `buf` to `peer` (nothing for 0 bytes).
+    ///
+    /// # Safety
+    /// `buf` holds `bytes` readable bytes until [`Phase::wait`] returns.
+    unsafe fn send(&mut self, buf: usize, bytes: usize, peer: c_int) {
+        if bytes == 0 || self.rc != SUCCESS {
+            return;
+        }
+        let mut req = request_null();
+        // SAFETY: the caller's buffer; the shim's communicator; a local out-pointer.
+        self.rc =
+            unsafe { MPI_Isend(buf as *const c_void, bytes as c_int, byte(), peer, self.tag, self.comm, &mut req) };
+        self.reqs.push(req);
+    }
+
+    /// Receives `bytes` into `buf` from `peer` (nothing for 0 bytes).
+    ///
+    /// # Safety
+    /// `buf` has room for `bytes` bytes, unused by anything else until [`Phase::wait`]
+    /// returns.
+    unsafe fn recv(&mut self, buf: usize, bytes: usize, peer: c_int) {
+        if bytes == 0 || self.rc != SUCCESS {
+            return;
+        }
+        let mut req = request_null();
+        // SAFETY: the caller's buffer; the shim's communicator; a local out-pointer.
+        self.rc = unsafe { MPI_Irecv(buf as *mut c_void, bytes as c_int, byte(), peer, self.tag, self.comm, &mut req) };
+        self.reqs.push(req);
+    }
+
+    /// Waits for every operation (also after a failed start: those started must end).
+    fn wait(mut self) -> c_int {
+        self.reqs.retain(|r| *r != request_null());
+        if self.reqs.is_empty() {
+            return self.rc;
+        }
+        // SAFETY: requests of the shim's own operations; statuses ignored.
+        let rc = unsafe { MPI_Waitall(self.reqs.len() as c_int, self.reqs.as_mut_ptr(), RSMPI_STATUSES_IGNORE) };
+        if self.rc != SUCCESS {
+            self.rc
+        } else {
+            rc
+        }
+    }
+}
+
+/// Rank and size of `comm`.
+///
+/// # Safety
+/// `comm` is a valid communicator.
+unsafe fn site(comm: MPI_Comm) -> (c_int, c_int) {
+    let (mut rank, mut size) = (0, 0);
+    // SAFETY: the caller's communicator; out-pointers to locals.
+    unsafe {
+        PMPI_Comm_rank(comm, &mut rank);
+        PMPI_Comm_size(comm, &mut size);
+    }
+    (rank, size)
+}
+
+/// A device-to-device copy of `bytes`, finished when this returns.
+///
+/// # Safety
+/// `dst` and `src` are device buffers of this process with room for and holding
+/// `bytes`, not overlapping.
+unsafe fn device_copy(dst: usize, src: usize, bytes: usize) -> c_int {
+    if bytes == 0 || dst == src {
+        return SUCCESS;
+    }
+    // SAFETY: the caller's contract.
+    match with(|s| unsafe { s.ctx.backend().copy_sync(dst, src, bytes) }) {
+        Some(Ok(())) => SUCCESS,
+        _ => ERR_OTHER,
+    }
+}
+
+/// Counts a call on the device path and reports its result on `comm`.
+///
+/// # Safety
+/// `comm` is a valid communicator.
+unsafe fn done(call: &str, comm: MPI_Comm, rc: c_int) -> c_int {
+    CALLS.fetch_add(1, Ordering::Relaxed);
+    if rc == SUCCESS {
+        return rc;
+    }
+    let mut class = rc;
+    // SAFETY: an out-pointer to a local.
+    unsafe { PMPI_Error_class(rc, &mut class) };
+    // A code of the shim's own carries its message already; a class gets one.
+    let code = if class != rc {
+        rc
+    } else {
+        crate::mpierr::for_call(rc, call, "the device path's point-to-point transfers failed")
+    };
+    // SAFETY: the caller's communicator.
+    unsafe { raise(comm, code) }
+}
+
+/// `MPI_Bcast` on the device path, or `None`: take the staged path.
+///
+/// # Safety
+/// As `MPI_Bcast`.
+pub unsafe fn bcast(buf: *mut c_void, count: c_int, dt: MPI_Datatype, root: c_int, comm: MPI_Comm) -> Option<c_int> {
+    let bytes = type_geometry(dt, count).ok()?.0;
+    // SAFETY: the caller's communicator.
+    if !unsafe { agreed(comm, bytes, || contiguous_device(buf, count, dt).is_some()) }? {
+        return None;
+    }
+    // SAFETY: every rank agreed, so every rank gets here.
+    let shadow = match unsafe { shadow(comm) } {
+        Ok(c) => c,
+        // SAFETY: the caller's communicator.
+        Err(rc) => return Some(unsafe { done("MPI_Bcast", comm, rc) }),
+    };
+    // SAFETY: the caller's communicator.
+    let (rank, size) = unsafe { site(comm) };
+    let rel = (rank - root).rem_euclid(size);
+    let mut phase = Phase::new(shadow, TAG_BCAST);
+    // Binomial tree: receive from the parent (rel with its lowest set bit cleared) ...
+    let mut mask = 1;
+    while mask < size {
+        if rel & mask != 0 {
+            let mut from = Phase::new(shadow, TAG_BCAST);
+            // SAFETY: the caller's buffer of `bytes`.
+            unsafe { from.recv(buf as usize, bytes, (rank - mask).rem_euclid(size)) };
+            phase.rc = from.wait();
+            break;
+        }
+        mask <<= 1;
+    }
+    // ... then send to the children below that bit.
+    mask >>= 1;
+    while mask > 0 {
+        if rel + mask < size {
+            // SAFETY: the caller's buffer, received in full above.
+            unsafe { phase.send(buf as usize, bytes, (rank + mask) % size) };
+        }
+        mask >>= 1;
+    }
+    let rc = phase.wait();
+    // SAFETY: the caller's communicator.
+    Some(unsafe { done("MPI_Bcast", comm, rc) })
+}
+
+/// `MPI_Allgather` on the device path, or `None`.
+///
+/// # Safety
+/// As `MPI_Allgather`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn allgather(
+    sendbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    recvbuf: *mut c_void,
+    rcount: c_int,
+    rtype: MPI_Datatype,
+    comm: MPI_Comm,
+) -> Option<c_int> {
+    let block = type_geometry(rtype, rcount).ok()?.0;
+    // SAFETY: the caller's communicator.
+    let (rank, size) = unsafe { site(comm) };
+    let in_place = sendbuf == in_place().cast_const();
+    let mine = || {
+        let send_ok = in_place || contiguous_device(sendbuf, scount, stype) == Some(block);
+        send_ok && rcount.checked_mul(size).is_some_and(|n| contiguous_device(recvbuf, n, rtype).is_some())
+    };
+    // SAFETY: the caller's communicator.
+    if !unsafe { agreed(comm, block * size as usize, mine) }? {
+        return None;
+    }
+    // SAFETY: every rank agreed.
+    let shadow = match unsafe { shadow(comm) } {
+        Ok(c) => c,
+        // SAFETY: the caller's communicator.
+        Err(rc) => return Some(unsafe { done("MPI_Allgather", comm, rc) }),
+    };
+    let at = |r: c_int| recvbuf as usize + r as usize * block;
+    let own = if in_place { at(rank) } else { sendbuf as usize };
+    let mut phase = Phase::new(shadow, TAG_ALLGATHER);
+    for peer in (0..size).filter(|&p| p != rank) {
+        // SAFETY: block `peer` of the caller's receive buffer, and this rank's block.
+        unsafe {
+            phase.recv(at(peer), block, peer);
+            phase.send(own, block, peer);
+        }
+    }
+    // SAFETY: the caller's buffers (distinct: MPI forbids aliasing them without IN_PLACE).
+    let copied = if in_place { SUCCESS } else { unsafe { device_copy(at(rank), own, block) } };
+    let rc = phase.wait();
+    // SAFETY: the caller's communicator.
+    Some(unsafe { done("MPI_Allgather", comm, if rc == SUCCESS { copied } else { rc }) })
+}
+
+/// The device scratch buffer of `MPI_Allreduce` (grown as needed, freed at finalize as
+/// memory of `gpulmt_mpi_alloc`): its address and size.
+static SCRATCH: std::sync::Mutex<(usize, usize)> = std::sync::Mutex::new((0, 0));
+
+fn scratch(bytes: usize) -> Option<usize> {
+    let mut s = SCRATCH.lock().unwrap_or_else(|p| p.into_inner());
+    if s.1 < bytes {
+        if s.0 != 0 {
+            crate::api::gpulmt_mpi_free(s.0 as *mut c_void);
+        }
+        *s = (0, 0);
+        let p = crate::api::gpulmt_mpi_alloc(bytes.next_power_of_two());
+        if p.is_null() {
+            return None;
+        }
+        *s = (p as usize, bytes.next_power_of_two());
+    }
+    Some(s.0)
+}
+
+/// `MPI_Allreduce` on the device path, or `None`.
+///
+/// # Safety
+/// As `MPI_Allreduce`.
+pub unsafe fn allreduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+) -> Option<c_int> {
+    let bytes = type_geometry(dt, count).ok()?.0;
+    let reduction = Reduction::of(dt, op);
+    // SAFETY: the caller's communicator.
+    let (rank, size) = unsafe { site(comm) };
+    let in_place = sendbuf == in_place().cast_const();
+    let chunk =
+        |r: c_int| (count as usize * r as usize / size as usize, count as usize * (r + 1) as usize / size as usize);
+    let elem = reduction.map_or(1, |r| r.elem.size());
+    let most = (0..size).map(|r| chunk(r).1 - chunk(r).0).max().unwrap_or(0) * elem;
+    let mine = || {
+        reduction.is_some()
+            && with(|s| Reducer::ready(s.ctx.backend().kind(), s.ctx.device())).unwrap_or(false)
+            && (in_place || contiguous_device(sendbuf, count, dt).is_some())
+            && contiguous_device(recvbuf, count, dt).is_some()
+            && scratch(most * (size as usize - 1)).is_some()
+    };
+    // SAFETY: the caller's communicator.
+    if !unsafe { agreed(comm, bytes, mine) }? {
+        return None;
+    }
+    let reduction = reduction?;
+    // SAFETY: every rank agreed.
+    let shadow = match unsafe { shadow(comm) } {
+        Ok(c) => c,
+        // SAFETY: the caller's communicator.
+        Err(rc) => return Some(unsafe { done("MPI_Allreduce", comm, rc) }),
+    };
+    let tmp = scratch(most * (size as usize - 1))?;
+    let src = if in_place { recvbuf as usize } else { sendbuf as usize };
+    let at = |base: usize, r: c_int| base + chunk(r).0 * elem;
+    let len = |r: c_int| (chunk(r).1 - chunk(r).0) * elem;
+    let slot = |peer: c_int| tmp + (if peer < rank { peer } else { peer - 1 }) as usize * most;
+    // Reduce-scatter: chunk `rank` of every peer into the scratch, chunk `peer` to each.
+    let mut phase = Phase::new(shadow, TAG_SCATTER);
+    for peer in (0..size).filter(|&p| p != rank) {
+        // SAFETY: a slot of the scratch buffer; chunk `peer` of the caller's input.
+        unsafe {
+            phase.recv(slot(peer), len(rank), peer);
+            phase.send(at(src, peer), len(peer), peer);
+        }
+    }
+    // SAFETY: chunk `rank` of the caller's buffers (the same range, or distinct buffers).
+    let mut rc = unsafe { device_copy(at(recvbuf as usize, rank), at(src, rank), len(rank)) };
+    let sent = phase.wait();
+    if rc == SUCCESS {
+        rc = sent;
+    }
+    let n = len(rank) / elem;
+    for peer in (0..size).filter(|&p| p != rank && n > 0) {
+        if rc != SUCCESS {
+            break;
+        }
+        // SAFETY: chunk `rank` of the receive buffer and the peer's slot, n elements each,
+        // both this rank's device memory, no transfer running on them any more.
+        if let Err(e) = unsafe { Reducer::reduce(reduction, at(recvbuf as usize, rank), slot(peer), n) } {
+            rc = crate::mpierr::for_call(ERR_OTHER, "MPI_Allreduce", format_args!("the device reduction failed: {e}"));
+        }
+    }
+    // Allgather of the reduced chunks (after a failure too: the peers wait for them).
+    let mut phase = Phase::new(shadow, TAG_GATHER);
+    for peer in (0..size).filter(|&p| p != rank) {
+        // SAFETY: chunk `peer` and chunk `rank` of the caller's receive buffer.
+        unsafe {
+            phase.recv(at(recvbuf as usize, peer), len(peer), peer);
+            phase.send(at(recvbuf as usize, rank), len(rank), peer);
+        }
+    }
+    let gathered = phase.wait();
+    // SAFETY: the caller's communicator.
+    Some(unsafe { done("MPI_Allreduce", comm, if rc == SUCCESS { gathered } else { rc }) })
+}
