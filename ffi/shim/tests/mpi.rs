@@ -233,39 +233,7 @@ fn mpirun(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&
 
 /// As [`mpirun`], killed (and failed) after `limit`.
 fn mpirun_within(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Run {
-    let m = mpi();
-    let mut cmd = Command::new(m.launcher);
-    if m.mpich {
-        // Hydra runs as root and oversubscribes without being asked.
-        cmd.args(["-n", &np.to_string()]);
-    } else {
-        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
-    }
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_") || k == "LD_PRELOAD") {
-            cmd.env_remove(k);
-        }
-    }
-    let mut vars = vec![("GPULMT_DEVICE".to_string(), "sim".to_string())];
-    if preload {
-        vars.push(("LD_PRELOAD".into(), shim_lib().display().to_string()));
-    }
-    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    for (k, v) in &vars {
-        if m.mpich {
-            cmd.arg("-genv").arg(k).arg(v);
-        } else {
-            cmd.arg("-x").arg(format!("{k}={v}"));
-        }
-    }
-    cmd.arg(prog).args(args);
-    let what = format!(
-        "{} -n {np} {} {} {}",
-        m.launcher,
-        vars.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
-        prog.file_name().unwrap_or_default().to_string_lossy(),
-        args.join(" ")
-    );
+    let (mut cmd, what) = launch_command(prog, np, preload, env, args);
     let mut child =
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start the MPI launcher");
     let pipe = |mut r: Box<dyn Read + Send>| {
@@ -306,6 +274,46 @@ fn mpirun_within(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], ar
     let run = Run { code: status.code(), stdout: out.join().unwrap(), stderr: err.join().unwrap(), what, pids };
     assert!(term_sent.is_none(), "timed out after {} s (hung?)\n{}", limit.as_secs(), run.dump());
     run
+}
+
+/// The MPI launcher's command line for `prog args` on `np` ranks with only the given
+/// GPULMT_* settings (plus GPULMT_DEVICE=sim), the shim preloaded if `preload`; and how
+/// to name it in messages.
+fn launch_command(prog: &Path, np: usize, preload: bool, env: &[(&str, &str)], args: &[&str]) -> (Command, String) {
+    let m = mpi();
+    let mut cmd = Command::new(m.launcher);
+    if m.mpich {
+        // Hydra runs as root and oversubscribes without being asked.
+        cmd.args(["-n", &np.to_string()]);
+    } else {
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
+    }
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| k.starts_with("GPULMT_") || k == "LD_PRELOAD") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut vars = vec![("GPULMT_DEVICE".to_string(), "sim".to_string())];
+    if preload {
+        vars.push(("LD_PRELOAD".into(), shim_lib().display().to_string()));
+    }
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    for (k, v) in &vars {
+        if m.mpich {
+            cmd.arg("-genv").arg(k).arg(v);
+        } else {
+            cmd.arg("-x").arg(format!("{k}={v}"));
+        }
+    }
+    cmd.arg(prog).args(args);
+    let what = format!(
+        "{} -n {np} {} {} {}",
+        m.launcher,
+        vars.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        prog.file_name().unwrap_or_default().to_string_lossy(),
+        args.join(" ")
+    );
+    (cmd, what)
 }
 
 /// The rank counts at which to run a program of many collectives: all of `nps` under
@@ -634,11 +642,8 @@ fn a_rank_killed_mid_run_leaves_nothing_the_next_job_does_not_remove() {
     }
     let prog = p2p();
     let _lock = job_lock();
-    let mut cmd = Command::new("mpirun");
+    let (mut cmd, _) = launch_command(prog, 2, true, &[], &[]);
     gpulmt_tests::without_gpulmt_env(&mut cmd).env_remove("LD_PRELOAD");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "GPULMT_DEVICE=sim", "-x"])
-        .arg(format!("LD_PRELOAD={}", shim_lib().display()))
-        .arg(prog);
     let mut job = LiveJob::spawn(cmd, "mpirun -np 2 (shim) p2p, rank killed after its first part");
     let started = job.wait_line(Duration::from_secs(120), |l| l.starts_with("part ") && l.ends_with(" done"));
     let pids = descendants(job.pid());
