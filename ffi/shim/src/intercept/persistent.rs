@@ -12,7 +12,7 @@
 //! (the library's or a generalized one) is the placeholder's *inner* request until it
 //! completes. The completion calls (`MPI_Wait`, `MPI_Test` and their families,
 //! `MPI_Request_get_status`) see the inner requests in place of placeholders
-//! ([`translated`]): an inactive placeholder counts as `MPI_REQUEST_NULL` (as the standard
+//! (`translated`): an inactive placeholder counts as `MPI_REQUEST_NULL` (as the standard
 //! treats an inactive persistent request), and the program's array keeps its
 //! placeholders. `MPI_Request_free` frees a placeholder (and lets an active inner request
 //! finish on its own), `MPI_Cancel` cancels its inner request.
