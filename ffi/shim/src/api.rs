@@ -123,7 +123,8 @@ pub unsafe extern "C" fn gpulmt_mpi_get_staging_counters(out: *mut gpulmt_mpi_st
 }
 
 /// How many blocking collectives took the device path so far (`MPI_Bcast`,
-/// `MPI_Allgather`, `MPI_Allreduce` moved over gpulmt with the reduction on the GPU;
+/// `MPI_Allgather`, `MPI_Allreduce`, `MPI_Reduce_scatter_block` moved over gpulmt with
+/// the reduction on the GPU;
 /// see the shim's README).
 #[no_mangle]
 pub extern "C" fn gpulmt_mpi_device_collectives() -> u64 {

@@ -528,7 +528,8 @@ fn file_io_on_device_buffers_matches_host_buffers() {
 /// Collectives only on the staged path.
 const STAGED_ONLY: &[(&str, &str)] = &[("GPULMT_MPI_COLL_DEVICE_MIN", "off")];
 
-/// Issue 30's fast paths: MPI_Bcast, MPI_Allgather and MPI_Allreduce of at least
+/// Issue 30's fast paths: MPI_Bcast, MPI_Allgather, MPI_Allreduce and
+/// MPI_Reduce_scatter_block of at least
 /// GPULMT_MPI_COLL_DEVICE_MIN bytes with device buffers on every rank move over gpulmt's
 /// point-to-point path, the reduction on the device (on sim the host loop in its place),
 /// and give what the library gives on host buffers: every op and type the path reduces,
@@ -545,9 +546,10 @@ fn large_collectives_on_device_buffers_move_over_gpulmt() {
         let env = [("GPULMT_MPI_COLL_DEVICE_MIN", "64K")];
         let run = clean_run_within(devcoll(), np, &env, &[], Duration::from_secs(120));
         run.assert_all_ok(np);
-        // 2 broadcasts, 2 allgathers, 48 allreduces of every op and type, 3 on duplicates.
+        // 2 broadcasts, 2 allgathers, 48 allreduces of every op and type, 3 on duplicates,
+        // 13 reduce-scatters.
         let calls = run.counters(" devcoll ", "device_collectives");
-        assert!(calls.len() == np && calls.iter().all(|&n| n == 55), "{calls:?}\n{}", run.dump());
+        assert!(calls.len() == np && calls.iter().all(|&n| n == 68), "{calls:?}\n{}", run.dump());
     }
     let run = clean_run_within(devcoll(), 2, STAGED_ONLY, &["off"], Duration::from_secs(120));
     run.assert_all_ok(2);

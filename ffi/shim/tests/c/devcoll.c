@@ -1,5 +1,6 @@
 /*
- * The device path of MPI_Bcast, MPI_Allgather and MPI_Allreduce under libgpulmt_mpi.so
+ * The device path of MPI_Bcast, MPI_Allgather, MPI_Allreduce and MPI_Reduce_scatter_block
+ * under libgpulmt_mpi.so
  * (issue 30): with device buffers on every rank and at least GPULMT_MPI_COLL_DEVICE_MIN
  * bytes, the data moves over gpulmt's point-to-point path and MPI_Allreduce reduces on
  * the device (on sim: the same algorithm, the reduction on the host).
@@ -11,7 +12,8 @@
  * from the first and the last rank, MPI_Allgather with and without MPI_IN_PLACE, and
  * MPI_Allreduce of every op the device path reduces (MPI_SUM, MPI_PROD, MPI_MIN,
  * MPI_MAX) on every type it handles, with and without MPI_IN_PLACE, on odd counts
- * (so that the ranks' chunks differ), the values small integers so that floating-point
+ * (so that the ranks' chunks differ), MPI_Reduce_scatter_block of every type (sums, in
+ * place and not) and a maximum, the values small integers so that floating-point
  * sums are exact in any order. gpulmt_mpi_device_collectives() must count exactly the
  * calls that qualify: all device buffers, at least 64K (the setting the test runs with;
  * a count below it and a count smaller than the number of ranks do not), and none of
@@ -135,6 +137,22 @@ static void allreduce(const char *tname, MPI_Datatype t, int esize, int cls, con
   compare(n, before, want_path);
 }
 
+/* One MPI_Reduce_scatter_block of `count` elements per rank on device and on host
+ * buffers, compared (in place: the input in the receive buffer, the result at its start). */
+static void reduce_scatter_block(const char *tname, MPI_Datatype t, int esize, int cls, const char *oname, MPI_Op op,
+                                 int count, int in_place, int want_path) {
+  size_t n = (size_t)count * (size_t)esize, total = n * (size_t)size;
+  snprintf(current, sizeof current, "MPI_Reduce_scatter_block %s %s x%d%s", oname, tname, count,
+           in_place ? " in place" : "");
+  fill(hsend, total, esize, cls, rank, count);
+  memcpy(hrecv, hsend, total);
+  to_dev(in_place ? drecv : dsend, hsend, total);
+  MPI_OK(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : hsend, hrecv, count, t, op, MPI_COMM_WORLD));
+  unsigned long long before = gpulmt_mpi_device_collectives();
+  MPI_OK(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : dsend, drecv, count, t, op, MPI_COMM_WORLD));
+  compare(n, before, want_path);
+}
+
 static void band(void *in, void *inout, int *len, MPI_Datatype *t) {
   (void)t;
   for (int i = 0; i < *len; i++) ((int *)inout)[i] &= ((int *)in)[i];
@@ -174,6 +192,12 @@ static void allreduces(void) {
   MPI_Op_create(band, 1, &user);
   allreduce("MPI_INT", MPI_INT, 4, 0, "a user op", user, BIG, 1, -1, 0);
   MPI_Op_free(&user);
+  /* MPI_Reduce_scatter_block: every type (sums), a maximum, below the threshold, MPI_BAND. */
+  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+    reduce_scatter_block(types[t].name, types[t].t, types[t].size, types[t].cls, "MPI_SUM", MPI_SUM, 30011, (int)(t % 2), 1);
+  reduce_scatter_block("MPI_DOUBLE", MPI_DOUBLE, 8, 2, "MPI_MAX", MPI_MAX, 30011, 0, 1);
+  reduce_scatter_block("MPI_DOUBLE", MPI_DOUBLE, 8, 2, "MPI_SUM", MPI_SUM, 101, 0, 0);
+  reduce_scatter_block("MPI_INT", MPI_INT, 4, 0, "MPI_BAND", MPI_BAND, 30011, 1, 0);
 }
 
 /* A duplicate communicator: its own duplicate for the device path, freed with it. */

@@ -1,4 +1,5 @@
-//! The device path of blocking `MPI_Bcast`, `MPI_Allgather` and `MPI_Allreduce`: when
+//! The device path of blocking `MPI_Bcast`, `MPI_Allgather`, `MPI_Allreduce` and
+//! `MPI_Reduce_scatter_block`: when
 //! every rank's buffers are contiguous device memory, the data moves between the GPUs
 //! over gpulmt's point-to-point path (peer copies on the copy engines within a node)
 //! instead of being staged through host memory around the library's collective, and
@@ -13,6 +14,7 @@
 //!   order (its own elements, then the other ranks' in rank order), so every rank gets
 //!   the same bits; they may differ in the last place from the library's floating-point
 //!   sums, whose order MPI leaves open as well.
+//! - `MPI_Reduce_scatter_block`: that reduce-scatter alone, each rank's chunk its block.
 //!
 //! Whether a call takes the device path is agreed among the ranks: every rank of an
 //! intracommunicator, for a call of at least `GPULMT_MPI_COLL_DEVICE_MIN` bytes (256K by
@@ -425,6 +427,89 @@ fn scratch(bytes: usize) -> Option<usize> {
     Some(s.0)
 }
 
+/// How a reduction's elements fall into the ranks' chunks: `count` elements of `elem`
+/// bytes in `size` chunks, chunk r reduced by rank r.
+#[derive(Clone, Copy)]
+struct Chunks {
+    count: usize,
+    size: usize,
+    elem: usize,
+}
+
+impl Chunks {
+    /// Byte offset and length of chunk `r` (sizes differ by at most one element).
+    fn of(&self, r: c_int) -> (usize, usize) {
+        let r = r as usize;
+        let (lo, hi) = (self.count * r / self.size, self.count * (r + 1) / self.size);
+        (lo * self.elem, (hi - lo) * self.elem)
+    }
+
+    /// Bytes of the largest chunk.
+    fn most(&self) -> usize {
+        (0..self.size as c_int).map(|r| self.of(r).1).max().unwrap_or(0)
+    }
+
+    /// Scratch bytes a rank needs: a chunk from every other rank.
+    fn scratch(&self) -> usize {
+        self.most() * (self.size - 1)
+    }
+}
+
+/// Whether this rank can reduce `reduction` on its device, with the scratch `chunks` need
+/// (allocated here, before the ranks agree, so that nothing can fail after).
+fn can_reduce(reduction: Option<Reduction>, chunks: Chunks) -> bool {
+    reduction.is_some()
+        && with(|s| Reducer::ready(s.ctx.backend().kind(), s.ctx.device())).unwrap_or(false)
+        && scratch(chunks.scratch()).is_some()
+}
+
+/// The reduce-scatter both reductions start with: chunk `rank` of every rank's `src`
+/// reduced into `acc` (this rank's own chunk first: copied there unless it is there
+/// already), the other chunks sent to the ranks that reduce them.
+///
+/// # Safety
+/// `src` holds every chunk of device memory; `acc` has room for chunk `rank`, and may be
+/// that chunk of `src` but overlap no other; `shadow` is the duplicate communicator.
+unsafe fn reduce_scatter_into(
+    shadow: MPI_Comm,
+    (rank, size): (c_int, c_int),
+    chunks: Chunks,
+    reduction: Reduction,
+    src: usize,
+    acc: usize,
+) -> c_int {
+    let Some(tmp) = scratch(chunks.scratch()) else { return ERR_OTHER };
+    let most = chunks.most();
+    let slot = |peer: c_int| tmp + (if peer < rank { peer } else { peer - 1 }) as usize * most;
+    let (mine, len) = chunks.of(rank);
+    let mut phase = Phase::new(shadow, TAG_SCATTER);
+    for peer in (0..size).filter(|&p| p != rank) {
+        let (at, n) = chunks.of(peer);
+        // SAFETY: a slot of the scratch buffer; chunk `peer` of the caller's input.
+        unsafe {
+            phase.recv(slot(peer), len, peer);
+            phase.send(src + at, n, peer);
+        }
+    }
+    // SAFETY: chunk `rank` of the input, and `acc` (the same range, or distinct).
+    let mut rc = unsafe { device_copy(acc, src + mine, len) };
+    let sent = phase.wait();
+    if rc == SUCCESS {
+        rc = sent;
+    }
+    for peer in (0..size).filter(|&p| p != rank && len > 0) {
+        if rc != SUCCESS {
+            break;
+        }
+        // SAFETY: `acc` and the peer's slot hold len bytes each of this rank's device
+        // memory, and no transfer runs on them any more.
+        if let Err(e) = unsafe { Reducer::reduce(reduction, acc, slot(peer), len / chunks.elem) } {
+            rc = crate::mpierr::for_call(ERR_OTHER, "the device reduction", e);
+        }
+    }
+    rc
+}
+
 /// `MPI_Allreduce` on the device path, or `None`.
 ///
 /// # Safety
@@ -442,16 +527,12 @@ pub unsafe fn allreduce(
     // SAFETY: the caller's communicator.
     let (rank, size) = unsafe { site(comm) };
     let in_place = sendbuf == in_place().cast_const();
-    let chunk =
-        |r: c_int| (count as usize * r as usize / size as usize, count as usize * (r + 1) as usize / size as usize);
     let elem = reduction.map_or(1, |r| r.elem.size());
-    let most = (0..size).map(|r| chunk(r).1 - chunk(r).0).max().unwrap_or(0) * elem;
+    let chunks = Chunks { count: count.max(0) as usize, size: size as usize, elem };
     let mine = || {
-        reduction.is_some()
-            && with(|s| Reducer::ready(s.ctx.backend().kind(), s.ctx.device())).unwrap_or(false)
+        can_reduce(reduction, chunks)
             && (in_place || contiguous_device(sendbuf, count, dt).is_some())
             && contiguous_device(recvbuf, count, dt).is_some()
-            && scratch(most * (size as usize - 1)).is_some()
     };
     // SAFETY: the caller's communicator.
     if !unsafe { agreed(comm, bytes, mine) }? {
@@ -464,47 +545,76 @@ pub unsafe fn allreduce(
         // SAFETY: the caller's communicator.
         Err(rc) => return Some(unsafe { done("MPI_Allreduce", comm, rc) }),
     };
-    let tmp = scratch(most * (size as usize - 1))?;
     let src = if in_place { recvbuf as usize } else { sendbuf as usize };
-    let at = |base: usize, r: c_int| base + chunk(r).0 * elem;
-    let len = |r: c_int| (chunk(r).1 - chunk(r).0) * elem;
-    let slot = |peer: c_int| tmp + (if peer < rank { peer } else { peer - 1 }) as usize * most;
-    // Reduce-scatter: chunk `rank` of every peer into the scratch, chunk `peer` to each.
-    let mut phase = Phase::new(shadow, TAG_SCATTER);
-    for peer in (0..size).filter(|&p| p != rank) {
-        // SAFETY: a slot of the scratch buffer; chunk `peer` of the caller's input.
-        unsafe {
-            phase.recv(slot(peer), len(rank), peer);
-            phase.send(at(src, peer), len(peer), peer);
-        }
-    }
-    // SAFETY: chunk `rank` of the caller's buffers (the same range, or distinct buffers).
-    let mut rc = unsafe { device_copy(at(recvbuf as usize, rank), at(src, rank), len(rank)) };
-    let sent = phase.wait();
-    if rc == SUCCESS {
-        rc = sent;
-    }
-    let n = len(rank) / elem;
-    for peer in (0..size).filter(|&p| p != rank && n > 0) {
-        if rc != SUCCESS {
-            break;
-        }
-        // SAFETY: chunk `rank` of the receive buffer and the peer's slot, n elements each,
-        // both this rank's device memory, no transfer running on them any more.
-        if let Err(e) = unsafe { Reducer::reduce(reduction, at(recvbuf as usize, rank), slot(peer), n) } {
-            rc = crate::mpierr::for_call(ERR_OTHER, "MPI_Allreduce", format_args!("the device reduction failed: {e}"));
-        }
-    }
+    let out = recvbuf as usize;
+    // SAFETY: the caller's buffers of `count` elements; chunk `rank` of the receive
+    // buffer is the input's own range when in place, else a distinct buffer.
+    let rc = unsafe { reduce_scatter_into(shadow, (rank, size), chunks, reduction, src, out + chunks.of(rank).0) };
     // Allgather of the reduced chunks (after a failure too: the peers wait for them).
     let mut phase = Phase::new(shadow, TAG_GATHER);
     for peer in (0..size).filter(|&p| p != rank) {
+        let ((at, n), (mine, len)) = (chunks.of(peer), chunks.of(rank));
         // SAFETY: chunk `peer` and chunk `rank` of the caller's receive buffer.
         unsafe {
-            phase.recv(at(recvbuf as usize, peer), len(peer), peer);
-            phase.send(at(recvbuf as usize, rank), len(rank), peer);
+            phase.recv(out + at, n, peer);
+            phase.send(out + mine, len, peer);
         }
     }
     let gathered = phase.wait();
     // SAFETY: the caller's communicator.
     Some(unsafe { done("MPI_Allreduce", comm, if rc == SUCCESS { gathered } else { rc }) })
+}
+
+/// `MPI_Reduce_scatter_block` on the device path, or `None`.
+///
+/// # Safety
+/// As `MPI_Reduce_scatter_block`.
+pub unsafe fn reduce_scatter_block(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    recvcount: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+) -> Option<c_int> {
+    // SAFETY: the caller's communicator.
+    let (rank, size) = unsafe { site(comm) };
+    let total = recvcount.checked_mul(size)?;
+    let bytes = type_geometry(dt, total).ok()?.0;
+    let reduction = Reduction::of(dt, op);
+    let in_place = sendbuf == in_place().cast_const();
+    let elem = reduction.map_or(1, |r| r.elem.size());
+    let chunks = Chunks { count: total.max(0) as usize, size: size as usize, elem };
+    let mine = || {
+        can_reduce(reduction, chunks)
+            && if in_place {
+                contiguous_device(recvbuf, total, dt).is_some()
+            } else {
+                contiguous_device(sendbuf, total, dt).is_some() && contiguous_device(recvbuf, recvcount, dt).is_some()
+            }
+    };
+    // SAFETY: the caller's communicator.
+    if !unsafe { agreed(comm, bytes, mine) }? {
+        return None;
+    }
+    let reduction = reduction?;
+    // SAFETY: every rank agreed.
+    let shadow = match unsafe { shadow(comm) } {
+        Ok(c) => c,
+        // SAFETY: the caller's communicator.
+        Err(rc) => return Some(unsafe { done("MPI_Reduce_scatter_block", comm, rc) }),
+    };
+    let (src, out) = (if in_place { recvbuf as usize } else { sendbuf as usize }, recvbuf as usize);
+    // In place the chunk is reduced where it lies, then moved to the buffer's start (equal
+    // chunks: chunk `rank` overlaps the start only when it is the start).
+    let (mine, len) = chunks.of(rank);
+    let acc = if in_place { src + mine } else { out };
+    // SAFETY: the caller's buffers: the input of every chunk, room for chunk `rank` at `acc`.
+    let mut rc = unsafe { reduce_scatter_into(shadow, (rank, size), chunks, reduction, src, acc) };
+    if rc == SUCCESS && acc != out {
+        // SAFETY: distinct ranges of the caller's receive buffer (see above).
+        rc = unsafe { device_copy(out, acc, len) };
+    }
+    // SAFETY: the caller's communicator.
+    Some(unsafe { done("MPI_Reduce_scatter_block", comm, rc) })
 }

@@ -27,7 +27,8 @@
 //!
 //! This module holds the driver every collective goes through; the calls are in one
 //! module per family: [`reduce`], [`bcast`], [`gather`], [`scatter`], [`alltoall`],
-//! [`neighbor`]. Large blocking `MPI_Bcast`, `MPI_Allgather` and `MPI_Allreduce` on
+//! [`neighbor`]. Large blocking `MPI_Bcast`, `MPI_Allgather`, `MPI_Allreduce` and
+//! `MPI_Reduce_scatter_block` on
 //! device buffers of every rank take the [`device`] path instead (gpulmt's
 //! point-to-point and a reduction on the GPU), when the ranks agree to.
 
