@@ -407,24 +407,31 @@ pub unsafe fn allgather(
     Some(unsafe { done("MPI_Allgather", comm, if rc == SUCCESS { copied } else { rc }) })
 }
 
-/// The device scratch buffer of `MPI_Allreduce` (grown as needed, freed at finalize as
-/// memory of `gpulmt_mpi_alloc`): its address and size.
-static SCRATCH: std::sync::Mutex<(usize, usize)> = std::sync::Mutex::new((0, 0));
+thread_local! {
+    /// The device scratch buffer of the reductions (grown as needed, freed at finalize as
+    /// memory of `gpulmt_mpi_alloc`): its address and size. One per thread: under
+    /// MPI_THREAD_MULTIPLE threads may run reductions on different communicators at once.
+    static SCRATCH: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
 
+/// The calling thread's scratch buffer with room for `bytes`; `None` when device memory
+/// for it cannot be had.
 fn scratch(bytes: usize) -> Option<usize> {
-    let mut s = SCRATCH.lock().unwrap_or_else(|p| p.into_inner());
-    if s.1 < bytes {
-        if s.0 != 0 {
-            crate::api::gpulmt_mpi_free(s.0 as *mut c_void);
-        }
-        *s = (0, 0);
-        let p = crate::api::gpulmt_mpi_alloc(bytes.next_power_of_two());
-        if p.is_null() {
-            return None;
-        }
-        *s = (p as usize, bytes.next_power_of_two());
+    let (ptr, len) = SCRATCH.get();
+    if len >= bytes {
+        return Some(ptr);
     }
-    Some(s.0)
+    if ptr != 0 {
+        crate::api::gpulmt_mpi_free(ptr as *mut c_void);
+        SCRATCH.set((0, 0));
+    }
+    let len = bytes.next_power_of_two();
+    let p = crate::api::gpulmt_mpi_alloc(len);
+    if p.is_null() {
+        return None;
+    }
+    SCRATCH.set((p as usize, len));
+    Some(p as usize)
 }
 
 /// How a reduction's elements fall into the ranks' chunks: `count` elements of `elem`
