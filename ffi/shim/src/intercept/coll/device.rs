@@ -113,12 +113,21 @@ unsafe extern "C" fn free_dup(_: MPI_Comm, _: c_int, value: *mut c_void, _: *mut
 unsafe fn shadow(comm: MPI_Comm) -> Result<MPI_Comm, c_int> {
     let mut key = KEYVAL.load(Ordering::Acquire);
     if key == KEYVAL_NONE {
+        let mut made = KEYVAL_NONE;
         // SAFETY: the callbacks above match MPI's signatures; out-pointer to a local.
-        let rc = unsafe { PMPI_Comm_create_keyval(Some(no_copy), Some(free_dup), &mut key, std::ptr::null_mut()) };
+        let rc = unsafe { PMPI_Comm_create_keyval(Some(no_copy), Some(free_dup), &mut made, std::ptr::null_mut()) };
         if rc != SUCCESS {
             return Err(rc);
         }
-        KEYVAL.store(key, Ordering::Release);
+        // Another thread (MPI_THREAD_MULTIPLE) may have made one meanwhile: one is kept.
+        key = match KEYVAL.compare_exchange(KEYVAL_NONE, made, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => made,
+            Err(theirs) => {
+                // SAFETY: the keyval made above, on no communicator yet.
+                unsafe { PMPI_Comm_free_keyval(&mut made) };
+                theirs
+            }
+        };
     }
     let mut value: *mut c_void = std::ptr::null_mut();
     let mut found = 0;
