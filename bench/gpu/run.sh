@@ -252,6 +252,8 @@ coll() {
         esac
         timeout 240 $mpirun -np $np $shim $env /tmp/shim_$prog $args > "$out/coll_test_${prog}_np$np.txt" 2>&1
         rc=$?
+        # 77: the MPI library lacks what the test needs (rma.c: windows of host memory).
+        [ $rc = 77 ] && skip "$prog np=$np: $(grep -m1 '^skip:' "$out/coll_test_${prog}_np$np.txt")"
         echo "$prog,np=$np,rc=$rc,$(grep -c ' ok checks' "$out/coll_test_${prog}_np$np.txt") of $np ranks ok" \
           | tee -a "$out/coll_tests.csv"
       done
