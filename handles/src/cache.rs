@@ -354,6 +354,35 @@ impl<O: MappingOpener> HandleCache<O> {
         Ok(mapping)
     }
 
+    /// [`acquire`](Self::acquire), but where the opener refuses because this process
+    /// still maps something the new handle collides with (`collides` says which of its
+    /// errors mean that), closes the idle entries and tries once more.
+    ///
+    /// CUDA refuses `cuIpcOpenMemHandle` (`CUDA_ERROR_ALREADY_MAPPED`) for a peer's new
+    /// allocation while this process still maps an older one that the peer freed and
+    /// whose place its allocator reused. That stale mapping is idle here (the peer gave
+    /// the buffer up, so no transfer of ours uses it); Open MPI's CUDA IPC cache answers
+    /// the same refusal the same way. In-use entries stay: a collision with one of them
+    /// is an error.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), the second attempt's error where there was one.
+    pub fn acquire_evicting_on(
+        &mut self,
+        key: &O::Key,
+        handle: &O::Handle,
+        bytes: u64,
+        collides: impl Fn(&O::Error) -> bool,
+    ) -> Result<O::Mapping, CacheErrorOf<O>> {
+        match self.acquire(key, handle, bytes) {
+            Err(CacheError::Open { source, .. }) if collides(&source) && self.evict_idle() > 0 => {
+                self.acquire(key, handle, bytes)
+            }
+            r => r,
+        }
+    }
+
     /// Gives back one lease on `key`.
     ///
     /// At the last lease the entry becomes idle, or is closed at once if it

@@ -46,6 +46,14 @@ pub enum MockError {
         /// The key, formatted.
         key: String,
     },
+    /// Open of a handle (peer address) that another open key maps, where
+    /// [`MockOpener::refuse_mapped_addresses`] asks for it (the driver's
+    /// `CUDA_ERROR_ALREADY_MAPPED` for a peer's reused address).
+    #[error("{key}: the peer address is mapped under another key")]
+    AddressMapped {
+        /// The key, formatted.
+        key: String,
+    },
     /// Injected with [`MockOpener::fail_open`].
     #[error("injected open failure for {key}")]
     InjectedOpen {
@@ -70,6 +78,7 @@ pub struct MockOpener<K> {
     peak_open: usize,
     fail_open: HashSet<K>,
     fail_close: HashSet<K>,
+    refuse_mapped: bool,
 }
 
 impl<K> Default for MockOpener<K> {
@@ -82,6 +91,7 @@ impl<K> Default for MockOpener<K> {
             peak_open: 0,
             fail_open: HashSet::new(),
             fail_close: HashSet::new(),
+            refuse_mapped: false,
         }
     }
 }
@@ -131,6 +141,12 @@ impl<K: Clone + Eq + Hash + Debug> MockOpener<K> {
         }
     }
 
+    /// Refuses (`true`) an open whose handle (peer address) another open key maps, as
+    /// CUDA refuses a peer's new allocation at the place of an older one still mapped.
+    pub fn refuse_mapped_addresses(&mut self, refuse: bool) {
+        self.refuse_mapped = refuse;
+    }
+
     /// Makes closes of `key` fail (`true`) or succeed again (`false`).
     pub fn fail_close(&mut self, key: K, fail: bool) {
         if fail {
@@ -154,6 +170,9 @@ impl<K: Clone + Eq + Hash + Debug> MappingOpener for MockOpener<K> {
         }
         if self.fail_open.contains(key) {
             return Err(MockError::InjectedOpen { key: format!("{key:?}") });
+        }
+        if self.refuse_mapped && self.open.values().any(|m| m.peer_addr == *handle) {
+            return Err(MockError::AddressMapped { key: format!("{key:?}") });
         }
         self.serial += 1;
         let mapping =

@@ -31,6 +31,29 @@ fn assert_consistent(c: &Cache) {
     assert_eq!(c.opener().open_count(), s.entries);
 }
 
+/// A peer freed a buffer and its allocator put a new one at the same address: the
+/// opener refuses the new key while the old, idle mapping stays (CUDA's
+/// ALREADY_MAPPED); `acquire_evicting_on` closes the idle entries and opens it. A
+/// collision with an entry in use stays an error, and that entry stays open.
+#[test]
+fn a_reused_peer_address_evicts_the_stale_idle_mapping() {
+    let mut opener = MockOpener::new();
+    opener.refuse_mapped_addresses(true);
+    let mut c: Cache = HandleCache::new(opener, CacheLimits::default());
+    let collides = |e: &MockError| matches!(e, MockError::AddressMapped { .. });
+    c.acquire(&(1, 7), &0x1000, MIB).unwrap();
+    c.release(&(1, 7)).unwrap();
+    assert!(matches!(c.acquire(&(1, 8), &0x1000, MIB), Err(CacheError::Open { .. })));
+    let m = c.acquire_evicting_on(&(1, 8), &0x1000, MIB, collides).unwrap();
+    assert_eq!(m.peer_addr, 0x1000);
+    assert!(!c.is_open(&(1, 7)) && c.is_open(&(1, 8)));
+    assert_consistent(&c);
+    // (1, 8) is in use: a third allocation at the same place cannot evict it.
+    assert!(matches!(c.acquire_evicting_on(&(1, 9), &0x1000, MIB, collides), Err(CacheError::Open { .. })));
+    assert!(c.is_open(&(1, 8)));
+    assert_consistent(&c);
+}
+
 #[test]
 fn idle_entry_is_reused() {
     let mut c = cache(CacheLimits::default());

@@ -482,10 +482,14 @@ impl Context {
             Loc::Peer { peer, region, offset } => {
                 let key = PeerBufferKey { peer, device: region.device, buffer_id: region.buffer_id };
                 let handle = crate::device::IpcHandle(region.handle);
-                let m = self
-                    .cache
-                    .acquire(&key, &handle, region.alloc_size)
-                    .map_err(|e| format!("mapping rank {peer}'s buffer: {e}"))?;
+                // A refused double open: the peer freed a buffer this process still maps
+                // (idle) and its allocator put this one in its place.
+                let stale = |e: &crate::device::DeviceError| matches!(e, crate::device::DeviceError::DoubleOpen { .. });
+                let m = self.cache.acquire_evicting_on(&key, &handle, region.alloc_size, stale).map_err(|e| {
+                    // The opener's own error says why (the cache's names only the key).
+                    let why = std::error::Error::source(&e).map_or_else(String::new, |s| format!(" ({s})"));
+                    format!("mapping rank {peer}'s buffer: {e}{why}")
+                })?;
                 *lease = Some(key);
                 // The RTS/CTS promised the range lies inside the allocation; check the
                 // promise against what the driver actually mapped.
