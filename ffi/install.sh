@@ -2,6 +2,7 @@
 # Builds gpulmt's C library and installs it under PREFIX:
 #
 #   PREFIX/include/gpulmt.h
+#   PREFIX/include/gpulmt_device.cuh   (the device API: include it in CUDA kernels)
 #   PREFIX/lib/libgpulmt.so  PREFIX/lib/libgpulmt.a
 #   PREFIX/lib/pkgconfig/gpulmt.pc
 #
@@ -55,6 +56,7 @@ version=$(cd "$root" && cargo pkgid -p gpulmt-ffi | sed 's/.*[@#]//')
 
 install -d "$prefix/include" "$prefix/lib/pkgconfig"
 install -m 644 "$root/include/gpulmt.h" "$prefix/include/gpulmt.h"
+install -m 644 "$root/include/gpulmt_device.cuh" "$prefix/include/gpulmt_device.cuh"
 install -m 755 "$out/libgpulmt.so" "$prefix/lib/libgpulmt.so"
 install -m 644 "$out/libgpulmt.a" "$prefix/lib/libgpulmt.a"
 sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" -e "s|@NATIVE_STATIC_LIBS@|$native|g" \

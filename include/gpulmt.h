@@ -180,6 +180,52 @@
 #define GPULMT_COOKIE_MAX 123
 
 /**
+ * put_signal: store the value in the signal word (`GPULMT_SIGNAL_SET` of
+ * gpulmt_device.cuh).
+ */
+#define GPULMT_SIGNAL_SET 0
+
+/**
+ * put_signal: add the value to the signal word.
+ */
+#define GPULMT_SIGNAL_ADD 1
+
+/**
+ * signal_wait_until: equal (the `GPULMT_CMP_*` codes of gpulmt_device.cuh).
+ */
+#define GPULMT_CMP_EQ 0
+
+/**
+ * signal_wait_until: not equal.
+ */
+#define GPULMT_CMP_NE 1
+
+/**
+ * signal_wait_until: greater.
+ */
+#define GPULMT_CMP_GT 2
+
+/**
+ * signal_wait_until: greater or equal.
+ */
+#define GPULMT_CMP_GE 3
+
+/**
+ * signal_wait_until: less.
+ */
+#define GPULMT_CMP_LT 4
+
+/**
+ * signal_wait_until: less or equal.
+ */
+#define GPULMT_CMP_LE 5
+
+/**
+ * Bytes of `gpulmt_device_ctx` (gpulmt_device.cuh) that `gpulmt_sym_device_ctx` writes.
+ */
+#define GPULMT_DEVICE_CTX_BYTES 48
+
+/**
  * An endpoint of a gpulmt job: the context and what the ABI keeps beside it.
  *
  * C sees it only as `gpulmt_ctx*`, from `gpulmt_init` or `gpulmt_plugin_init` until
@@ -662,6 +708,198 @@ int gpulmt_lmt_done(struct gpulmt_ctx *ctx,
  */
 int gpulmt_peer_terminated(struct gpulmt_ctx *ctx,
                            int rank);
+
+/**
+ * Collective (every rank calls it with the same `bytes`, in the same order as its other
+ * `gpulmt_sym_malloc` / `gpulmt_sym_free` calls): allocates `bytes` at the same offset of
+ * every rank's symmetric heap (`GPULMT_SYM_HEAP` bytes on the rank's device, reserved
+ * at the first call). `*ptr` is this rank's symmetric address (NULL on failure). Fails
+ * on every rank alike when the ranks asked for different sizes or the heap is full.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `ptr` is valid
+ * for writes.
+ */
+int gpulmt_sym_malloc(struct gpulmt_ctx *ctx,
+                      size_t bytes,
+                      void **ptr);
+
+/**
+ * Collective (as `gpulmt_sym_malloc`): frees the symmetric allocation that starts at
+ * `ptr` on every rank. No operation or kernel may still use it.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call. `ptr` is any
+ * value (it is checked, never dereferenced).
+ */
+int gpulmt_sym_free(struct gpulmt_ctx *ctx,
+                    void *ptr);
+
+/**
+ * `*ptr` is the address in this process of `pe`'s copy of the symmetric address `sym`,
+ * for direct loads and stores (host: sim heaps are host memory; CUDA heaps are device
+ * memory, for kernels), or NULL where this rank does not map `pe`'s heap.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `ptr` is valid for
+ * writes.
+ */
+int gpulmt_sym_ptr(struct gpulmt_ctx *ctx,
+                   const void *sym,
+                   int pe,
+                   void **ptr);
+
+/**
+ * Copies `bytes` at `src` (host memory, or device memory of this rank) into `pe`'s copy
+ * of the symmetric range at `dst`; complete (visible at `pe`) on return.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `src` is readable
+ * for `bytes` bytes, with nothing writing it during the call.
+ */
+int gpulmt_sym_put(struct gpulmt_ctx *ctx,
+                   void *dst,
+                   const void *src,
+                   size_t bytes,
+                   int pe);
+
+/**
+ * Copies `bytes` of `pe`'s copy of the symmetric range at `src` into `dst` (host memory,
+ * or device memory of this rank); complete on return.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `dst` is writable
+ * for `bytes` bytes, with nothing else accessing it during the call.
+ */
+int gpulmt_sym_get(struct gpulmt_ctx *ctx,
+                   void *dst,
+                   const void *src,
+                   size_t bytes,
+                   int pe);
+
+/**
+ * `gpulmt_sym_put`, then `op` (`GPULMT_SIGNAL_SET` / `_ADD`) with `value` on `pe`'s copy
+ * of the symmetric 64-bit word `sig`: the data is complete before the signal changes.
+ * `_ADD` from the host needs host-reachable heaps (sim); CUDA answers
+ * `GPULMT_ERR_UNSUPPORTED`.
+ *
+ * # Safety
+ * As `gpulmt_sym_put`.
+ */
+int gpulmt_sym_put_signal(struct gpulmt_ctx *ctx,
+                          void *dst,
+                          const void *src,
+                          size_t bytes,
+                          uint64_t *sig,
+                          uint64_t value,
+                          int op,
+                          int pe);
+
+/**
+ * Waits until this rank's signal word `sig` compares (`GPULMT_CMP_*`) true against
+ * `value`; `*seen` (if not NULL) is the value seen. With `timeout_us` >= 0, gives up
+ * after that many microseconds with `GPULMT_ERR_CANCELLED`; negative: no limit.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `seen` is NULL or
+ * valid for writes.
+ */
+int gpulmt_sym_signal_wait_until(struct gpulmt_ctx *ctx,
+                                 const uint64_t *sig,
+                                 int cmp,
+                                 uint64_t value,
+                                 int64_t timeout_us,
+                                 uint64_t *seen);
+
+/**
+ * Adds `value` to `pe`'s copy of the symmetric 64-bit word `dst`; `*old` (if not NULL)
+ * is the value before. Host-reachable heaps (sim) only; CUDA answers
+ * `GPULMT_ERR_UNSUPPORTED` (use the device API).
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `old` is NULL or
+ * valid for writes.
+ */
+int gpulmt_sym_atomic_fetch_add(struct gpulmt_ctx *ctx,
+                                uint64_t *dst,
+                                uint64_t value,
+                                int pe,
+                                uint64_t *old);
+
+/**
+ * Stores `value` in `pe`'s copy of the word `dst` if it equals `cond`; `*old` (if not
+ * NULL) is the value before (the swap happened when it equals `cond`). Sim only, as
+ * `gpulmt_sym_atomic_fetch_add`.
+ *
+ * # Safety
+ * As `gpulmt_sym_atomic_fetch_add`.
+ */
+int gpulmt_sym_atomic_compare_swap(struct gpulmt_ctx *ctx,
+                                   uint64_t *dst,
+                                   uint64_t cond,
+                                   uint64_t value,
+                                   int pe,
+                                   uint64_t *old);
+
+/**
+ * Stores `value` in `pe`'s copy of the word `dst`, atomically (CUDA too).
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call.
+ */
+int gpulmt_sym_atomic_set(struct gpulmt_ctx *ctx,
+                          uint64_t *dst,
+                          uint64_t value,
+                          int pe);
+
+/**
+ * `*value` is `pe`'s copy of the word `dst`, read atomically (CUDA too).
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `value` is valid
+ * for writes.
+ */
+int gpulmt_sym_atomic_fetch(struct gpulmt_ctx *ctx,
+                            const uint64_t *dst,
+                            int pe,
+                            uint64_t *value);
+
+/**
+ * Completes this rank's symmetric heap operations (host operations are complete when
+ * they return; the off-node path's will be waited for here).
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call.
+ */
+int gpulmt_sym_quiet(struct gpulmt_ctx *ctx);
+
+/**
+ * Writes this rank's `gpulmt_device_ctx` (gpulmt_device.cuh) to `ptr`, which holds
+ * `bytes` = `GPULMT_DEVICE_CTX_BYTES`: copy it into a module's `gpulmt_dctx` symbol
+ * before launching kernels that use the device API. Fails before the first
+ * `gpulmt_sym_malloc`.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `ptr` is valid for
+ * writes of `bytes` bytes.
+ */
+int gpulmt_sym_device_ctx(struct gpulmt_ctx *ctx,
+                          void *ptr,
+                          size_t bytes);
+
+/**
+ * `record` (4 words) is this rank's record of device accesses its kernels' checks
+ * rejected: the count (0: none), the first one's `op << 32 | pe` (`GPULMT_OP_*` of
+ * gpulmt_device.cuh), its symmetric address and its size. With `clear` non-zero the
+ * record is then cleared (no kernel may be running).
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `record` is valid
+ * for writes of 4 `uint64_t`.
+ */
+int gpulmt_sym_device_errors(struct gpulmt_ctx *ctx,
+                             uint64_t *record,
+                             int clear);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -12,7 +12,7 @@ cargo build --release -p gpulmt-shim -p gpulmt-ffi --quiet
 unit=$(cargo test --release -p gpulmt --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep -v null | head -1)
 rm -rf .gpu && mkdir -p .gpu/bin
-for b in gpulmt-run gpulmt-check gpulmt-info osu_latency osu_bw osu_bibw stencil2d bench-report \
+for b in gpulmt-run gpulmt-check gpulmt-info osu_latency osu_bw osu_bibw stencil2d device_check bench-report \
   copy_probe copy_pingpong hostpath_cost window_probe server_probe; do
   cp "target/release/$b" .gpu/bin/
 done

@@ -3,22 +3,27 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
 #            ping-pong) and osu_latency / osu_bw / osu_bibw per protocol, the handle cache
 #            on and off, split copies, the SHM fallback per chunk size, and the 8 B D D
 #            latency five more times, each beside the floor
-#   stencil  Stencil2D: bit-identical checks, then staged / inter-k / inter-k-overlap on 2
-#            and 4 ranks, both precisions, halo 1 and 4, and compute alone (1 rank)
+#   stencil  Stencil2D: bit-identical checks, then staged / inter-k / inter-k-overlap / gio
+#            on 2 and 4 ranks, both precisions, halo 1 and 4, and compute alone (1 rank)
 #   shim     the PMPI shim under mpirun on an application's cudaMalloc buffers: p2p.c's
 #            semantic checks (2 and 4 ranks), cuda_osu (bandwidth, latency, byte checks),
 #            host latency with and without the shim, gpulmt's own osu_bw beside it
 #   checks   correctness: every protocol x placement x size byte for byte, ranks sharing a
 #            GPU, all-to-all, two-phase free, the handle cache, truncation, the C ABI,
 #            peer death, and the CUDA backend's GPU unit tests
-#   full     all four, then bench-report and OUTDIR.tgz (about 8 minutes on 2x H200)
+#   device   GPU-initiated communication (include/gpulmt_device.cuh): device_check's
+#            conformance checks on 2 and 4 ranks (name,ok|FAIL lines into check.csv), then
+#            its put_signal ping-pong and one-block put bandwidth (device_bench.csv), and
+#            NVSHMEM 3.8's same two benchmarks beside them when .gpu/peers.tar.xz is carried
+#            (../shared/device/peers/prepare.sh .gpu; nvshmem.csv)
+#   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
 #
 # One GPU or two: with one, the ranks share it, and MPS is started first (without it the
@@ -28,9 +33,9 @@
 # .gpu/bin), MAX (largest message, default 1G), CHECK_SIZES (the checks' ping-pong sizes),
 # STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks OUTDIR}
-case $mode in full | osu | stencil | shim | checks) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim or checks" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks or device" >&2
   exit 2
   ;;
 esac
@@ -129,16 +134,19 @@ stencil() {
     $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" > /tmp/stencil.txt 2>&1 \
       || { log "stencil2d FAILED: -n $n $*"; tail -3 /tmp/stencil.txt >&2; }
   }
-  # The 4-rank jobs put two ranks on a GPU (all of them on one): MPS lets them run at once.
+  # The 4-rank jobs put two ranks on a GPU (all of them on one): MPS lets them run at once
+  # (gio's persistent kernels wait for each other: without MPS they would be time-sliced).
   MPS=1 start_mps
+  # gio keeps both fields in the symmetric heap: 8192^2 doubles need two ~540 MB fields.
+  export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-2G}
   echo "mps=$mps" > "$out/stencil_env.txt"
   log stencil2d checks: bit-identical to the single-rank CPU reference
-  for n in 2 4; do for m in staged inter-k inter-k-overlap; do for p in single double; do
+  for n in 2 4; do for m in staged inter-k inter-k-overlap gio; do for p in single double; do
     one "$n" --size 512 --iters 20 --halo 4 --mode "$m" --precision "$p" --check --csv "$out/stencil_check.csv"
   done; done; done
   log stencil2d table
   for n in 2 4; do for p in single double; do for s in $sizes; do for h in 1 4; do
-    for m in staged inter-k inter-k-overlap; do
+    for m in staged inter-k inter-k-overlap gio; do
       one "$n" --size "$s" --halo "$h" --precision "$p" --mode "$m" --iters "$iters" --csv "$csv"
     done
   done; done; done; done
@@ -240,6 +248,34 @@ checks() {
   fi
 }
 
+device() {
+  local n
+  if ! on_gpu; then
+    skip "device: the device API's kernels run on GPUs (sim here; its host side runs in .ci/run)"
+    return
+  fi
+  log device API checks on 2 and 4 ranks
+  for n in 2 4; do
+    $bin/gpulmt-run -n $n --timeout 300 -- $bin/device_check > "$out/device_check_np$n.txt" 2>&1
+    echo "device_check,np=$n,rc=$?" >> "$out/log.txt"
+    grep -E '^[a-z_]+,(ok|FAIL),' "$out/device_check_np$n.txt" | sed "s/^/device_np${n}_/" | tee -a "$out/check.csv"
+    grep -qE '^[a-z_]+,ok,' "$out/device_check_np$n.txt" || {
+      echo "device_np${n},FAIL,no check ran: $(tail -1 "$out/device_check_np$n.txt")" | tee -a "$out/check.csv"
+    }
+  done
+  log device API benchmarks: put_signal ping-pong and one block\'s put bandwidth, beside NVSHMEM\'s
+  # The anchor gives each of its two MPS clients half the GPU; so does this run.
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 $bin/gpulmt-run -n 2 --timeout 300 -- $bin/device_check --bench \
+    --csv "$out/device_bench.csv" > "$out/device_bench.txt" 2>&1 || log "device_check --bench FAILED: $(tail -1 "$out/device_bench.txt")"
+  if [ -f .gpu/peers.sh ] && [ -f .gpu/peers.tar.xz ]; then
+    log nvshmem anchor
+    bash .gpu/peers.sh .gpu > "$out/nvshmem.csv" 2> "$out/nvshmem.err"
+  else
+    skip "nvshmem anchor: .gpu/peers.tar.xz missing (bash ../shared/device/peers/prepare.sh .gpu packs it)"
+  fi
+  cat "$out/device_bench.csv" "$out/nvshmem.csv" 2>/dev/null | grep -v '^anchor,' | sort -t, -k2,2 -k3,3n -k1,1
+}
+
 report() {
   if [ -f "$out/gpulmt.csv" ] || [ -f "$out/stencil.csv" ]; then
     log report
@@ -252,6 +288,9 @@ host_info
 if on_gpu && [ "$(gpu_count)" -lt 2 ]; then MPS=1 start_mps; fi
 case $mode in
   osu | stencil | shim) "$mode" ;;
+  device)
+    device
+    ;;
   checks)
     log checks
     checks | tee "$out/check.csv"
@@ -262,12 +301,13 @@ case $mode in
     shim
     log checks
     checks > "$out/check.csv"
+    device
     ;;
 esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

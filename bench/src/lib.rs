@@ -4,6 +4,7 @@
 
 use std::fs::OpenOptions;
 
+pub mod device;
 pub mod pair;
 pub mod report;
 pub mod stencil;

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use gpulmt_tests::{job_lock, launcher};
 
 const STENCIL: &str = env!("CARGO_BIN_EXE_stencil2d");
-const MODES: [&str; 3] = ["staged", "inter-k", "inter-k-overlap"];
+const MODES: [&str; 4] = ["staged", "inter-k", "inter-k-overlap", "gio"];
 
 struct Output {
     what: String,

@@ -26,6 +26,7 @@ pub mod error;
 pub mod handle;
 pub mod plugin;
 mod registry;
+pub mod sym;
 
 use std::ffi::c_int;
 
@@ -33,6 +34,7 @@ pub use endpoint::*;
 pub use error::*;
 pub use handle::{gpulmt_ctx, gpulmt_request, gpulmt_status, GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, GPULMT_REQUEST_NULL};
 pub use plugin::*;
+pub use sym::*;
 
 /// Major version of the header (compare with `gpulmt_version` at run time).
 pub const GPULMT_VERSION_MAJOR: c_int = 0;

@@ -8,6 +8,8 @@
 //! - `tests/c/misuse.c`: the ABI called wrongly (NULL, stale and garbage contexts,
 //!   impossible lengths, released device memory, a configuration out of range): every
 //!   call must return its error code.
+//! - `examples/sym.c`: the symmetric heap's host calls under `gpulmt-run -n 3`, with
+//!   both headers included (gpulmt.h and gpulmt_device.cuh compiled as C).
 //!
 //! Needs `cc` (or `$CC`) and the launcher: run `cargo build --workspace` first.
 
@@ -191,5 +193,17 @@ fn misuse_of_the_c_abi_gives_error_codes() {
         );
         out.assert_ok(1, "config");
         assert!(out.stdout.contains(&format!("GPULMT_CHUNK_SIZE=\"{size}\" is invalid")), "{}", out.dump());
+    }
+}
+
+#[test]
+fn sym_example_runs_under_the_launcher() {
+    let sym = compile("ffi/examples/sym.c", "sym", &["-std=c11"], true);
+    let out = Job::new(sym.to_str().unwrap(), 3, &[]).run();
+    out.assert_ok(3, "sym").assert_no_litter();
+    for rank in 0..3 {
+        let c = out.counters(rank, "symc");
+        assert_eq!((c["ctx_pe"], c["ctx_pes"], c["total"]), (rank as u64, 3, 1500), "rank {rank}\n{}", out.dump());
+        assert_eq!(c["offset"], out.counters(0, "symc")["offset"], "rank {rank}: another offset\n{}", out.dump());
     }
 }

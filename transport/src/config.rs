@@ -89,6 +89,8 @@ pub struct Config {
     pub pseudo_nodes: u32,
     /// The internode path's settings (`GPULMT_NET_*`).
     pub net: NetConfig,
+    /// Bytes of each rank's symmetric heap; None: the backend's default (`crate::sym`).
+    pub sym_heap: Option<u64>,
 }
 
 /// Bytes of a ring slot that are not eager payload (slot header + packet header).
@@ -140,6 +142,15 @@ impl Reader<'_> {
     fn size(&self, name: &'static str) -> Result<u64, ConfigError> {
         match self.read(name)? {
             Some(Value::Size(n)) => Ok(n),
+            other => Self::wrong_kind(name, other),
+        }
+    }
+
+    /// A size without a default (None when unset).
+    fn size_opt(&self, name: &'static str) -> Result<Option<u64>, ConfigError> {
+        match self.read(name)? {
+            Some(Value::Size(n)) => Ok(Some(n)),
+            None => Ok(None),
             other => Self::wrong_kind(name, other),
         }
     }
@@ -233,6 +244,7 @@ impl Config {
             copy_server_idle: r.duration("GPULMT_COPY_SERVER_IDLE_US")?,
             pseudo_nodes: r.count("GPULMT_PSEUDO_NODES")?,
             net: NetConfig::read(&r)?,
+            sym_heap: r.size_opt("GPULMT_SYM_HEAP")?,
         };
         if c.device_eager_limit > c.eager_limit {
             return Err(ConfigError {

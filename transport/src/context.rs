@@ -143,6 +143,8 @@ pub struct Context {
     past_allocations: released::PastAllocations,
     /// This process's claim of the rank (one live context per rank), released on drop.
     _live: live::LiveClaim,
+    /// The symmetric heap, from the first `sym_alloc` on (`crate::sym`).
+    pub(crate) sym: Option<crate::sym::SymHeap>,
 }
 
 impl Context {
@@ -352,6 +354,7 @@ impl Context {
             capture: None,
             past_allocations: Default::default(),
             _live: live,
+            sym: None,
             info,
             topo,
             offnode,
@@ -800,6 +803,9 @@ impl Context {
         while self.outbox_len > 0 || self.offnode.queued() > 0 {
             self.progress()?;
         }
+        // Device code and host calls are done with the peers' symmetric heaps (every rank
+        // passed the barrier above): give back their leases, so close_all closes them.
+        self.sym_release_mappings();
         self.cache.close_all().map_err(|e| Error::Free(format!("closing peer mappings at finalize: {e}")))?;
         // The node's segment, and the mappings it guards, are the node's ranks' only.
         let me = self.info.rank as usize;
@@ -811,6 +817,8 @@ impl Context {
         // internode path's first (it drains or cancels them), then the copies.
         let offnode = self.shutdown_offnode(Instant::now() + self.cfg.init_timeout);
         self.wait_copies_in_flight();
+        // Every rank closed its mappings of our symmetric heap before the barrier above.
+        self.sym_free_heap();
         for (_, ptr) in self.allocations.drain() {
             // SAFETY: no copy of ours is in flight (above), every peer closed its mappings
             // of it before the barrier above, and mem_alloc's memory is the application's

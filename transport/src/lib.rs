@@ -33,9 +33,11 @@ pub mod progress;
 mod requests;
 mod routing;
 pub mod shm;
+pub mod sym;
 pub mod topology;
 
 pub use context::{Context, JobInfo, Request};
 pub use error::{Error, Result};
 pub use gpulmt_protocols::{policy::Protocol, ProtoError, Rank, Status, Tag};
+pub use sym::SymPtr;
 pub use topology::Topology;

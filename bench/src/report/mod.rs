@@ -4,7 +4,7 @@
 //! protocol), three SVG plots and a short Markdown table of the key points; and,
 //! where the directory has a stencil.csv (what its `stencil` mode leaves),
 //! stencil_table.csv, stencil_overlap.csv, stencil.svg and a Markdown section on them
-//! (see [`stencil`]). A directory may hold stencil.csv alone: then only the stencil
+//! (see [`stencil`]), and with `gio` rows stencil_gio.csv ([`stencil_gio`]). A directory may hold stencil.csv alone: then only the stencil
 //! outputs are written.
 //!
 //! Files are read and written with the csv crate. Reading is lenient on purpose: the
@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 pub mod plot;
 pub mod stencil;
+pub mod stencil_gio;
 pub mod summary;
 pub mod table;
 
@@ -356,7 +357,11 @@ pub fn run(dir: &Path, out: &Path) -> Result<Outputs, ReportError> {
             files.push(write("stencil_table.csv", stencil::table_csv(&gains))?);
             files.push(write("stencil_overlap.csv", stencil::overlap_csv(&overlap))?);
             files.push(write("stencil.svg", plot::render(&plot::stencil_plot(rows, &inputs.source))?)?);
-            Some(stencil::markdown(&gains, &overlap))
+            let gio = stencil_gio::gio_table(rows);
+            if !gio.is_empty() {
+                files.push(write("stencil_gio.csv", stencil_gio::gio_csv(&gio))?);
+            }
+            Some(stencil::markdown(&gains, &overlap) + &stencil_gio::markdown(&gio))
         }
         None => None,
     };

@@ -18,6 +18,7 @@ use clap::{Parser, ValueEnum};
 use gpulmt::device::BackendKind;
 use gpulmt::{Context, Tag};
 
+use super::check::{check, corrupt};
 use super::compute::{self, BatchTimes, Mark};
 use super::exchange::{Carrier, HaloExchange, NoExchange, PairwiseExchange, ProtocolTally};
 use super::grid::{Decomp, ProcGrid, Side};
@@ -35,8 +36,9 @@ pub enum Mode {
     /// As inter-k, with the first step's interior computed while the halos move and
     /// its boundary strips after.
     InterKOverlap,
-    // The intra-kernel mode of the GIO issue goes here: a `HaloExchange` whose
-    // start/finish signal and wait, and a step in `run` that launches the fused kernel.
+    /// GPU-initiated (seed 000's intra-kernel mode): one persistent kernel puts the halos
+    /// into the neighbours' symmetric fields with put_signal and waits for theirs.
+    Gio,
 }
 
 impl Mode {
@@ -45,6 +47,7 @@ impl Mode {
             Mode::Staged => "staged",
             Mode::InterK => "inter-k",
             Mode::InterKOverlap => "inter-k-overlap",
+            Mode::Gio => "gio",
         }
     }
 
@@ -58,6 +61,7 @@ impl Mode {
         let carrier = match self {
             Mode::Staged => Carrier::HostStaged,
             Mode::InterK | Mode::InterKOverlap => Carrier::Device,
+            Mode::Gio => unreachable!("the gio mode runs its own loop (stencil::gio)"),
         };
         Ok(Box::new(PairwiseExchange::<T>::new(ctx, d, carrier)?))
     }
@@ -138,10 +142,9 @@ pub struct StencilOptions {
     pub corrupt_rank: Option<u32>,
 }
 
-/// Tags of the report and check messages, apart from the halo tags.
+/// Tags of the report messages, apart from the halo tags (the check's: `super::check`).
 const REPORT_LEN_TAG: Tag = 200;
 const REPORT_TAG: Tag = 201;
-const FIELD_TAG: Tag = 202;
 
 /// Floating-point operations per point and step, counted as SHOC does for the
 /// 9-point stencil: 3 multiplications and 8 additions.
@@ -243,6 +246,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     };
     let d = Decomp::new(grid, ctx.rank(), global, o.halo).map_err(StencilError::Config)?;
     let weights = Weights::<T>::new(o.weight_center, o.weight_cardinal, o.weight_diagonal);
+    if o.mode == Mode::Gio {
+        return run_gio(ctx, o, &d, weights);
+    }
     let mut dev = compute::for_context::<T>(ctx, weights, o.fmad)?;
     let dev = dev.as_mut();
 
@@ -381,13 +387,37 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         dev.timeline(warm_batches)?.iter().for_each(|b| times.add(b));
         println!("{}", times.line(ctx.rank(), o.mode));
     }
-    let reports = gather_reports(ctx, &mine)?;
+    let passed = conclude::<T>(ctx, o, &d, &weights, dev.describe(), (warmup, steps), &mine, fields[cur])?;
+
+    ctx.mem_free(fields[0])?;
+    ctx.mem_free(fields[1])?;
+    ex.release(ctx)?;
+    ctx.mem_free_commit()?;
+    Ok(passed)
+}
+
+/// The end of a run on every rank: rank 0 prints the report (and CSV rows) from every
+/// rank's `mine`, and with `--check` the gathered `field` is compared with the CPU
+/// reference after `steps` steps (`warmup` of them untimed). Returns whether the check
+/// passed (true without one).
+#[allow(clippy::too_many_arguments)]
+fn conclude<T: Real>(
+    ctx: &mut Context,
+    o: &StencilOptions,
+    d: &Decomp,
+    weights: &Weights<T>,
+    compute: String,
+    (warmup, steps): (usize, usize),
+    mine: &RankReport,
+    field: usize,
+) -> Result<bool> {
+    let reports = gather_reports(ctx, mine)?;
     let setup = Setup {
         o,
-        d: &d,
+        d,
         ranks: ctx.size(),
         backend: ctx.backend_kind(),
-        compute: dev.describe(),
+        compute,
         warmup,
         precision: T::NAME,
         elem_bytes: size_of::<T>(),
@@ -400,9 +430,9 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
     let mut passed = true;
     if o.check || o.corrupt_rank.is_some() {
         if o.corrupt_rank == Some(ctx.rank()) {
-            corrupt::<T>(ctx, &d, fields[cur])?;
+            corrupt::<T>(ctx, d, field)?;
         }
-        if let Some(err) = check::<T>(ctx, &d, fields[cur], &weights, steps)? {
+        if let Some(err) = check::<T>(ctx, d, field, weights, steps)? {
             let tolerance = setup.tolerance::<T>(steps);
             passed = err.max_rel <= tolerance.0;
             println!(
@@ -420,9 +450,34 @@ pub fn run<T: Real>(ctx: &mut Context, o: &StencilOptions) -> Result<bool> {
         }
     }
 
-    ctx.mem_free(fields[0])?;
-    ctx.mem_free(fields[1])?;
-    ex.release(ctx)?;
+    Ok(passed)
+}
+
+/// A run in `gio` mode ([`super::gio`]): its own loop, then the same report and check.
+fn run_gio<T: Real>(ctx: &mut Context, o: &StencilOptions, d: &Decomp, weights: Weights<T>) -> Result<bool> {
+    if o.no_exchange || o.timeline || o.host_intervals {
+        return Err(StencilError::Config(
+            "--no-exchange, --timeline and --host-intervals do not apply to --mode gio (one kernel runs every step)"
+                .into(),
+        ));
+    }
+    let h = d.halo;
+    let warmup = o.warmup.unwrap_or(2 * h).next_multiple_of(h);
+    let g = super::gio::run::<T>(ctx, d, weights, warmup, o.iters, o.fmad)?;
+    let mut tally = ProtocolTally::default();
+    for side in Side::ALL.into_iter().filter(|s| d.neighbour(*s).is_some()) {
+        tally.count(side, "gio", (warmup / h) as u64 + g.exchanges);
+    }
+    let mine = RankReport {
+        device: ctx.device(),
+        elapsed: g.elapsed,
+        exchange: g.exchange,
+        exchanges: g.exchanges,
+        timed_opens: 0,
+        tally,
+    };
+    let passed = conclude::<T>(ctx, o, d, &weights, g.compute.clone(), (warmup, warmup + o.iters), &mine, g.field)?;
+    g.release(ctx)?;
     ctx.mem_free_commit()?;
     Ok(passed)
 }
@@ -705,96 +760,6 @@ impl Setup<'_> {
         ];
         crate::append_csv(path, crate::report::STENCIL_HEADER, &record.each_ref().map(String::as_str));
     }
-}
-
-/// How far a result is from the reference.
-struct CheckError {
-    max_rel: f64,
-    points: usize,
-    differing: usize,
-    /// Global coordinates of the largest relative error, if any value differs.
-    worst: Option<(usize, usize)>,
-}
-
-/// Copies a field's interior to the host.
-fn interior_of<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<Vec<T>> {
-    let mut all = vec![T::default(); d.len()];
-    // SAFETY: `field` is one of the run's two fields, allocations of `d.len()` values from
-    // mem_alloc that no transfer writes between steps; `all` holds as many.
-    unsafe { ctx.copy_sync(all.as_mut_ptr() as usize, field, d.len() * size_of::<T>())? };
-    Ok(d.extract_interior(&all))
-}
-
-/// Gathers the result to rank 0 and compares it with the CPU reference there
-/// (`steps` steps); None on the other ranks.
-fn check<T: Real>(
-    ctx: &mut Context,
-    d: &Decomp,
-    field: usize,
-    w: &Weights<T>,
-    steps: usize,
-) -> Result<Option<CheckError>> {
-    let mine = interior_of::<T>(ctx, d, field)?;
-    let as_bytes = |v: &[T]| {
-        // SAFETY: f32/f64 have no padding and every byte pattern is a valid u8.
-        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-    };
-    if ctx.rank() != 0 {
-        ctx.send(as_bytes(&mine), 0, FIELD_TAG)?;
-        return Ok(None);
-    }
-    let (gr, gc) = d.global;
-    let mut result = vec![T::default(); gr * gc];
-    for r in 0..ctx.size() {
-        let b = Decomp::new(d.grid, r, d.global, d.halo).map_err(StencilError::Config)?;
-        let block = if r == 0 {
-            mine.clone()
-        } else {
-            let mut v = vec![T::default(); b.local.0 * b.local.1];
-            // SAFETY: as above; any bytes make valid f32/f64 values.
-            let buf = unsafe {
-                std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v.as_slice()))
-            };
-            ctx.recv(buf, Some(r), Some(FIELD_TAG))?;
-            v
-        };
-        for (i, row) in block.chunks(b.local.1).enumerate() {
-            let at = (b.offset.0 + i) * gc + b.offset.1;
-            result[at..at + b.local.1].copy_from_slice(row);
-        }
-    }
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let want = kernel::reference::<T>(d.global, w, steps, threads);
-    let mut err = CheckError { max_rel: 0.0, points: want.len(), differing: 0, worst: None };
-    for (k, (got, want)) in result.iter().zip(&want).enumerate() {
-        if got.same_bits(*want) {
-            continue;
-        }
-        err.differing += 1;
-        let (g, w) = (got.to_f64(), want.to_f64());
-        let rel = (g - w).abs() / w.abs().max(f64::MIN_POSITIVE);
-        // NaN compares false: count it as infinitely wrong.
-        let rel = if rel.is_nan() { f64::INFINITY } else { rel };
-        if err.worst.is_none() || rel > err.max_rel {
-            err.max_rel = rel;
-            err.worst = Some((k / gc, k % gc));
-        }
-    }
-    Ok(Some(err))
-}
-
-/// Adds 1 to the first interior value of `field` (for testing the check).
-fn corrupt<T: Real>(ctx: &Context, d: &Decomp, field: usize) -> Result<()> {
-    let at = field + (d.halo * d.pitch() + d.halo) * size_of::<T>();
-    let mut v = T::default();
-    // SAFETY: `at` is a value inside `field`, one of the run's two fields (allocations of
-    // `d.len()` values from mem_alloc) that no transfer uses between steps; `v` is one value.
-    unsafe {
-        ctx.copy_sync(&mut v as *mut T as usize, at, size_of::<T>())?;
-        v = v + T::from_f64(1.0);
-        ctx.copy_sync(at, &v as *const T as usize, size_of::<T>())?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

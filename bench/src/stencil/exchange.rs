@@ -345,6 +345,12 @@ impl ProtocolTally {
     }
 
     /// Counts per protocol label for the halos received from `side`.
+    /// Counts `n` halos from `side` under `label` (modes that move halos without
+    /// gpulmt's messages, such as `gio`).
+    pub fn count(&mut self, side: Side, label: &str, n: u64) {
+        *self.by_side[side.index()].entry(label.to_string()).or_default() += n;
+    }
+
     pub fn side(&self, side: Side) -> &BTreeMap<String, u64> {
         &self.by_side[side.index()]
     }

@@ -98,7 +98,7 @@ pub fn point<T: Real>(w: &Weights<T>, up: &[T], mid: &[T], down: &[T]) -> T {
 
 /// One row: `out[j]` from columns `j..j+3` of the three input rows, which are two
 /// elements longer than `out`.
-fn stencil_row<T: Real>(w: &Weights<T>, up: &[T], mid: &[T], down: &[T], out: &mut [T]) {
+pub(super) fn stencil_row<T: Real>(w: &Weights<T>, up: &[T], mid: &[T], down: &[T], out: &mut [T]) {
     let n = out.len();
     let (up, mid, down) = (&up[..n + 2], &mid[..n + 2], &down[..n + 2]);
     for (((o, u), m), d) in out.iter_mut().zip(up.windows(3)).zip(mid.windows(3)).zip(down.windows(3)) {

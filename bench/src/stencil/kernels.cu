@@ -4,6 +4,23 @@
 // association order it restates, so GPU results are bit-identical to the CPU
 // reference. Pointers arrive as 64-bit device addresses from gpulmt's mem_alloc.
 
+// The new value of point (i, j) of a pitched array (pitch in elements), from its
+// 3x3 neighbourhood in src: `point` of kernel.rs, in its association order. Shared by
+// stencil9 and the GIO mode's persistent kernel (gio.cu). No __restrict__ here: in the
+// persistent kernel src changes during the kernel (its own steps, the neighbours' puts),
+// so its loads must not take the read-only (non-coherent) path.
+__device__ __forceinline__ real stencil9_point(const real* src, unsigned long long pitch,
+                                               unsigned i, unsigned j, real w_center, real w_cardinal,
+                                               real w_diagonal)
+{
+    const real* up = src + (size_t)(i - 1) * pitch + j;
+    const real* mid = up + pitch;
+    const real* down = mid + pitch;
+    const real cardinal = ((up[0] + down[0]) + mid[-1]) + mid[1];
+    const real diagonal = ((up[-1] + up[1]) + down[-1]) + down[1];
+    return (w_center * mid[0] + w_cardinal * cardinal) + w_diagonal * diagonal;
+}
+
 // One stencil step on rows [r0, r1) x columns [c0, c1) of a pitched array
 // (pitch in elements): dst = S(src). The region never includes the outermost ring,
 // so every neighbour read is in bounds. One thread per point; neighbouring threads
@@ -18,12 +35,7 @@ extern "C" __global__ void stencil9(const real* __restrict__ src, real* __restri
     if (i >= r1 || j >= c1) {
         return;
     }
-    const real* up = src + (size_t)(i - 1) * pitch + j;
-    const real* mid = up + pitch;
-    const real* down = mid + pitch;
-    const real cardinal = ((up[0] + down[0]) + mid[-1]) + mid[1];
-    const real diagonal = ((up[-1] + up[1]) + down[-1]) + down[1];
-    dst[(size_t)i * pitch + j] = (w_center * mid[0] + w_cardinal * cardinal) + w_diagonal * diagonal;
+    dst[(size_t)i * pitch + j] = stencil9_point(src, pitch, i, j, w_center, w_cardinal, w_diagonal);
 }
 
 // Copies a rows x cols block between pitched arrays: packs halo columns into a

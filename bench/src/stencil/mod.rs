@@ -15,19 +15,25 @@
 //! - `inter-k`: after the kernel, messages straight between device buffers, which
 //!   gpulmt moves with the GPUs' copy engines;
 //! - `inter-k-overlap`: as `inter-k`, but the interior of the first step after an
-//!   exchange is computed while the halos move, the boundary strips after.
+//!   exchange is computed while the halos move, the boundary strips after;
+//! - `gio`: the fields in the symmetric heap, one persistent kernel that puts its halos
+//!   into the neighbours' ghost cells with put_signal and waits for theirs, no kernel
+//!   boundary per step ([`gio`]; on sim the same protocol on the host).
 //!
 //! `--check` compares the gathered result with the same problem computed by one CPU
 //! rank ([`kernel::reference`]): bit for bit.
 //!
 //! Modules, bottom up: [`grid`] (decomposition and regions), [`kernel`] (arithmetic,
 //! initial values, reference), [`compute`] (where the arithmetic runs: CUDA kernels
-//! or the CPU on sim device memory), [`exchange`] (the halo exchange), [`app`]
-//! (options, the time loop, report, check).
+//! or the CPU on sim device memory), [`exchange`] (the halo exchange), [`gio`] (the
+//! intra-kernel mode), [`check`] (`--check`), [`app`]
+//! (options, the time loop, the report).
 
 pub mod app;
+pub mod check;
 pub mod compute;
 pub mod exchange;
+pub mod gio;
 pub mod grid;
 pub mod kernel;
 

@@ -254,6 +254,16 @@ pub const VARIABLES: &[Variable] = &[
                   doubling up to 128 ms).",
     },
     Variable {
+        name: "GPULMT_SYM_HEAP",
+        kind: Kind::Size { min: 64 << 10, max: u64::MAX, multiple_of: 1, zero_is_off: false, never: false },
+        default: Unset("1 GiB on CUDA (NVSHMEM's default), 64 MiB on sim"),
+        class: Normal,
+        meaning: "Bytes of each rank's symmetric heap, reserved on the rank's device at the first \
+                  `sym_alloc` / `gpulmt_sym_malloc` (collective): every symmetric allocation comes from it. Every \
+                  rank must give the same value. The first few KiB hold gpulmt's control words (device \
+                  barriers, the table of the peers' heaps).",
+    },
+    Variable {
         name: "GPULMT_COPY_PRIORITY",
         kind: Kind::Choice(&["auto", "high", "normal"]),
         default: Text("auto"),

@@ -11,7 +11,7 @@
 //! | one transfer's pieces and the staging pipeline | [`stream`] |
 //! | the proxy thread | `proxy` |
 //! | the context's path ([`OffNodePath`](crate::offnode::OffNodePath)) and windows | [`NetPath`] |
-//! | starting it over MPI (feature `mpi`) | [`start`] |
+//! | starting it over MPI (feature `mpi`) | `start` (`net::mpi`) |
 //!
 //! The queue format and its state machines (producer, consumer, completions, fence,
 //! quiet) are the protocols crate's sans-IO `gio` module; this module does the memory

@@ -72,7 +72,7 @@ impl NetPath {
     /// Starts the path over `iface` for the job ranks `peers` (those on other nodes):
     /// sets up the queues (`cfg.queues` of `cfg.queue_slots` slots, in memory from
     /// `backend`), starts the proxy thread, and claims the first queue for the caller's
-    /// thread. [`super::start`] is the MPI flavour.
+    /// thread. `net::start` (feature `mpi`) is the MPI flavour.
     pub fn start_with(
         iface: Box<dyn NetIface>,
         peers: &[Rank],

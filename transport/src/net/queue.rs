@@ -1,6 +1,6 @@
 //! The memory of one GIO send queue (`docs/internode.md`, "GIO queues"): its SQ ring,
 //! doorbell, credit, completion counters and control slab, in one allocation of pinned
-//! host memory mapped into the devices ([`DeviceBackend::alloc_host_mapped`]), so that a
+//! host memory mapped into the devices ([`crate::device::DeviceBackend::alloc_host_mapped`]), so that a
 //! GPU thread block can be a producer as well as a host thread.
 //!
 //! # Layout

@@ -40,6 +40,7 @@ mod free;
 mod pingpong;
 mod same_device;
 mod selfsend;
+mod sym;
 mod truncate;
 mod wildcard_barrier;
 mod window;
@@ -165,6 +166,17 @@ enum Cmd {
         #[arg(long)]
         expect_send_opens: Option<u64>,
     },
+    /// The symmetric heap through its host operations: same offsets everywhere, a
+    /// put_signal ring, gets, exact atomic totals, collective checks, frees.
+    Sym {
+        /// Peer access is off between devices: only ranks of one device map each other.
+        #[arg(long)]
+        expect_unmapped: bool,
+        /// Each rank asks for another GPULMT_SYM_HEAP: the first sym_alloc must fail on
+        /// every rank, saying so.
+        #[arg(long)]
+        mismatched_heap: bool,
+    },
     /// A wildcard (ANY_SOURCE, ANY_TAG) receive posted before a barrier must receive
     /// the user's message, not the barrier's internal one.
     WildcardBarrier {
@@ -179,6 +191,11 @@ enum Cmd {
 fn main() {
     gpulmt::logging::init("warn");
     let cli = Cli::parse();
+    if let Cmd::Sym { mismatched_heap: true, .. } = cli.cmd {
+        let rank: u64 = std::env::var("GPULMT_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
+        // Before any thread exists (set_var's only requirement).
+        std::env::set_var("GPULMT_SYM_HEAP", ((1 + rank) << 20).to_string());
+    }
     let mut ctx = Context::init().unwrap_or_else(|e| fail(format!("Context::init: {e}")));
     RANK.store(ctx.rank(), Ordering::Relaxed);
     let me = ctx.rank();
@@ -232,6 +249,10 @@ fn main() {
         Cmd::Cache { iters, size, expect_recv_opens, expect_send_opens } => {
             cache::run(&mut ctx, *iters, size, *expect_recv_opens, *expect_send_opens);
             "cache"
+        }
+        Cmd::Sym { expect_unmapped, mismatched_heap } => {
+            sym::run(&mut ctx, *expect_unmapped, *mismatched_heap);
+            "sym"
         }
         Cmd::WildcardBarrier { timeout_s } => {
             wildcard_barrier::run(&mut ctx, *timeout_s);

@@ -1,5 +1,5 @@
 //! `NetIface`: the network underneath the proxy, as a small table of operations in UCX's
-//! `uct_iface_ops` style, so that the proxy's logic runs the same over MPI ([`mpi`]) and
+//! `uct_iface_ops` style, so that the proxy's logic runs the same over MPI (`mpi`) and
 //! over an in-process loopback for unit tests ([`loopback`]).
 //!
 //! It moves byte messages between ranks under (source, tag) matching with MPI's rules:

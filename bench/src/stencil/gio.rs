@@ -1,0 +1,473 @@
+//! Stencil2D's `gio` mode (seed 000, section 6: "intra-kernel" networking). The fields
+//! live in the symmetric heap; before each batch of `halo` steps a rank puts its edge
+//! layers straight into its neighbours' ghost cells with put_signal, diagonal
+//! neighbours included (so corners need no second phase), and waits for their signals;
+//! then it computes the batch.
+//!
+//! - On CUDA one persistent kernel (`gio.cu`) runs every step of a run: no kernel
+//!   boundary and no host call per step, as the mode is meant to be.
+//! - On sim the same protocol runs on the host through the heap's host operations (the
+//!   CPU computes, as for the other modes), so CI checks the exchange, its signals and
+//!   the bit-identical result.
+//!
+//! # Protocol (per neighbour pair, exchange `e` before batch `e`)
+//! - Data: the sender sets `sigs[opposite(d)] = e + 1` at the neighbour in direction `d`
+//!   after the halo (put_signal); the receiver waits for `sigs[d] >= e + 1` in its heap.
+//! - Reuse: with halo 1 no acknowledgement is needed. A batch of one step reads one field
+//!   and writes only the interior of the other, so the ghost cells exchange `e` writes
+//!   (of the field batch `e - 1` writes) are touched by nobody until batch `e`; and a
+//!   neighbour can only be one exchange ahead (it needed this rank's exchange first).
+//!   With halo > 1 a batch writes ghost layers of both fields, so before exchange `e`
+//!   each rank sets `sigs[8 + opposite(d)] = e` at each neighbour ("batch `e - 1` done")
+//!   and waits for its neighbours' before writing into them.
+
+use std::mem::size_of;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use gpulmt::device::BackendKind;
+use gpulmt::sym::{Cmp, Signal, SignalOp};
+use gpulmt::{Context, SymPtr};
+
+use super::grid::{Decomp, Side};
+use super::kernel::{self, Real, Weights, CUDA_SOURCE};
+use super::{Result, StencilError};
+use crate::device::DeviceModule;
+
+/// The persistent kernel, compiled behind the device header, `real` and kernels.cu.
+pub const GIO_SOURCE: &str = include_str!("gio.cu");
+
+/// Words of the signal block: data signals by direction, then acknowledgements.
+const SIGNALS: usize = 16;
+
+/// The eight neighbours, as (row step, column step).
+const DIRS: [(i64, i64); 8] = [(-1, 0), (1, 0), (0, -1), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)];
+
+/// The index of the direction opposite `d`.
+fn opposite(d: usize) -> usize {
+    let (dr, dc) = DIRS[d];
+    DIRS.iter().position(|&x| x == (-dr, -dc)).expect("every direction has an opposite")
+}
+
+/// One halo message: `halo_put` of gio.cu, word for word.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HaloPut {
+    pub peer: i64,
+    pub src_r0: i64,
+    pub src_c0: i64,
+    pub rows: i64,
+    pub cols: i64,
+    pub dst_r0: i64,
+    pub dst_c0: i64,
+    pub dst_pitch: i64,
+    pub sig: i64,
+    pub recv: i64,
+    pad: [i64; 6],
+}
+
+/// The halo messages of `d`'s block: for each neighbour (diagonals too), its outer
+/// `halo` interior layers into the neighbour's ghost cells facing it.
+pub fn plan(d: &Decomp) -> Vec<HaloPut> {
+    let (grid, h) = (d.grid, d.halo as i64);
+    let (row, col) = grid.coords(d.rank);
+    let (rows, cols) = (d.local.0 as i64, d.local.1 as i64);
+    let mut v = Vec::new();
+    for (i, &(dr, dc)) in DIRS.iter().enumerate() {
+        let (nr, nc) = (row as i64 + dr, col as i64 + dc);
+        if nr < 0 || nc < 0 || nr >= grid.rows as i64 || nc >= grid.cols as i64 {
+            continue;
+        }
+        let peer = grid.rank_at(nr as u32, nc as u32);
+        let n = Decomp::new(grid, peer, d.global, d.halo).expect("the neighbour's block exists");
+        let (n_rows, n_cols) = (n.local.0 as i64, n.local.1 as i64);
+        // Along one axis: (first layer sent, layers, first layer received at the neighbour).
+        let axis = |step: i64, len: i64, n_len: i64| match step {
+            -1 => (h, h, h + n_len),
+            1 => (len, h, 0),
+            _ => (h, len, h),
+        };
+        let (src_r0, nrows, dst_r0) = axis(dr, rows, n_rows);
+        let (src_c0, ncols, dst_c0) = axis(dc, cols, n_cols);
+        v.push(HaloPut {
+            peer: peer as i64,
+            src_r0,
+            src_c0,
+            rows: nrows,
+            cols: ncols,
+            dst_r0,
+            dst_c0,
+            dst_pitch: n.pitch() as i64,
+            sig: opposite(i) as i64,
+            recv: i as i64,
+            pad: [0; 6],
+        });
+    }
+    v
+}
+
+/// Elements of the largest rank's array: the symmetric fields' size (every rank
+/// allocates the same, and uses its own block's part).
+pub fn field_len(d: &Decomp) -> usize {
+    (0..d.grid.size()).map(|r| Decomp::new(d.grid, r, d.global, d.halo).map_or(0, |b| b.len())).max().unwrap_or(0)
+}
+
+/// The neighbour mask of the kernel: bit 0 north, 1 south, 2 west, 3 east.
+fn nb_mask(d: &Decomp) -> u32 {
+    Side::ALL.iter().enumerate().filter(|(_, s)| d.neighbour(**s).is_some()).map(|(i, _)| 1u32 << i).sum()
+}
+
+/// What a GIO run measured on this rank.
+pub struct GioRun {
+    /// The timed steps, seconds.
+    pub elapsed: f64,
+    /// Time in exchanges during them, seconds (waiting for neighbours included).
+    pub exchange: f64,
+    /// Exchanges during them.
+    pub exchanges: u64,
+    /// The field with the result.
+    pub field: usize,
+    /// What computed.
+    pub compute: String,
+    fields: [SymPtr; 2],
+    sigs: SymPtr,
+    engine: Box<dyn Engine>,
+}
+
+impl GioRun {
+    /// Frees the fields and the engine's memory (collective; the caller commits frees).
+    pub fn release(self, ctx: &mut Context) -> Result<()> {
+        self.engine.release(ctx)?;
+        for p in [self.fields[0], self.fields[1], self.sigs] {
+            ctx.sym_free(p)?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a GIO run's steps execute.
+trait Engine {
+    /// Runs `steps` steps from field `cur0`, the first exchange numbered `exchange0`
+    /// (queued on CUDA: [`sync`](Self::sync) waits).
+    fn run(&mut self, ctx: &mut Context, exchange0: u64, steps: usize, cur0: usize) -> Result<()>;
+    fn sync(&mut self) -> Result<()>;
+    /// Seconds spent in exchanges so far (after a sync).
+    fn exchange_seconds(&mut self, ctx: &Context) -> Result<f64>;
+    fn describe(&self) -> String;
+    fn release(self: Box<Self>, ctx: &mut Context) -> Result<()>;
+}
+
+/// Runs Stencil2D in GIO mode: `warmup` untimed steps, then `iters` timed ones.
+pub fn run<T: Real>(
+    ctx: &mut Context,
+    d: &Decomp,
+    w: Weights<T>,
+    warmup: usize,
+    iters: usize,
+    fmad: bool,
+) -> Result<GioRun> {
+    let bytes = field_len(d) * size_of::<T>();
+    let fields = [ctx.sym_alloc(bytes)?, ctx.sym_alloc(bytes)?];
+    let sigs = ctx.sym_alloc(SIGNALS * 8)?;
+    let init = kernel::initial_field::<T>(d);
+    for f in fields {
+        // SAFETY: `init` holds d.len() <= field_len values; the field is ours.
+        unsafe { ctx.sym_put(f.addr(), init.as_ptr().cast(), d.len() * size_of::<T>(), ctx.rank())? };
+    }
+    let zeros = [0u64; SIGNALS];
+    // SAFETY: `zeros` holds SIGNALS words.
+    unsafe { ctx.sym_put(sigs.addr(), zeros.as_ptr().cast(), SIGNALS * 8, ctx.rank())? };
+    let plan = plan(d);
+    let mut engine: Box<dyn Engine> = match ctx.backend_kind() {
+        BackendKind::Sim => Box::new(HostEngine::<T> { d: d.clone(), plan, fields, sigs, w, exchange: Duration::ZERO }),
+        BackendKind::Cuda => Box::new(CudaEngine::<T>::new(ctx, d, plan, fields, sigs, w, fmad)?),
+    };
+    // Every rank's fields and signals are initialised before any neighbour writes them.
+    ctx.barrier()?;
+    let h = d.halo;
+    engine.run(ctx, 0, warmup, 0)?;
+    engine.sync()?;
+    ctx.barrier()?;
+    let before = engine.exchange_seconds(ctx)?;
+    let t0 = Instant::now();
+    engine.run(ctx, (warmup / h) as u64, iters, warmup % 2)?;
+    engine.sync()?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let exchange = engine.exchange_seconds(ctx)? - before;
+    Ok(GioRun {
+        elapsed,
+        exchange,
+        exchanges: iters.div_ceil(h) as u64,
+        field: fields[(warmup + iters) % 2].addr(),
+        compute: engine.describe(),
+        fields,
+        sigs,
+        engine,
+    })
+}
+
+/// The protocol on the host, through the heap's host operations (sim: the CPU computes
+/// on the fields in place, as `SimCompute` does).
+struct HostEngine<T> {
+    d: Decomp,
+    plan: Vec<HaloPut>,
+    fields: [SymPtr; 2],
+    sigs: SymPtr,
+    w: Weights<T>,
+    exchange: Duration,
+}
+
+/// How long a host wait for a neighbour's signal may take before the run fails.
+const HOST_WAIT: Duration = Duration::from_secs(60);
+
+impl<T: Real> HostEngine<T> {
+    fn wait(&self, ctx: &Context, word: usize, value: u64) -> Result<()> {
+        match ctx.sym_signal_wait_until(self.sigs.at(8 * word), Cmp::Ge, value, Some(HOST_WAIT))? {
+            Some(_) => Ok(()),
+            None => Err(StencilError::Protocol(format!("no signal {value} in word {word} after {HOST_WAIT:?}"))),
+        }
+    }
+
+    fn exchange(&mut self, ctx: &mut Context, e: u64, src: SymPtr) -> Result<()> {
+        let t = Instant::now();
+        let (elem, pitch) = (size_of::<T>(), self.d.pitch());
+        for p in &self.plan {
+            let peer = p.peer as u32;
+            if self.d.halo > 1 {
+                ctx.sym_atomic_set(self.sigs.at(8 * (8 + p.sig as usize)), e, peer)?;
+                self.wait(ctx, 8 + p.recv as usize, e)?;
+            }
+            for r in 0..p.rows as usize {
+                let from = src.at(((p.src_r0 as usize + r) * pitch + p.src_c0 as usize) * elem);
+                let to = src.at(((p.dst_r0 as usize + r) * p.dst_pitch as usize + p.dst_c0 as usize) * elem);
+                let len = p.cols as usize * elem;
+                // SAFETY: `from` is `len` bytes of our own field (sim: host memory), which
+                // nothing writes during the exchange.
+                unsafe {
+                    if r + 1 < p.rows as usize {
+                        ctx.sym_put(to, from as *const u8, len, peer)?;
+                    } else {
+                        let signal = Signal { addr: self.sigs.at(8 * p.sig as usize), value: e + 1, op: SignalOp::Set };
+                        ctx.sym_put_signal(to, from as *const u8, len, signal, peer)?;
+                    }
+                }
+            }
+        }
+        for p in &self.plan {
+            self.wait(ctx, p.recv as usize, e + 1)?;
+        }
+        self.exchange += t.elapsed();
+        Ok(())
+    }
+
+    /// One step on `step_region(k)`, row by row through slices of exactly the cells it
+    /// reads and writes: neighbours write other cells of these arrays meanwhile.
+    fn step(&self, src: usize, dst: usize, k: usize) {
+        let (r, p) = (self.d.step_region(k), self.d.pitch());
+        if r.is_empty() {
+            return;
+        }
+        let n = r.cols();
+        for i in r.r0..r.r1 {
+            let row = |base: usize, at: usize| (base as *const T).wrapping_add(at * p + r.c0 - 1);
+            // SAFETY: the source rows i-1..=i+1, columns c0-1..c1+1, lie in our field and
+            // nothing writes them during the step (see the module's protocol); the
+            // destination row's columns c0..c1 are ours alone (no neighbour writes them).
+            unsafe {
+                let (up, mid, down) = (
+                    std::slice::from_raw_parts(row(src, i - 1), n + 2),
+                    std::slice::from_raw_parts(row(src, i), n + 2),
+                    std::slice::from_raw_parts(row(src, i + 1), n + 2),
+                );
+                let out = std::slice::from_raw_parts_mut((dst as *mut T).add(i * p + r.c0), n);
+                kernel::stencil_row(&self.w, up, mid, down, out);
+            }
+        }
+    }
+}
+
+impl<T: Real> Engine for HostEngine<T> {
+    fn run(&mut self, ctx: &mut Context, exchange0: u64, steps: usize, cur0: usize) -> Result<()> {
+        let (mut cur, mut e, mut step, h) = (cur0, exchange0, 0, self.d.halo);
+        while step < steps {
+            self.exchange(ctx, e, self.fields[cur])?;
+            for k in 0..h.min(steps - step) {
+                self.step(self.fields[cur].addr(), self.fields[1 - cur].addr(), k);
+                cur = 1 - cur;
+            }
+            step += h.min(steps - step);
+            e += 1;
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn exchange_seconds(&mut self, _ctx: &Context) -> Result<f64> {
+        Ok(self.exchange.as_secs_f64())
+    }
+
+    fn describe(&self) -> String {
+        "CPU on sim device memory, halos through the symmetric heap's host put_signal".into()
+    }
+
+    fn release(self: Box<Self>, _ctx: &mut Context) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The persistent kernel on the rank's GPU.
+struct CudaEngine<T> {
+    m: DeviceModule,
+    f: CudaFunction,
+    d: Decomp,
+    fields: [SymPtr; 2],
+    sigs: SymPtr,
+    w: Weights<T>,
+    /// Device memory: the plan, and the kernel's exchange time (ns).
+    plan_dev: usize,
+    nplan: i32,
+    ns_dev: usize,
+    grid: u32,
+    name: String,
+}
+
+fn cuda(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> StencilError {
+    move |e| StencilError::Cuda(format!("{what}: {e}"))
+}
+
+impl<T: Real> CudaEngine<T> {
+    fn new(
+        ctx: &mut Context,
+        d: &Decomp,
+        plan: Vec<HaloPut>,
+        fields: [SymPtr; 2],
+        sigs: SymPtr,
+        w: Weights<T>,
+        fmad: bool,
+    ) -> Result<Self> {
+        let source = format!("typedef {} real;\n{CUDA_SOURCE}\n{GIO_SOURCE}", T::C_TYPE);
+        let fmad_opt = if fmad { "--fmad=true" } else { "--fmad=false" };
+        let m =
+            DeviceModule::load(ctx, &source, "stencil2d_gio.cu", &[fmad_opt]).map_err(|e| StencilError::Cuda(e.0))?;
+        let f = m.function("stencil_gio").map_err(|e| StencilError::Cuda(e.0))?;
+        if m.ranks_here > 1 && ctx.backend().mps_enabled(ctx.device()) == Some(false) {
+            eprintln!(
+                "stencil2d: warning: {} ranks share GPU {} without MPS: their persistent kernels wait for each \
+                 other and are time-sliced (start MPS)",
+                m.ranks_here,
+                ctx.device()
+            );
+        }
+        // Enough blocks for the largest step's tiles, at most what stays resident beside
+        // the other ranks' kernels on this GPU, at least one per halo message.
+        let r = d.step_region(0);
+        let tiles = (r.cols().div_ceil(32) * r.rows().div_ceil(8)).max(1) as u32;
+        let resident = m.resident_grid(&f, 256).map_err(|e| StencilError::Cuda(e.0))?;
+        let grid = tiles.min(resident).max(plan.len() as u32);
+        if grid > resident {
+            return Err(StencilError::Cuda(format!(
+                "the GIO kernel needs {grid} resident blocks for its {} halo messages, the GPU holds {resident} \
+                 per rank",
+                plan.len()
+            )));
+        }
+        let plan_bytes = (plan.len().max(1)) * size_of::<HaloPut>();
+        let plan_dev = ctx.mem_alloc(plan_bytes)?;
+        // SAFETY: `plan` holds plan.len() HaloPuts (repr(C) words); plan_dev as many bytes.
+        unsafe { ctx.copy_sync(plan_dev, plan.as_ptr() as usize, plan.len() * size_of::<HaloPut>())? };
+        let ns_dev = ctx.mem_alloc(8)?;
+        let zero = 0u64;
+        // SAFETY: an 8-byte allocation and an 8-byte host word.
+        unsafe { ctx.copy_sync(ns_dev, &zero as *const u64 as usize, 8)? };
+        let name = m.stream.context().name().unwrap_or_else(|_| "unknown GPU".into());
+        Ok(CudaEngine {
+            m,
+            f,
+            d: d.clone(),
+            fields,
+            sigs,
+            w,
+            plan_dev,
+            nplan: plan.len() as i32,
+            ns_dev,
+            grid,
+            name: format!("{name}, {grid} blocks, {fmad_opt}"),
+        })
+    }
+}
+
+impl<T: Real> Engine for CudaEngine<T> {
+    fn run(&mut self, _ctx: &mut Context, exchange0: u64, steps: usize, cur0: usize) -> Result<()> {
+        let (f0, f1) = (self.fields[0].addr() as u64, self.fields[1].addr() as u64);
+        let (pitch, rows) = (self.d.pitch() as u64, self.d.padded_rows() as u64);
+        let (mask, halo, plan, sigs) =
+            (nb_mask(&self.d), self.d.halo as u32, self.plan_dev as u64, self.sigs.addr() as u64);
+        let (steps, cur0, ns) = (steps as u64, cur0 as i32, self.ns_dev as u64);
+        let w = self.w;
+        let mut l = self.m.stream.launch_builder(&self.f);
+        l.arg(&f0).arg(&f1).arg(&pitch).arg(&rows).arg(&mask).arg(&halo).arg(&plan).arg(&self.nplan).arg(&sigs);
+        l.arg(&exchange0).arg(&steps).arg(&cur0).arg(&w.center).arg(&w.cardinal).arg(&w.diagonal).arg(&ns);
+        let cfg = LaunchConfig { grid_dim: (self.grid, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        // SAFETY: the arguments match stencil_gio's parameters in order and type; the fields
+        // and signals are symmetric allocations of the sizes it uses on every rank, the plan
+        // is nplan entries; the grid is resident (cooperative launch), as gpulmt_sync_grid
+        // needs.
+        unsafe { l.launch_cooperative(cfg) }.map_err(cuda("launching stencil_gio"))?;
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.m.stream.synchronize().map_err(cuda("running stencil_gio"))
+    }
+
+    fn exchange_seconds(&mut self, ctx: &Context) -> Result<f64> {
+        let mut ns = 0u64;
+        // SAFETY: ns_dev is our 8-byte allocation; no kernel runs (after sync).
+        unsafe { ctx.copy_sync(&mut ns as *mut u64 as usize, self.ns_dev, 8)? };
+        Ok(ns as f64 * 1e-9)
+    }
+
+    fn describe(&self) -> String {
+        format!("one persistent CUDA kernel (NVRTC, device API) on GPU ({})", self.name)
+    }
+
+    fn release(self: Box<Self>, ctx: &mut Context) -> Result<()> {
+        ctx.mem_free(self.plan_dev)?;
+        ctx.mem_free(self.ns_dev)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::grid::ProcGrid;
+    use super::*;
+
+    /// In a 3x3 grid the middle rank sends to all 8 neighbours, and each message lands
+    /// where the neighbour's own plan says it receives from this side.
+    #[test]
+    fn the_middle_of_a_3x3_grid_talks_to_eight_neighbours_symmetrically() {
+        let grid = ProcGrid { rows: 3, cols: 3 };
+        let d = Decomp::new(grid, 4, (30, 33), 2).unwrap();
+        let p = plan(&d);
+        assert_eq!(p.len(), 8);
+        let north = p.iter().find(|m| m.peer == 1).unwrap();
+        assert_eq!((north.src_r0, north.rows, north.dst_r0, north.src_c0, north.cols), (2, 2, 12, 2, 11));
+        let se = p.iter().find(|m| m.peer == 8).unwrap();
+        assert_eq!((se.src_r0, se.src_c0, se.rows, se.cols, se.dst_r0, se.dst_c0), (10, 11, 2, 2, 0, 0));
+        for m in &p {
+            let n = Decomp::new(grid, m.peer as u32, d.global, d.halo).unwrap();
+            let back = plan(&n).into_iter().find(|b| b.peer == 4).expect("the neighbour sends back");
+            assert_eq!((m.sig, m.recv), (back.recv, back.sig), "signal words pair up");
+            assert_eq!((m.rows, m.cols), (back.rows, back.cols), "same extent both ways");
+        }
+        assert_eq!(nb_mask(&d), 0b1111);
+        let corner = Decomp::new(grid, 0, (30, 33), 2).unwrap();
+        assert_eq!(plan(&corner).len(), 3);
+        assert_eq!(nb_mask(&corner), 0b1010);
+        assert_eq!(field_len(&corner), (10 + 4) * (11 + 4));
+    }
+}

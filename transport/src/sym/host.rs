@@ -1,0 +1,370 @@
+//! Host-side operations on the symmetric heap: the host's equivalents of the device
+//! API's put, get, put_signal, signal wait and atomics (`docs/device-api.md`), and what
+//! the host reads of the device side (its context, its rejected accesses).
+//!
+//! Every operation checks its target before touching it: a PE of the job, a range
+//! inside one live symmetric allocation, an aligned word for signals and atomics, a
+//! PE whose heap this rank has mapped. Then:
+//! - put and get are one copy through the backend (the copy engine on CUDA, over the
+//!   IPC mapping of the peer's heap), complete when they return;
+//! - put_signal is the data's copy, completed, then the signal's update: the signal is
+//!   never seen before the data;
+//! - atomics are the host's own atomic instructions on sim, whose heaps are host memory.
+//!   On CUDA the host cannot reach device memory atomically: set and fetch are single
+//!   8-byte copies (never torn), fetch-add and compare-swap are refused (use the device
+//!   API, or a signal set).
+//!
+//! Ordering: each call is complete when it returns, so a thread's calls take effect in
+//! program order and fence and quiet have nothing left to wait for ([`Context::sym_quiet`]
+//! is there for the off-node path, which will post through queues).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use gpulmt_protocols::gio::SignalOp;
+use gpulmt_protocols::{ProtoError, Rank};
+
+use super::layout::{self, DeviceCtx, DeviceOp};
+use crate::context::Context;
+use crate::device::BackendKind;
+use crate::error::{Error, Result};
+
+/// How [`Context::sym_signal_wait_until`] compares the signal with its value
+/// (`GPULMT_CMP_*` in the device header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Cmp {
+    Eq = 0,
+    Ne = 1,
+    Gt = 2,
+    Ge = 3,
+    Lt = 4,
+    Le = 5,
+}
+
+impl Cmp {
+    /// The comparison of a `GPULMT_CMP_*` code.
+    pub fn from_code(code: u32) -> Option<Cmp> {
+        [Cmp::Eq, Cmp::Ne, Cmp::Gt, Cmp::Ge, Cmp::Lt, Cmp::Le].into_iter().find(|c| *c as u32 == code)
+    }
+
+    /// Whether `seen` satisfies the comparison with `value`.
+    pub fn holds(self, seen: u64, value: u64) -> bool {
+        match self {
+            Cmp::Eq => seen == value,
+            Cmp::Ne => seen != value,
+            Cmp::Gt => seen > value,
+            Cmp::Ge => seen >= value,
+            Cmp::Lt => seen < value,
+            Cmp::Le => seen <= value,
+        }
+    }
+}
+
+/// The first access that device code's checks rejected (`GPULMT_CTRL_ERRORS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAccessError {
+    /// Rejected accesses so far.
+    pub count: u64,
+    /// The first one's operation (None for a code this build does not know).
+    pub op: Option<DeviceOp>,
+    /// The PE it named.
+    pub pe: i32,
+    /// The symmetric address it named.
+    pub addr: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for DeviceAccessError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} device access(es) rejected; the first: {} of {} bytes at symmetric address {:#x} on PE {} \
+             (outside the symmetric heap's allocations, or a PE that is not reachable)",
+            self.count,
+            self.op.map_or("unknown op", DeviceOp::name),
+            self.bytes,
+            self.addr,
+            self.pe
+        )
+    }
+}
+
+/// The signal update of a put_signal: `op` with `value` on the word at the symmetric
+/// address `addr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Signal {
+    pub addr: usize,
+    pub value: u64,
+    pub op: SignalOp,
+}
+
+/// What an operation does with its target word or range (for messages).
+struct Access {
+    what: &'static str,
+    addr: usize,
+    len: usize,
+    pe: Rank,
+    word: bool,
+}
+
+impl Context {
+    /// The address, in this process, of `pe`'s copy of the symmetric address `addr`;
+    /// None when `addr` is not in a live symmetric allocation or this rank cannot map
+    /// `pe`'s heap (OpenSHMEM's `shmem_ptr`).
+    pub fn sym_ptr(&self, addr: usize, pe: Rank) -> Option<usize> {
+        self.sym_target(&Access { what: "sym_ptr", addr, len: 0, pe, word: false }).ok()
+    }
+
+    /// Checks an access and returns the local address of its target on `a.pe`.
+    fn sym_target(&self, a: &Access) -> Result<usize> {
+        let heap = self.sym.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!("{}: no symmetric heap yet: allocate with sym_alloc first", a.what))
+        })?;
+        if a.pe >= self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: PE {} is not in this job of {} ranks",
+                a.what,
+                a.pe,
+                self.size()
+            )));
+        }
+        if heap.allocation_of(a.addr, a.len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: [{:#x}, +{}) is not inside one live symmetric allocation (heap at {:#x}, {} bytes): \
+                 pass addresses from sym_alloc that were not freed, and stay inside the allocation",
+                a.what,
+                a.addr,
+                a.len,
+                heap.base,
+                heap.alloc.size()
+            )));
+        }
+        if a.word && a.addr & 7 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {:#x} is not 8-byte aligned; signals and atomics are aligned 64-bit words",
+                a.what, a.addr
+            )));
+        }
+        match heap.peers[a.pe as usize].mapped {
+            Some(b) => Ok(b + (a.addr - heap.base)),
+            None => Err(Error::InvalidArgument(format!(
+                "{}: PE {}'s heap is not mapped by this rank (another node, or a device without peer access); \
+                 the off-node path does not carry symmetric heap operations yet",
+                a.what, a.pe
+            ))),
+        }
+    }
+
+    /// Copies `len` bytes at `src` (host memory, or device memory of this backend) into
+    /// `pe`'s copy of the symmetric range at `dst`; complete (visible at `pe`) on return.
+    ///
+    /// # Safety
+    /// `src..src+len` must be readable for the whole call, with nothing writing it.
+    pub unsafe fn sym_put(&self, dst: usize, src: *const u8, len: usize, pe: Rank) -> Result<()> {
+        let to = self.sym_target(&Access { what: "sym_put", addr: dst, len, pe, word: false })?;
+        // SAFETY: `to..to+len` lies in a live allocation of a heap mapped here (checked
+        // above); the source is the caller's contract.
+        Ok(unsafe { self.backend.copy_sync(to, src as usize, len) }?)
+    }
+
+    /// Copies `len` bytes of `pe`'s copy of the symmetric range at `src` into `dst` (host
+    /// memory, or device memory of this backend); complete on return.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be writable for the whole call, with nothing else accessing it.
+    pub unsafe fn sym_get(&self, dst: *mut u8, src: usize, len: usize, pe: Rank) -> Result<()> {
+        let from = self.sym_target(&Access { what: "sym_get", addr: src, len, pe, word: false })?;
+        // SAFETY: `from..from+len` lies in a live allocation of a heap mapped here; the
+        // destination is the caller's contract.
+        Ok(unsafe { self.backend.copy_sync(dst as usize, from, len) }?)
+    }
+
+    /// [`sym_put`](Self::sym_put), then `signal`'s update of the 64-bit signal word on
+    /// `pe`: the data is complete before the signal changes.
+    ///
+    /// # Safety
+    /// As `sym_put`'s.
+    pub unsafe fn sym_put_signal(
+        &self,
+        dst: usize,
+        src: *const u8,
+        len: usize,
+        signal: Signal,
+        pe: Rank,
+    ) -> Result<()> {
+        let Signal { addr: sig, value, op } = signal;
+        // Both targets are checked before anything is written.
+        let to = self.sym_target(&Access { what: "sym_put_signal", addr: dst, len, pe, word: false })?;
+        let word = self.sym_target(&Access { what: "sym_put_signal's signal", addr: sig, len: 8, pe, word: true })?;
+        // SAFETY: as in sym_put. copy_sync returns once the copy has completed, so the
+        // data is in place before the signal is written below.
+        unsafe { self.backend.copy_sync(to, src as usize, len)? };
+        match op {
+            SignalOp::Set => self.word_store(word, value),
+            SignalOp::Add => self.word_rmw("signal add", word, |a| a.fetch_add(value, Ordering::AcqRel)).map(|_| ()),
+        }
+    }
+
+    /// Waits until the signal at the symmetric address `sig` in this rank's heap
+    /// satisfies `cmp` against `value`; returns the value seen, or None when `timeout`
+    /// passed first (no timeout: waits as long as it takes).
+    pub fn sym_signal_wait_until(
+        &self,
+        sig: usize,
+        cmp: Cmp,
+        value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Option<u64>> {
+        let me = self.rank();
+        let word = self.sym_target(&Access { what: "sym_signal_wait_until", addr: sig, len: 8, pe: me, word: true })?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        for polls in 0u64.. {
+            let seen = self.word_load(word)?;
+            if cmp.holds(seen, value) {
+                return Ok(Some(seen));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            // Spin first (a signal is usually close); then yield, so that ranks sharing
+            // the cores with this one (the one that will signal, often) can run.
+            if polls < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        unreachable!("the poll count does not run out")
+    }
+
+    /// Adds `value` to the 64-bit word at the symmetric address `dst` on `pe`; returns
+    /// the old value. Sim only (see the module documentation).
+    pub fn sym_atomic_fetch_add(&self, dst: usize, value: u64, pe: Rank) -> Result<u64> {
+        let word = self.sym_target(&Access { what: "sym_atomic_fetch_add", addr: dst, len: 8, pe, word: true })?;
+        self.word_rmw("atomic fetch-add", word, |a| a.fetch_add(value, Ordering::AcqRel))
+    }
+
+    /// Stores `desired` in the word at `dst` on `pe` if it holds `expected`; returns the
+    /// old value (the swap happened when it equals `expected`). Sim only.
+    pub fn sym_atomic_compare_swap(&self, dst: usize, expected: u64, desired: u64, pe: Rank) -> Result<u64> {
+        let word = self.sym_target(&Access { what: "sym_atomic_compare_swap", addr: dst, len: 8, pe, word: true })?;
+        self.word_rmw("atomic compare-swap", word, |a| {
+            a.compare_exchange(expected, desired, Ordering::AcqRel, Ordering::Acquire).unwrap_or_else(|old| old)
+        })
+    }
+
+    /// Stores `value` in the word at `dst` on `pe`, atomically.
+    pub fn sym_atomic_set(&self, dst: usize, value: u64, pe: Rank) -> Result<()> {
+        let word = self.sym_target(&Access { what: "sym_atomic_set", addr: dst, len: 8, pe, word: true })?;
+        self.word_store(word, value)
+    }
+
+    /// Reads the word at `dst` on `pe`, atomically.
+    pub fn sym_atomic_fetch(&self, dst: usize, pe: Rank) -> Result<u64> {
+        let word = self.sym_target(&Access { what: "sym_atomic_fetch", addr: dst, len: 8, pe, word: true })?;
+        self.word_load(word)
+    }
+
+    /// Completes every symmetric heap operation of this thread. Host operations are
+    /// complete when they return, so nothing is left today; the off-node path's queued
+    /// operations will be waited for here.
+    pub fn sym_quiet(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// What device code needs to know of the heaps ([`DeviceCtx`]), for this rank's
+    /// kernels; fails before the first `sym_alloc`.
+    pub fn sym_device_ctx(&self) -> Result<DeviceCtx> {
+        let heap = self.sym.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("sym_device_ctx: no symmetric heap yet: allocate with sym_alloc first".into())
+        })?;
+        Ok(DeviceCtx {
+            version: layout::DEVICE_CTX_VERSION,
+            my_pe: self.rank() as i32,
+            n_pes: self.size() as i32,
+            reserved: heap.alloc.start() as u32,
+            heap_size: heap.alloc.size(),
+            heap_base: heap.base as u64,
+            bases: (heap.base as u64) + layout::CTRL_BASES,
+            // OFF-NODE STUB: the internode path's queue table goes here once wired.
+            queues: 0,
+        })
+    }
+
+    /// The accesses device code's checks rejected in this rank's kernels so far (None:
+    /// none). Read it after the kernels finished.
+    pub fn sym_device_errors(&self) -> Result<Option<DeviceAccessError>> {
+        let heap = self.sym.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("sym_device_errors: no symmetric heap yet: allocate with sym_alloc first".into())
+        })?;
+        let mut w = [0u64; 4];
+        // SAFETY: the record is the first 32 bytes of our heap's control area; `w` is a
+        // host buffer of 32 bytes.
+        unsafe { self.backend.copy_sync(w.as_mut_ptr() as usize, heap.base + layout::CTRL_ERRORS as usize, 32)? };
+        Ok((w[0] > 0).then(|| DeviceAccessError {
+            count: w[0],
+            op: DeviceOp::from_code((w[1] >> 32) as u32),
+            pe: w[1] as u32 as i32,
+            addr: w[2],
+            bytes: w[3],
+        }))
+    }
+
+    /// Clears the record of rejected device accesses (no kernel may be running).
+    pub fn sym_device_errors_clear(&self) -> Result<()> {
+        let Some(heap) = self.sym.as_ref() else { return Ok(()) };
+        let zeros = [0u64; 4];
+        // SAFETY: as in sym_device_errors, in the other direction.
+        Ok(unsafe { self.backend.copy_sync(heap.base + layout::CTRL_ERRORS as usize, zeros.as_ptr() as usize, 32) }?)
+    }
+
+    /// An atomic read-modify-write of the checked word at `word`, where the host can
+    /// make one (sim).
+    fn word_rmw(&self, what: &str, word: usize, f: impl FnOnce(&AtomicU64) -> u64) -> Result<u64> {
+        match self.backend.kind() {
+            BackendKind::Sim => {
+                // SAFETY: `word` is an 8-byte aligned word inside a live allocation of a
+                // heap mapped into this process as host memory (sim), mapped as long as
+                // the context lives; every access to it from gpulmt is atomic.
+                Ok(f(unsafe { AtomicU64::from_ptr(word as *mut u64) }))
+            }
+            BackendKind::Cuda => Err(Error::Transfer(ProtoError::Unsupported {
+                what: format!(
+                    "{what} from the host on CUDA (the host has no atomics on device memory): do it in device \
+                     code, or use a signal set"
+                ),
+            })),
+        }
+    }
+
+    /// Stores the checked word at `word` atomically: a release store on sim, one 8-byte
+    /// copy on CUDA.
+    fn word_store(&self, word: usize, value: u64) -> Result<()> {
+        match self.backend.kind() {
+            BackendKind::Sim => {
+                // SAFETY: as in word_rmw.
+                unsafe { AtomicU64::from_ptr(word as *mut u64) }.store(value, Ordering::Release);
+                Ok(())
+            }
+            // SAFETY: `word` is an aligned word of a heap mapped here; `value` is 8 host bytes.
+            BackendKind::Cuda => Ok(unsafe { self.backend.copy_sync(word, &value as *const u64 as usize, 8) }?),
+        }
+    }
+
+    /// Loads the checked word at `word` atomically: an acquire load on sim, one 8-byte
+    /// copy on CUDA.
+    fn word_load(&self, word: usize) -> Result<u64> {
+        match self.backend.kind() {
+            // SAFETY: as in word_rmw.
+            BackendKind::Sim => Ok(unsafe { AtomicU64::from_ptr(word as *mut u64) }.load(Ordering::Acquire)),
+            BackendKind::Cuda => {
+                let mut v = 0u64;
+                // SAFETY: as in word_store, in the other direction.
+                unsafe { self.backend.copy_sync(&mut v as *mut u64 as usize, word, 8)? };
+                Ok(v)
+            }
+        }
+    }
+}

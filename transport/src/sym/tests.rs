@@ -1,0 +1,144 @@
+//! The symmetric heap in one-rank jobs on sim (the multi-rank behaviour is tested by
+//! `gpulmt-check sym` through the launcher, in `tests/tests/sym.rs`).
+
+use gpulmt_protocols::gio::SignalOp;
+
+use super::layout::{self, reserved_bytes, DeviceOp};
+use super::*;
+use crate::config::{Config, DeviceChoice};
+use crate::context::JobInfo;
+
+fn solo(heap: Option<u64>) -> Context {
+    let cfg = Config { device: DeviceChoice::Sim, sym_heap: heap, ..Config::default() };
+    let job = format!("symtest{}x{:x}", std::process::id(), rand_word());
+    Context::init_with(cfg, JobInfo { job, rank: 0, size: 1 }).expect("a one-rank sim job")
+}
+
+fn rand_word() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(7);
+    h.finish()
+}
+
+#[test]
+fn the_control_area_grows_with_the_ranks_in_whole_pages() {
+    assert_eq!(reserved_bytes(1), 4096);
+    assert_eq!(reserved_bytes(432), 4096);
+    assert_eq!(reserved_bytes(433), 8192);
+    assert_eq!(DeviceOp::from_code(3), Some(DeviceOp::PutSignal));
+    assert_eq!(DeviceOp::from_code(0), None);
+}
+
+#[test]
+fn allocations_are_laid_out_after_the_control_area_and_host_ops_reach_them() {
+    let mut ctx = solo(Some(1 << 20));
+    assert!(ctx.sym_heaps().is_empty());
+    let a = ctx.sym_alloc(100).unwrap();
+    let b = ctx.sym_alloc(8).unwrap();
+    assert_eq!(a.offset(), reserved_bytes(1));
+    assert_eq!(b.offset(), a.offset() + ALIGN);
+    assert_eq!((a.len(), ctx.sym_heap_size()), (100, 1 << 20));
+    assert_eq!(ctx.sym_heaps()[0].mapped, Some(a.addr() - a.offset() as usize));
+    assert_eq!(ctx.sym_lookup(a.at(99)), Some(a));
+    assert_eq!(ctx.sym_lookup(a.at(200)), None, "past the asked bytes, inside the rounding: no allocation named");
+
+    let data: Vec<u8> = (0..100).collect();
+    let mut back = vec![0u8; 100];
+    // SAFETY: host buffers of 100 bytes each, valid for the calls.
+    unsafe {
+        ctx.sym_put(a.addr(), data.as_ptr(), 100, 0).unwrap();
+        ctx.sym_get(back.as_mut_ptr(), a.addr(), 100, 0).unwrap();
+    }
+    assert_eq!(back, data);
+    assert_eq!(ctx.sym_ptr(a.at(5), 0), Some(a.at(5)));
+
+    // put_signal: data, then the signal; set and add.
+    // SAFETY: as above.
+    unsafe {
+        ctx.sym_put_signal(a.addr(), data[50..].as_ptr(), 50, Signal { addr: b.addr(), value: 7, op: SignalOp::Set }, 0)
+            .unwrap()
+    };
+    // SAFETY: as above.
+    unsafe {
+        ctx.sym_put_signal(a.addr(), data.as_ptr(), 1, Signal { addr: b.addr(), value: 5, op: SignalOp::Add }, 0)
+            .unwrap()
+    };
+    assert_eq!(ctx.sym_signal_wait_until(b.addr(), Cmp::Eq, 12, None).unwrap(), Some(12));
+    assert_eq!(
+        ctx.sym_signal_wait_until(b.addr(), Cmp::Gt, 12, Some(std::time::Duration::from_millis(5))).unwrap(),
+        None
+    );
+
+    assert_eq!(ctx.sym_atomic_fetch_add(b.addr(), 3, 0).unwrap(), 12);
+    assert_eq!(ctx.sym_atomic_compare_swap(b.addr(), 1, 99, 0).unwrap(), 15, "no swap: 15 is not 1");
+    assert_eq!(ctx.sym_atomic_compare_swap(b.addr(), 15, 99, 0).unwrap(), 15);
+    ctx.sym_atomic_set(b.addr(), 4, 0).unwrap();
+    assert_eq!(ctx.sym_atomic_fetch(b.addr(), 0).unwrap(), 4);
+
+    let d = ctx.sym_device_ctx().unwrap();
+    assert_eq!((d.version, d.my_pe, d.n_pes, d.reserved), (DEVICE_CTX_VERSION, 0, 1, 4096));
+    assert_eq!((d.heap_size, d.heap_base, d.queues), (1 << 20, a.addr() as u64 - a.offset(), 0));
+    assert_eq!(d.bases, d.heap_base + layout::CTRL_BASES);
+    // The bases table in the control area names our own heap.
+    let mut base0 = 0u64;
+    // SAFETY: an 8-byte host word; the table lies in our heap's control area.
+    unsafe { ctx.copy_sync(&mut base0 as *mut u64 as usize, d.bases as usize, 8).unwrap() };
+    assert_eq!(base0, d.heap_base);
+    assert_eq!(ctx.sym_device_errors().unwrap(), None);
+
+    ctx.sym_free(a).unwrap();
+    ctx.sym_free(b).unwrap();
+    ctx.finalize().unwrap();
+}
+
+#[test]
+fn bad_input_is_refused_with_what_to_do() {
+    let mut ctx = solo(Some(256 << 10));
+    assert!(ctx.sym_device_ctx().is_err(), "no heap yet");
+    let e = ctx.sym_alloc(0).unwrap_err().to_string();
+    assert!(e.contains("0 bytes"), "{e}");
+    let e = ctx.sym_alloc(1 << 20).unwrap_err().to_string();
+    assert!(e.contains("GPULMT_SYM_HEAP"), "{e}");
+    let a = ctx.sym_alloc(64).unwrap();
+    let data = [1u8; 512];
+    let put = |ctx: &Context, dst: usize, len: usize, pe: u32| {
+        // SAFETY: `data` holds 512 readable bytes; len never exceeds it.
+        unsafe { ctx.sym_put(dst, data.as_ptr(), len, pe) }.unwrap_err().to_string()
+    };
+    assert!(put(&ctx, a.addr(), 257, 0).contains("not inside one live symmetric allocation"));
+    assert!(put(&ctx, a.addr() - 8, 8, 0).contains("not inside"), "the control area is not an allocation");
+    assert!(put(&ctx, 0x1000, 8, 0).contains("not inside"));
+    assert!(put(&ctx, a.addr(), 8, 1).contains("PE 1 is not in this job"));
+    let e = ctx.sym_atomic_fetch_add(a.at(4), 1, 0).unwrap_err().to_string();
+    assert!(e.contains("not 8-byte aligned"), "{e}");
+    ctx.sym_free(a).unwrap();
+    assert!(put(&ctx, a.addr(), 8, 0).contains("not inside"), "a freed allocation");
+    let e = ctx.sym_free(a).unwrap_err().to_string();
+    assert!(e.contains("not the start of a live symmetric allocation"), "{e}");
+    assert_eq!(ctx.sym_ptr(a.addr(), 0), None);
+    ctx.finalize().unwrap();
+
+    let mut small = solo(Some(64 << 10));
+    // 64 KiB is the variable's minimum and leaves room; a heap of exactly the control
+    // area cannot be configured, so the allocator's own limit is what refuses here.
+    assert!(small.sym_alloc(64 << 10).unwrap_err().to_string().contains("no free range"));
+    small.finalize().unwrap();
+}
+
+#[test]
+fn rejected_device_accesses_are_read_back_from_the_control_area() {
+    let mut ctx = solo(Some(1 << 20));
+    let a = ctx.sym_alloc(8).unwrap();
+    let base = a.addr() - a.offset() as usize;
+    // What a device check writes: count, op << 32 | pe, address, bytes.
+    let record = [2u64, (DeviceOp::Put as u64) << 32 | 3, 0xdead, 64];
+    // SAFETY: the record's 32 bytes at the start of our heap's control area.
+    unsafe { ctx.copy_sync(base, record.as_ptr() as usize, 32).unwrap() };
+    let e = ctx.sym_device_errors().unwrap().expect("a record");
+    assert_eq!((e.count, e.op, e.pe, e.addr, e.bytes), (2, Some(DeviceOp::Put), 3, 0xdead, 64));
+    assert!(e.to_string().contains("put of 64 bytes"), "{e}");
+    ctx.sym_device_errors_clear().unwrap();
+    assert_eq!(ctx.sym_device_errors().unwrap(), None);
+    ctx.finalize().unwrap();
+}
