@@ -163,6 +163,19 @@ pub fn launcher_command(
     cmd
 }
 
+/// `mpirun -np N [mca...] prog args` on sim devices, with only `env` of the `GPULMT_*`
+/// settings (passed to the ranks with `-x`); `mca` are extra mpirun options
+/// (`["--mca", "btl", "tcp,self"]`).
+pub fn mpirun_command(np: usize, mca: &[&str], prog: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    without_gpulmt_env(&mut cmd).args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]).args(mca);
+    for (k, v) in [("GPULMT_DEVICE", "sim")].iter().chain(env) {
+        cmd.arg("-x").arg(format!("{k}={v}"));
+    }
+    cmd.arg(prog).args(args);
+    cmd
+}
+
 /// `gpulmt-fault-mpi` (the fault-injection rank program started by `mpirun`, built with
 /// the `mpi` feature; `.ci/run` builds it) where it and `mpirun` exist; `None` (saying
 /// why) where either is missing.
