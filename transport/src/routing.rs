@@ -283,7 +283,10 @@ impl Context {
         let mut inbound = std::mem::take(&mut self.offnode.inbound);
         let mut done = std::mem::take(&mut self.offnode.done);
         let mut failed = std::mem::take(&mut self.offnode.failed);
-        path.poll_inbound(&mut |from, bytes| inbound.push((from, Packet::decode(bytes))));
+        path.poll_inbound(&mut |from, bytes| {
+            anatomy::mark(Point::NetPacketIn, bytes.get(1).copied().unwrap_or(0));
+            inbound.push((from, Packet::decode(bytes)))
+        });
         path.poll_done(&mut |id, result| done.push((id, result)));
         path.poll_failed(&mut |r| failed.push(r));
         let mut did = !(inbound.is_empty() && done.is_empty() && failed.is_empty());
