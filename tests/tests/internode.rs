@@ -8,7 +8,9 @@
 //! job at the first failure; these tests check that every rank finished clean, in 2
 //! nodes x 2 ranks and 3 nodes x 1 rank, over Open MPI's default transports and over
 //! `--mca btl tcp,self` with 4-slot queues, and that a rank killed mid-transfer ends the
-//! job with an error in bounded time.
+//! job with an error in bounded time. One more runs two real nodes as far as MPI can
+//! tell: two network namespaces joined by a veth pair, one rank in each, Open MPI's TCP
+//! transport between them (as root; elsewhere it prints why it skipped).
 //!
 //! Run with `cargo test -p gpulmt-tests --features mpi --test internode` after
 //! `cargo build -p gpulmt-tests --features mpi --bin gpulmt-mpi-nodes`, under the
@@ -16,7 +18,7 @@
 
 #![cfg(feature = "mpi")]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -111,4 +113,114 @@ fn a_rank_killed_mid_transfer_ends_the_job_with_an_error() {
     check(out.elapsed < limit, &out, "the job hung after a rank died (ended by the test)");
     check(out.code.is_some_and(|c| c != 0), &out, "mpirun must report the death with an error status");
     check(!out.stderr.contains("FAIL"), &out, "a rank saw something wrong before the death");
+}
+
+/// Two network namespaces joined by a veth pair (10.99.0.1 and 10.99.0.2), removed on drop.
+struct Namespaces {
+    names: [String; 2],
+    dir: PathBuf,
+}
+
+impl Namespaces {
+    /// Makes them, or says why it cannot (not root, no `ip`, no namespaces here).
+    fn new() -> Result<Namespaces, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("network namespaces need root".into());
+        }
+        let pid = std::process::id();
+        let ns = Namespaces {
+            names: [format!("gpulmt-{pid}-a"), format!("gpulmt-{pid}-b")],
+            dir: std::env::temp_dir().join(format!("gpulmt-netns-{pid}")),
+        };
+        let (a, b) = (&ns.names[0], &ns.names[1]);
+        let (va, vb) = (format!("gl{pid}a"), format!("gl{pid}b"));
+        let steps: Vec<Vec<&str>> = vec![
+            vec!["netns", "add", a],
+            vec!["netns", "add", b],
+            vec!["link", "add", &va, "type", "veth", "peer", "name", &vb],
+            vec!["link", "set", &va, "netns", a],
+            vec!["link", "set", &vb, "netns", b],
+            vec!["-n", a, "addr", "add", "10.99.0.1/24", "dev", &va],
+            vec!["-n", b, "addr", "add", "10.99.0.2/24", "dev", &vb],
+            vec!["-n", a, "link", "set", &va, "up"],
+            vec!["-n", b, "link", "set", &vb, "up"],
+            vec!["-n", a, "link", "set", "lo", "up"],
+            vec!["-n", b, "link", "set", "lo", "up"],
+        ];
+        for step in steps {
+            let out = Command::new("ip").args(&step).output().map_err(|e| format!("cannot run `ip`: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("`ip {}` failed: {}", step.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        }
+        // mpirun (in namespace a) starts the daemon of host 10.99.0.2 through this agent
+        // instead of ssh: in namespace b.
+        std::fs::create_dir_all(&ns.dir).map_err(|e| format!("creating {}: {e}", ns.dir.display()))?;
+        let agent = format!(
+            "#!/bin/sh\nhost=$1; shift\ncase $host in 10.99.0.1) ns={a} ;; 10.99.0.2) ns={b} ;; \
+             *) echo \"unknown host $host\" >&2; exit 1 ;; esac\nexec ip netns exec $ns sh -c \"$*\"\n"
+        );
+        std::fs::write(ns.agent(), agent).map_err(|e| format!("writing the launch agent: {e}"))?;
+        let exec = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+        std::fs::set_permissions(ns.agent(), exec).map_err(|e| format!("making the launch agent executable: {e}"))?;
+        Ok(ns)
+    }
+
+    fn agent(&self) -> PathBuf {
+        self.dir.join("agent.sh")
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and so the pair.
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One rank in each of two network namespaces: two hosts to Open MPI (each rank alone
+/// in its `MPI_COMM_TYPE_SHARED`), so two nodes to gpulmt without pseudo-nodes, and every
+/// byte between them crosses the veth pair over Open MPI's TCP transport.
+#[test]
+fn two_network_namespaces_joined_by_a_veth_pair() {
+    if !have_mpirun() {
+        return;
+    }
+    let _lock = job_lock();
+    let ns = match Namespaces::new() {
+        Ok(ns) => ns,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}; the pseudo-node tests over `--mca btl tcp,self` stand in");
+            return;
+        }
+    };
+    let agent = ns.agent().display().to_string();
+    let mca = [
+        "--mca",
+        "plm_rsh_agent",
+        &agent,
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "oob_tcp_if_include",
+        "10.99.0.0/24",
+        "--mca",
+        "btl_tcp_if_include",
+        "10.99.0.0/24",
+        "-H",
+        "10.99.0.1,10.99.0.2",
+    ];
+    let inner = mpirun_command(2, &mca, Path::new(NODES), &["--max", "4M"], &[]);
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.names[0]]).arg(inner.get_program()).args(inner.get_args());
+    gpulmt_tests::without_gpulmt_env(&mut cmd);
+    let limit = Duration::from_secs(300);
+    let out = LiveJob::spawn(cmd, "mpirun across two network namespaces").finish(limit);
+    // One rank per node: each is local 0 of 1 on nodes 0 and 1.
+    assert_clean(&out, 2, 2, limit);
 }
