@@ -176,14 +176,21 @@ pub fn mpirun_command(np: usize, mca: &[&str], prog: &std::path::Path, args: &[&
     cmd
 }
 
+/// Whether `mpirun` is on PATH; prints why a test skips where it is not.
+pub fn have_mpirun() -> bool {
+    let found = Command::new("sh").args(["-c", "command -v mpirun"]).output().is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIPPED: mpirun is not on PATH (apt-get install openmpi-bin libopenmpi-dev; .ci/run does)");
+    }
+    found
+}
+
 /// `gpulmt-fault-mpi` (the fault-injection rank program started by `mpirun`, built with
 /// the `mpi` feature; `.ci/run` builds it) where it and `mpirun` exist; `None` (saying
 /// why) where either is missing.
 pub fn mpi_fault_program() -> Option<PathBuf> {
     let prog = target_profile_dir().join("gpulmt-fault-mpi");
-    let mpirun = Command::new("sh").args(["-c", "command -v mpirun"]).output().is_ok_and(|o| o.status.success());
-    if !mpirun {
-        eprintln!("SKIPPED: mpirun is not on PATH (apt-get install openmpi-bin; .ci/run does)");
+    if !have_mpirun() {
         return None;
     }
     if !prog.is_file() {

@@ -23,17 +23,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use gpulmt_tests::live::LiveJob;
-use gpulmt_tests::{check, job_lock, mpirun_command, JobOutput};
+use gpulmt_tests::{check, have_mpirun, job_lock, mpirun_command, without_gpulmt_env, JobOutput};
 
 const NODES: &str = env!("CARGO_BIN_EXE_gpulmt-mpi-nodes");
-
-fn have_mpirun() -> bool {
-    let found = Command::new("sh").args(["-c", "command -v mpirun"]).output().is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("SKIPPED: mpirun is not on PATH (apt-get install openmpi-bin libopenmpi-dev; .ci/run does)");
-    }
-    found
-}
 
 /// Runs `gpulmt-mpi-nodes args` on `np` ranks split into `nodes` pseudo-nodes, with
 /// mpirun options `mca` and the settings `env`; ends it after `limit`.
@@ -218,7 +210,7 @@ fn two_network_namespaces_joined_by_a_veth_pair() {
     let inner = mpirun_command(2, &mca, Path::new(NODES), &["--max", "4M"], &[]);
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &ns.names[0]]).arg(inner.get_program()).args(inner.get_args());
-    gpulmt_tests::without_gpulmt_env(&mut cmd);
+    without_gpulmt_env(&mut cmd);
     let limit = Duration::from_secs(300);
     let out = LiveJob::spawn(cmd, "mpirun across two network namespaces").finish(limit);
     // One rank per node: each is local 0 of 1 on nodes 0 and 1.
