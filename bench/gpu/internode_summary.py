@@ -4,7 +4,8 @@ MPI's shared memory `vader`, and `tcp`), gpulmt's osu_latency / osu_bw / osu_bib
 two pseudo-nodes, D D and H H, beside Open MPI H H (`host_mpi`) and the host-staged anchor
 (`staged_mpi`) measured in the same call, as the issue's ratios:
 - D D bandwidth / Open MPI H H bandwidth on the same transport (target >= 0.9 at >= 4 MiB);
-- D D latency / host-staged latency (target <= 1 at every size);
+- D D latency / host-staged latency (target <= 1 at every size), and D D latency with the
+  proxy never sleeping when idle (GPULMT_NET_IDLE_SLEEP=0; shared memory only);
 then the checks (check.csv's internode_ lines) and the 8 B D D leg's anatomy.
 
 Usage: internode_summary.py OUTDIR   (prints a text table; run.sh writes it to
@@ -63,10 +64,12 @@ def transport_table(out, t, missing):
         if r is None:
             missing.append(name)
     p = points(rows)
+    # D D latency with GPULMT_NET_IDLE_SLEEP=0 (the proxy spins and yields, never sleeps).
+    nosleep = points(read(os.path.join(out, f"internode_{t}_nosleep.csv")))
     host_lat, host_bw = anchor(host, "host_mpi", "half_rtt_us"), anchor(host, "host_mpi", "GBps")
     staged_lat = anchor(staged, "staged_mpi", "half_rtt_us")
     head = [
-        "bytes", "DD lat us", "HH lat us", "staged lat us", "DD/staged lat",
+        "bytes", "DD lat us", "DD lat us, no sleep", "HH lat us", "staged lat us", "DD/staged lat",
         "DD bw GB/s", "HH bw GB/s", "ompi HH bw GB/s", "DD/ompi bw", "DD bibw GB/s", "HH bibw GB/s",
     ]
     lines = [f"## {t}: 2 pseudo-nodes, 1 rank each", " | ".join(head)]
@@ -74,7 +77,8 @@ def transport_table(out, t, missing):
         dd_lat, hh_lat = p.get(("osu_latency", "D D", n)), p.get(("osu_latency", "H H", n))
         dd_bw, hh_bw = p.get(("osu_bw", "D D", n)), p.get(("osu_bw", "H H", n))
         vals = [
-            size_name(n), cell(dd_lat), cell(hh_lat), cell(staged_lat.get(n)), cell(ratio(dd_lat, staged_lat.get(n))),
+            size_name(n), cell(dd_lat), cell(nosleep.get(("osu_latency", "D D", n))), cell(hh_lat),
+            cell(staged_lat.get(n)), cell(ratio(dd_lat, staged_lat.get(n))),
             cell(dd_bw), cell(hh_bw), cell(host_bw.get(n)), cell(ratio(dd_bw, host_bw.get(n))),
             cell(p.get(("osu_bibw", "D D", n))), cell(p.get(("osu_bibw", "H H", n))),
         ]

@@ -361,6 +361,12 @@ CASES
     fi
   done
 
+  log internode latency D D with the proxy never sleeping when idle \(GPULMT_NET_IDLE_SLEEP=0\), vader
+  # shellcheck disable=SC2086
+  GPULMT_NET_IDLE_SLEEP=0 $pn -x GPULMT_NET_IDLE_SLEEP -np 2 $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} \
+    -m "0:$(upto 4M)" --csv "$out/internode_vader_nosleep.csv" D D > /dev/null 2>> "$out/log.txt" \
+    || log "osu_latency_mpi with GPULMT_NET_IDLE_SLEEP=0 FAILED"
+
   log internode anatomy: one 8 B D D leg, post to completion
   if [ -x "$bin/osu_latency_anatomy_mpi" ]; then
     mkdir -p "$out/anatomy"
