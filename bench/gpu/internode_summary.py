@@ -97,7 +97,7 @@ def main():
     lines.append("Targets: DD/ompi bw >= 0.9 at >= 4M; DD/staged lat <= 1 at every size.")
     checks = [l.strip() for l in open(os.path.join(out, "check.csv"))] if os.path.exists(
         os.path.join(out, "check.csv")) else []
-    checks = [c for c in checks if c.startswith("internode_")]
+    checks = [c for c in checks if c.startswith("internode")]
     lines += ["", "## checks"] + (checks or ["(none ran)"])
     anat = os.path.join(out, "anatomy_net.csv")
     lines += ["", "## one 8 B D D leg across the nodes (anatomy_net.csv: step, median us after the post)"]

@@ -302,6 +302,11 @@ internode() {
     return 1
   fi
   pn="$mpirun -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2"
+  # A step that fails is a FAIL row of check.csv, so the mode's exit status says so.
+  failed() {
+    log "internode FAILED: $*"
+    echo "internode,FAIL,$*" >> "$out/check.csv"
+  }
   echo "mps=$mps device=$GPULMT_DEVICE" > "$out/internode_env.txt"
   ompi_info 2>/dev/null | grep -i 'cuda' >> "$out/internode_env.txt"
 
@@ -309,7 +314,7 @@ internode() {
   # name, ranks, mpirun options, program arguments
   while IFS='|' read -r what np mca args; do
     # shellcheck disable=SC2086 # options and arguments are words
-    timeout 600 $pn -np "$np" $mca "$bin/gpulmt-mpi-nodes" $args < /dev/null > "$out/internode_$what.txt" 2>&1
+    timeout 240 $pn -np "$np" $mca "$bin/gpulmt-mpi-nodes" $args < /dev/null > "$out/internode_$what.txt" 2>&1
     rc=$?
     if [ "$what" = killed_mid_transfer ]; then
       # The job must end with an error status, not hang (timeout's 124) nor succeed.
@@ -338,14 +343,14 @@ CASES
     rm -f "$csv"
     for pl in "D D" "H H"; do
       # shellcheck disable=SC2086
-      $pn -np 2 $mca $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} -m "0:$(upto 64M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
-        || log "osu_latency_mpi $transport $pl FAILED"
+      timeout 300 $pn -np 2 $mca $bin/osu_latency_mpi --large-budget 2G ${INTERNODE_OSU_ARGS:-} -m "0:$(upto 64M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
+        || failed "osu_latency_mpi $transport $pl"
       # shellcheck disable=SC2086
-      $pn -np 2 $mca $bin/osu_bw_mpi ${INTERNODE_OSU_ARGS:-} -m "1:$(upto 256M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
-        || log "osu_bw_mpi $transport $pl FAILED"
+      timeout 300 $pn -np 2 $mca $bin/osu_bw_mpi --large-budget 2G ${INTERNODE_OSU_ARGS:-} -m "1:$(upto 64M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
+        || failed "osu_bw_mpi $transport $pl"
       # shellcheck disable=SC2086
-      $pn -np 2 $mca $bin/osu_bibw_mpi ${INTERNODE_OSU_ARGS:-} -m "1:$(upto 256M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
-        || log "osu_bibw_mpi $transport $pl FAILED"
+      timeout 300 $pn -np 2 $mca $bin/osu_bibw_mpi --large-budget 2G ${INTERNODE_OSU_ARGS:-} -m "1:$(upto 64M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
+        || failed "osu_bibw_mpi $transport $pl"
     done
     # Open MPI H H and the host-staged anchor on the same transport, in the same call.
     if ! on_gpu; then
@@ -355,25 +360,25 @@ CASES
       echo "internode_anchors_$transport,FAIL,nvcc or $tools/staged_mpi.sh missing" >> "$out/check.csv"
     else
       MPIRUN_ARGS="$mca" bash $tools/staged_mpi.sh "$(upto 64M)" host > "$out/host_mpi_$transport.csv" 2>> "$out/log.txt" \
-        || log "staged_mpi.sh host ($transport) FAILED"
+        || failed "staged_mpi.sh host ($transport)"
       MPIRUN_ARGS="$mca" bash $tools/staged_mpi.sh "$(upto 64M)" > "$out/staged_mpi_$transport.csv" 2>> "$out/log.txt" \
-        || log "staged_mpi.sh ($transport) FAILED"
+        || failed "staged_mpi.sh ($transport)"
     fi
   done
 
   log internode latency D D with the proxy never sleeping when idle \(GPULMT_NET_IDLE_SLEEP=0\), vader
   # shellcheck disable=SC2086
-  GPULMT_NET_IDLE_SLEEP=0 $pn -x GPULMT_NET_IDLE_SLEEP -np 2 $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} \
+  GPULMT_NET_IDLE_SLEEP=0 timeout 300 $pn -x GPULMT_NET_IDLE_SLEEP -np 2 $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} \
     -m "0:$(upto 4M)" --csv "$out/internode_vader_nosleep.csv" D D > /dev/null 2>> "$out/log.txt" \
-    || log "osu_latency_mpi with GPULMT_NET_IDLE_SLEEP=0 FAILED"
+    || failed "osu_latency_mpi with GPULMT_NET_IDLE_SLEEP=0"
 
   log internode anatomy: one 8 B D D leg, post to completion
   if [ -x "$bin/osu_latency_anatomy_mpi" ]; then
     mkdir -p "$out/anatomy"
-    GPULMT_ANATOMY_OUT="$out/anatomy/net" $pn -np 2 -x GPULMT_ANATOMY_OUT "$bin/osu_latency_anatomy_mpi" \
-      -m 8:8 -i 5000 D D > /dev/null 2>> "$out/log.txt" || log "osu_latency_anatomy_mpi FAILED"
+    GPULMT_ANATOMY_OUT="$out/anatomy/net" timeout 300 $pn -np 2 -x GPULMT_ANATOMY_OUT "$bin/osu_latency_anatomy_mpi" \
+      -m 8:8 -i 5000 D D > /dev/null 2>> "$out/log.txt" || failed "osu_latency_anatomy_mpi"
     python3 bench/gpu/anatomy_net.py "$out/anatomy/net" > "$out/anatomy_net.csv" 2>> "$out/log.txt" \
-      || log "anatomy_net.py FAILED (its error is in log.txt)"
+      || failed "anatomy_net.py (its error is in log.txt)"
   else
     log "internode FAILED: $bin/osu_latency_anatomy_mpi missing (prepare.sh builds it)"
     echo "internode_anatomy,FAIL,osu_latency_anatomy_mpi missing" >> "$out/check.csv"
