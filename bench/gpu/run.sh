@@ -3,7 +3,7 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|internode OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
@@ -23,6 +23,13 @@
 #            its put_signal ping-pong and one-block put bandwidth (device_bench.csv), and
 #            NVSHMEM 3.8's same two benchmarks beside them when .gpu/peers.tar.xz is carried
 #            (../shared/device/peers/prepare.sh .gpu; nvshmem.csv)
+#   coll     the shim's collectives (issue 30) under MPS with 2 and 4 ranks: its C tests on
+#            CUDA memory (coll_tests.csv), then osu_coll (ffi/shim/examples) per collective
+#            (Allreduce, Bcast, Allgather, Alltoall; 8 B to 64 MiB, each size checked) on
+#            device buffers through the shim, on device buffers staged by hand around plain
+#            Open MPI, and on host buffers (coll.csv), and NCCL's collectives where NCCL can
+#            run (nccl_coll.csv: one rank per GPU); the table in coll_summary.txt.
+#            COLL_PARTS="tests" or "bench" runs one half (each fits a 10-minute call)
 #   internode the internode path (docs/internode.md) on one GPU, 2 pseudo-nodes under mpirun
 #            (GPULMT_PSEUDO_NODES=2) with MPS: gpulmt-mpi-nodes' byte checks with 1 and 2 ranks
 #            per node, 4-slot queues over TCP, a rank killed mid-transfer (check.csv);
@@ -41,9 +48,9 @@
 # STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200), INTERNODE_OSU_ARGS
 # (extra options of the internode mode's osu runs, e.g. "-i 20 -x 2" for a quick sim run).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|internode OUTDIR}
-case $mode in full | osu | stencil | shim | checks | device | internode) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device or internode" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device | coll | internode) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, coll or internode" >&2
   exit 2
   ;;
 esac
@@ -195,7 +202,8 @@ shim() {
   mpicc -O2 -Iffi/shim/include ffi/shim/tests/c/barrier.c -o /tmp/shim_barrier
   for np in 2 4; do
     for prog in coll barrier; do
-      timeout 180 $mpirun -np $np $shim /tmp/shim_$prog > "$out/shim_${prog}_np$np.txt" 2>&1
+      # coll.c checks the staged path (the device path would take its large calls).
+      timeout 180 $mpirun -np $np $shim -x GPULMT_MPI_COLL_DEVICE_MIN=off /tmp/shim_$prog > "$out/shim_${prog}_np$np.txt" 2>&1
       echo "shim_$prog,np=$np,rc=$?,$(grep -c ' ok' "$out/shim_${prog}_np$np.txt") ok lines" | tee -a "$out/shim_log.txt"
     done
   done
@@ -208,6 +216,86 @@ shim() {
   done
   log shim: gpulmt\'s own osu_bw in the same call
   $bin/gpulmt-run -n 2 --timeout 120 -- $bin/osu_bw -m "1M:$(upto 256M)" --csv "$out/gpulmt_bw.csv" D D > /dev/null 2>&1
+}
+
+# The shim's collectives (see the usage above). On sim (a dry run) device memory exists
+# only through the shim (gpulmt_mpi_alloc), so every osu_coll run preloads it; on GPUs the
+# staged and host runs are plain Open MPI, osu_coll's device buffers cudaMalloc's.
+coll() {
+  local cuda=${CUDA_HOME:-/usr/local/cuda} np c m prog rc osu=/tmp/osu_coll parts=${COLL_PARTS:-tests bench}
+  if ! command -v mpicc >/dev/null 2>&1; then
+    skip "coll: needs mpicc to build the shim's C programs"
+    return
+  fi
+  local shim="-x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=$GPULMT_DEVICE -x GPULMT_MPI_STAGING_MAX=1G"
+  local plain=""
+  if on_gpu; then
+    if ! have_nvcc; then
+      skip "coll: needs the CUDA toolkit (osu_coll's cudaMalloc build, the NCCL anchor)"
+      return
+    fi
+    # NVRTC for the device reduction of MPI_Allreduce, which the shim loads at run time.
+    shim="$shim -x LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$cuda/lib64"
+    mpicc -O2 -DOSU_COLL_CUDA -I$cuda/include -Iffi/shim/include ffi/shim/examples/osu_coll.c -L$cuda/lib64 -lcudart \
+      -Wl,-rpath,$cuda/lib64 -o $osu
+  else
+    mpicc -O2 -Iffi/shim/include ffi/shim/examples/osu_coll.c -o $osu
+    plain=$shim
+  fi
+  echo "mps=$mps gpus=$(gpu_count) device=$GPULMT_DEVICE" > "$out/coll_env.txt"
+  if [[ " $parts " == *" tests "* ]]; then
+    log coll: the shim\'s C tests on gpulmt_mpi_alloc buffers \(CUDA memory on GPUs\), 2 and 4 ranks
+    local dir
+    dir=$(mktemp -d /tmp/gpulmt-coll-io.XXXXXX)
+    for prog in coll devcoll io calls rma p2p blocked barrier; do
+      mpicc -O2 -Iffi/shim/include ffi/shim/tests/c/$prog.c -o /tmp/shim_$prog
+    done
+    for np in 2 4; do
+      for prog in coll devcoll io calls rma p2p blocked barrier; do
+        local env="" args=""
+        case $prog in
+          coll) env="-x GPULMT_MPI_COLL_DEVICE_MIN=off" ;;
+          devcoll) env="-x GPULMT_MPI_COLL_DEVICE_MIN=64K" ;;
+          io) args=$dir ;;
+        esac
+        timeout 240 $mpirun -np $np $shim $env /tmp/shim_$prog $args > "$out/coll_test_${prog}_np$np.txt" 2>&1
+        rc=$?
+        echo "$prog,np=$np,rc=$rc,$(grep -c ' ok checks' "$out/coll_test_${prog}_np$np.txt") of $np ranks ok" \
+          | tee -a "$out/coll_tests.csv"
+      done
+    done
+    rm -rf "$dir"
+  fi
+  if [[ " $parts " == *" bench "* ]]; then
+    log coll: osu_coll, device through the shim / staged by hand / host, 2 and 4 ranks
+    for np in 2 4; do
+      for c in allreduce bcast allgather alltoall; do
+        timeout 300 $mpirun -np $np $shim $osu $c device -m "8:$(upto 64M)" -c --csv "$out/coll.csv" \
+          > "$out/osu_coll_${c}_device_np$np.txt" 2>&1 || log "osu_coll $c device np=$np FAILED (rc=$?)"
+        for m in staged host; do
+          timeout 300 $mpirun -np $np $plain $osu $c $m -m "8:$(upto 64M)" -c --csv "$out/coll.csv" \
+            > "$out/osu_coll_${c}_${m}_np$np.txt" 2>&1 || log "osu_coll $c $m np=$np FAILED (rc=$?)"
+        done
+      done
+    done
+    if on_gpu; then
+      local nccl
+      nccl=$(python3 -c "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
+      if [ -n "$nccl" ] && nvcc -O2 -std=c++17 -arch=sm_90 -I"$nccl/include" bench/anchors/nccl_coll.cu -o /tmp/nccl_coll \
+        -L"$nccl/lib" -l:libnccl.so.2 -Xlinker -rpath="$nccl/lib" 2>> "$out/log.txt"; then
+        for np in 2 4; do
+          /tmp/nccl_coll $np "$(upto 64M)" >> "$out/nccl_coll.csv" 2> "$out/nccl_coll_np$np.err" \
+            || skip "nccl np=$np: $(tail -1 "$out/nccl_coll_np$np.err")"
+        done
+      else
+        skip "nccl: NCCL (python3 -c 'import nvidia.nccl') not found or nccl_coll.cu did not build"
+      fi
+    else
+      skip "nccl: NCCL's collectives run on GPUs (sim here)"
+    fi
+  fi
+  python3 bench/gpu/coll_summary.py "$out" > "$out/coll_summary.txt"
+  cat "$out/coll_summary.txt" >&2
 }
 
 checks() {
@@ -397,7 +485,7 @@ host_info
 # Ranks sharing the one GPU need MPS to run at once.
 if on_gpu && [ "$(gpu_count)" -lt 2 ]; then MPS=1 start_mps; fi
 case $mode in
-  osu | stencil | shim) "$mode" ;;
+  osu | stencil | shim | coll) "$mode" ;;
   device)
     device
     ;;
@@ -422,7 +510,7 @@ esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = internode ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = coll ] || [ "$mode" = internode ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

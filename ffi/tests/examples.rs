@@ -173,14 +173,15 @@ fn pingpong_example_runs_under_the_launcher() {
 
 /// Misuse of the C ABI gives error codes, never a crash or a success: calls after
 /// `gpulmt_finalize` (stale handle), made-up handles, `SIZE_MAX` and other lengths
-/// beyond `PTRDIFF_MAX`, device memory after `gpulmt_mem_free` + `gpulmt_mem_free_commit`;
-/// and `GPULMT_CHUNK_SIZE=1..6` fails `gpulmt_init` with `GPULMT_ERR_CONFIG`.
+/// beyond `PTRDIFF_MAX`, device memory after `gpulmt_mem_free` + `gpulmt_mem_free_commit`,
+/// a second `gpulmt_init` while the first context lives; and each of
+/// `GPULMT_CHUNK_SIZE=1..6` fails `gpulmt_init` with `GPULMT_ERR_CONFIG`.
 #[test]
 fn misuse_of_the_c_abi_gives_error_codes() {
     let misuse = compile("ffi/tests/c/misuse.c", "misuse", &["-std=c11"], true);
     let out = Job::new(misuse.to_str().unwrap(), 2, &["7"]).run();
     out.assert_ok(2, "misuse");
-    for size in ["1", "6"] {
+    for size in ["1", "2", "3", "4", "5", "6"] {
         let _lock = job_lock();
         let what = format!("GPULMT_CHUNK_SIZE={size} misuse config");
         let mut cmd = Command::new(&misuse);

@@ -11,7 +11,9 @@ use crate::{MsgId, Tag};
 
 /// Version of the wire format; a peer speaking another version is rejected.
 /// 4: RTS source `Net` and CTS mode `Net`, the rendezvous with a rank on another node.
-pub const WIRE_VERSION: u8 = 4;
+/// 5: the learn form of a region (see [`RegionMemo`]): a plain full region no longer
+/// enters a memo; every packet of a channel with memos ends in its seal.
+pub const WIRE_VERSION: u8 = 5;
 /// Bytes of an IPC handle carried in a region (CUDA's `CUipcMemHandle`).
 pub const HANDLE_BYTES: usize = 64;
 
@@ -46,21 +48,99 @@ impl Region {
 /// RTS fits one cache line. Every region on a channel is a buffer of its sending rank;
 /// several slots because that rank's send buffers (its RTSs) and receive buffers (its
 /// CTSs and RTRs) cross in turn. Both ends update their memo packet by packet in channel
-/// order (a full region takes its buffer id's slot, else the oldest), so they agree; the
+/// order (a learnt region takes its buffer id's slot, else the oldest), so they agree; the
 /// buffer id in the short form guards the rest (a memo that disagrees makes the packet
 /// undecodable, never maps another allocation). Channels that do not keep order, or whose
 /// ends keep no memo, encode and decode with `None`: always in full.
+///
+/// Every packet of such a channel also ends in a seal of [`SEAL_BYTES`]: 64 bits mixed
+/// from the channel's key and the count of packets sealed so far. The receiving end
+/// takes a packet only if it carries exactly the next seal ([`RegionMemo::open`]), so
+/// bytes written into the channel by anyone but the sender's encoder (a forged packet,
+/// a replayed one) are refused before anything reads them: they count as
+/// no message (the count that RTR offers name), match no receive and answer no
+/// transfer, and the sender's next packet still opens.
+///
+/// Only the sending end's memo decides what is learnt. It sends a region to remember in
+/// the learn form, which carries the tag of its next learning: 64 bits mixed from the
+/// channel's key and the count of regions learnt so far (both ends are made with the same
+/// key, [`RegionMemo::keyed`]). The receiving end learns a region only from a whole,
+/// well-formed packet whose learn form carries exactly its own next tag. So bytes that
+/// did not come from the sender's encoder (a forged packet in the ring, a plain full
+/// region, a corrupted one) never enter the memo: they cannot push the sender's
+/// allocations out, nor replace one under its buffer id, and the sender's later short
+/// regions still decode. Only a forger that knows the key and the count, and so can
+/// forge any packet of the sender's, could make the memos disagree.
 #[derive(Clone, Debug, Default)]
 pub struct RegionMemo {
     slots: [Option<Region>; MEMO_SLOTS],
-    /// The slot the next full region takes.
+    /// The slot the next learnt region takes.
     next: usize,
+    /// The channel's key: with `learnt`, what the tag of the next learn form is.
+    key: u64,
+    /// Regions learnt so far.
+    learnt: u64,
+    /// Packets sealed (sending end) or opened (receiving end) so far.
+    sealed: u64,
+}
+
+/// Bytes the seal adds to every packet of a channel whose ends keep memos.
+pub const SEAL_BYTES: usize = 8;
+
+/// Mixed into the key for seals, so that no seal equals a learn form's tag.
+const SEAL_DOMAIN: u64 = 0x5ea1_5ea1_5ea1_5ea1;
+
+/// The `n`th tag of the sequence of `key`: splitmix64's finalizer, a bijection, so
+/// every tag of a sequence differs, and consecutive tags share no pattern a corrupted
+/// byte could hit.
+fn keyed_tag(key: u64, n: u64) -> u64 {
+    let mut z = key.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Allocations a [`RegionMemo`] remembers.
 pub const MEMO_SLOTS: usize = 4;
 
 impl RegionMemo {
+    /// An empty memo for one end of the channel with key `key`; the other end's memo
+    /// must have the same key (say, a number both ranks read from their job, mixed with
+    /// the channel's two ends).
+    pub fn keyed(key: u64) -> RegionMemo {
+        RegionMemo { key, ..RegionMemo::default() }
+    }
+
+    /// The tag that the learn form of the channel's next learnt region carries.
+    fn next_tag(&self) -> u64 {
+        keyed_tag(self.key, self.learnt + 1)
+    }
+
+    /// The seal of the channel's next packet.
+    fn next_seal(&self) -> [u8; SEAL_BYTES] {
+        keyed_tag(self.key ^ SEAL_DOMAIN, self.sealed + 1).to_le_bytes()
+    }
+
+    /// Seals the channel's next packet (sending end): writes its seal into the first
+    /// [`SEAL_BYTES`] of `out`, which follow the packet. For packets written without
+    /// [`Packet::encode_with`] (an eager payload copied straight into a ring slot).
+    pub fn seal(&mut self, out: &mut [u8]) {
+        out[..SEAL_BYTES].copy_from_slice(&self.next_seal());
+        self.sealed += 1;
+    }
+
+    /// Opens the channel's next packet (receiving end): the packet in `bytes` without its
+    /// seal, if the seal is the next one (it then counts as opened). Else
+    /// [`DecodeError::Seal`], and the memo is unchanged: the bytes are not the sender's.
+    pub fn open<'a>(&mut self, bytes: &'a [u8]) -> Result<&'a [u8], DecodeError> {
+        let body = bytes.len().checked_sub(SEAL_BYTES).ok_or(DecodeError::Seal)?;
+        if bytes[body..] != self.next_seal() {
+            return Err(DecodeError::Seal);
+        }
+        self.sealed += 1;
+        Ok(&bytes[..body])
+    }
+
     /// Whether `r` lies in a remembered allocation.
     fn knows(&self, r: &Region) -> bool {
         // Field by field, the buffer id first: no copies of the handle on the send path.
@@ -78,10 +158,11 @@ impl RegionMemo {
         self.slots.iter().flatten().find(|m| m.buffer_id == buffer_id).copied()
     }
 
-    /// Remembers a region that crossed in full: in place of one with its buffer id (ids
-    /// never repeat for a correct peer, but the two ends must never hold two entries for
-    /// one id), else of the oldest.
+    /// Remembers a region that crossed in learn form: in place of one with its buffer id
+    /// (ids never repeat for a correct peer, but the two ends must never hold two entries
+    /// for one id), else of the oldest.
     fn learn(&mut self, r: Region) {
+        self.learnt += 1;
         if let Some(same) = self.slots.iter_mut().flatten().find(|m| m.buffer_id == r.buffer_id) {
             *same = r;
             return;
@@ -94,6 +175,10 @@ impl RegionMemo {
 /// The form byte that leads an encoded region.
 const REGION_FULL: u8 = 1;
 const REGION_SHORT: u8 = 2;
+/// A full region for the receiving end's memo, followed by its tag (see [`RegionMemo`]).
+const REGION_LEARN: u8 = 4;
+/// Bytes the learn form adds to the full form: the tag.
+const LEARN_TAG_BYTES: usize = 8;
 /// The form bytes of an RTS's source that carry no region.
 const SRC_HOST: u8 = 0;
 const SRC_NET: u8 = 3;
@@ -218,6 +303,10 @@ pub enum DecodeError {
     Field { field: &'static str, value: u64 },
     #[error("{0} trailing bytes after the packet")]
     Trailing(usize),
+    #[error(
+        "the packet does not end in its channel's next seal: not written by the peer's encoder (forged or replayed)"
+    )]
+    Seal,
 }
 
 const K_EAGER: u8 = 1;
@@ -261,8 +350,7 @@ impl Packet {
         }
     }
 
-    /// Bytes [`encode`](Self::encode) writes: the most [`encode_with`](Self::encode_with)
-    /// writes, which a memo may shorten.
+    /// Bytes [`encode`](Self::encode) writes (with no memo).
     pub fn encoded_len(&self) -> usize {
         // A region with its form byte, in full.
         const REGION: usize = 1 + REGION_BYTES;
@@ -284,6 +372,17 @@ impl Packet {
             }
     }
 
+    /// The most bytes [`encode_with`](Self::encode_with) writes with a memo: the seal,
+    /// and a region in learn form carries its tag beyond the full form (in short form it
+    /// is shorter).
+    pub fn encoded_len_with_memo(&self) -> usize {
+        let region = matches!(
+            self,
+            Packet::Rts { src: MemDesc::Device(_), .. } | Packet::Cts { dst: Some(_), .. } | Packet::Rtr { .. }
+        );
+        self.encoded_len() + SEAL_BYTES + if region { LEARN_TAG_BYTES } else { 0 }
+    }
+
     /// Encodes into `out`, which must hold [`encoded_len`](Self::encoded_len) bytes;
     /// returns the bytes written.
     pub fn encode(&self, out: &mut [u8]) -> usize {
@@ -291,8 +390,9 @@ impl Packet {
     }
 
     /// Encodes for an ordered channel whose sending end keeps `memo` (see [`RegionMemo`]);
-    /// `out` must hold [`encoded_len`](Self::encoded_len) bytes; returns the bytes written
-    /// (fewer where the memo shortened a region).
+    /// `out` must hold [`encoded_len_with_memo`](Self::encoded_len_with_memo) bytes (with
+    /// `None`, [`encoded_len`](Self::encoded_len)); returns the bytes written (fewer where
+    /// the memo shortened a region).
     pub fn encode_with(&self, out: &mut [u8], memo: Option<&mut RegionMemo>) -> usize {
         let mut w = Writer { buf: out, pos: 0, memo };
         w.u8(WIRE_VERSION);
@@ -387,7 +487,14 @@ impl Packet {
                 w.u64(*recv);
             }
         }
-        w.pos
+        let n = w.pos;
+        match w.memo {
+            Some(memo) => {
+                memo.seal(&mut w.buf[n..]);
+                n + SEAL_BYTES
+            }
+            None => n,
+        }
     }
 
     /// Encodes into a new vector.
@@ -397,7 +504,7 @@ impl Packet {
 
     /// Encodes into a new vector for an ordered channel whose sending end keeps `memo`.
     pub fn to_vec_with(&self, memo: Option<&mut RegionMemo>) -> Vec<u8> {
-        let mut v = vec![0; self.encoded_len()];
+        let mut v = vec![0; if memo.is_some() { self.encoded_len_with_memo() } else { self.encoded_len() }];
         let n = self.encode_with(&mut v, memo);
         v.truncate(n);
         v
@@ -409,9 +516,22 @@ impl Packet {
     }
 
     /// Decodes untrusted bytes from an ordered channel whose receiving end keeps `memo`
-    /// (see [`RegionMemo`]); every packet of the channel must pass through here, in order.
-    pub fn decode_with(bytes: &[u8], memo: Option<&mut RegionMemo>) -> Result<Packet, DecodeError> {
-        let mut r = Reader { buf: bytes, pos: 0, kind: "header", memo };
+    /// (see [`RegionMemo`]); every packet of the channel must pass through here (or
+    /// through [`RegionMemo::open`] and [`decode_opened`](Self::decode_opened)), in order.
+    /// Bytes without the channel's next seal are refused; the memo learns only from a
+    /// packet that decodes whole.
+    pub fn decode_with(bytes: &[u8], mut memo: Option<&mut RegionMemo>) -> Result<Packet, DecodeError> {
+        let body = match memo.as_deref_mut() {
+            Some(m) => m.open(bytes)?,
+            None => bytes,
+        };
+        Self::decode_opened(body, memo)
+    }
+
+    /// Decodes a packet of a channel with memos that [`RegionMemo::open`] took out of its
+    /// seal (the ring's receive path looks at an eager packet before decoding).
+    pub fn decode_opened(bytes: &[u8], memo: Option<&mut RegionMemo>) -> Result<Packet, DecodeError> {
+        let mut r = Reader { buf: bytes, pos: 0, kind: "header", memo, learn: None };
         let version = r.u8()?;
         if version != WIRE_VERSION {
             return Err(DecodeError::Version(version));
@@ -519,6 +639,9 @@ impl Packet {
         if r.remaining() != 0 {
             return Err(DecodeError::Trailing(r.remaining()));
         }
+        if let (Some(region), Some(memo)) = (r.learn, r.memo) {
+            memo.learn(region);
+        }
         Ok(pkt)
     }
 }
@@ -574,8 +697,10 @@ impl Writer<'_> {
     fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
-    /// A region with its form byte: short when the channel's memo knows its allocation.
+    /// A region with its form byte: short when the channel's memo knows its allocation,
+    /// else in learn form for a memo (the receiving end's then learns it), else in full.
     fn region(&mut self, r: &Region) {
+        let mut tag = None;
         if let Some(memo) = self.memo.as_deref_mut() {
             if memo.knows(r) {
                 self.u8(REGION_SHORT);
@@ -583,15 +708,19 @@ impl Writer<'_> {
                 self.u64(r.offset);
                 return;
             }
+            tag = Some(memo.next_tag());
             memo.learn(*r);
         }
-        self.u8(REGION_FULL);
+        self.u8(if tag.is_some() { REGION_LEARN } else { REGION_FULL });
         self.bytes(&r.handle);
         self.u64(r.alloc_size);
         self.u64(r.offset);
         self.u32(r.device);
         self.u64(r.node);
         self.u64(r.buffer_id);
+        if let Some(tag) = tag {
+            self.u64(tag);
+        }
     }
 }
 
@@ -600,6 +729,9 @@ struct Reader<'a> {
     pos: usize,
     kind: &'static str,
     memo: Option<&'a mut RegionMemo>,
+    /// A region in learn form with the memo's next tag: learnt once the whole packet
+    /// has decoded.
+    learn: Option<Region>,
 }
 
 impl<'a> Reader<'a> {
@@ -641,7 +773,7 @@ impl<'a> Reader<'a> {
     /// A region whose form byte (already read) is `form`.
     fn region(&mut self, form: u8) -> Result<Region, DecodeError> {
         let r = match form {
-            REGION_FULL => {
+            REGION_FULL | REGION_LEARN => {
                 let mut handle = [0u8; HANDLE_BYTES];
                 handle.copy_from_slice(self.take(HANDLE_BYTES)?);
                 let r = Region {
@@ -652,8 +784,18 @@ impl<'a> Reader<'a> {
                     node: self.u64()?,
                     buffer_id: self.u64()?,
                 };
-                if let Some(memo) = self.memo.as_deref_mut() {
-                    memo.learn(r);
+                if form == REGION_LEARN {
+                    // Only a channel's memo encodes the learn form, and only its memo can
+                    // take it. A tag other than the next one is not the sender's learning
+                    // (forged or corrupt): the region decodes, but is not remembered.
+                    let tag = self.u64()?;
+                    let memo = self
+                        .memo
+                        .as_deref()
+                        .ok_or(DecodeError::Field { field: "region.form", value: REGION_LEARN as u64 })?;
+                    if tag == memo.next_tag() {
+                        self.learn = Some(r);
+                    }
                 }
                 r
             }
@@ -728,7 +870,7 @@ mod tests {
         assert_eq!(Packet::decode(&v), Ok(rts.clone()));
         // The memo of an ordered channel is neither used nor changed by it.
         let (mut tx, mut rx) = (RegionMemo::default(), RegionMemo::default());
-        assert_eq!(hop(&rts, &mut tx, &mut rx), (v.len(), Ok(rts)));
+        assert_eq!(hop(&rts, &mut tx, &mut rx), (v.len() + SEAL_BYTES, Ok(rts)));
         assert!(tx.slots.iter().chain(rx.slots.iter()).all(Option::is_none));
         let cts = Packet::Cts { msg: 9, mode: CtsMode::Net, dst: None, split: 0 };
         let v = cts.to_vec();
@@ -799,10 +941,16 @@ mod tests {
         Region { buffer_id: 100 + alloc as u64, handle: [alloc; HANDLE_BYTES], offset, ..region(0) }
     }
 
-    /// Encodes `p` through `tx` and decodes it through `rx`, as the two ends of a ring do.
+    /// The packet in `v`, encoded with a memo, without its seal: what a seal opened.
+    fn body(v: &[u8]) -> &[u8] {
+        &v[..v.len() - SEAL_BYTES]
+    }
+
+    /// Encodes `p` through `tx` and decodes it through `rx`, as the two ends of a ring do;
+    /// the bytes that crossed (the seal included) and what was decoded.
     fn hop(p: &Packet, tx: &mut RegionMemo, rx: &mut RegionMemo) -> (usize, Result<Packet, DecodeError>) {
         let v = p.to_vec_with(Some(tx));
-        assert!(v.len() <= p.encoded_len(), "{p:?}");
+        assert!(v.len() <= p.encoded_len_with_memo(), "{p:?}");
         (v.len(), Packet::decode_with(&v, Some(rx)))
     }
 
@@ -854,26 +1002,26 @@ mod tests {
         let bad_id = Err(DecodeError::Field { field: "region.buffer_id", value: 101 });
         // Decoded without a memo (a channel that keeps none), or by an end whose memo holds
         // another allocation: refused, never mapped to the wrong buffer.
-        assert_eq!(Packet::decode(&short), bad_id);
+        assert_eq!(Packet::decode(body(&short)), bad_id);
         let mut other = RegionMemo::default();
-        let _ = Packet::decode_with(
-            &Packet::Rtr { recv: 1, expect: 0, tag: 0, len: 8, dst: alloc_region(2, 0) }.to_vec(),
-            Some(&mut other),
-        );
-        assert_eq!(Packet::decode_with(&short, Some(&mut other)), bad_id);
+        other.learn(alloc_region(2, 0));
+        assert_eq!(Packet::decode_opened(body(&short), Some(&mut other)), bad_id);
         // An offset past the remembered allocation is refused as in the full form.
         let mut rx = RegionMemo::default();
         rx.learn(alloc_region(1, 0));
         let past = Packet::Rtr { recv: 2, expect: 1, tag: 0, len: 8, dst: alloc_region(1, (1 << 20) + 1) }
             .to_vec_with(Some(&mut tx));
         assert!(matches!(
-            Packet::decode_with(&past, Some(&mut rx)),
+            Packet::decode_opened(body(&past), Some(&mut rx)),
             Err(DecodeError::Field { field: "region.offset", .. })
         ));
-        let mut v = short.clone();
+        let mut v = body(&short).to_vec();
         let form_at = v.len() - 17;
         v[form_at] = 7;
-        assert_eq!(Packet::decode_with(&v, Some(&mut rx)), Err(DecodeError::Field { field: "region.form", value: 7 }));
+        assert_eq!(
+            Packet::decode_opened(&v, Some(&mut rx)),
+            Err(DecodeError::Field { field: "region.form", value: 7 })
+        );
     }
 
     #[test]
@@ -890,6 +1038,138 @@ mod tests {
         }
         assert_eq!(tx.slots.iter().flatten().count(), 1);
         assert_eq!(rx.slots.iter().flatten().count(), 1);
+    }
+
+    /// Issue 31: forged packets in a ring, between the sender's real ones, whose regions
+    /// would once push the sender's allocations out of the receiver's memo (its later
+    /// short regions then could not be decoded, and their transfers hung): full regions
+    /// of other allocations, a full region under a real buffer id, learn forms of another
+    /// channel's key, a learn form with the channel's next tag in a packet that does not
+    /// decode. None enters the memo; every real short region still decodes to its
+    /// allocation. The forged bytes are handed over as opened (as if the sender's own
+    /// encoder had sealed them), so that this tests the memo, not the seal.
+    #[test]
+    fn forged_regions_never_push_the_senders_allocations_out_of_the_memo() {
+        let (mut tx, mut rx) = (RegionMemo::keyed(0x5eed), RegionMemo::keyed(0x5eed));
+        let rts = |r| Packet::Rts { msg: 1, tag: 2, len: 3, src: MemDesc::Device(r) };
+        for a in 1..=MEMO_SLOTS as u8 {
+            let (len, got) = hop(&rts(alloc_region(a, 0)), &mut tx, &mut rx);
+            assert_eq!(got, Ok(rts(alloc_region(a, 0))));
+            assert!(len > rts(alloc_region(a, 0)).encoded_len(), "learn form");
+        }
+        let mut forged: Vec<Vec<u8>> = (10..16).map(|a| rts(alloc_region(a, 0)).to_vec()).collect();
+        let impostor = Region { handle: [0xee; HANDLE_BYTES], ..alloc_region(1, 0) };
+        forged.push(Packet::Cts { msg: 9, mode: CtsMode::Put, dst: Some(impostor), split: 0 }.to_vec());
+        let mut other_key = RegionMemo::keyed(0xbad);
+        forged.extend((20..26).map(|a| body(&rts(alloc_region(a, 0)).to_vec_with(Some(&mut other_key))).to_vec()));
+        let mut next_tag = tx.clone();
+        let mut trailing = body(&rts(alloc_region(30, 0)).to_vec_with(Some(&mut next_tag))).to_vec();
+        trailing.push(0);
+        forged.push(trailing);
+        for v in &forged {
+            let _ = Packet::decode_opened(v, Some(&mut rx));
+        }
+        for a in 1..=MEMO_SLOTS as u8 {
+            let p = rts(alloc_region(a, 64 * a as u64));
+            let (len, got) = hop(&p, &mut tx, &mut rx);
+            assert_eq!(got, Ok(p.clone()), "allocation {a} after {} forged packets", forged.len());
+            assert!(len < p.encoded_len(), "short form");
+        }
+        // The learn form is a memo's: decoded without one it is refused (one encoding per
+        // packet), as is a short region.
+        let v = rts(alloc_region(40, 0)).to_vec_with(Some(&mut tx));
+        assert_eq!(
+            Packet::decode(body(&v)),
+            Err(DecodeError::Field { field: "region.form", value: REGION_LEARN as u64 })
+        );
+    }
+
+    /// Issue 31: bytes written into a ring by anyone but the sender's encoder (a forged
+    /// eager packet or RTS would count as a message of the sender's, and shift the count
+    /// that RTR offers name) are refused at the seal and change nothing: unsealed
+    /// packets, another channel's seals, a replayed real packet, a forged one with the
+    /// last real seal, a seal alone. (A seal places a packet in the sender's sequence; it
+    /// is no checksum of its bytes: a channel in shared memory does not corrupt them.) The sender's next packets, an eager packet sealed in
+    /// place among them, still open and decode.
+    #[test]
+    fn packets_without_the_channels_next_seal_are_refused_and_change_nothing() {
+        let (mut tx, mut rx) = (RegionMemo::keyed(0x5eed), RegionMemo::keyed(0x5eed));
+        let eager = |msg| Packet::Eager { msg, tag: 5, payload: vec![7; 40] };
+        let real = eager(1).to_vec_with(Some(&mut tx));
+        assert_eq!(Packet::decode_with(&real, Some(&mut rx)), Ok(eager(1)));
+        let mut other = RegionMemo::keyed(0xbad);
+        // A forged packet that carries the seal of the sender's last one.
+        let mut copied_seal = eager(2).to_vec();
+        copied_seal.extend_from_slice(&real[real.len() - SEAL_BYTES..]);
+        let forged = [
+            eager(2).to_vec(),
+            Packet::Rts { msg: 2, tag: 5, len: 1 << 20, src: MemDesc::Host }.to_vec(),
+            eager(2).to_vec_with(Some(&mut other)),
+            real.clone(),
+            copied_seal,
+            real[real.len() - SEAL_BYTES..].to_vec(),
+            Vec::new(),
+        ];
+        for v in &forged {
+            assert_eq!(Packet::decode_with(v, Some(&mut rx)), Err(DecodeError::Seal), "{v:?}");
+        }
+        assert_eq!(Packet::decode_with(&eager(2).to_vec_with(Some(&mut tx)), Some(&mut rx)), Ok(eager(2)));
+        // An eager packet written in place (header, payload, then its seal), opened before
+        // it is looked at.
+        let mut slot = vec![0u8; eager_overhead() + 3 + SEAL_BYTES];
+        encode_eager_header(&mut slot, 3, 9);
+        slot[eager_overhead()..eager_overhead() + 3].copy_from_slice(&[1, 2, 3]);
+        tx.seal(&mut slot[eager_overhead() + 3..]);
+        assert_eq!(rx.clone().open(&forged[0]), Err(DecodeError::Seal));
+        let opened = rx.open(&slot).expect("the sender's seal opens");
+        assert_eq!(peek_eager(opened), Some((3, 9, &[1u8, 2, 3][..])));
+        let p = Packet::Rts { msg: 4, tag: 5, len: 8, src: MemDesc::Host };
+        assert_eq!(Packet::decode_with(&p.to_vec_with(Some(&mut tx)), Some(&mut rx)), Ok(p));
+    }
+
+    proptest! {
+        /// Real packets with regions cross a memo pair unchanged, and short exactly as
+        /// without forgeries, whatever forged packets (full regions of any allocation,
+        /// under real buffer ids too, learn forms of other keys, corrupted learn forms)
+        /// come between them, handed over as opened (this tests the memo, not the seal).
+        #[test]
+        fn forged_packets_between_real_ones_leave_the_memos_agreeing(
+            seq in proptest::collection::vec((any::<bool>(), 0u8..3, 0u8..12, 0u64..4096, any::<u8>()), 1..80)
+        ) {
+            let (mut tx, mut rx) = (RegionMemo::keyed(7), RegionMemo::keyed(7));
+            let mut forger = RegionMemo::keyed(8);
+            let mut fulls: Vec<u8> = Vec::new();
+            for (real, kind, alloc, offset, noise) in seq {
+                let mut r = alloc_region(alloc % 7, offset);
+                if !real && noise % 2 == 0 {
+                    r.handle[0] ^= 0xff; // A real buffer id, another allocation.
+                }
+                let p = match kind {
+                    0 => Packet::Rtr { recv: 1, expect: 2, tag: 3, len: 4, dst: r },
+                    1 => Packet::Rts { msg: 1, tag: 2, len: 3, src: MemDesc::Device(r) },
+                    _ => Packet::Cts { msg: 1, mode: CtsMode::Put, dst: Some(r), split: 0 },
+                };
+                if real {
+                    let (len, got) = hop(&p, &mut tx, &mut rx);
+                    prop_assert_eq!(got, Ok(p.clone()));
+                    let short = fulls.iter().rev().take(MEMO_SLOTS).any(|&a| a == alloc % 7);
+                    prop_assert_eq!(len < p.encoded_len(), short);
+                    if !short {
+                        fulls.push(alloc % 7);
+                    }
+                    continue;
+                }
+                let mut v = match noise % 3 {
+                    0 => p.to_vec(),
+                    _ => body(&p.to_vec_with(Some(&mut forger))).to_vec(),
+                };
+                if noise % 5 == 0 {
+                    let at = noise as usize % v.len();
+                    v[at] ^= 1 << (noise % 8);
+                }
+                let _ = Packet::decode_opened(&v, Some(&mut rx));
+            }
+        }
     }
 
     proptest! {

@@ -203,6 +203,48 @@ pub fn mpi_fault_program() -> Option<PathBuf> {
     Some(prog)
 }
 
+/// The fault-injection suite's rank program for the PMPI shim (`tests/c/shim_traffic.c`,
+/// a plain MPI program compiled with `mpicc`, not linked against gpulmt) and the shim
+/// to preload into it, `libgpulmt_mpi.so` of this build; `None` (saying why) where
+/// `mpicc`, `mpirun` or the shim is missing.
+pub fn shim_fault_program() -> Option<(PathBuf, PathBuf)> {
+    let have = |t: &str| {
+        Command::new("sh").args(["-c", &format!("command -v {t}")]).output().is_ok_and(|o| o.status.success())
+    };
+    if !have("mpicc") || !have("mpirun") {
+        eprintln!("SKIPPED: mpicc or mpirun is not on PATH (apt-get install libopenmpi-dev openmpi-bin; .ci/run does)");
+        return None;
+    }
+    // `cargo build` copies the cdylib up to target/<profile>/; `cargo test` of the shim
+    // leaves it in deps/ only.
+    let dir = target_profile_dir();
+    let Some(shim) =
+        [dir.join("libgpulmt_mpi.so"), dir.join("deps").join("libgpulmt_mpi.so")].into_iter().find(|p| p.is_file())
+    else {
+        eprintln!("SKIPPED: libgpulmt_mpi.so is not built (cargo build -p gpulmt-shim)");
+        return None;
+    };
+    let out_dir = dir.join("ffi-examples");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let prog = out_dir.join("shim_traffic");
+    let root = repo_root();
+    let o = Command::new("mpicc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-I"])
+        .arg(root.join("ffi/shim/include"))
+        .arg(root.join("tests/c/shim_traffic.c"))
+        .arg("-o")
+        .arg(&prog)
+        .output()
+        .expect("run mpicc");
+    assert!(
+        o.status.success(),
+        "mpicc tests/c/shim_traffic.c failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Some((prog, shim))
+}
+
 /// Whether this process may give a command a mount namespace of its own with a private
 /// /dev/shm (as root: `unshare -m`, `mount -t tmpfs`); prints why not.
 pub fn private_dev_shm_possible() -> bool {

@@ -4,7 +4,9 @@
 //!
 //! - a random rank killed, or stopped (SIGSTOP) and then continued or killed, at a
 //!   random moment, for each protocol (eager, SHM, GET, PUT, COOPERATE), under
-//!   `gpulmt-run` and under `mpirun` (`gpulmt-fault-mpi`, where built);
+//!   `gpulmt-run` and under `mpirun` (`gpulmt-fault-mpi`, where built), and a rank of
+//!   an unmodified MPI program with the PMPI shim preloaded (`tests/c/shim_traffic.c`)
+//!   under `mpirun`;
 //! - forged control packets written into a peer's ring between real messages, and
 //!   forged RTS cookies and CTS blobs handed to the LMT calls;
 //! - misuse of the C ABI (`ffi/tests/c/misuse.c` with random garbage);
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 use gpulmt_tests::live::{signal, LiveJob};
 use gpulmt_tests::{
     compile_c, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, objects_of, private_dev_shm_possible,
-    target_profile_dir, without_gpulmt_env, JobOutput,
+    shim_fault_program, target_profile_dir, without_gpulmt_env, JobOutput,
 };
 
 const FAULT: &str = env!("CARGO_BIN_EXE_gpulmt-fault");
@@ -174,6 +176,7 @@ impl Plan {
         let injected = job.ready_pids(2, Duration::from_secs(60)).map(|pids| {
             std::thread::sleep(self.delay);
             let pid = pids[self.victim];
+            let at = Instant::now();
             let landed = match self.fault {
                 Fault::Kill => signal(pid, libc::SIGKILL),
                 Fault::StopThenContinue | Fault::StopThenKill => {
@@ -183,16 +186,20 @@ impl Plan {
                     stopped && signal(pid, end)
                 }
             };
-            (pids, landed)
+            (pids, landed, at)
         });
         let out = job.finish(Duration::from_secs(90));
         t.runs += 1;
-        let Some((pids, landed)) = injected else {
+        let Some((pids, landed, at)) = injected else {
             t.expect(false, format!("{what}: the ranks never got ready"), &out);
             return None;
         };
         t.injected += landed as u32;
         check_traffic_run(t, &out, self.fault, self.victim, landed, launcher, what);
+        // However the job learnt of the death (its survivor's error, the launcher,
+        // mpirun), it ended within a bound of the fault.
+        let ended = at.elapsed();
+        t.expect(ended < Duration::from_secs(30), format!("{what}: the job ended {ended:?} after the fault"), &out);
         let job_id = out
             .stdout
             .lines()
@@ -305,9 +312,113 @@ fn kill_or_stop_a_random_rank_under_mpirun() {
     t.report();
 }
 
-/// Forged control packets in a peer's ring, between real host messages, and forged RTS
-/// cookies and CTS blobs: every real message arrives intact, the forgeries are dropped
-/// (counted as violations) or parked as messages nobody receives, and the job finishes.
+/// A rank of an unmodified MPI program (`tests/c/shim_traffic.c`: device buffers
+/// ping-ponged with plain MPI calls, every byte checked) with the PMPI shim preloaded,
+/// killed or stopped (then continued or killed) mid-transfer under `mpirun`, for each
+/// path the shim moves device messages by (gpulmt's GET, PUT and COOPERATE, and staging
+/// through the MPI library); then a rank that ends itself mid-transfer by MPI_Abort and
+/// by _exit: the job ends within a bound, with a failure where a rank died (the
+/// survivor's own error or mpirun's), cleanly where it was only stopped; no byte is
+/// corrupt; the job segment has no name left, and the next job's start removes what the
+/// dead job's ranks held.
+#[test]
+fn kill_or_stop_a_random_rank_of_a_shim_job_under_mpirun() {
+    let Some((prog, shim)) = shim_fault_program() else { return };
+    let mut t = Tally::new("kill-stop shim mpirun");
+    let mut rng = Rng::new(t.category);
+    let mut all_pids = Vec::new();
+    let paths: [(&str, &[(&str, &str)]); 4] = [
+        ("get", &[("GPULMT_PROTOCOL", "get")]),
+        ("put", &[("GPULMT_PROTOCOL", "put")]),
+        ("coop", &[("GPULMT_PROTOCOL", "coop")]),
+        ("staged", &[("GPULMT_MPI_LMT_MIN", "1G")]),
+    ];
+    let mut survivor_errors = 0;
+    // `shim_traffic args` under mpirun on 2 ranks, with the shim preloaded and `env`.
+    let shim_job = |env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = Command::new("mpirun");
+        without_gpulmt_env(&mut cmd).env_remove("LD_PRELOAD");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"]);
+        let shim = shim.display().to_string();
+        for (k, v) in [("GPULMT_DEVICE", "sim"), ("LD_PRELOAD", shim.as_str())].iter().chain(env) {
+            cmd.arg("-x").arg(format!("{k}={v}"));
+        }
+        cmd.arg(&prog).args(args);
+        cmd
+    };
+    for (path, env) in paths {
+        for fault in [Fault::Kill, Fault::StopThenContinue, Fault::StopThenKill] {
+            let plan = Plan::draw(&mut rng, fault);
+            let what = format!("shim mpirun {}", plan.describe(path));
+            let _lock = job_lock();
+            let cmd = shim_job(env, &["1200", &plan.seed, "1048576"]);
+            let Some((out, pids, _)) = plan.run(&mut t, LiveJob::spawn(cmd, &what), false, &what) else { continue };
+            survivor_errors += out.stdout.contains(&format!("rank={} peer-failed", 1 - plan.victim)) as u32;
+            if out.code == Some(0) {
+                // Every round's messages took the path under test.
+                let (key, other) =
+                    if path == "staged" { ("staged_sends", "lmt_sends") } else { ("lmt_sends", "staged_sends") };
+                for r in 0..2 {
+                    let line = out.stdout.lines().find(|l| l.starts_with(&format!("rank={r} rounds="))).unwrap_or("");
+                    let num = |k: &str| {
+                        line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}=")[..])?.parse::<u64>().ok())
+                    };
+                    let ok = num("rounds").is_some_and(|n| n > 0 && num(key) == Some(n) && num(other) == Some(0));
+                    t.expect(ok, format!("{what}: rank {r} did not move its messages by {path}: {line}"), &out);
+                }
+            }
+            let named: Vec<String> =
+                objects_of(&[], &pids).into_iter().filter(|n| n.starts_with("gpulmt-mpi")).collect();
+            t.expect(named.is_empty(), format!("{what}: the job segment is still named: {named:?}"), &out);
+            all_pids.extend(pids);
+        }
+    }
+    for end in ["abort", "exit"] {
+        let (path, env) = paths[rng.below(paths.len() as u64) as usize];
+        let what = format!("shim mpirun {path}: rank 1 ends itself by {end} mid-transfer");
+        let _lock = job_lock();
+        let mut job = LiveJob::spawn(shim_job(env, &["5000", &rng.next().to_string(), "1048576", end]), &what);
+        let pids = job.ready_pids(2, Duration::from_secs(60));
+        let ended = job.wait_line(Duration::from_secs(60), |l| {
+            l.starts_with("rank=1 aborting") || l.starts_with("rank=1 exiting")
+        });
+        let at = Instant::now();
+        let out = job.finish(Duration::from_secs(90));
+        t.runs += 1;
+        t.injected += ended.is_some() as u32;
+        t.expect(pids.is_some() && ended.is_some(), format!("{what}: the ranks never got to it"), &out);
+        t.expect(out.code.is_some_and(|c| c != 0), format!("{what}: mpirun did not report the end"), &out);
+        t.expect(!out.stderr.contains("FAIL"), format!("{what}: a rank failed a check (corrupt data)"), &out);
+        let took = at.elapsed();
+        t.expect(took < Duration::from_secs(30), format!("{what}: the job ended {took:?} after the rank's end"), &out);
+        survivor_errors += out.stdout.contains("rank=0 peer-failed") as u32;
+        let pids = pids.unwrap_or_default();
+        let named: Vec<String> = objects_of(&[], &pids).into_iter().filter(|n| n.starts_with("gpulmt-mpi")).collect();
+        t.expect(named.is_empty(), format!("{what}: the job segment is still named: {named:?}"), &out);
+        all_pids.extend(pids);
+    }
+    // What the killed ranks (and survivors that exited on their error) held goes at the
+    // next job's start (here: one rank's).
+    let _lock = job_lock();
+    let next = LiveJob::spawn(launcher_command(1, 60, Path::new(FAULT), &["join"], &[]), "next job")
+        .finish(Duration::from_secs(60));
+    t.expect(next.code == Some(0), "the next job", &next);
+    let left = objects_of(&[], &all_pids);
+    t.expect(left.is_empty(), format!("left after the next job's start: {left:?}"), &next);
+    eprintln!("fault-suite kill-stop shim mpirun: survivors that reported the death themselves: {survivor_errors}");
+    t.report();
+}
+
+/// Forged control packets in a peer's ring, between real device messages (whose regions
+/// cross that ring, mostly in short form), and forged RTS cookies and CTS blobs: every
+/// real message arrives intact by a device protocol, the forged packets are refused at
+/// the ring's seal (counted as violations), the forged cookies refused or parked as
+/// messages nobody receives, and the job finishes. Issue 31, two findings of this test:
+/// forged full regions once pushed the sender's allocations out of the receiver's memo
+/// (its later short regions could not be decoded: a hang); and a forged eager packet or
+/// RTS once counted as a message of the peer's, so that the receiver's RTR offers named
+/// the wrong messages and the sender pushed a 300000-byte message into a 3000-byte
+/// receive that another one had matched (so RTR stays on here, as by default).
 #[test]
 fn forged_ring_packets_and_cookies_are_dropped() {
     let mut t = Tally::new("forged packets and cookies");
@@ -336,6 +447,8 @@ fn forged_ring_packets_and_cookies_are_dropped() {
             t.expect(out.has_line(&format!("rank={r} ok fuzz")), format!("{what}: rank {r} did not finish"), &out);
         }
         t.expect(forged > 100 && violations > 0, format!("{what}: {forged} forged, {violations} violations"), &out);
+        let device = num("rank=0 device", "get") + num("rank=0 device", "put") + num("rank=0 device", "coop");
+        t.expect(device == 20, format!("{what}: {device} of the 20 real messages moved by device protocols"), &out);
         let left = objects_of(&[], &out.pids());
         t.expect(left.is_empty(), format!("{what}: left in /dev/shm: {left:?}"), &out);
     }

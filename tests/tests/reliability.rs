@@ -10,6 +10,7 @@
 //! - A second init in one process: refused at once, the first context unharmed.
 //! - A job started by hand with a running job's `GPULMT_JOB`: it cannot reach that job.
 //! - Misuse of the Rust API: errors, not crashes or silent successes.
+//! - Another live gpulmt job on the machine: a job runs beside it and leaves it alone.
 
 use std::path::Path;
 use std::process::Command;
@@ -228,6 +229,52 @@ fn a_job_started_by_hand_with_a_running_jobs_id_cannot_reach_it() {
     out.assert_ok(2, "hold");
     let left = objects_of(&[id], &[]);
     check(left.is_empty(), &out, format!("objects of the job left: {left:?}"));
+}
+
+/// Tests do not need the machine to themselves (item 9): beside another live gpulmt job
+/// (held open, its device memory mapped), a job of every protocol runs, its leak check
+/// finds nothing of its own left, and the sweep the next job's start runs leaves the live
+/// job's objects alone; that job then finishes clean.
+#[test]
+fn a_job_beside_another_live_job_runs_and_leaves_it_alone() {
+    use gpulmt::shm::sweep::{sweep, Evidence};
+    let _lock = job_lock();
+    let hold = std::env::temp_dir().join(format!("gpulmt-hold-beside-{}", std::process::id()));
+    let _ = std::fs::remove_file(&hold);
+    let args = ["hold", "--hold", hold.to_str().unwrap()];
+    let mut other = LiveJob::spawn(launcher_command(2, 120, fault(), &args, &[]), "gpulmt-run -n 2 gpulmt-fault hold");
+    let mut ready = other.ready_pids(2, Duration::from_secs(60));
+    for r in 0..2 {
+        let head = format!("rank={r} holding");
+        if other.wait_line(Duration::from_secs(60), |l| l.starts_with(&head)).is_none() {
+            ready = None;
+        }
+    }
+    let theirs = ready.as_deref().map(|p| objects_of(&[], p)).unwrap_or_default();
+    let mut mine = Vec::new();
+    if ready.is_some() {
+        for protocol in ["get", "put", "shm"] {
+            let out = run(2, &["traffic", "--protocol", protocol, "--millis", "300"], &[], Duration::from_secs(90));
+            let pids: Vec<u32> = out.stdout.lines().filter_map(|l| l.strip_prefix("pid=")?.parse().ok()).collect();
+            mine.push((protocol, out, pids));
+        }
+    }
+    sweep(Evidence::Locks);
+    let theirs_after = ready.as_deref().map(|p| objects_of(&[], p)).unwrap_or_default();
+    std::fs::write(&hold, b"go").unwrap();
+    let out = other.finish(Duration::from_secs(90));
+    let _ = std::fs::remove_file(&hold);
+    check(ready.is_some(), &out, "the other job never got ready");
+    check(!theirs.is_empty(), &out, "the other job holds no objects to leave alone (the test would prove nothing)");
+    for (protocol, o, _) in &mine {
+        for r in 0..2 {
+            check(o.has_line(&format!("rank={r} ok traffic")), o, format!("{protocol} beside a live job: rank {r}"));
+        }
+    }
+    check(theirs_after == theirs, &out, format!("the sweep touched the live job: {theirs:?} -> {theirs_after:?}"));
+    out.assert_ok(2, "hold");
+    let left = ready.as_deref().map(|p| objects_of(&[], p)).unwrap_or_default();
+    check(left.is_empty(), &out, format!("objects of the held job left after it finished: {left:?}"));
 }
 
 /// Misuse of the Rust API: lengths no buffer can have (`usize::MAX` from a 64-byte

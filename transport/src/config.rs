@@ -93,8 +93,10 @@ pub struct Config {
     pub sym_heap: Option<u64>,
 }
 
-/// Bytes of a ring slot that are not eager payload (slot header + packet header).
-pub const SLOT_OVERHEAD: u32 = crate::shm::ring::SLOT_HEADER as u32 + gpulmt_protocols::wire::eager_overhead() as u32;
+/// Bytes of a ring slot that are not eager payload (slot header, packet header, seal).
+pub const SLOT_OVERHEAD: u32 = (crate::shm::ring::SLOT_HEADER
+    + gpulmt_protocols::wire::eager_overhead()
+    + gpulmt_protocols::wire::SEAL_BYTES) as u32;
 
 impl Default for Config {
     /// The defaults of [`VARIABLES`].

@@ -323,6 +323,12 @@ impl Context {
         let rx = (0..n).map(|r| seg.ring(r, me)).collect();
         let tx = (0..n).map(|r| seg.ring(me, r)).collect();
         let offnode = OffNode::new(&topo, offnode);
+        // Each ring's two ends key their region memos alike, from what both read in the
+        // job segment: bytes that did not come from the sender's encoder cannot teach the
+        // receiver's memo (see `RegionMemo`).
+        let ring_key = |from: usize, to: usize| seg.instance() ^ ((from as u64) << 32 | to as u64);
+        let rx_memo = (0..n).map(|r| RegionMemo::keyed(ring_key(r, me))).collect();
+        let tx_memo = (0..n).map(|r| RegionMemo::keyed(ring_key(me, r))).collect();
         Ok(Context {
             engine: Engine::new(ecfg),
             cfg,
@@ -343,8 +349,8 @@ impl Context {
             polls_since_liveness: 0,
             rx,
             tx,
-            rx_memo: vec![RegionMemo::default(); n],
-            tx_memo: vec![RegionMemo::default(); n],
+            rx_memo,
+            tx_memo,
             stats: Stats::default(),
             free_marks: FreeMarks::new(),
             allocations: HashMap::default(),
@@ -366,6 +372,23 @@ impl Context {
     #[doc(hidden)]
     pub fn job_segment(&self) -> &JobSegment {
         &self.seg
+    }
+
+    /// Writes `bytes` into the ring to local peer `to` as this rank's next packet there,
+    /// sealed as the context seals its own (see `RegionMemo`): how tests model a peer
+    /// whose engine sends lying packets, which the receiver must refuse by what they say
+    /// (bytes written into the ring unsealed are refused at the seal). `Ok(false)` when
+    /// the ring is full; call it only while [`control_pending`](Self::control_pending)
+    /// is false (the ring keeps its order).
+    #[doc(hidden)]
+    pub fn push_sealed(&mut self, to: u32, bytes: &[u8]) -> Result<bool, crate::shm::ring::RingError> {
+        let Some(local) = self.topo.local_of(to) else { return Ok(false) };
+        let (ring, memo) = (self.tx[local], &mut self.tx_memo[local]);
+        let n = bytes.len();
+        ring.try_push_with(n + gpulmt_protocols::wire::SEAL_BYTES, |slot| {
+            slot[..n].copy_from_slice(bytes);
+            memo.seal(&mut slot[n..]);
+        })
     }
 
     /// This rank's job rank.

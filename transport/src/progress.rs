@@ -126,13 +126,18 @@ impl Context {
             // the user's buffer; everything else is decoded for the engine.
             let popped = ring.try_pop(|bytes| {
                 anatomy::mark(Point::PacketIn, bytes.get(1).copied().unwrap_or(0));
+                // Nothing reads a packet without the sender's next seal (a forged one).
+                let bytes = match self.rx_memo[local].open(bytes) {
+                    Ok(body) => body,
+                    Err(e) => return Some(Err(e)),
+                };
                 if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
                     if let Some((req, buf, result)) = self.engine.take_eager_match(from, tag, payload.len() as u64) {
                         self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
                         return None;
                     }
                 }
-                Some(Packet::decode_with(bytes, Some(&mut self.rx_memo[local])))
+                Some(Packet::decode_opened(bytes, Some(&mut self.rx_memo[local])))
             });
             match popped {
                 Ok(None) => break,
@@ -314,13 +319,21 @@ impl Context {
     /// the ring slot (no intermediate buffer), or via the outbox when the ring is
     /// full or packets are already waiting for it.
     pub(crate) fn send_eager_in_place(&mut self, to: Rank, msg: u64, tag: i32, payload: &[u8]) {
-        let hdr = gpulmt_protocols::wire::eager_overhead();
-        let pushed = self.direct_ring(to).map_or(Ok(false), |ring| {
-            ring.try_push_with(hdr + payload.len(), |slot| {
-                gpulmt_protocols::wire::encode_eager_header(slot, msg, tag);
-                slot[hdr..].copy_from_slice(payload);
-            })
-        });
+        use gpulmt_protocols::wire::{eager_overhead, encode_eager_header, SEAL_BYTES};
+        let (hdr, end) = (eager_overhead(), eager_overhead() + payload.len());
+        let direct = self.direct_ring(to);
+        let pushed = match (direct, self.topo.local_of(to)) {
+            (Some(ring), Some(local)) => {
+                let memo = &mut self.tx_memo[local];
+                ring.try_push_with(end + SEAL_BYTES, |slot| {
+                    encode_eager_header(slot, msg, tag);
+                    slot[hdr..end].copy_from_slice(payload);
+                    // As `encode_with` seals every packet of the ring.
+                    memo.seal(&mut slot[end..]);
+                })
+            }
+            _ => Ok(false),
+        };
         if let Ok(true) = pushed {
             anatomy::mark(Point::PacketOut, 1);
             self.stats.packets_sent += 1;
@@ -411,8 +424,8 @@ impl Context {
         let direct = self.direct_ring(to);
         let memo = &mut self.tx_memo[local];
         let pushed = direct.map_or(Ok(false), |ring| {
-            // The full form's length bounds what the memo may shorten.
-            ring.try_push_upto(p.encoded_len(), |slot| {
+            // The learn form's length bounds what the memo may write.
+            ring.try_push_upto(p.encoded_len_with_memo(), |slot| {
                 let n = p.encode_with(slot, Some(memo));
                 kind = slot[1];
                 n

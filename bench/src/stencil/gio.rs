@@ -157,6 +157,16 @@ trait Engine {
     fn release(self: Box<Self>, ctx: &mut Context) -> Result<()>;
 }
 
+/// How the persistent kernel is compiled (CUDA).
+#[derive(Clone, Copy, Debug)]
+pub struct GioBuild {
+    /// NVRTC may contract multiply-adds (results no longer bit-identical to the CPU).
+    pub fmad: bool,
+    /// Blocks of 256 threads per SM that the kernel's registers must allow (its launch
+    /// bounds, `GIO_MIN_BLOCKS` in gio.cu).
+    pub min_blocks: u32,
+}
+
 /// Runs Stencil2D in GIO mode: `warmup` untimed steps, then `iters` timed ones.
 pub fn run<T: Real>(
     ctx: &mut Context,
@@ -164,7 +174,7 @@ pub fn run<T: Real>(
     w: Weights<T>,
     warmup: usize,
     iters: usize,
-    fmad: bool,
+    build: GioBuild,
 ) -> Result<GioRun> {
     let bytes = field_len(d) * size_of::<T>();
     let fields = [ctx.sym_alloc(bytes)?, ctx.sym_alloc(bytes)?];
@@ -180,7 +190,7 @@ pub fn run<T: Real>(
     let plan = plan(d);
     let mut engine: Box<dyn Engine> = match ctx.backend_kind() {
         BackendKind::Sim => Box::new(HostEngine::<T> { d: d.clone(), plan, fields, sigs, w, exchange: Duration::ZERO }),
-        BackendKind::Cuda => Box::new(CudaEngine::<T>::new(ctx, d, plan, fields, sigs, w, fmad)?),
+        BackendKind::Cuda => Box::new(CudaEngine::<T>::new(ctx, d, plan, fields, sigs, w, build)?),
     };
     // Every rank's fields and signals are initialised before any neighbour writes them.
     ctx.barrier()?;
@@ -346,12 +356,13 @@ impl<T: Real> CudaEngine<T> {
         fields: [SymPtr; 2],
         sigs: SymPtr,
         w: Weights<T>,
-        fmad: bool,
+        build: GioBuild,
     ) -> Result<Self> {
         let source = format!("typedef {} real;\n{CUDA_SOURCE}\n{GIO_SOURCE}", T::C_TYPE);
-        let fmad_opt = if fmad { "--fmad=true" } else { "--fmad=false" };
-        let m =
-            DeviceModule::load(ctx, &source, "stencil2d_gio.cu", &[fmad_opt]).map_err(|e| StencilError::Cuda(e.0))?;
+        let fmad_opt = if build.fmad { "--fmad=true" } else { "--fmad=false" };
+        let bounds = format!("-DGIO_MIN_BLOCKS={}", build.min_blocks.max(1));
+        let m = DeviceModule::load(ctx, &source, "stencil2d_gio.cu", &[fmad_opt, &bounds])
+            .map_err(|e| StencilError::Cuda(e.0))?;
         let f = m.function("stencil_gio").map_err(|e| StencilError::Cuda(e.0))?;
         if m.ranks_here > 1 && ctx.backend().mps_enabled(ctx.device()) == Some(false) {
             eprintln!(
@@ -394,7 +405,7 @@ impl<T: Real> CudaEngine<T> {
             nplan: plan.len() as i32,
             ns_dev,
             grid,
-            name: format!("{name}, {grid} blocks, {fmad_opt}"),
+            name: format!("{name}, {grid} blocks, launch bounds 256x{}, {fmad_opt}", build.min_blocks.max(1)),
         })
     }
 }

@@ -78,7 +78,10 @@ int main(int argc, char **argv) {
   if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
     fprintf(stderr, "rank %d: the gpulmt shim is not active: run with -x LD_PRELOAD=/path/to/libgpulmt_mpi.so "
                     "(and -x GPULMT_DEVICE=sim without a GPU)\n", rank);
-    MPI_Abort(MPI_COMM_WORLD, 3);
+    /* Every rank finds the same: a clean exit, whose message every launcher passes on
+     * (Hydra may drop what ranks print before an MPI_Abort). */
+    MPI_Finalize();
+    return 3;
   }
   if (size < 2) {
     fprintf(stderr, "device_pingpong needs at least 2 ranks (mpirun -np 2)\n");

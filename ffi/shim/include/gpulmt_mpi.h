@@ -59,6 +59,11 @@ int gpulmt_mpi_get_counters(gpulmt_mpi_counters *out);
 /* Copies the staging counters to *out: 0 on success, -1 for a NULL out. */
 int gpulmt_mpi_get_staging_counters(gpulmt_mpi_staging_counters *out);
 
+/* How many blocking collectives took the device path so far (MPI_Bcast, MPI_Allgather,
+ * MPI_Allreduce and MPI_Reduce_scatter_block of at least GPULMT_MPI_COLL_DEVICE_MIN bytes on device buffers of
+ * every rank, moved over gpulmt with the reduction on the GPU). */
+uint64_t gpulmt_mpi_device_collectives(void);
+
 #if defined(GPULMT_MPI_WEAK) && (defined(__GNUC__) || defined(__clang__))
 #pragma weak gpulmt_mpi_active
 #pragma weak gpulmt_mpi_alloc
@@ -66,6 +71,7 @@ int gpulmt_mpi_get_staging_counters(gpulmt_mpi_staging_counters *out);
 #pragma weak gpulmt_mpi_memcpy
 #pragma weak gpulmt_mpi_get_counters
 #pragma weak gpulmt_mpi_get_staging_counters
+#pragma weak gpulmt_mpi_device_collectives
 #endif
 
 #ifdef __cplusplus

@@ -121,3 +121,12 @@ pub unsafe extern "C" fn gpulmt_mpi_get_staging_counters(out: *mut gpulmt_mpi_st
     unsafe { *out = crate::staging::counters() };
     0
 }
+
+/// How many blocking collectives took the device path so far (`MPI_Bcast`,
+/// `MPI_Allgather`, `MPI_Allreduce`, `MPI_Reduce_scatter_block` moved over gpulmt with
+/// the reduction on the GPU;
+/// see the shim's README).
+#[no_mangle]
+pub extern "C" fn gpulmt_mpi_device_collectives() -> u64 {
+    crate::intercept::coll::device::calls()
+}

@@ -60,11 +60,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
+pub mod device_reduce;
 pub mod envelope;
 mod hostmem;
 pub mod intercept;
 mod mpierr;
 mod raw;
+pub mod rma;
 mod scratch;
 pub mod staging;
 mod state;

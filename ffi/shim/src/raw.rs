@@ -10,7 +10,6 @@ pub const SUCCESS: c_int = MPI_SUCCESS as c_int;
 pub const ERR_TRUNCATE: c_int = MPI_ERR_TRUNCATE as c_int;
 pub const ERR_OTHER: c_int = MPI_ERR_OTHER as c_int;
 pub const ERR_INTERN: c_int = MPI_ERR_INTERN as c_int;
-pub const ERR_TYPE: c_int = MPI_ERR_TYPE as c_int;
 pub const ERR_COUNT: c_int = MPI_ERR_COUNT as c_int;
 
 /// Defines `pub fn $name() -> $ty` reading rsmpi's static `$konst`.
@@ -35,6 +34,7 @@ mpi_constants! {
     int32: MPI_Datatype = RSMPI_INT32_T;
     uint64: MPI_Datatype = RSMPI_UINT64_T;
     op_min: MPI_Op = RSMPI_MIN;
+    op_max: MPI_Op = RSMPI_MAX;
     any_source: c_int = RSMPI_ANY_SOURCE;
     any_tag: c_int = RSMPI_ANY_TAG;
     proc_null: c_int = RSMPI_PROC_NULL;
@@ -43,14 +43,26 @@ mpi_constants! {
     info_null: MPI_Info = RSMPI_INFO_NULL;
     request_null: MPI_Request = RSMPI_REQUEST_NULL;
     message_null: MPI_Message = RSMPI_MESSAGE_NULL;
+    message_no_proc: MPI_Message = RSMPI_MESSAGE_NO_PROC;
     status_ignore: *mut MPI_Status = RSMPI_STATUS_IGNORE;
     in_place: *mut c_void = gpulmt_mpi_in_place;
+    combiner_named: c_int = gpulmt_mpi_combiner_named;
+    win_base: c_int = gpulmt_mpi_win_base;
+    win_model: c_int = gpulmt_mpi_win_model;
 }
 
 extern "C" {
     /// `MPI_IN_PLACE`, from `csrc/mpi_consts.c` (build.rs): a pointer cast in mpi.h's
     /// macro, which bindgen does not translate (Open MPI: 1, MPICH: -1).
     static gpulmt_mpi_in_place: *mut c_void;
+    /// `MPI_COMBINER_NAMED` (an enumerator of a named enum in MPICH's mpi.h).
+    static gpulmt_mpi_combiner_named: c_int;
+    /// The predefined window attributes `MPI_WIN_BASE` and `MPI_WIN_MODEL` (enumerators in
+    /// Open MPI's mpi.h, macros in MPICH's), and the model `MPI_WIN_SEPARATE`, whose
+    /// address `MPI_Win_get_attr` hands out.
+    static gpulmt_mpi_win_base: c_int;
+    static gpulmt_mpi_win_model: c_int;
+    pub static gpulmt_mpi_win_separate: c_int;
 }
 
 /// A zeroed status to be filled by the MPI library.
@@ -151,6 +163,23 @@ pub fn find_count_word() {
     }
 }
 
+/// An MPI handle (`MPI_Request`, `MPI_Message`, `MPI_Win`: a pointer in Open MPI, an int
+/// in MPICH) as a number, to key the shim's tables by.
+pub fn handle_key<T: Copy>(h: T) -> u64 {
+    const { assert!(std::mem::size_of::<T>() <= 8) };
+    let mut k = 0u64;
+    // SAFETY: a handle is plain data of at most 8 bytes (checked above), copied into the
+    // low bytes of `k`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&h as *const T).cast::<u8>(),
+            (&mut k as *mut u64).cast::<u8>(),
+            std::mem::size_of::<T>(),
+        )
+    };
+    k
+}
+
 /// Whether a (source, tag) pair satisfies a receive's (source, tag), wildcards included.
 pub fn matches(want_src: c_int, want_tag: c_int, src: c_int, tag: c_int) -> bool {
     (want_src == any_source() || want_src == src) && (want_tag == any_tag() || want_tag == tag)
@@ -241,7 +270,7 @@ fn is_named(dt: MPI_Datatype) -> bool {
     let (mut ints, mut addrs, mut types, mut combiner): (c_int, c_int, c_int, c_int) = (0, 0, 0, -1);
     // SAFETY: out-pointers to locals; an invalid datatype makes the call fail.
     let rc = unsafe { PMPI_Type_get_envelope(dt, &mut ints, &mut addrs, &mut types, &mut combiner) };
-    rc == SUCCESS && combiner == MPI_COMBINER_NAMED as c_int
+    rc == SUCCESS && combiner == combiner_named()
 }
 
 /// Fills a user's status (unless it is MPI_STATUS_IGNORE) with what the shim knows:

@@ -5,6 +5,8 @@
  *   gpulmt-run -n 2 misuse [SEED]        all the misuse, then a message each way
  *   GPULMT_CHUNK_SIZE=6 misuse config    a configuration out of range fails gpulmt_init
  *
+ * The misuse includes a second gpulmt_init while the first context lives.
+ *
  * SEED varies the garbage handles and lengths. Prints "rank=R checks=N failures=F",
  * then "rank=R ok misuse" when every check held (exit 0); a FAIL line per broken check
  * otherwise (exit 1). */
@@ -64,6 +66,17 @@ int main(int argc, char **argv) {
     unsigned char small[64];
     memset(small, 1, sizeof small);
     gpulmt_request req = 77;
+
+    /* A second init while this context lives is refused (issue 31 item 6), its handle set
+     * to NULL; the first context goes on (the barrier and messages below use it). */
+    gpulmt_ctx *second = (gpulmt_ctx *)&g_rng;
+    int second_rc = gpulmt_init(&second);
+    g_checks++;
+    if (second_rc == GPULMT_SUCCESS || second != NULL || !strstr(gpulmt_last_error(), "init")) {
+        g_failures++;
+        fprintf(stderr, "FAIL rank=%d: a second gpulmt_init returned %d (%s), handle %p\n", g_rank, second_rc,
+                gpulmt_last_error(), (void *)second);
+    }
 
     /* NULL, garbage and made-up contexts are refused, never dereferenced. */
     EXPECT(gpulmt_rank(NULL, &r), GPULMT_ERR_INVALID_ARGUMENT);

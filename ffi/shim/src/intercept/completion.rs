@@ -1,7 +1,8 @@
 //! Completion (`MPI_Wait`, `MPI_Test` and their `all`, `any` and `some` forms): the MPI
 //! library completes every request, the shim's generalized requests included, while
 //! the shim's progress runs between its tests; a failed shim request's error goes to
-//! its own communicator's handler.
+//! its own communicator's handler. The shim's persistent requests take part through the
+//! inner requests of their placeholders (`persistent::translated`).
 
 use std::ffi::c_int;
 
@@ -11,14 +12,16 @@ use mpi_sys::{
     RSMPI_ERRORS_RETURN,
 };
 
+use super::persistent::translated;
 use super::{active, progress_idle, raise};
 use crate::raw::*;
 use crate::state::errored;
 
 /// Runs a completion call of the MPI library on `reqs[..n]`. When one of them is a
-/// shim request that failed, MPI would hand the error to MPI_COMM_WORLD's handler
-/// (a generalized request has no communicator): that handler is set aside for the
-/// call, and the failed request's communicator's handler gets the error instead.
+/// shim request that failed, MPI would hand the error to MPI_COMM_WORLD's or
+/// MPI_COMM_SELF's handler (a generalized request has no communicator): those are set
+/// aside for the call, and the failed request's communicator's handler gets the error
+/// instead.
 ///
 /// # Safety
 /// `reqs` is NULL or holds `n` request handles, and `call` is a completion call of the MPI
@@ -35,16 +38,22 @@ unsafe fn complete(reqs: *const MPI_Request, n: c_int, call: impl FnOnce() -> c_
         }
     };
     let Some(comm) = comm else { return call() };
-    let world = comm_world();
-    let mut old = std::mem::MaybeUninit::uninit();
-    // SAFETY: MPI_COMM_WORLD's handler is swapped and restored around the call.
+    // MPI-3 libraries (Open MPI 4.1) raise an error of a request without a communicator
+    // on MPI_COMM_WORLD, MPI-4 ones (MPICH 4) on MPI_COMM_SELF: both are set aside.
+    let sides = [comm_world(), comm_self()];
+    let mut old = [std::mem::MaybeUninit::uninit(), std::mem::MaybeUninit::uninit()];
+    // SAFETY: the two handlers are swapped and restored around the call.
     unsafe {
-        PMPI_Comm_get_errhandler(world, old.as_mut_ptr());
-        let mut old = old.assume_init();
-        PMPI_Comm_set_errhandler(world, RSMPI_ERRORS_RETURN);
+        for (c, o) in sides.iter().zip(old.iter_mut()) {
+            PMPI_Comm_get_errhandler(*c, o.as_mut_ptr());
+            PMPI_Comm_set_errhandler(*c, RSMPI_ERRORS_RETURN);
+        }
         let rc = call();
-        PMPI_Comm_set_errhandler(world, old);
-        PMPI_Errhandler_free(&mut old);
+        for (c, o) in sides.iter().zip(old.iter_mut()) {
+            let mut o = o.assume_init();
+            PMPI_Comm_set_errhandler(*c, o);
+            PMPI_Errhandler_free(&mut o);
+        }
         raise(comm, rc)
     }
 }
@@ -56,18 +65,22 @@ unsafe fn complete(reqs: *const MPI_Request, n: c_int, call: impl FnOnce() -> c_
 /// valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Wait(request: *mut MPI_Request, status: *mut MPI_Status) -> c_int {
-    loop {
-        if !active() || progress_idle() {
-            // SAFETY: the caller's arguments, passed on.
-            return unsafe { complete(request, 1, || PMPI_Wait(request, status)) };
+    let body = |request: *mut MPI_Request| {
+        loop {
+            if !active() || progress_idle() {
+                // SAFETY: the caller's arguments, passed on.
+                return unsafe { complete(request, 1, || PMPI_Wait(request, status)) };
+            }
+            let mut flag = 0;
+            // SAFETY: as above.
+            let rc = unsafe { complete(request, 1, || PMPI_Test(request, &mut flag, status)) };
+            if rc != SUCCESS || flag != 0 {
+                return rc;
+            }
         }
-        let mut flag = 0;
-        // SAFETY: as above.
-        let rc = unsafe { complete(request, 1, || PMPI_Test(request, &mut flag, status)) };
-        if rc != SUCCESS || flag != 0 {
-            return rc;
-        }
-    }
+    };
+    // SAFETY: the caller's request handle.
+    unsafe { translated(request, 1, body) }
 }
 
 /// `MPI_Test`, after a round of the shim's progress.
@@ -77,11 +90,15 @@ pub unsafe extern "C" fn MPI_Wait(request: *mut MPI_Request, status: *mut MPI_St
 /// `status` is `MPI_STATUS_IGNORE` or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Test(request: *mut MPI_Request, flag: *mut c_int, status: *mut MPI_Status) -> c_int {
-    if active() {
-        progress_idle();
-    }
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { complete(request, 1, || PMPI_Test(request, flag, status)) }
+    let body = |request: *mut MPI_Request| {
+        if active() {
+            progress_idle();
+        }
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { complete(request, 1, || PMPI_Test(request, flag, status)) }
+    };
+    // SAFETY: the caller's request handle.
+    unsafe { translated(request, 1, body) }
 }
 
 /// `MPI_Waitall`: while the shim has transfers running, tests with its progress in between.
@@ -91,18 +108,22 @@ pub unsafe extern "C" fn MPI_Test(request: *mut MPI_Request, flag: *mut c_int, s
 /// `MPI_STATUSES_IGNORE` or has room for `count` statuses.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Waitall(count: c_int, requests: *mut MPI_Request, statuses: *mut MPI_Status) -> c_int {
-    loop {
-        if !active() || progress_idle() {
-            // SAFETY: the caller's arguments, passed on.
-            return unsafe { complete(requests, count, || PMPI_Waitall(count, requests, statuses)) };
+    let body = |requests: *mut MPI_Request| {
+        loop {
+            if !active() || progress_idle() {
+                // SAFETY: the caller's arguments, passed on.
+                return unsafe { complete(requests, count, || PMPI_Waitall(count, requests, statuses)) };
+            }
+            let mut flag = 0;
+            // SAFETY: as above.
+            let rc = unsafe { complete(requests, count, || PMPI_Testall(count, requests, &mut flag, statuses)) };
+            if rc != SUCCESS || flag != 0 {
+                return rc;
+            }
         }
-        let mut flag = 0;
-        // SAFETY: as above.
-        let rc = unsafe { complete(requests, count, || PMPI_Testall(count, requests, &mut flag, statuses)) };
-        if rc != SUCCESS || flag != 0 {
-            return rc;
-        }
-    }
+    };
+    // SAFETY: the caller's array of count request handles.
+    unsafe { translated(requests, count, body) }
 }
 
 /// `MPI_Testall`, after a round of the shim's progress.
@@ -117,11 +138,15 @@ pub unsafe extern "C" fn MPI_Testall(
     flag: *mut c_int,
     statuses: *mut MPI_Status,
 ) -> c_int {
-    if active() {
-        progress_idle();
-    }
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { complete(requests, count, || PMPI_Testall(count, requests, flag, statuses)) }
+    let body = |requests: *mut MPI_Request| {
+        if active() {
+            progress_idle();
+        }
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { complete(requests, count, || PMPI_Testall(count, requests, flag, statuses)) }
+    };
+    // SAFETY: the caller's array of count request handles.
+    unsafe { translated(requests, count, body) }
 }
 
 /// `MPI_Waitany`: while the shim has transfers running, tests with its progress in between.
@@ -136,18 +161,22 @@ pub unsafe extern "C" fn MPI_Waitany(
     index: *mut c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    loop {
-        if !active() || progress_idle() {
-            // SAFETY: the caller's arguments, passed on.
-            return unsafe { complete(requests, count, || PMPI_Waitany(count, requests, index, status)) };
+    let body = |requests: *mut MPI_Request| {
+        loop {
+            if !active() || progress_idle() {
+                // SAFETY: the caller's arguments, passed on.
+                return unsafe { complete(requests, count, || PMPI_Waitany(count, requests, index, status)) };
+            }
+            let mut flag = 0;
+            // SAFETY: as above.
+            let rc = unsafe { complete(requests, count, || PMPI_Testany(count, requests, index, &mut flag, status)) };
+            if rc != SUCCESS || flag != 0 {
+                return rc;
+            }
         }
-        let mut flag = 0;
-        // SAFETY: as above.
-        let rc = unsafe { complete(requests, count, || PMPI_Testany(count, requests, index, &mut flag, status)) };
-        if rc != SUCCESS || flag != 0 {
-            return rc;
-        }
-    }
+    };
+    // SAFETY: the caller's array of count request handles.
+    unsafe { translated(requests, count, body) }
 }
 
 /// `MPI_Testany`, after a round of the shim's progress.
@@ -163,11 +192,15 @@ pub unsafe extern "C" fn MPI_Testany(
     flag: *mut c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    if active() {
-        progress_idle();
-    }
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { complete(requests, count, || PMPI_Testany(count, requests, index, flag, status)) }
+    let body = |requests: *mut MPI_Request| {
+        if active() {
+            progress_idle();
+        }
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { complete(requests, count, || PMPI_Testany(count, requests, index, flag, status)) }
+    };
+    // SAFETY: the caller's array of count request handles.
+    unsafe { translated(requests, count, body) }
 }
 
 /// `MPI_Waitsome`: while the shim has transfers running, tests with its progress in between.
@@ -184,21 +217,26 @@ pub unsafe extern "C" fn MPI_Waitsome(
     indices: *mut c_int,
     statuses: *mut MPI_Status,
 ) -> c_int {
-    loop {
-        if !active() || progress_idle() {
-            // SAFETY: the caller's arguments, passed on.
-            return unsafe {
-                complete(requests, incount, || PMPI_Waitsome(incount, requests, outcount, indices, statuses))
+    let body = |requests: *mut MPI_Request| {
+        loop {
+            if !active() || progress_idle() {
+                // SAFETY: the caller's arguments, passed on.
+                return unsafe {
+                    complete(requests, incount, || PMPI_Waitsome(incount, requests, outcount, indices, statuses))
+                };
+            }
+            // SAFETY: as above.
+            let rc = unsafe {
+                complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses))
             };
+            // SAFETY: the caller's out-pointer, written by PMPI_Testsome.
+            if rc != SUCCESS || unsafe { *outcount } != 0 {
+                return rc;
+            }
         }
-        // SAFETY: as above.
-        let rc =
-            unsafe { complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses)) };
-        // SAFETY: the caller's out-pointer, written by PMPI_Testsome.
-        if rc != SUCCESS || unsafe { *outcount } != 0 {
-            return rc;
-        }
-    }
+    };
+    // SAFETY: the caller's array of incount request handles.
+    unsafe { translated(requests, incount, body) }
 }
 
 /// `MPI_Testsome`, after a round of the shim's progress.
@@ -215,9 +253,13 @@ pub unsafe extern "C" fn MPI_Testsome(
     indices: *mut c_int,
     statuses: *mut MPI_Status,
 ) -> c_int {
-    if active() {
-        progress_idle();
-    }
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses)) }
+    let body = |requests: *mut MPI_Request| {
+        if active() {
+            progress_idle();
+        }
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { complete(requests, incount, || PMPI_Testsome(incount, requests, outcount, indices, statuses)) }
+    };
+    // SAFETY: the caller's array of incount request handles.
+    unsafe { translated(requests, incount, body) }
 }

@@ -47,6 +47,7 @@ fn start() {
 /// changes how many MPI calls a collective is, so every rank must decide alike. Also
 /// where gpulmt does not start on this node (the shim is inactive, collectives still
 /// split). An invalid setting counts as the default here; `Shim::init` reports it.
+/// Then the threshold of the collectives' device path (`coll::device`), agreed alike.
 fn agree_staging_limits() {
     let mine = staging::cap_from_env().unwrap_or(staging::pool::DEFAULT_CAP) as u64;
     let mut all = mine;
@@ -57,6 +58,17 @@ fn agree_staging_limits() {
     };
     if rc == SUCCESS {
         staging::set_limits(usize::try_from(all).unwrap_or(usize::MAX));
+    }
+    // The device path of collectives: the largest threshold of all ranks (`off` anywhere
+    // is off everywhere), since every rank must decide alike whether to ask its peers.
+    let mine = super::coll::device::min_from_env();
+    let mut all = mine;
+    // SAFETY: as above.
+    let rc = unsafe {
+        PMPI_Allreduce((&mine as *const u64).cast(), (&mut all as *mut u64).cast(), 1, uint64(), op_max(), comm_world())
+    };
+    if rc == SUCCESS {
+        super::coll::device::set_min(all);
     }
 }
 
@@ -102,7 +114,11 @@ pub unsafe extern "C" fn MPI_Init_thread(
 /// process is in an MPI call.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Finalize() -> c_int {
+    // The device path's duplicate of MPI_COMM_WORLD, while the library can free it.
+    super::coll::device::finalize();
     if ACTIVE.swap(false, Ordering::AcqRel) {
+        // The helper thread first: it takes the shim's lock.
+        crate::state::stop_background();
         let shim = lock().take();
         if let Some(s) = shim {
             s.finalize();

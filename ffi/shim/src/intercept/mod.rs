@@ -8,11 +8,16 @@
 
 pub mod barrier;
 pub mod coll;
+pub mod comm;
 pub mod completion;
 mod direct_recv;
 pub mod init;
+pub mod io;
+pub mod mprobe;
+pub mod persistent;
 pub mod probe;
 pub mod recv;
+pub mod rma;
 pub mod send;
 pub mod sendrecv;
 

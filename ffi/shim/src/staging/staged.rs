@@ -4,7 +4,9 @@
 //! the call gets a host pointer that addresses the staged copy exactly as the device
 //! pointer addressed the device buffer.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
+
+use mpi_sys::{MPI_ERR_NO_MEM, MPI_ERR_OTHER};
 
 use gpulmt::device::{Backend, CopyTicket, DevId, DeviceError};
 
@@ -36,6 +38,18 @@ impl std::fmt::Display for StagingError {
             ),
             StagingError::Copy(e) => write!(f, "copying between device and host memory failed: {e}"),
         }
+    }
+}
+
+impl StagingError {
+    /// The MPI error code for this failure of the MPI function `call`: of class
+    /// `MPI_ERR_NO_MEM` (over the cap) or `MPI_ERR_OTHER`, with a message that names it.
+    pub fn code(&self, call: &str) -> c_int {
+        let class = match self {
+            StagingError::Exceeded(_) => MPI_ERR_NO_MEM,
+            StagingError::Copy(_) => MPI_ERR_OTHER,
+        };
+        crate::mpierr::for_call(class as c_int, call, self)
     }
 }
 

@@ -21,7 +21,7 @@ pub struct GreqState {
 }
 
 /// A generalized request the shim completed with an error: MPI would report it to
-/// MPI_COMM_WORLD's error handler (the request has no communicator), so the
+/// MPI_COMM_WORLD's or MPI_COMM_SELF's error handler (the request has no communicator), so the
 /// completion calls report it to the operation's communicator instead.
 pub struct Errored {
     pub handle: MPI_Request,

@@ -55,14 +55,21 @@ impl Shim {
                 continue;
             }
             self.posted.remove(i);
-            self.deliver(id, &spec, msg, &st);
+            self.deliver(id, &spec, msg, st.MPI_SOURCE, st.MPI_TAG, status_bytes(&st));
         }
     }
 
-    /// Receives the matched message `msg` for operation `id`.
-    fn deliver(&mut self, id: u64, spec: &RecvSpec, mut msg: MPI_Message, st: &MPI_Status) {
-        let (source, tag) = (st.MPI_SOURCE, st.MPI_TAG);
-        let bytes = status_bytes(st);
+    /// Receives the matched message `msg` (`bytes` long, from `source` with `tag`) for
+    /// operation `id`.
+    pub(super) fn deliver(
+        &mut self,
+        id: u64,
+        spec: &RecvSpec,
+        mut msg: MPI_Message,
+        source: c_int,
+        tag: c_int,
+        bytes: usize,
+    ) {
         if bytes == ENVELOPE_BYTES {
             let mut b = Box::new([0u8; ENVELOPE_BYTES]);
             // SAFETY: a matched message of exactly this many bytes.
@@ -71,18 +78,24 @@ impl Shim {
             return self.deliver_small(id, spec, source, tag, &b, env);
         }
         let mut inner = request_null();
-        let (rc, staging) = if spec.device && spec.contiguous {
-            // The MPI library writes host memory: stage, copy to the device at the end.
+        let (rc, staging) = if spec.device || bytes > spec.cap {
+            // The MPI library writes host memory: a device buffer (any datatype) gets the
+            // message staged, written to it at the end (`write_data`). A message longer
+            // than the buffer is staged too: the shim truncates it itself, so the library
+            // reports no error (MPICH would raise it on MPI_COMM_WORLD's handler, not the
+            // receive's) and writes nothing past the count (Open MPI would).
             let mut staging = vec![0u8; bytes];
-            self.counters.staged_recvs += 1;
+            if spec.device {
+                self.counters.staged_recvs += 1;
+            } else {
+                self.counters.host_recvs += 1;
+            }
             // SAFETY: staging holds the whole message and lives in the operation.
             let rc = unsafe { PMPI_Imrecv(staging.as_mut_ptr().cast(), bytes as c_int, byte(), &mut msg, &mut inner) };
             (rc, Some(staging))
         } else {
-            // Host memory (any datatype), or a non-contiguous device buffer that only a
-            // device-aware MPI library can fill.
             self.counters.host_recvs += 1;
-            // SAFETY: the user's buffer and datatype, valid until the receive completes.
+            // SAFETY: the user's host buffer and datatype, valid until the receive completes.
             let rc = unsafe { PMPI_Imrecv(spec.buf as *mut c_void, spec.count, spec.dtype, &mut msg, &mut inner) };
             (rc, None)
         };
@@ -118,7 +131,7 @@ impl Shim {
                 continue;
             }
             let bytes = status_bytes(&st);
-            if bytes != ENVELOPE_BYTES {
+            if bytes != ENVELOPE_BYTES || !self.envelopes_possible() {
                 return Some((st.MPI_SOURCE, st.MPI_TAG, bytes));
             }
             // Envelope-sized: take it to look inside, and keep it for its receive.

@@ -35,13 +35,18 @@
 //! - [`send`]: starting device sends (through gpulmt, or staged);
 //! - [`recv`]: posting receives and writing a matched message into the user's buffer;
 //! - [`matching`]: matching messages to posted receives in MPI's order, and probes;
+//! - [`mprobe`]: the program's own matched probes and their receives;
 //! - [`progress`]: polling gpulmt and every running operation;
+//! - [`background`]: progress from a helper thread while the application's thread waits
+//!   in a blocking call of the MPI library;
 //! - [`staging`](mod@staging): what staging needs: which buffers are device memory, the
 //!   copier, and non-blocking calls on staged buffers.
 
+mod background;
 mod greq;
 mod lock;
 mod matching;
+mod mprobe;
 mod ops;
 mod placement;
 mod progress;
@@ -56,6 +61,7 @@ use std::ffi::c_int;
 use gpulmt::Context;
 use mpi_sys::*;
 
+pub use background::{stop as stop_background, while_blocked};
 pub use greq::errored;
 pub use lock::{host_fast_path, lock};
 pub use ops::Done;
@@ -85,7 +91,8 @@ pub struct Shim {
     job_hash: u64,
     world_rank: c_int,
     world_group: MPI_Group,
-    /// A private duplicate of the node's communicator, for the finalize barriers.
+    /// A private duplicate of the node's communicator, for the finalize barriers and the
+    /// placeholder messages of matched probes (`mprobe`).
     node_comm: MPI_Comm,
     /// World rank -> local rank of this node (-1: another node).
     world_to_local: Vec<i32>,
@@ -94,6 +101,8 @@ pub struct Shim {
     /// Receives without a message, in post order.
     posted: Vec<u64>,
     stash: Vec<Stashed>,
+    /// Messages the program's matched probes found, by the handle it holds (`mprobe`).
+    probed: HashMap<u64, mprobe::Probed>,
     /// Results of blocking operations, picked up by their waiters.
     finished: HashMap<u64, Done>,
     /// Device allocations made through gpulmt_mpi_alloc (released at finalize).
@@ -105,6 +114,9 @@ pub struct Shim {
     /// Whether device buffers wait for the application's legacy default stream first
     /// (`GPULMT_MPI_SETTLE`).
     settle: bool,
+    /// The library provides `MPI_THREAD_MULTIPLE`: the helper thread of `background`
+    /// may make MPI calls while the application's thread is inside the library.
+    thread_multiple: bool,
     pub counters: gpulmt_mpi_counters,
 }
 
@@ -127,6 +139,12 @@ impl Shim {
     /// message on any communicator may go straight to the MPI library.
     fn quiet(&self) -> bool {
         self.is_idle() && self.stash.is_empty()
+    }
+
+    /// Whether a message of this rank can be an envelope: another rank shares the node.
+    /// Without one, the shim leaves messages of an envelope's size in the library.
+    fn envelopes_possible(&self) -> bool {
+        self.ctx.size() > 1
     }
 
     /// Some matched transfer is in flight (unmatched receives aside) or a control

@@ -5,7 +5,6 @@ use gpulmt::ProtoError;
 use mpi_sys::*;
 
 use super::ops::{Done, RecvSpec, State};
-use super::recv::unpack;
 use super::Shim;
 use crate::raw::*;
 
@@ -83,7 +82,7 @@ impl Shim {
                         let mut d = Done::ok(source, tag, n);
                         if let Some(staging) = staging.take() {
                             let spec = spec.expect("receives have a spec");
-                            d.error = if spec.device { ERR_TYPE } else { unpack(&spec, &staging[..n]) };
+                            d.error = self.write_packed(&spec, &staging[..n]);
                         }
                         d
                     }

@@ -10,6 +10,7 @@ use super::ops::{Done, RecvSpec, State};
 use super::Shim;
 use crate::envelope::{Envelope, ENVELOPE_BYTES};
 use crate::raw::*;
+use crate::staging::Role;
 
 impl Shim {
     /// Posts a receive; returns the operation and, with `greq`, the user's request.
@@ -24,16 +25,29 @@ impl Shim {
         comm: MPI_Comm,
         greq: bool,
     ) -> Result<(u64, MPI_Request), c_int> {
+        let spec = self.recv_spec(buf, count, dtype, source, tag, comm)?;
+        let r = self.new_op(Some(spec), comm, State::Posted, greq);
+        self.posted.push(r.0);
+        self.progress();
+        Ok(r)
+    }
+
+    /// The receive the user gives (an invalid count or datatype: the library's error).
+    pub(super) fn recv_spec(
+        &mut self,
+        buf: usize,
+        count: c_int,
+        dtype: MPI_Datatype,
+        source: c_int,
+        tag: c_int,
+        comm: MPI_Comm,
+    ) -> Result<RecvSpec, c_int> {
         let (cap, contiguous) = crate::hostmem::geometry(dtype, count)?;
         let device = cap > 0 && self.is_device(buf, cap);
         if device {
             self.settle_app_writes(buf);
         }
-        let spec = RecvSpec { buf, count, dtype, source, tag, comm, device, contiguous, cap };
-        let r = self.new_op(Some(spec), comm, State::Posted, greq);
-        self.posted.push(r.0);
-        self.progress();
-        Ok(r)
+        Ok(RecvSpec { buf, count, dtype, source, tag, comm, device, contiguous, cap })
     }
 
     /// Whether a blocking receive into `buf` may go straight to the MPI library (see
@@ -112,30 +126,56 @@ impl Shim {
     pub(super) fn write_data(&mut self, spec: &RecvSpec, source: c_int, tag: c_int, data: &[u8]) -> Done {
         let n = data.len().min(spec.cap);
         let err = if data.len() > spec.cap { ERR_TRUNCATE } else { SUCCESS };
-        let rc = if n == 0 {
-            SUCCESS
-        } else if spec.contiguous && spec.device {
+        let rc = self.write_packed(spec, &data[..n]);
+        let mut d = Done::ok(source, tag, n);
+        d.error = if rc != SUCCESS { rc } else { err };
+        d
+    }
+
+    /// Writes `data`, the packed image of whole elements of the receive's datatype (at
+    /// most its count), into its buffer: copied into a contiguous one, unpacked into
+    /// another; a device buffer of a non-contiguous datatype is staged around the unpack
+    /// (the span its elements cover, copied in first so that the gaps stay as they were).
+    pub(super) fn write_packed(&mut self, spec: &RecvSpec, data: &[u8]) -> c_int {
+        let n = data.len();
+        if n == 0 {
+            return SUCCESS;
+        }
+        if spec.contiguous && spec.device {
             // SAFETY: `spec.buf` is the receive's contiguous device buffer of `spec.cap >= n`
             // bytes, which MPI's rules keep valid and unused until the receive completes.
-            match unsafe { self.ctx.copy_sync(spec.buf, data.as_ptr() as usize, n) } {
+            return match unsafe { self.ctx.copy_sync(spec.buf, data.as_ptr() as usize, n) } {
                 Ok(()) => SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "copying received data to device memory");
                     ERR_OTHER
                 }
-            }
-        } else if spec.contiguous {
+            };
+        }
+        if spec.contiguous {
             // SAFETY: the user's buffer holds `cap` >= n bytes.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), spec.buf as *mut u8, n) };
-            SUCCESS
-        } else if spec.device {
-            ERR_TYPE
-        } else {
-            unpack(spec, &data[..n])
+            return SUCCESS;
+        }
+        if !spec.device {
+            // SAFETY: the user's host buffer of `count` elements of its datatype.
+            return unsafe { unpack(spec, spec.buf, data) };
+        }
+        let staged = match self.stage_buffer(spec.buf, spec.count, spec.dtype, Role::Out, "MPI_Recv") {
+            Ok(Some(staged)) => staged,
+            Ok(None) => return ERR_INTERN,
+            Err(code) => return code,
         };
-        let mut d = Done::ok(source, tag, n);
-        d.error = if rc != SUCCESS { rc } else { err };
-        d
+        // SAFETY: the staged copy of the user's buffer, laid out as it (`Staged::pointer`).
+        let rc = unsafe { unpack(spec, staged.pointer(0, spec.buf as *mut c_void) as usize, data) };
+        if rc != SUCCESS {
+            return rc;
+        }
+        crate::staging::count_bytes(staged.bytes(false));
+        match staged.copy_out(self.ctx.backend()) {
+            Ok(()) => SUCCESS,
+            Err(e) => e.code("MPI_Recv"),
+        }
     }
 
     fn start_lmt_recv(&mut self, id: u64, spec: &RecvSpec, source: c_int, tag: c_int, env: Envelope) {
@@ -162,21 +202,25 @@ impl Shim {
     }
 }
 
-/// Unpacks contiguous bytes into a host buffer of a non-contiguous datatype.
-pub(super) fn unpack(spec: &RecvSpec, data: &[u8]) -> c_int {
+/// Unpacks contiguous bytes into `buf`, host memory laid out as the receive's buffer
+/// (its own, or a staged copy of it).
+///
+/// # Safety
+/// `buf` is valid for writes of `spec.count` elements of `spec.dtype`.
+unsafe fn unpack(spec: &RecvSpec, buf: usize, data: &[u8]) -> c_int {
     let elem = if spec.count > 0 { spec.cap / spec.count as usize } else { 0 };
     if elem == 0 || data.is_empty() {
         return SUCCESS;
     }
     let mut pos = 0;
-    // SAFETY: the user's buffer and datatype for up to `count` elements; `data` is
-    // the packed (homogeneous: raw) image of whole elements.
+    // SAFETY: the caller's buffer for up to `count` elements; `data` is the packed
+    // (homogeneous: raw) image of whole elements.
     unsafe {
         PMPI_Unpack(
             data.as_ptr().cast(),
             data.len() as c_int,
             &mut pos,
-            spec.buf as *mut c_void,
+            buf as *mut c_void,
             (data.len() / elem) as c_int,
             spec.dtype,
             spec.comm,

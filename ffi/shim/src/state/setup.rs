@@ -48,6 +48,10 @@ impl Shim {
             PMPI_Comm_dup(node, &mut node_comm);
             PMPI_Comm_group(world, &mut world_group);
         }
+        let mut level = 0;
+        // SAFETY: a local out-pointer; MPI is initialized.
+        let thread_multiple =
+            unsafe { PMPI_Query_thread(&mut level) } == SUCCESS && level >= MPI_THREAD_MULTIPLE as c_int;
         let mut world_to_local = vec![-1i32; wsize as usize];
         for (l, &w) in members.iter().enumerate() {
             world_to_local[w as usize] = l as i32;
@@ -123,11 +127,13 @@ impl Shim {
             next_op: 1,
             posted: Vec::new(),
             stash: Vec::new(),
+            probed: HashMap::new(),
             finished: HashMap::new(),
             allocations: Vec::new(),
             last_device: None,
             lmt_min,
             settle,
+            thread_multiple,
             counters: gpulmt_mpi_counters::default(),
         })
     }

@@ -690,7 +690,10 @@ int main(int argc, char **argv) {
   select_gpu();
   if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
     fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
-    MPI_Abort(MPI_COMM_WORLD, 3);
+    /* Every rank finds the same: a clean exit, whose message every launcher passes on
+     * (Hydra may drop what ranks print before an MPI_Abort). */
+    MPI_Finalize();
+    return 3;
   }
   if (size < 2) {
     fprintf(stderr, "run with at least 2 ranks\n");

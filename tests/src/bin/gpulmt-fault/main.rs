@@ -11,6 +11,7 @@
 //!
 //! ```text
 //! rank=R ready pid=P job=J size=N          after init
+//! rank=R holding                           hold: device memory allocated, waiting
 //! rank=R init-failed ms=T err=...          init failed (exit 2)
 //! rank=R peer-failed ms=T err=...          a transfer failed because the peer died
 //! rank=R survivor-ok ...                   ... and this rank finalized after it

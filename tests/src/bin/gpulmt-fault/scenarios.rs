@@ -6,7 +6,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use gpulmt::{Context, Error, ProtoError, Request};
+use gpulmt::{Context, Error, ProtoError, Protocol, Request};
 
 /// Forged packets and cookies carry message ids from here up, and tags from
 /// [`FORGED_TAG`] up: nothing real uses them, so a forgery that decodes can never be
@@ -64,9 +64,10 @@ pub enum Cmd {
     /// A second init while the first context lives must fail at once; the first context
     /// then works and finalizes.
     SecondInit,
-    /// Rank 1 forges PACKETS control packets into its ring to rank 0 between real host
-    /// messages; rank 0 feeds COOKIES forged RTS cookies to `lmt_start_recv`. Every real
-    /// message must arrive intact.
+    /// Rank 1 forges PACKETS control packets into its ring to rank 0 (unsealed: as a
+    /// third party would) between real device messages (whose regions cross that ring);
+    /// rank 0 feeds COOKIES forged RTS cookies to `lmt_start_recv`. Every real message
+    /// must arrive intact.
     Fuzz {
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -335,6 +336,9 @@ fn traffic(mut ctx: Context, proto: Proto, millis: Duration, seed: u64) -> i32 {
 }
 
 fn hold_then_exchange(mut ctx: Context, hold: &std::path::Path) -> i32 {
+    // Device memory held through the hold: what a live job has for a sweep to leave alone.
+    let held = ctx.mem_alloc(1 << 20).or_fail("device memory to hold");
+    say!("rank={} holding", ctx.rank());
     let t0 = Instant::now();
     while !hold.exists() {
         if t0.elapsed() > Duration::from_secs(60) {
@@ -356,6 +360,8 @@ fn hold_then_exchange(mut ctx: Context, hold: &std::path::Path) -> i32 {
             fail(format!("the message after the hold is {got:?}"));
         }
     }
+    ctx.mem_free(held).or_fail("freeing the held device memory");
+    ctx.mem_free_commit().or_fail("committing the free");
     finish(ctx, "hold")
 }
 
@@ -444,14 +450,23 @@ fn fuzz(mut ctx: Context, seed: u64, packets: u32, cookies: u32) -> i32 {
     }
     let rounds = 20u64;
     let mut r = Rng::new(seed.wrapping_add(me as u64));
-    // Real traffic: host messages (eager and SHM), which no forged region can touch.
-    let len_of = |round: u64| if round.is_multiple_of(2) { 3000 } else { 300_000 };
+    // Real traffic: device messages, one buffer per length (GET, and PUT by the policy
+    // or an RTR offer), so that the ring rank 1 forges into carries the regions of its
+    // send buffers, mostly short: the forged regions must not push them out of rank 0's
+    // memo (issue 31).
+    const LENS: [usize; 3] = [3000, 300_000, 1 << 20];
+    let len_of = |round: u64| LENS[(round % 3) as usize];
+    let mut bufs: Vec<Buf> = LENS.iter().map(|&n| Buf::new(&mut ctx, n, true)).collect();
+    let buf_of = |round: u64| (round % 3) as usize;
     if me == 1 {
         let ring = ctx.job_segment().ring(1, 0);
         let (mut forged, mut skipped) = (0u64, 0u64);
         for round in 0..rounds {
-            let data = pattern(seed, round, len_of(round));
-            ctx.send(&data, 0, 5).or_fail("fuzz: a real message");
+            let buf = &mut bufs[buf_of(round)];
+            buf.write(&ctx, &pattern(seed, round, len_of(round)));
+            // SAFETY: the buffer outlives the request (waited right here).
+            let req = unsafe { ctx.isend(buf.ptr(), len_of(round), 0, 5) }.or_fail("fuzz: a real message");
+            wait(&mut ctx, req).or_fail("fuzz: a real message");
             // Only this thread pushes to the ring, and only once the context has nothing
             // of its own waiting for it: the ring stays single-producer and in order.
             while ctx.control_pending() {
@@ -478,12 +493,18 @@ fn fuzz(mut ctx: Context, seed: u64, packets: u32, cookies: u32) -> i32 {
         let v0 = ctx.stats().violations;
         for round in 0..rounds {
             let want = pattern(seed, round, len_of(round));
-            let mut got = vec![0u8; want.len()];
-            let st = ctx.recv(&mut got, Some(1), Some(5)).or_fail("fuzz: a real message");
-            if st.len as usize != want.len() || got != want {
+            let buf = &mut bufs[buf_of(round)];
+            // SAFETY: the buffer outlives the request (waited right here).
+            let req = unsafe { ctx.irecv(buf.ptr(), want.len(), Some(1), Some(5)) }.or_fail("fuzz: a real message");
+            let st = ctx.wait(req).or_fail("fuzz: a real message");
+            if st.len as usize != want.len() || buf.read(&ctx) != want {
                 fail(format!("fuzz: real message {round} is corrupt ({} bytes)", st.len));
             }
         }
+        let s = ctx.stats();
+        let (get, put, coop) =
+            (s.protocol_count(Protocol::Get), s.protocol_count(Protocol::Put), s.protocol_count(Protocol::Coop));
+        say!("rank=0 device get={get} put={put} coop={coop}");
         // Forged RTS cookies: shapes of real ones, mutated; each is refused or starts a
         // receive that never completes (nobody sends that message), never more.
         let (mut refused, mut started) = (0u64, 0u64);

@@ -1,7 +1,8 @@
 //! `MPI_Bcast` and `MPI_Ibcast`: the root's device buffer is staged in, the others'
 //! staged back. Staged whole (not split: the ranks' counts and datatypes may differ,
 //! only their type signatures must match); beyond `GPULMT_MPI_STAGING_MAX` an error
-//! that names the call.
+//! that names the call. Large calls on device buffers of every rank take the
+//! [`super::device`] path.
 
 use std::ffi::{c_int, c_void};
 
@@ -28,6 +29,10 @@ pub unsafe extern "C" fn MPI_Bcast(
     root: c_int,
     comm: MPI_Comm,
 ) -> c_int {
+    // SAFETY: the caller's arguments.
+    if let Some(rc) = unsafe { super::device::bcast(buf, count, dt, root, comm) } {
+        return rc;
+    }
     let describe = |site: &Site| Ok(bcast_args(site, count, dt, root));
     // SAFETY: the caller's arguments, passed on.
     unsafe { blocking("MPI_Bcast", comm, [buf], describe, |p| PMPI_Bcast(p[0], count, dt, root, comm)) }

@@ -143,6 +143,10 @@ pub unsafe extern "C" fn MPI_Allgather(
     rtype: MPI_Datatype,
     comm: MPI_Comm,
 ) -> c_int {
+    // SAFETY: the caller's arguments.
+    if let Some(rc) = unsafe { super::device::allgather(sendbuf, scount, stype, recvbuf, rcount, rtype, comm) } {
+        return rc;
+    }
     // SAFETY: no arrays.
     let describe = |site: &Site| unsafe { gather_args(site, sendbuf, scount, stype, Recv::Each(rcount), rtype, None) };
     // SAFETY: the caller's arguments, passed on.

@@ -19,17 +19,24 @@
 //! that names the call, as does anything else unsupported: device buffers in a
 //! collective on an intercommunicator.
 //!
-//! A blocking collective does not move the shim's own transfers while it waits in the
-//! library (`MPI_Barrier` does: see `barrier`). Non-blocking ones on staged buffers
+//! While a blocking collective waits in the library, the shim's helper thread moves its
+//! transfers (`crate::state::while_blocked`; `MPI_Barrier` waits for a `PMPI_Ibarrier`
+//! with progress instead: see `barrier`). Non-blocking ones on staged buffers
 //! are generalized requests that the shim's progress completes after copying the
 //! results back; on host buffers the library's own requests.
 //!
 //! This module holds the driver every collective goes through; the calls are in one
-//! module per family: [`reduce`], [`bcast`], [`gather`], [`scatter`], [`alltoall`].
+//! module per family: [`reduce`], [`bcast`], [`gather`], [`scatter`], [`alltoall`],
+//! [`neighbor`]. Large blocking `MPI_Bcast`, `MPI_Allgather`, `MPI_Allreduce` and
+//! `MPI_Reduce_scatter_block` on
+//! device buffers of every rank take the [`device`] path instead (gpulmt's
+//! point-to-point and a reduction on the GPU), when the ranks agree to.
 
 pub mod alltoall;
 pub mod bcast;
+pub mod device;
 pub mod gather;
+pub mod neighbor;
 pub mod reduce;
 pub mod scatter;
 
@@ -40,7 +47,8 @@ use mpi_sys::*;
 use super::{active, raise, with};
 use crate::mpierr;
 use crate::raw::*;
-use crate::staging::{Copier, Region, Role, Shape, Staged, StagingError};
+use crate::staging::{Copier, Region, Role, Shape, Staged};
+use crate::state::while_blocked;
 
 /// What one buffer argument is to the call on this rank.
 #[derive(Clone, Copy)]
@@ -155,22 +163,13 @@ unsafe fn plan<'a, const N: usize>(
     // MPI call's) keeps valid while the call runs, and the staging ends with it.
     let staged = match unsafe { Staged::new(regions) } {
         Ok(s) => s,
-        Err(e) => return Plan::Failed(staging_error(name, &e)),
+        Err(e) => return Plan::Failed(e.code(name)),
     };
     crate::staging::count_staged(staged.buffers(), staged.bytes(true));
     match staged.copy_in(&copier.backend) {
         Ok(()) => Plan::Staged(staged, copier),
-        Err(e) => Plan::Failed(staging_error(name, &e)),
+        Err(e) => Plan::Failed(e.code(name)),
     }
-}
-
-/// The MPI error for a staging failure of `name`.
-fn staging_error(name: &str, e: &StagingError) -> c_int {
-    let class = match e {
-        StagingError::Exceeded(_) => MPI_ERR_NO_MEM,
-        StagingError::Copy(_) => MPI_ERR_OTHER,
-    };
-    mpierr::for_call(class as c_int, name, e)
 }
 
 /// A blocking collective: `call` with the buffers as given, or with staged copies of
@@ -189,11 +188,11 @@ pub unsafe fn blocking<'a, const N: usize>(
 ) -> c_int {
     // SAFETY: the caller's contract.
     match unsafe { plan(name, comm, &bufs, describe) } {
-        Plan::Pass => call(bufs),
+        Plan::Pass => while_blocked(|| call(bufs)),
         // SAFETY: the caller's communicator.
         Plan::Failed(code) => unsafe { raise(comm, code) },
         Plan::Staged(staged, copier) => {
-            let rc = call(std::array::from_fn(|i| staged.pointer(i, bufs[i])));
+            let rc = while_blocked(|| call(std::array::from_fn(|i| staged.pointer(i, bufs[i]))));
             if rc != SUCCESS {
                 return rc;
             }
@@ -201,7 +200,7 @@ pub unsafe fn blocking<'a, const N: usize>(
             match staged.copy_out(&copier.backend) {
                 Ok(()) => SUCCESS,
                 // SAFETY: as above.
-                Err(e) => unsafe { raise(comm, staging_error(name, &e)) },
+                Err(e) => unsafe { raise(comm, e.code(name)) },
             }
         }
     }
@@ -309,7 +308,7 @@ pub unsafe fn reduction(
     let Some((on_device, copier)) = device else {
         for k in 0..pieces {
             let (n, [s, r]) = at(k);
-            let rc = call(s, r, n);
+            let rc = while_blocked(|| call(s, r, n));
             if rc != SUCCESS {
                 return rc;
             }
@@ -337,12 +336,12 @@ pub unsafe fn reduction(
         crate::staging::pieces::run_pieces(&copier, pieces, regions, |k, staged| {
             let (n, [s, r]) = at(k);
             crate::staging::count_bytes(staged.bytes(true) + staged.bytes(false));
-            call(staged.pointer(0, s), staged.pointer(1, r), n)
+            while_blocked(|| call(staged.pointer(0, s), staged.pointer(1, r), n))
         })
     };
     match run {
         Ok(rc) => rc,
         // SAFETY: the caller's communicator.
-        Err(e) => unsafe { raise(comm, staging_error(name, &e)) },
+        Err(e) => unsafe { raise(comm, e.code(name)) },
     }
 }

@@ -176,6 +176,10 @@ pub unsafe extern "C" fn MPI_Allreduce(
     comm: MPI_Comm,
 ) -> c_int {
     // SAFETY: the caller's arguments.
+    if let Some(rc) = unsafe { super::device::allreduce(sendbuf, recvbuf, count, dt, op, comm) } {
+        return rc;
+    }
+    // SAFETY: the caller's arguments.
     unsafe { every_rank("MPI_Allreduce", PMPI_Allreduce, false, sendbuf, recvbuf, count, dt, op, comm) }
 }
 
@@ -251,6 +255,10 @@ pub unsafe extern "C" fn MPI_Reduce_scatter_block(
     op: MPI_Op,
     comm: MPI_Comm,
 ) -> c_int {
+    // SAFETY: the caller's arguments.
+    if let Some(rc) = unsafe { super::device::reduce_scatter_block(sendbuf, recvbuf, recvcount, dt, op, comm) } {
+        return rc;
+    }
     let describe = |site: &Site| Ok(scatter_block_args(site, sendbuf, recvcount, dt));
     // SAFETY: the caller's arguments, passed on.
     unsafe {
