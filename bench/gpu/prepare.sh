@@ -2,7 +2,7 @@
 # Builds everything a GPU call runs, here (Debian, no GPU), and gathers it in .gpu/
 # (ignored by git), which the device tool carries: release binaries (the product's and
 # the lab's), the transport's unit tests (for their GPU-only cases, as gpulmt-unit), the
-# C ABI examples, the PMPI shim, and the host's anchor programs (../shared/device, or
+# C ABI examples, the PMPI shim, the internode mode's MPI programs, and the host's anchor programs (../shared/device, or
 # ANCHORS=DIR, as .gpu/tools). Fails if .gpu outgrows what a call may carry (64 MiB).
 # Usage: bash bench/gpu/prepare.sh   then: bash bench/gpu/run.sh MODE OUTDIR there, carry [".gpu"]
 set -euo pipefail
@@ -17,6 +17,16 @@ for b in gpulmt-run gpulmt-check gpulmt-info osu_latency osu_bw osu_bibw stencil
   cp "target/release/$b" .gpu/bin/
 done
 cp target/release/libgpulmt_mpi.so .gpu/bin/
+# The internode mode's programs, started by mpirun (feature `mpi`, linked to Open MPI's
+# libmpi.so.40): the pseudo-node checks, the osu benchmarks as *_mpi, and osu_latency with
+# the anatomy points as well. Built after the copies above: these builds replace the
+# binaries of the same name in target/release.
+cargo build --release -p gpulmt-tests --features mpi --bin gpulmt-mpi-nodes --quiet
+cp target/release/gpulmt-mpi-nodes .gpu/bin/
+cargo build --release -p gpulmt-bench --features mpi --bin osu_latency --bin osu_bw --bin osu_bibw --quiet
+for b in osu_latency osu_bw osu_bibw; do cp "target/release/$b" ".gpu/bin/${b}_mpi"; done
+cargo build --release -p gpulmt-bench --features mpi,gpulmt/anatomy --bin osu_latency --quiet
+cp target/release/osu_latency .gpu/bin/osu_latency_anatomy_mpi
 cp "$unit" .gpu/bin/gpulmt-unit
 for ex in host pingpong; do
   cc -std=c11 -O2 -Iinclude "ffi/examples/$ex.c" -Ltarget/release -lgpulmt -Wl,-rpath,'$ORIGIN' -o ".gpu/bin/c_$ex"

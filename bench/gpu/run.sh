@@ -3,7 +3,7 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
@@ -30,6 +30,13 @@
 #            Open MPI, and on host buffers (coll.csv), and NCCL's collectives where NCCL can
 #            run (nccl_coll.csv: one rank per GPU); the table in coll_summary.txt.
 #            COLL_PARTS="tests" or "bench" runs one half (each fits a 10-minute call)
+#   internode the internode path (docs/internode.md) on one GPU, 2 pseudo-nodes under mpirun
+#            (GPULMT_PSEUDO_NODES=2) with MPS: gpulmt-mpi-nodes' byte checks with 1 and 2 ranks
+#            per node, 4-slot queues over TCP, a rank killed mid-transfer (check.csv);
+#            osu_latency / osu_bw / osu_bibw D D and H H across the nodes over Open MPI's
+#            shared memory (vader) and TCP, beside Open MPI H H and the host-staged anchor on
+#            the same transport (staged_mpi.sh); the anatomy of one 8 B D D leg
+#            (anatomy_net.csv); the ratios in internode_summary.txt. Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
 #
@@ -38,11 +45,12 @@
 # GPULMT_DEVICE=sim runs what needs no GPU on simulated devices and says what it skips (the
 # anchors and the shim's CUDA programs need nvcc). Settings: BIN (binaries, default
 # .gpu/bin), MAX (largest message, default 1G), CHECK_SIZES (the checks' ping-pong sizes),
-# STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200).
+# STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200), INTERNODE_OSU_ARGS
+# (extra options of the internode mode's osu runs, e.g. "-i 20 -x 2" for a quick sim run).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll OUTDIR}
-case $mode in full | osu | stencil | shim | checks | device | coll) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device or coll" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device | coll | internode) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, coll or internode" >&2
   exit 2
   ;;
 esac
@@ -366,6 +374,108 @@ device() {
   cat "$out/device_bench.csv" "$out/nvshmem.csv" 2>/dev/null | grep -v '^anchor,' | sort -t, -k2,2 -k3,3n -k1,1
 }
 
+# The internode path across 2 pseudo-nodes of this host (see the mode's line at the top).
+# The binaries are the `mpi`-feature builds prepare.sh adds (*_mpi, gpulmt-mpi-nodes); a
+# missing one fails the mode at once.
+internode() {
+  local b pn np rc transport mca what
+  for b in gpulmt-mpi-nodes osu_latency_mpi osu_bw_mpi osu_bibw_mpi; do
+    if [ ! -x "$bin/$b" ]; then
+      log "internode FAILED: $bin/$b missing (bash bench/gpu/prepare.sh builds it)"
+      echo "internode_binaries,FAIL,$bin/$b missing" >> "$out/check.csv"
+      return 1
+    fi
+  done
+  if ! command -v mpirun >/dev/null 2>&1; then
+    log "internode FAILED: mpirun not found (the internode path runs under Open MPI)"
+    echo "internode_mpirun,FAIL,mpirun missing" >> "$out/check.csv"
+    return 1
+  fi
+  pn="$mpirun -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2"
+  # A step that fails is a FAIL row of check.csv, so the mode's exit status says so.
+  failed() {
+    log "internode FAILED: $*"
+    echo "internode,FAIL,$*" >> "$out/check.csv"
+  }
+  echo "mps=$mps device=$GPULMT_DEVICE" > "$out/internode_env.txt"
+  ompi_info 2>/dev/null | grep -i 'cuda' >> "$out/internode_env.txt"
+
+  log internode checks: gpulmt-mpi-nodes, byte for byte
+  # name, ranks, mpirun options, program arguments
+  while IFS='|' read -r what np mca args; do
+    # shellcheck disable=SC2086 # options and arguments are words
+    timeout 240 $pn -np "$np" $mca "$bin/gpulmt-mpi-nodes" $args < /dev/null > "$out/internode_$what.txt" 2>&1
+    rc=$?
+    if [ "$what" = killed_mid_transfer ]; then
+      # The job must end with an error status, not hang (timeout's 124) nor succeed.
+      if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'killing itself mid-transfer' "$out/internode_$what.txt"; then
+        echo "internode_$what,ok,rc=$rc"
+      else
+        echo "internode_$what,FAIL,rc=$rc"
+      fi
+    elif [ $rc -eq 0 ] && [ "$(grep -c '^rank [0-9]* ok checks=' "$out/internode_$what.txt")" = "$np" ]; then
+      echo "internode_$what,ok,$(grep -o 'checks=[0-9]*' "$out/internode_$what.txt" | head -1)"
+    else
+      echo "internode_$what,FAIL,rc=$rc $(grep -m1 FAIL "$out/internode_$what.txt")"
+    fi | tee -a "$out/check.csv"
+  done <<'CASES'
+2_nodes_x1|2||
+2_nodes_x2|4||
+2_nodes_x2_tcp_4_slots|4|--mca btl tcp,self -x GPULMT_NET_QUEUE_SLOTS=4|--max 4M
+killed_mid_transfer|4||die
+CASES
+
+  log internode osu: D D and H H across 2 pseudo-nodes, shared memory and TCP
+  for transport in vader tcp; do
+    mca=""
+    [ $transport = tcp ] && mca="--mca btl tcp,self"
+    local csv="$out/internode_$transport.csv"
+    rm -f "$csv"
+    for pl in "D D" "H H"; do
+      # shellcheck disable=SC2086
+      timeout 300 $pn -np 2 $mca $bin/osu_latency_mpi --large-budget 2G ${INTERNODE_OSU_ARGS:-} -m "0:$(upto 64M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
+        || failed "osu_latency_mpi $transport $pl"
+      # shellcheck disable=SC2086
+      timeout 300 $pn -np 2 $mca $bin/osu_bw_mpi --large-budget 2G ${INTERNODE_OSU_ARGS:-} -m "1:$(upto 64M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
+        || failed "osu_bw_mpi $transport $pl"
+      # shellcheck disable=SC2086
+      timeout 300 $pn -np 2 $mca $bin/osu_bibw_mpi --large-budget 2G ${INTERNODE_OSU_ARGS:-} -m "1:$(upto 64M)" --csv "$csv" $pl > /dev/null 2>> "$out/log.txt" \
+        || failed "osu_bibw_mpi $transport $pl"
+    done
+    # Open MPI H H and the host-staged anchor on the same transport, in the same call.
+    if ! on_gpu; then
+      skip "internode anchors ($transport): staged_mpi.sh measures GPUs (sim here)"
+    elif ! have_nvcc || [ ! -f $tools/staged_mpi.sh ]; then
+      log "internode FAILED: the anchors need nvcc and $tools/staged_mpi.sh (prepare.sh copies ../shared/device)"
+      echo "internode_anchors_$transport,FAIL,nvcc or $tools/staged_mpi.sh missing" >> "$out/check.csv"
+    else
+      MPIRUN_ARGS="$mca" bash $tools/staged_mpi.sh "$(upto 64M)" host > "$out/host_mpi_$transport.csv" 2>> "$out/log.txt" \
+        || failed "staged_mpi.sh host ($transport)"
+      MPIRUN_ARGS="$mca" bash $tools/staged_mpi.sh "$(upto 64M)" > "$out/staged_mpi_$transport.csv" 2>> "$out/log.txt" \
+        || failed "staged_mpi.sh ($transport)"
+    fi
+  done
+
+  log internode latency D D with the proxy never sleeping when idle \(GPULMT_NET_IDLE_SLEEP=0\), vader
+  # shellcheck disable=SC2086
+  GPULMT_NET_IDLE_SLEEP=0 timeout 300 $pn -x GPULMT_NET_IDLE_SLEEP -np 2 $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} \
+    -m "0:$(upto 4M)" --csv "$out/internode_vader_nosleep.csv" D D > /dev/null 2>> "$out/log.txt" \
+    || failed "osu_latency_mpi with GPULMT_NET_IDLE_SLEEP=0"
+
+  log internode anatomy: one 8 B D D leg, post to completion
+  if [ -x "$bin/osu_latency_anatomy_mpi" ]; then
+    mkdir -p "$out/anatomy"
+    GPULMT_ANATOMY_OUT="$out/anatomy/net" timeout 300 $pn -np 2 -x GPULMT_ANATOMY_OUT "$bin/osu_latency_anatomy_mpi" \
+      -m 8:8 -i 5000 D D > /dev/null 2>> "$out/log.txt" || failed "osu_latency_anatomy_mpi"
+    python3 bench/gpu/anatomy_net.py "$out/anatomy/net" > "$out/anatomy_net.csv" 2>> "$out/log.txt" \
+      || failed "anatomy_net.py (its error is in log.txt)"
+  else
+    log "internode FAILED: $bin/osu_latency_anatomy_mpi missing (prepare.sh builds it)"
+    echo "internode_anatomy,FAIL,osu_latency_anatomy_mpi missing" >> "$out/check.csv"
+  fi
+  python3 bench/gpu/internode_summary.py "$out" | tee "$out/internode_summary.txt"
+}
+
 report() {
   if [ -f "$out/gpulmt.csv" ] || [ -f "$out/stencil.csv" ]; then
     log report
@@ -380,6 +490,11 @@ case $mode in
   osu | stencil | shim | coll) "$mode" ;;
   device)
     device
+    ;;
+  internode)
+    # One GPU or two: every rank of the pseudo-nodes shares it with another, so MPS.
+    MPS=1 start_mps
+    internode
     ;;
   checks)
     log checks
@@ -397,7 +512,7 @@ esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = coll ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = coll ] || [ "$mode" = internode ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

@@ -62,7 +62,8 @@ thread_local! {
 fn join() -> gpulmt::Result<Context> {
     #[cfg(feature = "mpi")]
     if gpulmt::mpi::launched_by_mpi() {
-        let universe = gpulmt::mpi::rsmpi::initialize()
+        // MPI_THREAD_MULTIPLE: across nodes the internode path's proxy thread calls MPI too.
+        let (universe, _) = gpulmt::mpi::rsmpi::initialize_with_threading(gpulmt::mpi::rsmpi::Threading::Multiple)
             .ok_or_else(|| gpulmt::Error::Bootstrap("MPI was initialized already".into()))?;
         let ctx = gpulmt::mpi::init_from_mpi(&universe.world());
         MPI.with(|m| *m.borrow_mut() = Some(universe));

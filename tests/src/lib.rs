@@ -163,14 +163,34 @@ pub fn launcher_command(
     cmd
 }
 
+/// `mpirun -np N [mca...] prog args` on sim devices, with only `env` of the `GPULMT_*`
+/// settings (passed to the ranks with `-x`); `mca` are extra mpirun options
+/// (`["--mca", "btl", "tcp,self"]`).
+pub fn mpirun_command(np: usize, mca: &[&str], prog: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    without_gpulmt_env(&mut cmd).args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]).args(mca);
+    for (k, v) in [("GPULMT_DEVICE", "sim")].iter().chain(env) {
+        cmd.arg("-x").arg(format!("{k}={v}"));
+    }
+    cmd.arg(prog).args(args);
+    cmd
+}
+
+/// Whether `mpirun` is on PATH; prints why a test skips where it is not.
+pub fn have_mpirun() -> bool {
+    let found = Command::new("sh").args(["-c", "command -v mpirun"]).output().is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIPPED: mpirun is not on PATH (apt-get install openmpi-bin libopenmpi-dev; .ci/run does)");
+    }
+    found
+}
+
 /// `gpulmt-fault-mpi` (the fault-injection rank program started by `mpirun`, built with
 /// the `mpi` feature; `.ci/run` builds it) where it and `mpirun` exist; `None` (saying
 /// why) where either is missing.
 pub fn mpi_fault_program() -> Option<PathBuf> {
     let prog = target_profile_dir().join("gpulmt-fault-mpi");
-    let mpirun = Command::new("sh").args(["-c", "command -v mpirun"]).output().is_ok_and(|o| o.status.success());
-    if !mpirun {
-        eprintln!("SKIPPED: mpirun is not on PATH (apt-get install openmpi-bin; .ci/run does)");
+    if !have_mpirun() {
         return None;
     }
     if !prog.is_file() {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use gpulmt_tests::live::{signal, LiveJob};
 use gpulmt_tests::{
-    check, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, objects_of, private_dev_shm_possible,
-    without_gpulmt_env, JobOutput,
+    check, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, mpirun_command, objects_of,
+    private_dev_shm_possible, without_gpulmt_env, JobOutput,
 };
 
 const FAULT: &str = env!("CARGO_BIN_EXE_gpulmt-fault");
@@ -43,12 +43,7 @@ fn field(out: &JobOutput, head: &str, key: &str) -> Option<String> {
 
 /// `mpirun -np N prog args` on sim devices, with only `env` of the `GPULMT_*` settings.
 fn mpirun(np: usize, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> LiveJob {
-    let mut cmd = Command::new("mpirun");
-    without_gpulmt_env(&mut cmd).args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
-    for (k, v) in [("GPULMT_DEVICE", "sim")].iter().chain(env) {
-        cmd.arg("-x").arg(format!("{k}={v}"));
-    }
-    cmd.arg(prog).args(args);
+    let cmd = mpirun_command(np, &[], prog, args, env);
     LiveJob::spawn(cmd, format!("mpirun -np {np} {} {}", prog.display(), args.join(" ")))
 }
 

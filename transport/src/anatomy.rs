@@ -1,11 +1,15 @@
 //! Host timestamps at the steps of a message's path through this rank (cargo feature
 //! `anatomy`), to find where a small message's latency goes on real hardware: where a
 //! request is posted, a packet crosses a ring, a copy is issued, seen finished, a request
-//! completes. Without the feature every call here compiles to nothing; with it, each
-//! point costs one `clock_gettime` and a store into a preallocated thread-local log, and
-//! [`dump`] writes the log as CSV `ns,point,arg` (CLOCK_MONOTONIC, one clock for all
-//! processes of a host) to `$GPULMT_ANATOMY_OUT.<rank>.csv` at finalize.
-//! `bench/gpu/anatomy.py` lines the ranks' logs up into the steps of a ping-pong leg.
+//! completes, and on the internode path where the proxy thread takes a packet, MPI
+//! accepts it, a control message arrives and completions are published. Without the
+//! feature every call here compiles to nothing; with it, each point costs one
+//! `clock_gettime` and a store into a preallocated log of the calling thread, and
+//! [`dump`] writes the logs of every thread of the process (the context's and the
+//! proxy's), merged in time order, as CSV `ns,point,arg` (CLOCK_MONOTONIC, one clock for
+//! all processes of a host) to `$GPULMT_ANATOMY_OUT.<rank>.csv` at finalize.
+//! `bench/gpu/anatomy.py` lines the ranks' logs up into the steps of a ping-pong leg;
+//! `bench/gpu/anatomy_net.py` those of a leg across nodes.
 
 /// A step of a message's path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +34,16 @@ pub enum Point {
     Completed = 8,
     /// A step inside a call (arg: which, see [`probe`]).
     Probe = 9,
+    /// The internode proxy took a packet from a GIO send queue (arg: its op code).
+    NetTaken = 10,
+    /// MPI accepted a message the proxy sent (the `MPI_Isend` returned).
+    NetIssued = 11,
+    /// A control message from another node reached the proxy (arg: 0).
+    NetArrived = 12,
+    /// The proxy published completions of a queue (its counters, with release).
+    NetPublished = 13,
+    /// The context took a control packet the proxy delivered (arg: its kind byte).
+    NetPacketIn = 14,
 }
 
 /// Args of [`Point::Probe`]: steps inside `irecv` and `isend`, and a packet handled.
@@ -47,16 +61,26 @@ pub mod probe {
 
 #[cfg(feature = "anatomy")]
 mod imp {
-    use std::cell::RefCell;
     use std::io::Write;
+    use std::sync::{Arc, Mutex, PoisonError};
 
     use super::Point;
 
-    /// Entries kept at most: a long run keeps its first ones.
+    /// Entries kept at most per thread: a long run keeps its first ones.
     const CAPACITY: usize = 4 << 20;
 
+    type Log = Arc<Mutex<Vec<(u64, u8, u8)>>>;
+
+    /// Every thread's log, so that the context's thread writes the proxy's too. Each
+    /// thread locks only its own log (uncontended but at the dump).
+    static LOGS: Mutex<Vec<Log>> = Mutex::new(Vec::new());
+
     thread_local! {
-        static LOG: RefCell<Vec<(u64, u8, u8)>> = RefCell::new(Vec::with_capacity(CAPACITY));
+        static LOG: Log = {
+            let log: Log = Arc::new(Mutex::new(Vec::with_capacity(CAPACITY)));
+            LOGS.lock().unwrap_or_else(PoisonError::into_inner).push(log.clone());
+            log
+        };
         static POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     }
 
@@ -70,7 +94,7 @@ mod imp {
     pub fn mark(p: Point, arg: u8) {
         let t = now_ns();
         LOG.with(|l| {
-            let mut l = l.borrow_mut();
+            let mut l = l.lock().unwrap_or_else(PoisonError::into_inner);
             if l.len() < CAPACITY {
                 l.push((t, p as u8, arg));
             }
@@ -88,10 +112,16 @@ mod imp {
     pub fn dump(rank: u32) {
         let Some(base) = std::env::var_os("GPULMT_ANATOMY_OUT") else { return };
         let path = format!("{}.{rank}.csv", base.to_string_lossy());
+        let mut all: Vec<(u64, u8, u8)> = Vec::new();
+        for log in LOGS.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            all.extend_from_slice(&log.lock().unwrap_or_else(PoisonError::into_inner));
+        }
+        // Stable: one thread's entries of one nanosecond keep their order.
+        all.sort_by_key(|e| e.0);
         let write = || -> std::io::Result<()> {
             let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
             writeln!(f, "ns,point,arg")?;
-            LOG.with(|l| l.borrow().iter().try_for_each(|(t, p, a)| writeln!(f, "{t},{p},{a}")))?;
+            all.iter().try_for_each(|(t, p, a)| writeln!(f, "{t},{p},{a}"))?;
             f.flush()
         };
         if let Err(e) = write() {
@@ -123,7 +153,7 @@ pub fn take_polls() -> u8 {
     0
 }
 
-/// Writes this thread's log (see the module doc); nothing without the feature.
+/// Writes every thread's log (see the module doc); nothing without the feature.
 #[inline(always)]
 pub fn dump(_rank: u32) {
     #[cfg(feature = "anatomy")]

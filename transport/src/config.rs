@@ -296,6 +296,7 @@ impl Config {
         e.node = node;
         e.eager_limit = self.eager_limit;
         e.device_eager_limit = self.device_eager_limit;
+        e.net_eager_limit = self.net.eager_limit;
         e.policy = self.policy();
         // A forced protocol is the one that runs: no RTR offers then.
         e.rtr_put_max = if self.protocol == ProtocolOverride::Auto { self.rtr_put_max } else { 0 };

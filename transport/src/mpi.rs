@@ -3,7 +3,9 @@
 //! `GPULMT_JOB` / `GPULMT_RANK` / `GPULMT_SIZE`.
 //!
 //! ```no_run
-//! let universe = gpulmt::mpi::rsmpi::initialize().expect("MPI_Init");
+//! use gpulmt::mpi::rsmpi::Threading;
+//! // The internode path's proxy thread calls MPI beside the application's: MPI_THREAD_MULTIPLE.
+//! let (universe, _) = gpulmt::mpi::rsmpi::initialize_with_threading(Threading::Multiple).expect("MPI_Init_thread");
 //! let ctx = gpulmt::mpi::init_from_mpi(&universe.world()).expect("gpulmt init");
 //! // ... transfers between the ranks of the communicator ...
 //! ctx.finalize().expect("finalize");
@@ -16,12 +18,12 @@
 //! other nodes are reached through the internode path (`docs/internode.md`).
 
 use ::mpi::topology::Communicator;
-use ::mpi::traits::{CommunicatorCollectives, Root};
+use ::mpi::traits::{AsRaw, CommunicatorCollectives, Root};
+use gpulmt_protocols::Rank;
 
 use crate::config::Config;
 use crate::context::{Context, JobInfo};
 use crate::error::{Error, Result};
-use crate::offnode::OffNodePath;
 use crate::topology::{HostSlot, Topology};
 
 /// The rsmpi crate this module is built against, so callers need no dependency of
@@ -30,10 +32,6 @@ pub use ::mpi as rsmpi;
 
 /// Bytes of the job-id broadcast buffer: ids are short ASCII ("mpi<pid>x<hex time>").
 const JOB_ID_BYTES: usize = 64;
-
-/// Why ranks of other nodes cannot be reached yet: the production internode path (GIO
-/// queues and the proxy, `crate::net`) is not plugged in here yet.
-pub const NOT_BUILT: &str = "internode path not built yet";
 
 /// Whether this process was started by an MPI launcher (Open MPI's
 /// `OMPI_COMM_WORLD_SIZE`, or `PMI_SIZE` of MPICH / Hydra / Slurm) rather than by
@@ -54,9 +52,15 @@ pub fn launched_by_mpi() -> bool {
 /// device is `GPULMT_GPU`, else `GPULMT_LOCAL_RANK`, else the rank's index on its host,
 /// modulo the devices.
 ///
-/// Until the internode path is plugged in, transfers with ranks of other nodes fail with
-/// an error that says so ([`NOT_BUILT`]); those within a node work.
-pub fn init_from_mpi(comm: &impl Communicator) -> Result<Context> {
+/// Where the job has more than one node, the internode path starts too
+/// ([`crate::net::start`], collective over `comm`): MPI must then run with
+/// `MPI_THREAD_MULTIPLE` (`rsmpi::initialize_with_threading(Threading::Multiple)`), or
+/// the start fails with an error that says so. If any rank fails to join its node or to
+/// start its path, every rank returns an error (none waits for the one that failed).
+pub fn init_from_mpi<C>(comm: &C) -> Result<Context>
+where
+    C: Communicator + AsRaw<Raw = ::mpi::ffi::MPI_Comm>,
+{
     let cfg = Config::from_env()?;
     let host = comm.split_shared(comm.rank());
     // The host's first rank names the host (by its rank in `comm`) and makes the job id.
@@ -91,14 +95,39 @@ pub fn init_from_mpi(comm: &impl Communicator) -> Result<Context> {
     let info = JobInfo { job, rank: place.local, size: topology.local_size() };
 
     let single = topology.is_single_node();
-    // PLUG-IN POINT for the internode path (issue 27): where some rank runs on another
-    // node, start the production path here and pass it, e.g.
-    //     let offnode = (!single).then(|| crate::net::start(comm, &topology, &cfg)).transpose()?;
-    // and drop the `set_offnode_absent` below.
-    let offnode: Option<Box<dyn OffNodePath>> = None;
-    let mut ctx = Context::init_world(cfg, info, topology, offnode)?;
-    if !single {
-        ctx.set_offnode_absent(NOT_BUILT);
+    let made = Context::init_world(cfg, info, topology, None);
+    // Every rank goes on only if every rank has its context: a rank that failed returns,
+    // and the others must not wait for it in the path's collective start.
+    agree(comm, made.as_ref().err().map(|e| e.to_string()), "could not join its node's gpulmt job")?;
+    let mut ctx = made?;
+    if single {
+        return Ok(ctx);
     }
+    // The internode path (docs/internode.md), collective over `comm`: its proxy thread
+    // and queues need the context's device backend for their memory, so it starts after
+    // the context, and the context takes it then.
+    let me = ctx.rank();
+    let peers: Vec<Rank> = (0..ctx.size()).filter(|&r| r != me && !ctx.topology().on_node(r)).collect();
+    let started = crate::net::start(comm, &peers, &ctx.config().net, ctx.backend().clone());
+    agree(comm, started.as_ref().err().map(|e| e.to_string()), "could not start its internode path")?;
+    let path = started.map_err(|e| Error::Bootstrap(format!("starting the internode path: {e}")))?;
+    ctx.attach_offnode_path(Box::new(path))?;
     Ok(ctx)
+}
+
+/// Whether every rank of `comm` succeeded at a step of the start (collective): `failed`
+/// is this rank's reason if it did not. A rank that failed gets its own error back; the
+/// others learn that some rank failed (its rank, the lowest of those that did), so that
+/// no rank waits in a later collective for one that returned.
+fn agree(comm: &impl Communicator, failed: Option<String>, what: &str) -> Result<()> {
+    let mine = if failed.is_some() { comm.rank() } else { i32::MAX };
+    let mut first = i32::MAX;
+    comm.all_reduce_into(&mine, &mut first, ::mpi::collective::SystemOperation::min());
+    match failed {
+        Some(why) => Err(Error::Bootstrap(format!("rank {} {what}: {why}", comm.rank()))),
+        None if first != i32::MAX => Err(Error::Bootstrap(format!(
+            "rank {first} {what} (its own error says why); every rank of the communicator gives up"
+        ))),
+        None => Ok(()),
+    }
 }

@@ -136,12 +136,24 @@ impl Context {
         }
     }
 
-    /// Says why a context without a path cannot reach the ranks of other nodes.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub(crate) fn set_offnode_absent(&mut self, why: &str) {
-        if self.offnode.path.is_none() {
-            self.offnode.down = Some(why.to_string());
+    /// Installs the path to the ranks of other nodes in a context made without one
+    /// ([`Context::init_world`] with `None`): from then on they are reachable. The path
+    /// needs the context's device backend for its queues' memory, which is why it comes
+    /// after the context (`gpulmt::mpi::init_from_mpi` and the PMPI shim start
+    /// [`crate::net`]'s path this way). Refused when the context has a path already, or
+    /// has no rank on another node.
+    pub fn attach_offnode_path(&mut self, path: Box<dyn OffNodePath>) -> Result<()> {
+        if self.offnode.path.is_some() {
+            return Err(Error::InvalidArgument("this context has an internode path already".into()));
         }
+        if self.topo.is_single_node() {
+            return Err(Error::InvalidArgument(
+                "this context's job has one node: no rank needs an internode path".into(),
+            ));
+        }
+        self.offnode.path = Some(path);
+        self.offnode.down = None;
+        Ok(())
     }
 
     /// Sends control packet `p` to `to`, a rank of another node.
@@ -271,7 +283,10 @@ impl Context {
         let mut inbound = std::mem::take(&mut self.offnode.inbound);
         let mut done = std::mem::take(&mut self.offnode.done);
         let mut failed = std::mem::take(&mut self.offnode.failed);
-        path.poll_inbound(&mut |from, bytes| inbound.push((from, Packet::decode(bytes))));
+        path.poll_inbound(&mut |from, bytes| {
+            anatomy::mark(Point::NetPacketIn, bytes.get(1).copied().unwrap_or(0));
+            inbound.push((from, Packet::decode(bytes)))
+        });
         path.poll_done(&mut |id, result| done.push((id, result)));
         path.poll_failed(&mut |r| failed.push(r));
         let mut did = !(inbound.is_empty() && done.is_empty() && failed.is_empty());

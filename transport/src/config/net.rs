@@ -9,6 +9,9 @@ use super::{ConfigError, Reader, Value};
 /// table (`config::VARIABLES`). Sizes are in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetConfig {
+    /// `GPULMT_NET_EAGER_LIMIT`: largest message to another node sent inside its control
+    /// packet (the engine's `net_eager_limit`).
+    pub eager_limit: u64,
     /// `GPULMT_NET_QUEUES`: send queues set up at start.
     pub queues: u32,
     /// `GPULMT_NET_QUEUE_SLOTS`: slots per send queue (a power of two).
@@ -42,6 +45,7 @@ impl Default for NetConfig {
 impl NetConfig {
     pub(super) fn read(r: &Reader<'_>) -> Result<NetConfig, ConfigError> {
         Ok(NetConfig {
+            eager_limit: r.size("GPULMT_NET_EAGER_LIMIT")?,
             queues: r.count("GPULMT_NET_QUEUES")?,
             queue_slots: r.count("GPULMT_NET_QUEUE_SLOTS")?,
             batch: r.count("GPULMT_NET_BATCH")?,

@@ -54,6 +54,11 @@ pub struct Variable {
     pub meaning: &'static str,
 }
 
+/// Largest `GPULMT_NET_EAGER_LIMIT`: an eager packet (header and payload) fills at most
+/// one control slot of the internode path.
+const NET_EAGER_MAX: u64 = (crate::net::wire::CTRL_MAX - gpulmt_protocols::wire::eager_overhead()) as u64;
+const _: () = assert!(NET_EAGER_MAX == 16370, "the meaning of GPULMT_NET_EAGER_LIMIT names this bound");
+
 /// Any size at all.
 const ANY_SIZE: Kind = Kind::Size { min: 0, max: u64::MAX, multiple_of: 1, zero_is_off: false, never: false };
 /// A size threshold of the `auto` policy: any size, or `never`.
@@ -296,6 +301,16 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "Log filter of the subscriber that gpulmt's binaries and C entry points install (to standard \
                   error). `info` says which backend and protocols were chosen and why; `debug` traces every \
                   transfer.",
+    },
+    Variable {
+        name: "GPULMT_NET_EAGER_LIMIT",
+        kind: Kind::Size { min: 0, max: NET_EAGER_MAX, multiple_of: 1, zero_is_off: false, never: false },
+        default: Text("8K"),
+        class: Normal,
+        meaning: "Internode path: messages to a rank of another node up to this size, host or device memory \
+                  alike, travel inside the control message (a device payload is copied to the host first); \
+                  larger ones take a rendezvous over MPI. At most the control slot less the packet header \
+                  (16370 bytes).",
     },
     Variable {
         name: "GPULMT_NET_QUEUES",

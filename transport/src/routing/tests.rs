@@ -472,10 +472,29 @@ fn without_a_path_other_nodes_fail_at_once_and_finalize_needs_only_the_node() {
     ctx.send(&[42], 0, 3).unwrap();
     assert_eq!(ctx.wait(r).unwrap().source, 0);
     assert_eq!(byte, [42]);
-    ctx.set_offnode_absent("internode path not built yet");
-    // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
-    let e = unsafe { ctx.isend(byte.as_ptr(), 1, 1, 0) }.unwrap_err();
-    assert!(e.to_string().contains("internode path not built yet"), "{e}");
+    ctx.finalize().unwrap();
+}
+
+#[test]
+fn a_path_attached_after_init_makes_other_nodes_reachable_and_only_once() {
+    let mut ctx = two_nodes(0, None);
+    let script = Shared::default();
+    ctx.attach_offnode_path(Box::new(ScriptedPath(script.clone()))).unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for below).
+    let s = unsafe { ctx.isend(b"hello".as_ptr(), 5, 1, 4) }.unwrap();
+    ctx.wait(s).unwrap();
+    let ctrl = script.with(|s| s.ctrl());
+    assert!(matches!(&ctrl[..], [Packet::Eager { tag: 4, payload, .. }] if payload == b"hello"), "{ctrl:?}");
+    let e = ctx.attach_offnode_path(Box::new(ScriptedPath(Shared::default()))).unwrap_err();
+    assert!(e.to_string().contains("has an internode path already"), "{e}");
+    finish(ctx);
+
+    // A job of one node has no rank to reach.
+    let one = Topology::from_hosts(0, &[HostSlot { host: 0, local: 0 }], 1).unwrap();
+    let info = JobInfo { job: unique_job("one"), rank: 0, size: 1 };
+    let mut ctx = Context::init_world(sim_config(), info, one, None).unwrap();
+    let e = ctx.attach_offnode_path(Box::new(ScriptedPath(Shared::default()))).unwrap_err();
+    assert!(e.to_string().contains("one node"), "{e}");
     ctx.finalize().unwrap();
 }
 

@@ -10,7 +10,9 @@ mod scenarios;
 
 fn main() {
     let cli = scenarios::Cli::parse();
-    let universe = gpulmt::mpi::rsmpi::initialize().unwrap_or_else(|| scenarios::fail("MPI_Init failed"));
+    // MPI_THREAD_MULTIPLE: across nodes the internode path's proxy thread calls MPI too.
+    let (universe, _) = gpulmt::mpi::rsmpi::initialize_with_threading(gpulmt::mpi::rsmpi::Threading::Multiple)
+        .unwrap_or_else(|| scenarios::fail("MPI_Init_thread failed"));
     let world = universe.world();
     // The rank in the environment is what the scenarios print before init.
     std::env::set_var("GPULMT_RANK", mpi_rank(&world).to_string());

@@ -272,6 +272,7 @@ impl Proxy {
     fn publish(&mut self) {
         for q in self.queues.iter_mut().filter(|q| q.dirty) {
             q.mem.publish_cq(&q.tracker.snapshot());
+            crate::anatomy::mark(crate::anatomy::Point::NetPublished, 0);
             q.dirty = false;
         }
     }
@@ -397,6 +398,7 @@ impl Proxy {
 
     /// A control message from `source`: in its sender's order to the inbound queue.
     fn on_ctrl(&mut self, source: Rank, msg: &[u8]) {
+        crate::anatomy::mark(crate::anatomy::Point::NetArrived, 0);
         let Some((seq, packet)) = super::wire::ctrl_open(msg) else {
             return tracing::error!(source, len = msg.len(), "GIO proxy: control message without its envelope dropped");
         };

@@ -106,6 +106,9 @@ impl Net {
         // SAFETY: `msg` is owned by the op (or `replies`) that `owner` names, which keeps
         // it unmoved and unmodified until this request is reported.
         let status = unsafe { self.iface.ep_send(req, to, tag, msg.as_ptr() as usize, msg.len()) };
+        if matches!(status, Ok(Status::Done(()) | Status::InProgress)) {
+            crate::anatomy::mark(crate::anatomy::Point::NetIssued, 0);
+        }
         self.posted(
             req,
             status.map(|s| match s {

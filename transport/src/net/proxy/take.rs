@@ -96,6 +96,7 @@ impl Proxy {
             }
         };
         let packet = checked.packet;
+        crate::anatomy::mark(crate::anatomy::Point::NetTaken, packet.op.code() as u8);
         let Some(&template) = checked.template else {
             // A NOP: nothing to do.
             self.complete(qi, pos, Ok(()));

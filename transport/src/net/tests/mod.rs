@@ -41,6 +41,7 @@ fn sim() -> Backend {
 /// Small queues and pieces, so that rings wrap and transfers take many pieces.
 fn small_cfg(slots: u32) -> NetConfig {
     NetConfig {
+        eager_limit: 8192,
         queues: 3,
         queue_slots: slots,
         batch: 4,
