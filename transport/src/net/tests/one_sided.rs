@@ -223,26 +223,27 @@ fn atomics_from_many_producers_give_exact_totals() {
     let mut q = paths[0].queue().expect("a free queue");
     let mut old = Box::new(0u64);
     let at = &mut *old as *mut u64 as usize;
+    // One AMO on rank 1's window, completed (or failed) by the quiet.
+    let amo = |q: &mut HostQueue, window: u32, offset: u64, op: AmoOp, operand: u64, compare: u64, result| {
+        // SAFETY: `result` is 0 or `old`'s word, which outlives the quiet below.
+        unsafe { q.amo_nbi(1, window, offset, op, operand, compare, result, MemoryKind::Host) }.expect("posted");
+        q.quiet(Instant::now() + PATIENCE)
+    };
     for window in [0u32, 1] {
         let w = &wins[1][window as usize];
-        // SAFETY (every AMO below): `old` lives until the quiet after it.
-        unsafe { q.amo_nbi(1, window, 128, AmoOp::Set, 41, 0, 0, MemoryKind::Host) }.expect("set");
-        quiet(&mut q);
+        amo(&mut q, window, 128, AmoOp::Set, 41, 0, 0).expect("set");
         assert_eq!(word_at(w, 128), 41);
-        unsafe { q.amo_nbi(1, window, 128, AmoOp::CompareSwap, 7, 40, at, MemoryKind::Host) }.expect("cswap");
-        quiet(&mut q);
+        amo(&mut q, window, 128, AmoOp::CompareSwap, 7, 40, at).expect("cswap");
         assert_eq!((*old, word_at(w, 128)), (41, 41), "no swap: the word was not 40");
-        unsafe { q.amo_nbi(1, window, 128, AmoOp::CompareSwap, 7, 41, at, MemoryKind::Host) }.expect("cswap");
-        quiet(&mut q);
+        amo(&mut q, window, 128, AmoOp::CompareSwap, 7, 41, at).expect("cswap");
         assert_eq!((*old, word_at(w, 128)), (41, 7), "swapped");
         *old = 0;
-        unsafe { q.amo_nbi(1, window, 128, AmoOp::Fetch, 0, 0, at, MemoryKind::Host) }.expect("fetch");
-        quiet(&mut q);
+        amo(&mut q, window, 128, AmoOp::Fetch, 0, 0, at).expect("fetch");
         assert_eq!(*old, 7);
         // Outside the window (the initiator's template check refuses it), and misaligned.
         for offset in [WIN as u64, WIN as u64 - 4, 129] {
-            unsafe { q.amo_nbi(1, window, offset, AmoOp::Set, 5, 0, 0, MemoryKind::Host) }.expect("posted");
-            let e = q.quiet(Instant::now() + PATIENCE).expect_err("an AMO outside the window or misaligned");
+            let e =
+                amo(&mut q, window, offset, AmoOp::Set, 5, 0, 0).expect_err("an AMO outside the window or misaligned");
             assert!(matches!(e, crate::net::QuietError::Failed { .. }), "{e}");
         }
         assert_eq!(word_at(w, 128), 7, "a refused AMO wrote nothing");
