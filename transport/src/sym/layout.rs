@@ -121,8 +121,8 @@ const _: () = assert!(std::mem::size_of::<DeviceCtx>() == 48);
 ///
 /// The heap fills one per GIO queue the internode path leaves for device code
 /// (`sym::offnode`): the ring, doorbell, credit and completion counters are the queue's
-/// pinned host memory mapped into the device; `reserve`, the fence words, `target_of_pe`
-/// and `results` are device memory of the heap's queue table. Block `b` posts to
+/// pinned host memory mapped into the device, and so are the AMO `results`; `reserve`,
+/// the fence words and `target_of_pe` are device memory of the heap's queue table. Block `b` posts to
 /// `sq[b % n_sq]`; every queue shares the path's template table, in which PE `p`'s heap
 /// is template `target_of_pe[p]`.
 #[repr(C)]

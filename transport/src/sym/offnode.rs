@@ -17,8 +17,9 @@
 //! - **Device code** gets the queues the path has left ([`DeviceQueues`]): one
 //!   `gpulmt_gio_sq` record per queue (block `b` posts to `sq[b % n_sq]`), with the
 //!   device-owned words the header's producer needs (its reservation counter, fence
-//!   marks, the template index of each PE, the AMO results), all in one device
-//!   allocation whose address goes into [`DeviceCtx::queues`](super::DeviceCtx::queues).
+//!   marks, the template index of each PE) in one device allocation whose address goes
+//!   into [`DeviceCtx::queues`](super::DeviceCtx::queues), and the AMO result slots in
+//!   pinned host memory mapped into the device, which the proxy writes directly.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -28,7 +29,7 @@ use gpulmt_protocols::{ProtoError, Rank};
 
 use super::layout::{QueueTable, SendQueue};
 use crate::context::Context;
-use crate::device::{Backend, DevId, MemoryKind};
+use crate::device::{Backend, DevId, HostMapped, MemoryKind};
 use crate::error::{Error, Result};
 use crate::net::queue::{CQ_AT, HEAD_AT, RING_AT, TAIL_AT};
 use crate::net::{HostQueue, NetPath, QuietError, WindowId};
@@ -56,12 +57,15 @@ pub(crate) struct SymNet {
     pub(crate) device: Option<DeviceQueues>,
 }
 
-/// The queues device code posts to, and the device memory describing them.
+/// The queues device code posts to, and the memory describing them.
 pub(crate) struct DeviceQueues {
     /// Held for the device until finalize: no host thread posts to them.
     _queues: Vec<HostQueue>,
     /// The device allocation holding the [`QueueTable`], the records and their words.
     pub(crate) mem: usize,
+    /// The AMO result slots of every queue: pinned host memory mapped into the device,
+    /// which the proxy writes with a plain store (no copy engine on an AMO's path).
+    results: HostMapped,
     pub(crate) n_sq: u32,
 }
 
@@ -293,11 +297,21 @@ impl DeviceQueues {
             return Ok(None);
         }
         let n_pes = target_of_pe.len();
-        let layout = TableLayout::new(queues.len(), n_pes, queues.iter().map(|q| q.mem().slots()).collect());
-        let mem = backend.alloc(device, layout.bytes)?;
+        let layout = TableLayout::new(queues.len(), n_pes);
+        let result_bytes: usize = queues.iter().map(|q| 8 * q.mem().slots() as usize).sum();
+        let results = backend.alloc_host_mapped(result_bytes)?;
+        let mem = match backend.alloc(device, layout.bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: our allocation, unknown to anyone yet.
+                let _ = unsafe { backend.free_host_mapped(results.host) };
+                return Err(e.into());
+            }
+        };
         let mut image = vec![0u8; layout.bytes];
         let table = QueueTable { n_sq: queues.len() as u32, pad: 0, sq: (mem + layout.records) as u64 };
         image[..16].copy_from_slice(&table.bytes());
+        let mut result_at = results.device;
         for (i, q) in queues.iter().enumerate() {
             let words = mem + layout.words[i];
             let dq = q.mem().device_queue();
@@ -309,11 +323,12 @@ impl DeviceQueues {
                 head: dq.base + HEAD_AT as u64,
                 cq_done: dq.base + CQ_AT as u64,
                 cq_failed: dq.base + CQ_AT as u64 + 8,
-                results: (words + layout.results_at) as u64,
+                results: result_at as u64,
                 target_of_pe: (words + layout.targets_at) as u64,
                 fence_epoch_of_pe: (words + layout.epochs_at) as u64,
                 fence_epoch: (words + 8) as u64,
             };
+            result_at += 8 * dq.slots as usize;
             let at = layout.records + i * std::mem::size_of::<SendQueue>();
             image[at..at + std::mem::size_of::<SendQueue>()].copy_from_slice(&sq.bytes());
             let w = layout.words[i];
@@ -328,17 +343,22 @@ impl DeviceQueues {
         // SAFETY: `mem` is our fresh allocation of `layout.bytes`; `image` a host buffer
         // of as many.
         if let Err(e) = unsafe { backend.copy_sync(mem, image.as_ptr() as usize, image.len()) } {
-            // SAFETY: our allocation, unknown to anyone yet.
-            let _ = unsafe { backend.free(mem) };
+            // SAFETY: our allocations, unknown to anyone yet.
+            unsafe {
+                let _ = backend.free(mem);
+                let _ = backend.free_host_mapped(results.host);
+            }
             return Err(e.into());
         }
-        Ok(Some(DeviceQueues { _queues: queues, mem, n_sq: layout.words.len() as u32 }))
+        Ok(Some(DeviceQueues { _queues: queues, mem, results, n_sq: layout.words.len() as u32 }))
     }
 
     /// Frees the table (finalize, after the path shut down and no kernel runs).
     pub(crate) fn free(self, backend: &Backend) {
-        // SAFETY: the caller's contract: nothing reads the table any more.
-        if let Err(e) = unsafe { backend.free(self.mem) } {
+        // SAFETY: the caller's contract: nothing reads the table or the results any more
+        // (the proxy, which writes the results, has stopped).
+        let freed = unsafe { backend.free(self.mem).and_then(|()| backend.free_host_mapped(self.results.host)) };
+        if let Err(e) = freed {
             tracing::warn!(error = %e, "freeing the device's GIO queue table");
         }
     }
@@ -354,23 +374,21 @@ struct TableLayout {
     /// Offsets inside a queue's words.
     epochs_at: usize,
     targets_at: usize,
-    results_at: usize,
 }
 
 impl TableLayout {
-    fn new(n_sq: usize, n_pes: usize, slots: Vec<u64>) -> TableLayout {
+    fn new(n_sq: usize, n_pes: usize) -> TableLayout {
         // Each queue's words on lines of their own: the blocks of different queues
         // reserve and fence without sharing a line.
         const LINE: usize = 128;
         let records = 64;
         let (epochs_at, targets_at) = (16, 16 + 4 * n_pes);
-        let results_at = (targets_at + 4 * n_pes).next_multiple_of(8);
         let mut at = (records + n_sq * std::mem::size_of::<SendQueue>()).next_multiple_of(LINE);
         let mut words = Vec::with_capacity(n_sq);
-        for s in slots {
+        for _ in 0..n_sq {
             words.push(at);
-            at = (at + results_at + 8 * s as usize).next_multiple_of(LINE);
+            at = (at + targets_at + 4 * n_pes).next_multiple_of(LINE);
         }
-        TableLayout { bytes: at, records, words, epochs_at, targets_at, results_at }
+        TableLayout { bytes: at, records, words, epochs_at, targets_at }
     }
 }

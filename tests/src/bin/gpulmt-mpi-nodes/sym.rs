@@ -15,7 +15,7 @@
 //!   `include/gpulmt_device.cuh`'s `gpulmt_gio_post` uses it (a device producer
 //!   emulated on the host, possible on sim where device memory is host memory): a PUT
 //!   and a fetch-add AMO to an off-node PE complete with the data and the result where
-//!   the header expects them.
+//!   the header expects them, and a signal op (a PUT_SIGNAL of no data) sets its word.
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -290,11 +290,12 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     }
     let word = src + 64;
     let before = ctx.sym_atomic_fetch(word, pe).or_fail(me, || "fetch".into());
-    // The header's fetching AMO names the queue's result slot of its own position.
+    // The header's fetching AMO names the queue's result slot of its own position (pinned
+    // host memory: no DST_DEVICE).
     let result_of = |pos: u64| sq.q.results + (pos & (sq.q.slots - 1)) * 8;
     let amo = |pos: u64| {
         let op = Op::Amo { amo: AmoOp::FetchAdd, offset: offset + 64, operand: 5, compare: 0, result: result_of(pos) };
-        (op, Flags::DST_DEVICE)
+        (op, Flags::NONE)
     };
     let pos = post(&amo);
     let old = sq.u64_at(result_of(pos)).load(Ordering::Acquire);
@@ -302,7 +303,21 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     if after != before.wrapping_add(5) || old != before {
         fail(me, format!("the device AMO on PE {pe}: {before} -> {after}, fetched {old}"));
     }
-    2
+    // gpulmt_signal_op on the queue path: a PUT_SIGNAL of no data, from no source.
+    let signal = Op::PutSignal {
+        src: 0,
+        dst_offset: offset + 128,
+        size: 0,
+        signal_offset: offset + 128,
+        signal_value: 9 + me as u64,
+        signal_op: SignalOp::Set,
+    };
+    post(&|_| (signal, Flags::NONE));
+    let seen = ctx.sym_atomic_fetch(src + 128, pe).or_fail(me, || "fetch of the signal".into());
+    if seen != 9 + me as u64 {
+        fail(me, format!("the device signal set on PE {pe} left {seen}"));
+    }
+    3
 }
 
 /// The first send queue of a device context's table, read and written as device code

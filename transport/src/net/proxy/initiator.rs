@@ -169,7 +169,13 @@ impl Proxy {
             }
             _ => unreachable!("start_put takes PUT and PUT_SIGNAL"),
         };
-        let (place, mem) = match self.net.place(held.packet.op.code(), src, size) {
+        // A PUT_SIGNAL of no data (a device's signal op) names no source (0): nothing to
+        // look up.
+        let found = match size {
+            0 => Ok((self.net.place_of(MemoryKind::Host), MemoryKind::Host)),
+            _ => self.net.place(held.packet.op.code(), src, size),
+        };
+        let (place, mem) = match found {
             Ok(p) => p,
             Err(bad) => return Start::Failed(OpFailure::bad_packet(&bad), bad.to_string()),
         };
