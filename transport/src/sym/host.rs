@@ -4,7 +4,8 @@
 //!
 //! Every operation checks its target before touching it: a PE of the job, a range
 //! inside one live symmetric allocation, an aligned word for signals and atomics, a
-//! PE whose heap this rank has mapped. Then:
+//! PE whose heap this rank maps or reaches through the internode path. Then, to a
+//! mapped heap:
 //! - put and get are one copy through the backend (the copy engine on CUDA, over the
 //!   IPC mapping of the peer's heap), complete when they return;
 //! - put_signal is the data's copy, completed, then the signal's update: the signal is
@@ -14,9 +15,14 @@
 //!   8-byte copies (never torn), fetch-add and compare-swap are refused (use the device
 //!   API, or a signal set).
 //!
-//! Ordering: each call is complete when it returns, so a thread's calls take effect in
-//! program order and fence and quiet have nothing left to wait for ([`Context::sym_quiet`]
-//! is there for the off-node path, which will post through queues).
+//! To a PE of another node each is a packet of the heap's host queue (`super::offnode`):
+//! PUT, GET, PUT_SIGNAL (the target's proxy writes the signal after the data), AMO (the
+//! target's proxy applies it, CUDA included); the blocking calls wait for the queue's
+//! completions, the `_nbi` puts and gets until [`Context::sym_quiet`].
+//!
+//! Ordering: each blocking call is complete when it returns, so a thread's blocking
+//! calls take effect in program order; [`Context::sym_fence`] orders `_nbi` ones per PE
+//! and [`Context::sym_quiet`] completes them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

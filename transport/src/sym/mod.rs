@@ -13,7 +13,7 @@
 //!   later moves a buffer of the heap shares the mapping). A peer on another node, or on
 //!   a device without peer access, is not mappable: its base is 0 in the device context,
 //!   and operations to it take the GIO queues of the internode path when it lives on
-//!   another node ([`offnode`]: the heap is a window of the path), or are refused.
+//!   another node (`sym::offnode`: the heap is a window of the path), or are refused.
 //! - **A deterministic allocator** ([`alloc`]): the same calls in the same order give
 //!   the same offsets. Each `sym_alloc` and `sym_free` first exchanges its arguments
 //!   among the ranks and fails on every rank, with the same message, when they differ.
