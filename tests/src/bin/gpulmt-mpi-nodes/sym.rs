@@ -15,7 +15,9 @@
 //!   `include/gpulmt_device.cuh`'s `gpulmt_gio_post` uses it (a device producer
 //!   emulated on the host, possible on sim where device memory is host memory): a PUT
 //!   and a fetch-add AMO to an off-node PE complete with the data and the result where
-//!   the header expects them, and a signal op (a PUT_SIGNAL of no data) sets its word.
+//!   the header expects them, a signal op (a PUT_SIGNAL of no data) sets its word, and a
+//!   PUT past the heap's end completes with an error (the proxy's check) while the queue
+//!   goes on.
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -250,6 +252,7 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     let offset = (src as u64) - dctx.heap_base;
     // gpulmt_gio_post: fence marks, a reserved position under the credit rule, words 1-7,
     // the commit word with release, the doorbell (max, release); then gpulmt_gio_wait.
+    let expect_failed = std::cell::Cell::new(0u64);
     let post = |make: &dyn Fn(u64) -> (Op, Flags)| -> u64 {
         let target = sq.target_of(pe) as u32;
         let epoch = sq.u32_at(sq.q.fence_epoch).load(Ordering::Relaxed) + 1;
@@ -276,7 +279,7 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
             }
             std::thread::yield_now();
         }
-        if sq.u64_at(sq.q.cq_failed).load(Ordering::Acquire) != 0 {
+        if sq.u64_at(sq.q.cq_failed).load(Ordering::Acquire) != expect_failed.get() {
             fail(me, format!("the device queue's op {pos} failed"));
         }
         pos
@@ -317,7 +320,13 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     if seen != 9 + me as u64 {
         fail(me, format!("the device signal set on PE {pe} left {seen}"));
     }
-    3
+    // Past the end of the heap (what the header's own check would have refused): the
+    // proxy refuses it with an error completion, and the queue goes on.
+    expect_failed.set(1);
+    let beyond = Op::Put { src: src as u64, dst_offset: dctx.heap_size - 8, size: 16 };
+    post(&|_| (beyond, Flags::SRC_DEVICE));
+    post(&|_| (Op::Put { src: src as u64, dst_offset: offset, size: 16 }, Flags::SRC_DEVICE));
+    4
 }
 
 /// The first send queue of a device context's table, read and written as device code
