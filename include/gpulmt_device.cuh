@@ -382,7 +382,8 @@ GPULMT_DEV gpulmt_u64 gpulmt_gio_post(const gpulmt_gio_sq *q, int pe, gpulmt_u32
      * carries FENCE when an op to that target came before it. */
     gpulmt_u32 epoch = *(volatile const gpulmt_u32 *)q->fence_epoch + 1u;
     gpulmt_u32 prev = atomicExch((unsigned *)q->fence_epoch_of_pe + pe, epoch);
-    if (prev != 0u && prev < epoch) {
+    /* A NOP orders nothing, and the proxy refuses FENCE on it. */
+    if (prev != 0u && prev < epoch && op != GPULMT_GIO_OP_NOP) {
         flags |= GPULMT_GIO_FLAG_FENCE;
     }
     gpulmt_u64 pos = atomicAdd((unsigned long long *)q->reserve, 1ull);
