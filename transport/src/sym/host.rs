@@ -173,7 +173,7 @@ impl Context {
             (Some(b), _, _) => Ok(Route::Mapped(b + (a.addr - heap.base))),
             (None, Some(window), Some(_)) => Ok(Route::Queue { pe: a.pe, window, offset: (a.addr - heap.base) as u64 }),
             _ => Err(Error::InvalidArgument(format!(
-                "{}: PE {}'s heap is neither mapped by this rank nor reached through the internode path (a \
+                "{}: PE {}'s heap is not mapped by this rank, nor reached through the internode path (a \
                  device without peer access on this node, a job without the path, or a path that could not \
                  carry the heap: the log of the first sym_alloc says why)",
                 a.what, a.pe
