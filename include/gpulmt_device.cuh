@@ -17,8 +17,10 @@
  *   A kernel that uses the API with no (or another version of the) context traps.
  * - Paths: a PE whose heap this process maps (same GPU, or a peer GPU over NVLink/PCIe
  *   through CUDA IPC) is reached by direct loads and stores; any other PE through the
- *   thread block's GIO send queue and the proxy (the off-node path: its queue table is
- *   not wired yet, so such PEs are rejected like bad addresses today).
+ *   thread block's GIO send queue and the proxy (the off-node path, docs/internode.md):
+ *   PEs of other nodes, whose heaps are windows of the internode path; a PE reached by
+ *   neither (this node, no peer access; or a job of one node) is rejected like a bad
+ *   address.
  * - Checks: every operation checks its PE and that its symmetric range lies in the
  *   heap's allocation area; a rejected one does nothing (a fetch returns 0) and is
  *   recorded in the PE's heap (read with Context::sym_device_errors /
@@ -87,7 +89,7 @@ typedef struct gpulmt_device_ctx {
     gpulmt_u64 heap_size; /* bytes of every heap */
     gpulmt_u64 heap_base; /* this PE's heap: symmetric addresses are addresses in it */
     gpulmt_u64 bases;     /* device address of n_pes words: heap bases as mapped here, 0: not mappable */
-    gpulmt_u64 queues;    /* device address of a gpulmt_gio_queues, 0: off-node path not wired */
+    gpulmt_u64 queues;    /* device address of a gpulmt_gio_queues, 0: no queue path (one node) */
 } gpulmt_device_ctx;
 
 /* ---- The GIO packet (protocols/src/gio/packet.rs) and the device's send queues ------- */
@@ -109,8 +111,10 @@ typedef struct gpulmt_device_ctx {
 
 /* One send queue as device code posts to it (Rust: gpulmt::sym::SendQueue). Every field
  * is an address in this process, device-visible (pinned host memory is mapped at the
- * same address under UVA, so the proxy reads the same words). OFF-NODE STUB: nothing
- * fills these yet; the internode path's queues will. */
+ * same address under UVA, so the proxy reads the same words). The heap fills one per
+ * GIO queue the internode path leaves for device code (transport/src/sym/offnode.rs):
+ * ring, doorbell, head and counters are the queue's pinned memory, results pinned memory
+ * too; reserve, the fence words and target_of_pe device memory. */
 typedef struct gpulmt_gio_sq {
     gpulmt_u64 ring;              /* slots packets of 64 bytes */
     gpulmt_u64 slots;             /* a power of two */
@@ -352,10 +356,11 @@ GPULMT_DEV void gpulmt_signal_release(gpulmt_u64 *word, gpulmt_u64 value, int op
 }
 
 /* ---- The queue path: GIO packets in the block's send queue (off-node PEs) ------------ */
-/* OFF-NODE STUB: complete against protocols/src/gio's format, unreachable until the host
- * fills gpulmt_dctx.queues (docs/device-api.md, "Wiring the off-node path"). */
+/* Against protocols/src/gio's format; the proxy (transport/src/net/proxy) takes the
+ * packets, checks them against its templates (the target PE's heap window), and the
+ * target's proxy checks the range again before it touches the heap. */
 
-/* This block's send queue, or NULL where the off-node path is not wired. */
+/* This block's send queue, or NULL where there is no queue path (a job of one node). */
 GPULMT_DEV const gpulmt_gio_sq *gpulmt_gio_my_sq(void)
 {
     const gpulmt_gio_queues *q = (const gpulmt_gio_queues *)gpulmt_dctx.queues;
@@ -377,7 +382,8 @@ GPULMT_DEV gpulmt_u64 gpulmt_gio_post(const gpulmt_gio_sq *q, int pe, gpulmt_u32
      * carries FENCE when an op to that target came before it. */
     gpulmt_u32 epoch = *(volatile const gpulmt_u32 *)q->fence_epoch + 1u;
     gpulmt_u32 prev = atomicExch((unsigned *)q->fence_epoch_of_pe + pe, epoch);
-    if (prev != 0u && prev < epoch) {
+    /* A NOP orders nothing, and the proxy refuses FENCE on it. */
+    if (prev != 0u && prev < epoch && op != GPULMT_GIO_OP_NOP) {
         flags |= GPULMT_GIO_FLAG_FENCE;
     }
     gpulmt_u64 pos = atomicAdd((unsigned long long *)q->reserve, 1ull);

@@ -18,7 +18,9 @@
 #   checks   correctness: every protocol x placement x size byte for byte, ranks sharing a
 #            GPU, all-to-all, two-phase free, the handle cache, truncation, the C ABI,
 #            peer death, and the CUDA backend's GPU unit tests
-#   device   GPU-initiated communication (include/gpulmt_device.cuh): device_check's
+#   device   GPU-initiated communication (include/gpulmt_device.cuh): across 2 pseudo-nodes
+#            (device_check --offnode under mpirun: checks, put+quiet, push to pop, Open MPI
+#            H-H beside; device_offnode.csv), then device_check's
 #            conformance checks on 2 and 4 ranks (name,ok|FAIL lines into check.csv), then
 #            its put_signal ping-pong and one-block put bandwidth (device_bench.csv), and
 #            NVSHMEM 3.8's same two benchmarks beside them when .gpu/peers.tar.xz is carried
@@ -346,8 +348,23 @@ checks() {
   fi
 }
 
+# Across 2 pseudo-nodes of this host (GPULMT_PSEUDO_NODES=2, docs/internode.md): the
+# device checks with PE 1 off-node (queue path), then put+quiet at 8 B from the GPU and
+# from the host, a queue push's trip to the proxy (MSCCL++: 1.97 us push to pop on H200),
+# and Open MPI's own host-to-host 8 B latency between the same ranks (the transport the
+# proxies use). On sim only the host's rows run.
+device_offnode() {
+  log device API across 2 pseudo-nodes: checks, put+quiet, push to pop, beside Open MPI H-H
+  GPULMT_PSEUDO_NODES=2 timeout 300 $mpirun -np 2 -x GPULMT_PSEUDO_NODES=2 $bin/device_check --offnode \
+    --csv "$out/device_offnode.csv" > "$out/device_offnode.txt" 2>&1
+  echo "device_check_offnode,rc=$?" >> "$out/log.txt"
+  grep -E '^[a-z_]+,(ok|FAIL),' "$out/device_offnode.txt" | sed "s/^/device_offnode_/" | tee -a "$out/check.csv"
+  grep -E '^(gpulmt|openmpi)_' "$out/device_offnode.txt" || log "device_check --offnode FAILED: $(tail -1 "$out/device_offnode.txt")"
+}
+
 device() {
   local n
+  device_offnode
   if ! on_gpu; then
     skip "device: the device API's kernels run on GPUs (sim here; its host side runs in .ci/run)"
     return

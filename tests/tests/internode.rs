@@ -4,9 +4,12 @@
 //! through the internode path (GIO queues and the proxy over MPI). The program checks
 //! every byte itself (every placement D D, D H, H D, H H; sizes 0 to 64 MiB at an
 //! offset; ANY_SOURCE over senders of its own node and of others in non-overtaking
-//! order; truncation; a burst past the queue's slots; gpulmt's barrier) and aborts the
-//! job at the first failure; these tests check that every rank finished clean, in 2
-//! nodes x 2 ranks and 3 nodes x 1 rank, over Open MPI's default transports and over
+//! order; truncation; a burst past the queue's slots; gpulmt's barrier; the symmetric
+//! heap's puts, gets, put_signal, fence, quiet and atomics to PEs of other nodes, with
+//! exact atomic totals from every rank, out-of-heap accesses refused, and the device's
+//! queue table driven as the device header drives it) and aborts the job at the first
+//! failure; these tests check that every rank finished clean, in 2 nodes x 2 ranks, 2
+//! nodes x 1 rank and 3 nodes x 1 rank, over Open MPI's default transports and over
 //! `--mca btl tcp,self` with 4-slot queues, and that a rank killed mid-transfer ends the
 //! job with an error in bounded time. One more runs two real nodes as far as MPI can
 //! tell: two network namespaces joined by a veth pair, one rank in each, Open MPI's TCP
@@ -61,6 +64,19 @@ fn two_nodes_of_two_ranks() {
     let limit = Duration::from_secs(300);
     let out = run(4, 2, &[], &[], &[], limit);
     assert_clean(&out, 4, 2, limit);
+}
+
+/// The smallest job across nodes: every PE but this one is off-node (the symmetric heap
+/// maps nothing, everything goes through the queues).
+#[test]
+fn two_nodes_of_one_rank() {
+    if !have_mpirun() {
+        return;
+    }
+    let _lock = job_lock();
+    let limit = Duration::from_secs(300);
+    let out = run(2, 2, &[], &["--max", "4M"], &[], limit);
+    assert_clean(&out, 2, 2, limit);
 }
 
 #[test]

@@ -110,4 +110,11 @@ pub trait OffNodePath: Send {
     /// Stops the path: operations in flight are drained until `deadline`, then cancelled
     /// and reported failed; afterwards every post answers [`NetError::Down`].
     fn shutdown(&mut self, deadline: Instant) -> Result<(), NetError>;
+
+    /// The GIO path itself, for what only it offers (windows and producer queues: the
+    /// symmetric heap's off-node operations, `crate::sym`); None for other paths (tests'
+    /// scripted ones), whose off-node PEs the heap cannot reach.
+    fn net_path(&mut self) -> Option<&mut crate::net::NetPath> {
+        None
+    }
 }

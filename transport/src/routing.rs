@@ -90,6 +90,14 @@ impl OffNode {
         self.down.is_none()
     }
 
+    /// The GIO path, while it runs (the symmetric heap's windows and queues).
+    pub(crate) fn net_path(&mut self) -> Option<&mut crate::net::NetPath> {
+        match (self.shut, self.path.as_mut()) {
+            (false, Some(p)) => p.net_path(),
+            _ => None,
+        }
+    }
+
     /// Posts waiting for room in the path.
     pub(crate) fn queued(&self) -> usize {
         self.queued

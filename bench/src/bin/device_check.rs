@@ -4,7 +4,13 @@
 //! gpulmt-run -n 2 device_check                # conformance checks: name,ok|FAIL,detail
 //! gpulmt-run -n 2 device_check --bench        # anchor,metric,bytes,value (beside NVSHMEM's)
 //! device_check --compile-only                 # every kernel through NVRTC (Stencil2D's gio too), no GPU needed
+//! # across nodes (feature `mpi`): the checks with PE 1 on another pseudo-node, then the
+//! # queue path's latencies and Open MPI's own host-to-host latency between the same ranks
+//! mpirun -np 2 -x GPULMT_PSEUDO_NODES=2 device_check --offnode
 //! ```
+//!
+//! `--offnode` on sim runs the host's half (put+quiet through the heap's host queue, and
+//! MPI's ping-pong) and says what it skips.
 //!
 //! Ranks sharing a GPU need MPS (their kernels wait for each other). On the sim backend
 //! there are no kernels to run: it says so and exits 0. Exit status 1 when a check fails.
@@ -40,6 +46,11 @@ struct Options {
     /// Append the benchmark rows to this CSV file too.
     #[arg(long)]
     csv: Option<String>,
+    /// Under mpirun with PEs on different (pseudo-)nodes: the checks, then the queue
+    /// path's latencies (put+quiet at 8 B, a queue push to the proxy's pop) beside MPI's
+    /// host-to-host latency on the same transport (build with `--features mpi`).
+    #[arg(long)]
+    offnode: bool,
 }
 
 /// A size like 64M.
@@ -74,6 +85,9 @@ fn main() {
         println!("device_check: stencil_gio compiled with NVRTC (float, double)");
         return;
     }
+    if o.offnode {
+        offnode(&o);
+    }
     let mut ctx = Context::init().unwrap_or_else(|e| {
         eprintln!("device_check: init: {e}");
         std::process::exit(1)
@@ -87,27 +101,116 @@ fn main() {
     }
     let outcome = if o.bench {
         perf::run(&mut ctx, o.max as usize, o.unchecked).map(|rows| {
-            if ctx.rank() == 0 {
-                println!("anchor,metric,bytes,value");
-                for r in &rows {
-                    println!("{r}");
-                    if let Some(path) = &o.csv {
-                        let f: Vec<&str> = r.split(',').collect();
-                        gpulmt_bench::append_csv(path, "anchor,metric,bytes,value", &f);
-                    }
-                }
-            }
+            print_rows(&ctx, &o, &rows);
             true
         })
     } else {
-        let co = checks::CheckOptions { iters: o.iters, rounds: o.rounds };
-        checks::run(&mut ctx, &co, o.only.as_deref()).map(|verdicts| {
-            for v in &verdicts {
-                println!("{}", v.line());
-            }
-            verdicts.iter().all(|v| v.ok)
-        })
+        run_checks(&mut ctx, &o)
     };
+    finish(ctx, outcome);
+}
+
+/// Rank 0 prints the benchmark rows (and appends them to `--csv`).
+fn print_rows(ctx: &Context, o: &Options, rows: &[String]) {
+    if ctx.rank() == 0 {
+        println!("anchor,metric,bytes,value");
+        for r in rows {
+            println!("{r}");
+            if let Some(path) = &o.csv {
+                let f: Vec<&str> = r.split(',').collect();
+                gpulmt_bench::append_csv(path, "anchor,metric,bytes,value", &f);
+            }
+        }
+    }
+}
+
+/// The conformance checks; whether all passed.
+fn run_checks(ctx: &mut Context, o: &Options) -> gpulmt_bench::device::Result<bool> {
+    let co = checks::CheckOptions { iters: o.iters, rounds: o.rounds };
+    checks::run(ctx, &co, o.only.as_deref()).map(|verdicts| {
+        for v in &verdicts {
+            println!("{}", v.line());
+        }
+        verdicts.iter().all(|v| v.ok)
+    })
+}
+
+/// `--offnode`: the job from MPI (pseudo-nodes), the checks on GPUs, the queue path's
+/// latencies and MPI's own; exits.
+#[cfg(feature = "mpi")]
+fn offnode(o: &Options) -> ! {
+    use gpulmt::mpi::rsmpi::traits::{Communicator, Destination, Source};
+    use gpulmt::mpi::rsmpi::Threading;
+    let (universe, _) = gpulmt::mpi::rsmpi::initialize_with_threading(Threading::Multiple).unwrap_or_else(|| {
+        eprintln!("device_check: MPI_Init_thread failed (run --offnode under mpirun)");
+        std::process::exit(1)
+    });
+    let world = universe.world();
+    let mut ctx = gpulmt::mpi::init_from_mpi(&world).unwrap_or_else(|e| {
+        eprintln!("device_check: init_from_mpi: {e}");
+        std::process::exit(1)
+    });
+    let cuda = ctx.backend_kind() == gpulmt::device::BackendKind::Cuda;
+    let mut passed = true;
+    if cuda {
+        match run_checks(&mut ctx, o) {
+            Ok(p) => passed = p,
+            Err(e) => finish(ctx, Err(e)),
+        }
+    } else if ctx.rank() == 0 {
+        println!("device_check: sim devices: the kernels' checks and latencies are skipped, the host's run");
+    }
+    let iters = if cuda { perf::OFFNODE_ITERS } else { perf::OFFNODE_ITERS / 10 };
+    let mut rows = match perf::offnode(&mut ctx, iters) {
+        Ok(rows) => rows,
+        Err(e) => finish(ctx, Err(e)),
+    };
+    // MPI's own host-to-host ping-pong of 8 bytes between the same two ranks, over the
+    // transport the proxies use (the anchor of the queue path's latency).
+    let (me, n) = (world.rank(), iters / 10 + 1 + iters);
+    let mut buf = [0u8; 8];
+    let t = std::time::Instant::now();
+    let mut start = t;
+    for i in 0..n {
+        if i == iters / 10 + 1 {
+            start = std::time::Instant::now();
+        }
+        match me {
+            0 => {
+                world.process_at_rank(1).send(&buf[..]);
+                world.process_at_rank(1).receive_into(&mut buf[..]);
+            }
+            1 => {
+                world.process_at_rank(0).receive_into(&mut buf[..]);
+                world.process_at_rank(0).send(&buf[..]);
+            }
+            _ => break,
+        }
+    }
+    if me == 0 {
+        let half = start.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0;
+        rows.push(format!("openmpi_host_pingpong,half_rtt_us,8,{half:.3}"));
+    }
+    print_rows(&ctx, o, &rows);
+    let code = match ctx.finalize() {
+        Ok(()) => i32::from(!passed),
+        Err(e) => {
+            eprintln!("device_check: finalize: {e}");
+            1
+        }
+    };
+    drop(universe);
+    std::process::exit(code)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn offnode(_: &Options) -> ! {
+    eprintln!("device_check: --offnode needs MPI: build with `cargo build -p gpulmt-bench --features mpi`");
+    std::process::exit(2)
+}
+
+/// Finalizes and exits: 0 when everything passed.
+fn finish(ctx: Context, outcome: gpulmt_bench::device::Result<bool>) -> ! {
     match outcome {
         Ok(passed) => {
             if let Err(e) = ctx.finalize() {

@@ -380,3 +380,42 @@ extern "C" __global__ void putbw(char *dst, char *src, unsigned long long size, 
         gpulmt_quiet();
     }
 }
+
+// ---- Across nodes (the queue path): put+quiet latency and a queue push's trip to the proxy ----
+
+// One thread: iters times an 8-byte (size) put_nbi to peer, then quiet: the queue path's
+// put+quiet latency (the proxy carries each put, the target's proxy acknowledges it).
+extern "C" __global__ void put_quiet_lat(char *dst, char *src, unsigned long long size, int iters, int peer)
+{
+    if (threadIdx.x != 0) {
+        return;
+    }
+    for (int i = 0; i < iters; i++) {
+        gpulmt_put_nbi(dst, src, size, peer);
+        gpulmt_quiet();
+    }
+}
+
+// One thread: iters NOP packets to peer through this block's queue, each waited for: the
+// time from a push to the proxy's pop (a NOP completes when the proxy takes it), plus the
+// completion counter's way back to the GPU. stamps[0..2]: globaltimer before and after.
+extern "C" __global__ void gio_push_pop(int iters, int peer, unsigned long long *stamps)
+{
+    if (threadIdx.x != 0) {
+        return;
+    }
+    const gpulmt_gio_sq *q = gpulmt_gio_my_sq();
+    if (!q) {
+        stamps[0] = stamps[1] = 0;
+        return;
+    }
+    unsigned long long t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (int i = 0; i < iters; i++) {
+        gpulmt_u64 pos = gpulmt_gio_post(q, peer, GPULMT_GIO_OP_NOP, 0, 0, 0, 0, 0, 0, 0, 0);
+        gpulmt_gio_wait(q, pos);
+    }
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    stamps[0] = t0;
+    stamps[1] = t1;
+}

@@ -47,8 +47,12 @@
 //!   copy started; before that its packet stays in the ring (backpressure).
 //! - **Ops the network never lets go** (a send MPI cannot cancel, at shutdown) are never
 //!   reported done: their buffers stay in use, and `shutdown` says how many.
-//! - **GIO atomics** are refused with an error completion for now (the device-API issue
-//!   implements them).
+//! - **GIO atomics** are applied by the target's proxy, one at a time on its thread
+//!   (`proxy/target.rs` says how they are atomic, and where not: CUDA device memory
+//!   against the GPU's own atomics); the old value comes back in the reply and goes to
+//!   the packet's result address before the op completes.
+//! - **The symmetric heap** (`crate::sym`) is a window of the path: its host calls to
+//!   off-node PEs take one claimed queue, device code every queue left over.
 
 pub mod iface;
 #[cfg(feature = "mpi")]

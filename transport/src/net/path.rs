@@ -136,6 +136,12 @@ impl NetPath {
         HostQueue::claim(&self.shared, &self.targets, self.post_timeout)
     }
 
+    /// The template index of `rank`'s window `id` in every queue's table (what a device
+    /// producer writes in a packet's target field), if the path reaches `rank`.
+    pub fn window_target(&self, rank: Rank, id: WindowId) -> Option<u32> {
+        self.targets.window(rank, id)
+    }
+
     /// The job ranks this path reaches.
     pub fn peers(&self) -> &[Rank] {
         self.targets.ranks()
@@ -328,6 +334,10 @@ impl OffNodePath for NetPath {
         for r in ranks {
             failed(r);
         }
+    }
+
+    fn net_path(&mut self) -> Option<&mut NetPath> {
+        Some(self)
     }
 
     fn shutdown(&mut self, deadline: Instant) -> Result<(), NetError> {

@@ -1,8 +1,8 @@
 //! A host thread's producer handle of one GIO send queue: it reserves a slot under the
 //! credit rule, writes the packet, commits it and rings the doorbell (the protocols'
 //! [`Producer`](gpulmt_protocols::gio::Producer) decides; [`QueueMem`] does the stores),
-//! reads completions, and offers the one-sided API (put, put-with-signal, get, fence,
-//! quiet) over it.
+//! reads completions, and offers the one-sided API (put, put-with-signal, get, atomics,
+//! fence, quiet) over it.
 //!
 //! One handle per posting thread: the context's thread holds the first queue (two-sided
 //! traffic); any other thread claims one from the path ([`NetPath::queue`]). Dropping the
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpulmt_protocols::gio::{
-    slot_index, CqSnapshot, Flags, Op, Packet, Quiet, QuietStatus, SignalOp, MAX_TARGET, PACKET_WORDS,
+    slot_index, AmoOp, CqSnapshot, Flags, Op, Packet, Quiet, QuietStatus, SignalOp, MAX_TARGET, PACKET_WORDS,
 };
 use gpulmt_protocols::Rank;
 use rustc_hash::FxHashMap;
@@ -297,6 +297,35 @@ impl HostQueue {
         let (t, fence) = self.window_target(rank, window)?;
         let op = Op::Get { dst: dst as u64, src_offset: offset, size: len as u64 };
         self.post(op, fence.union(Self::device_flag(mem, Flags::DST_DEVICE)), t)
+    }
+
+    /// A 64-bit atomic on the aligned word at `offset` of `rank`'s window `window`: the
+    /// target's proxy applies `amo` (with `operand`, and `compare` for a compare-swap) and
+    /// its old value is written to `result` (0: not wanted; required for a fetch) before
+    /// the op completes (a later [`quiet`](Self::quiet)).
+    ///
+    /// # Safety
+    /// A non-zero `result` is a writable 8-byte word of the kind `mem` names, unused until
+    /// the op completes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn amo_nbi(
+        &mut self,
+        rank: Rank,
+        window: WindowId,
+        offset: u64,
+        amo: AmoOp,
+        operand: u64,
+        compare: u64,
+        result: usize,
+        mem: MemoryKind,
+    ) -> Result<u64, PostError> {
+        let (t, fence) = self.window_target(rank, window)?;
+        let op = Op::Amo { amo, offset, operand, compare, result: result as u64 };
+        let flags = match result {
+            0 => fence,
+            _ => fence.union(Self::device_flag(mem, Flags::DST_DEVICE)),
+        };
+        self.post(op, flags, t)
     }
 
     /// Orders this queue's later ops to each rank after its earlier ones to that rank.

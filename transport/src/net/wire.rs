@@ -23,7 +23,7 @@
 //!
 //! All integers are little-endian.
 
-use gpulmt_protocols::gio::SignalOp;
+use gpulmt_protocols::gio::{AmoOp, SignalOp};
 
 /// Tag of control packets (eager, RTS, CTS, ABORT) between proxies.
 pub const CTRL_TAG: i32 = 1;
@@ -95,6 +95,9 @@ pub enum AmKind {
     /// Read `size` bytes at `offset`: inline in the reply, or in a data transfer under
     /// `data_tag` after it.
     Get,
+    /// A 64-bit atomic on the aligned word at `offset` (`size` 8): the reply carries the
+    /// word's old value inline (8 bytes) when the status is 0.
+    Amo { amo: AmoOp, operand: u64, compare: u64 },
 }
 
 /// A one-sided request, as the target's proxy receives it on [`AM_TAG`].
@@ -119,6 +122,7 @@ pub const AM_REQUEST_HEADER: usize = 64;
 const KIND_PUT: u8 = 1;
 const KIND_PUT_SIGNAL: u8 = 2;
 const KIND_GET: u8 = 3;
+const KIND_AMO: u8 = 4;
 
 impl AmRequest {
     /// Encodes the request followed by `inline` data into `out`.
@@ -129,6 +133,7 @@ impl AmRequest {
                 (KIND_PUT_SIGNAL, signal_op as u8, signal_offset, signal_value)
             }
             AmKind::Get => (KIND_GET, 0, 0, 0),
+            AmKind::Amo { amo, operand, compare } => (KIND_AMO, amo as u8, compare, operand),
         };
         out.clear();
         out.extend_from_slice(&[kind, sig_op, self.inline as u8, 0]);
@@ -161,10 +166,21 @@ impl AmRequest {
                 },
             },
             KIND_GET => AmKind::Get,
+            KIND_AMO => AmKind::Amo {
+                amo: match h[1] {
+                    0 => AmoOp::FetchAdd,
+                    1 => AmoOp::CompareSwap,
+                    2 => AmoOp::Set,
+                    3 => AmoOp::Fetch,
+                    _ => return None,
+                },
+                operand: sig_val,
+                compare: sig_off,
+            },
             _ => return None,
         };
         let inline_flag = h[2] != 0;
-        if inline_flag && !matches!(kind, AmKind::Get) && inline.len() as u64 != size {
+        if inline_flag && matches!(kind, AmKind::Put | AmKind::PutSignal { .. }) && inline.len() as u64 != size {
             return None;
         }
         Some((AmRequest { kind, op, window, offset, size, data_tag, inline: inline_flag }, inline))
@@ -222,6 +238,15 @@ mod tests {
                 inline: false,
             },
             AmRequest { kind: AmKind::Get, op: 1, window: 0, offset: 8, size: 8, data_tag: 17, inline: true },
+            AmRequest {
+                kind: AmKind::Amo { amo: AmoOp::CompareSwap, operand: u64::MAX - 1, compare: 3 },
+                op: 5,
+                window: 2,
+                offset: 64,
+                size: 8,
+                data_tag: 0,
+                inline: false,
+            },
         ];
         for r in reqs {
             let inline: &[u8] = if r.inline && r.kind == AmKind::Put { b"hello" } else { b"" };

@@ -4,7 +4,8 @@
 //!
 //! Every operation checks its target before touching it: a PE of the job, a range
 //! inside one live symmetric allocation, an aligned word for signals and atomics, a
-//! PE whose heap this rank has mapped. Then:
+//! PE whose heap this rank maps or reaches through the internode path. Then, to a
+//! mapped heap:
 //! - put and get are one copy through the backend (the copy engine on CUDA, over the
 //!   IPC mapping of the peer's heap), complete when they return;
 //! - put_signal is the data's copy, completed, then the signal's update: the signal is
@@ -14,17 +15,23 @@
 //!   8-byte copies (never torn), fetch-add and compare-swap are refused (use the device
 //!   API, or a signal set).
 //!
-//! Ordering: each call is complete when it returns, so a thread's calls take effect in
-//! program order and fence and quiet have nothing left to wait for ([`Context::sym_quiet`]
-//! is there for the off-node path, which will post through queues).
+//! To a PE of another node each is a packet of the heap's host queue (`super::offnode`):
+//! PUT, GET, PUT_SIGNAL (the target's proxy writes the signal after the data), AMO (the
+//! target's proxy applies it, CUDA included); the blocking calls wait for the queue's
+//! completions, the `_nbi` puts and gets until [`Context::sym_quiet`].
+//!
+//! Ordering: each blocking call is complete when it returns, so a thread's blocking
+//! calls take effect in program order; [`Context::sym_fence`] orders `_nbi` ones per PE
+//! and [`Context::sym_quiet`] completes them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpulmt_protocols::gio::SignalOp;
+use gpulmt_protocols::gio::{AmoOp, SignalOp};
 use gpulmt_protocols::{ProtoError, Rank};
 
 use super::layout::{self, DeviceCtx, DeviceOp};
+use super::offnode::Route;
 use crate::context::Context;
 use crate::device::BackendKind;
 use crate::error::{Error, Result};
@@ -117,8 +124,22 @@ impl Context {
         self.sym_target(&Access { what: "sym_ptr", addr, len: 0, pe, word: false }).ok()
     }
 
-    /// Checks an access and returns the local address of its target on `a.pe`.
+    /// Checks an access and returns the local address of its target on `a.pe`, which
+    /// must be mapped here.
     fn sym_target(&self, a: &Access) -> Result<usize> {
+        match self.sym_route(a)? {
+            Route::Mapped(at) => Ok(at),
+            Route::Queue { .. } => Err(Error::InvalidArgument(format!(
+                "{}: PE {}'s heap is on another node, not mapped by this rank: only the queue operations \
+                 (put, get, put_signal, atomics) reach it",
+                a.what, a.pe
+            ))),
+        }
+    }
+
+    /// Checks an access and says where its target lies: mapped here, or through the
+    /// internode path's queue.
+    fn sym_route(&self, a: &Access) -> Result<Route> {
         let heap = self.sym.as_ref().ok_or_else(|| {
             Error::InvalidArgument(format!("{}: no symmetric heap yet: allocate with sym_alloc first", a.what))
         })?;
@@ -147,11 +168,14 @@ impl Context {
                 a.what, a.addr
             )));
         }
-        match heap.peers[a.pe as usize].mapped {
-            Some(b) => Ok(b + (a.addr - heap.base)),
-            None => Err(Error::InvalidArgument(format!(
-                "{}: PE {}'s heap is not mapped by this rank (another node, or a device without peer access); \
-                 the off-node path does not carry symmetric heap operations yet",
+        let peer = &heap.peers[a.pe as usize];
+        match (peer.mapped, peer.window, &heap.net) {
+            (Some(b), _, _) => Ok(Route::Mapped(b + (a.addr - heap.base))),
+            (None, Some(window), Some(_)) => Ok(Route::Queue { pe: a.pe, window, offset: (a.addr - heap.base) as u64 }),
+            _ => Err(Error::InvalidArgument(format!(
+                "{}: PE {}'s heap is not mapped by this rank, nor reached through the internode path (a \
+                 device without peer access on this node, a job without the path, or a path that could not \
+                 carry the heap: the log of the first sym_alloc says why)",
                 a.what, a.pe
             ))),
         }
@@ -163,10 +187,35 @@ impl Context {
     /// # Safety
     /// `src..src+len` must be readable for the whole call, with nothing writing it.
     pub unsafe fn sym_put(&self, dst: usize, src: *const u8, len: usize, pe: Rank) -> Result<()> {
-        let to = self.sym_target(&Access { what: "sym_put", addr: dst, len, pe, word: false })?;
-        // SAFETY: `to..to+len` lies in a live allocation of a heap mapped here (checked
-        // above); the source is the caller's contract.
-        Ok(unsafe { self.backend.copy_sync(to, src as usize, len) }?)
+        // SAFETY: the caller's contract, kept until this call returns complete.
+        unsafe { self.sym_put_at(dst, src, len, pe, true) }
+    }
+
+    /// [`sym_put`](Self::sym_put) that may return before the data moved: the put is
+    /// complete (visible at `pe`) after the next [`sym_quiet`](Self::sym_quiet). To a PE
+    /// whose heap is mapped here it completes at once; to one of another node it is a
+    /// packet of the heap's queue, which the proxy carries while the caller goes on.
+    ///
+    /// # Safety
+    /// `src..src+len` must stay readable and unchanged until the next `sym_quiet` returns.
+    pub unsafe fn sym_put_nbi(&self, dst: usize, src: *const u8, len: usize, pe: Rank) -> Result<()> {
+        // SAFETY: the caller's contract, kept until the quiet.
+        unsafe { self.sym_put_at(dst, src, len, pe, false) }
+    }
+
+    /// # Safety
+    /// `src..src+len` readable and unchanged until the put completes (on return with
+    /// `wait`, else at the next quiet).
+    unsafe fn sym_put_at(&self, dst: usize, src: *const u8, len: usize, pe: Rank, wait: bool) -> Result<()> {
+        match self.sym_route(&Access { what: "sym_put", addr: dst, len, pe, word: false })? {
+            // SAFETY: `to..to+len` lies in a live allocation of a heap mapped here
+            // (checked by the route); the source is the caller's contract.
+            Route::Mapped(to) => Ok(unsafe { self.backend.copy_sync(to, src as usize, len) }?),
+            // SAFETY: the caller's contract.
+            Route::Queue { pe, window, offset } => unsafe {
+                self.net_put((pe, window, offset), src as usize, len, wait)
+            },
+        }
     }
 
     /// Copies `len` bytes of `pe`'s copy of the symmetric range at `src` into `dst` (host
@@ -175,10 +224,33 @@ impl Context {
     /// # Safety
     /// `dst..dst+len` must be writable for the whole call, with nothing else accessing it.
     pub unsafe fn sym_get(&self, dst: *mut u8, src: usize, len: usize, pe: Rank) -> Result<()> {
-        let from = self.sym_target(&Access { what: "sym_get", addr: src, len, pe, word: false })?;
-        // SAFETY: `from..from+len` lies in a live allocation of a heap mapped here; the
-        // destination is the caller's contract.
-        Ok(unsafe { self.backend.copy_sync(dst as usize, from, len) }?)
+        // SAFETY: the caller's contract, kept until this call returns complete.
+        unsafe { self.sym_get_at(dst, src, len, pe, true) }
+    }
+
+    /// [`sym_get`](Self::sym_get) that may return before the data arrived: it is in
+    /// `dst` after the next [`sym_quiet`](Self::sym_quiet) (at once from a mapped heap).
+    ///
+    /// # Safety
+    /// `dst..dst+len` must stay writable and otherwise unused until the next `sym_quiet`
+    /// returns.
+    pub unsafe fn sym_get_nbi(&self, dst: *mut u8, src: usize, len: usize, pe: Rank) -> Result<()> {
+        // SAFETY: the caller's contract, kept until the quiet.
+        unsafe { self.sym_get_at(dst, src, len, pe, false) }
+    }
+
+    /// # Safety
+    /// `dst..dst+len` writable and unused until the get completes.
+    unsafe fn sym_get_at(&self, dst: *mut u8, src: usize, len: usize, pe: Rank, wait: bool) -> Result<()> {
+        match self.sym_route(&Access { what: "sym_get", addr: src, len, pe, word: false })? {
+            // SAFETY: `from..from+len` lies in a live allocation of a heap mapped here;
+            // the destination is the caller's contract.
+            Route::Mapped(from) => Ok(unsafe { self.backend.copy_sync(dst as usize, from, len) }?),
+            // SAFETY: the caller's contract.
+            Route::Queue { pe, window, offset } => unsafe {
+                self.net_get((pe, window, offset), dst as usize, len, wait)
+            },
+        }
     }
 
     /// [`sym_put`](Self::sym_put), then `signal`'s update of the 64-bit signal word on
@@ -196,8 +268,19 @@ impl Context {
     ) -> Result<()> {
         let Signal { addr: sig, value, op } = signal;
         // Both targets are checked before anything is written.
-        let to = self.sym_target(&Access { what: "sym_put_signal", addr: dst, len, pe, word: false })?;
-        let word = self.sym_target(&Access { what: "sym_put_signal's signal", addr: sig, len: 8, pe, word: true })?;
+        let to = self.sym_route(&Access { what: "sym_put_signal", addr: dst, len, pe, word: false })?;
+        let word = self.sym_route(&Access { what: "sym_put_signal's signal", addr: sig, len: 8, pe, word: true })?;
+        let (to, word) = match (to, word) {
+            (Route::Mapped(to), Route::Mapped(word)) => (to, word),
+            (Route::Queue { pe, window, offset }, Route::Queue { offset: signal_offset, .. }) => {
+                // SAFETY: the caller's contract, kept until the call returns complete. The
+                // target's proxy writes the signal once the data is in place.
+                return unsafe {
+                    self.net_put_signal((pe, window, offset), src as usize, len, (signal_offset, value, op))
+                };
+            }
+            _ => unreachable!("one PE's routes are alike"),
+        };
         // SAFETY: as in sym_put. copy_sync returns once the copy has completed, so the
         // data is in place before the signal is written below.
         unsafe { self.backend.copy_sync(to, src as usize, len)? };
@@ -242,36 +325,62 @@ impl Context {
     /// Adds `value` to the 64-bit word at the symmetric address `dst` on `pe`; returns
     /// the old value. Sim only (see the module documentation).
     pub fn sym_atomic_fetch_add(&self, dst: usize, value: u64, pe: Rank) -> Result<u64> {
-        let word = self.sym_target(&Access { what: "sym_atomic_fetch_add", addr: dst, len: 8, pe, word: true })?;
-        self.word_rmw("atomic fetch-add", word, |a| a.fetch_add(value, Ordering::AcqRel))
+        let what = "sym_atomic_fetch_add";
+        match self.sym_route(&Access { what, addr: dst, len: 8, pe, word: true })? {
+            Route::Mapped(word) => self.word_rmw("atomic fetch-add", word, |a| a.fetch_add(value, Ordering::AcqRel)),
+            Route::Queue { pe, window, offset } => self.net_amo(what, (pe, window, offset), AmoOp::FetchAdd, value, 0),
+        }
     }
 
     /// Stores `desired` in the word at `dst` on `pe` if it holds `expected`; returns the
     /// old value (the swap happened when it equals `expected`). Sim only.
     pub fn sym_atomic_compare_swap(&self, dst: usize, expected: u64, desired: u64, pe: Rank) -> Result<u64> {
-        let word = self.sym_target(&Access { what: "sym_atomic_compare_swap", addr: dst, len: 8, pe, word: true })?;
-        self.word_rmw("atomic compare-swap", word, |a| {
-            a.compare_exchange(expected, desired, Ordering::AcqRel, Ordering::Acquire).unwrap_or_else(|old| old)
-        })
+        let what = "sym_atomic_compare_swap";
+        match self.sym_route(&Access { what, addr: dst, len: 8, pe, word: true })? {
+            Route::Mapped(word) => self.word_rmw("atomic compare-swap", word, |a| {
+                a.compare_exchange(expected, desired, Ordering::AcqRel, Ordering::Acquire).unwrap_or_else(|old| old)
+            }),
+            Route::Queue { pe, window, offset } => {
+                self.net_amo(what, (pe, window, offset), AmoOp::CompareSwap, desired, expected)
+            }
+        }
     }
 
     /// Stores `value` in the word at `dst` on `pe`, atomically.
     pub fn sym_atomic_set(&self, dst: usize, value: u64, pe: Rank) -> Result<()> {
-        let word = self.sym_target(&Access { what: "sym_atomic_set", addr: dst, len: 8, pe, word: true })?;
-        self.word_store(word, value)
+        let what = "sym_atomic_set";
+        match self.sym_route(&Access { what, addr: dst, len: 8, pe, word: true })? {
+            Route::Mapped(word) => self.word_store(word, value),
+            Route::Queue { pe, window, offset } => {
+                self.net_amo(what, (pe, window, offset), AmoOp::Set, value, 0).map(|_| ())
+            }
+        }
     }
 
     /// Reads the word at `dst` on `pe`, atomically.
     pub fn sym_atomic_fetch(&self, dst: usize, pe: Rank) -> Result<u64> {
-        let word = self.sym_target(&Access { what: "sym_atomic_fetch", addr: dst, len: 8, pe, word: true })?;
-        self.word_load(word)
+        let what = "sym_atomic_fetch";
+        match self.sym_route(&Access { what, addr: dst, len: 8, pe, word: true })? {
+            Route::Mapped(word) => self.word_load(word),
+            Route::Queue { pe, window, offset } => self.net_amo(what, (pe, window, offset), AmoOp::Fetch, 0, 0),
+        }
     }
 
-    /// Completes every symmetric heap operation of this thread. Host operations are
-    /// complete when they return, so nothing is left today; the off-node path's queued
-    /// operations will be waited for here.
+    /// Orders the host's earlier puts, put_signals and atomics to each PE before its
+    /// later ones to the same PE (OpenSHMEM's `shmem_fence`). Blocking calls are complete
+    /// when they return and mapped heaps' `_nbi` ones too, so only `_nbi` operations to
+    /// PEs of other nodes have anything to order: the queue's next packet to each such PE
+    /// waits at the proxy for the earlier ones.
+    pub fn sym_fence(&self) {
+        self.net_fence();
+    }
+
+    /// Completes every symmetric heap operation the host made so far: the `_nbi` ones to
+    /// PEs of other nodes are visible at their targets (acknowledged by the target's
+    /// proxy), their gets' data in place; the rest were complete when they returned.
+    /// Fails with the first failed operation's story since the last quiet.
     pub fn sym_quiet(&self) -> Result<()> {
-        Ok(())
+        self.net_quiet_all()
     }
 
     /// What device code needs to know of the heaps ([`DeviceCtx`]), for this rank's
@@ -288,8 +397,7 @@ impl Context {
             heap_size: heap.alloc.size(),
             heap_base: heap.base as u64,
             bases: (heap.base as u64) + layout::CTRL_BASES,
-            // OFF-NODE STUB: the internode path's queue table goes here once wired.
-            queues: 0,
+            queues: heap.net.as_ref().and_then(|n| n.device.as_ref()).map_or(0, |d| d.mem as u64),
         })
     }
 

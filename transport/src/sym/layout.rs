@@ -107,8 +107,9 @@ pub struct DeviceCtx {
     /// Device address of `n_pes` words: each PE's heap base as mapped here, 0 where
     /// this GPU cannot map it (another node, or no peer access).
     pub bases: u64,
-    /// Device address of the off-node queue table ([`QueueTable`]); 0 while the
-    /// off-node path is not wired: operations to unmappable PEs are then rejected.
+    /// Device address of the off-node queue table ([`QueueTable`]); 0 where the job has
+    /// one node (or the internode path left no queue for device code): operations to
+    /// unmappable PEs are then rejected.
     pub queues: u64,
 }
 
@@ -118,10 +119,12 @@ const _: () = assert!(std::mem::size_of::<DeviceCtx>() == 48);
 /// addresses of the queue's parts in this process, device-visible. The packet format is
 /// `gpulmt_protocols::gio::packet`'s.
 ///
-/// OFF-NODE STUB: nothing fills this yet. The lead wires it to the internode path's
-/// queues (`crate::net`, pinned host memory mapped into the device): one per thread
-/// block that may post (block `b` uses `sq[b % n_sq]`), with a template table per queue
-/// whose index for PE `p` is `target_of_pe[p]`.
+/// The heap fills one per GIO queue the internode path leaves for device code
+/// (`sym::offnode`): the ring, doorbell, credit and completion counters are the queue's
+/// pinned host memory mapped into the device, and so are the AMO `results`; `reserve`,
+/// the fence words and `target_of_pe` are device memory of the heap's queue table. Block `b` posts to
+/// `sq[b % n_sq]`; every queue shares the path's template table, in which PE `p`'s heap
+/// is template `target_of_pe[p]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendQueue {
@@ -158,6 +161,41 @@ pub struct QueueTable {
     pub pad: u32,
     /// Device address of `n_sq` [`SendQueue`]s.
     pub sq: u64,
+}
+
+impl SendQueue {
+    /// The record as device code reads it (little-endian, `#[repr(C)]` order).
+    pub fn bytes(&self) -> [u8; 88] {
+        let words = [
+            self.ring,
+            self.slots,
+            self.reserve,
+            self.doorbell,
+            self.head,
+            self.cq_done,
+            self.cq_failed,
+            self.results,
+            self.target_of_pe,
+            self.fence_epoch_of_pe,
+            self.fence_epoch,
+        ];
+        let mut b = [0u8; 88];
+        for (i, w) in words.iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+}
+
+impl QueueTable {
+    /// The table as device code reads it.
+    pub fn bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&self.n_sq.to_le_bytes());
+        b[4..8].copy_from_slice(&self.pad.to_le_bytes());
+        b[8..].copy_from_slice(&self.sq.to_le_bytes());
+        b
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<SendQueue>() == 88);

@@ -12,13 +12,14 @@
 //!   reach through the handle cache (a lease held until finalize, so a message that
 //!   later moves a buffer of the heap shares the mapping). A peer on another node, or on
 //!   a device without peer access, is not mappable: its base is 0 in the device context,
-//!   and operations to it take the GIO queues (the internode path; not wired yet, see
-//!   [`layout::SendQueue`]) or are refused.
+//!   and operations to it take the GIO queues of the internode path when it lives on
+//!   another node (`sym::offnode`: the heap is a window of the path), or are refused.
 //! - **A deterministic allocator** ([`alloc`]): the same calls in the same order give
 //!   the same offsets. Each `sym_alloc` and `sym_free` first exchanges its arguments
 //!   among the ranks and fails on every rank, with the same message, when they differ.
 //! - **Host operations** on the heap ([`host`]): put, get, put_signal, signal waits and
-//!   64-bit atomics, each complete when it returns.
+//!   64-bit atomics, each complete when it returns (the `_nbi` puts and gets at the next
+//!   quiet), on mapped heaps and through the queue alike.
 //!
 //! - **Device code** includes `include/gpulmt_device.cuh` (embedded here for NVRTC:
 //!   [`nvrtc`]) and gets its context from [`Context::sym_device_ctx`].
@@ -29,6 +30,7 @@ pub mod alloc;
 pub mod host;
 pub mod layout;
 pub mod nvrtc;
+mod offnode;
 #[cfg(test)]
 mod tests;
 
@@ -103,6 +105,9 @@ pub struct PeerHeap {
     pub mapped: Option<usize>,
     /// The handle cache's key of the mapping this rank holds a lease on.
     key: Option<PeerBufferKey>,
+    /// Its heap's window id on the internode path, where this rank reaches it through
+    /// the GIO queues (another node).
+    pub window: Option<crate::net::WindowId>,
 }
 
 /// The heap state of a context that has called [`Context::sym_alloc`].
@@ -114,6 +119,8 @@ pub(crate) struct SymHeap {
     calls: u64,
     /// Bytes asked for by each live allocation (by offset), for [`SymPtr::len`].
     asked: rustc_hash::FxHashMap<u64, usize>,
+    /// The internode path's share: off-node PEs' heaps (None: single node).
+    pub(crate) net: Option<offnode::SymNet>,
 }
 
 impl SymHeap {
@@ -160,6 +167,10 @@ impl CallRecord {
         }
     }
 }
+
+/// Bytes of a setup verdict: 1 if the rank mapped every heap it should, then its heap's
+/// window id on the internode path (`u32::MAX`: none).
+const VERDICT_BYTES: usize = 5;
 
 /// What every rank says about its heap at setup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,8 +394,14 @@ impl Context {
         let mut peers = Vec::with_capacity(n as usize);
         let mut failure = None;
         for (r, rec) in records.iter().enumerate() {
-            let mut peer =
-                PeerHeap { node: rec.node, device: rec.device, remote_base: rec.base, mapped: None, key: None };
+            let mut peer = PeerHeap {
+                node: rec.node,
+                device: rec.device,
+                remote_base: rec.base,
+                mapped: None,
+                key: None,
+                window: None,
+            };
             if r == self.rank() as usize {
                 peer.mapped = Some(base);
             } else if failure.is_none()
@@ -410,9 +427,20 @@ impl Context {
                 failure = Some(format!("writing the heap table: {e}"));
             }
         }
-        // A second round: every rank learns whether every other one mapped the heaps.
-        let ok = [u8::from(failure.is_none())];
-        let verdicts = self.sym_allgather(&ok, 1);
+        // Where the job spans nodes, the heap becomes a window of the internode path
+        // before the verdicts, so that it is exposed before any peer can reach it.
+        let mut window = None;
+        if failure.is_none() {
+            match self.sym_net_expose(base, size) {
+                Ok(w) => window = w,
+                Err(e) => failure = Some(e.to_string()),
+            }
+        }
+        // A second round: every rank learns whether every other one mapped the heaps,
+        // and each rank's window id.
+        let mut verdict = vec![u8::from(failure.is_none())];
+        verdict.extend_from_slice(&window.unwrap_or(u32::MAX).to_le_bytes());
+        let verdicts = self.sym_allgather(&verdict, VERDICT_BYTES);
         let all_ok = matches!(&verdicts, Ok(v) if v.iter().all(|b| b[0] == 1));
         self.sym = Some(SymHeap {
             base,
@@ -420,7 +448,25 @@ impl Context {
             peers,
             calls: 0,
             asked: Default::default(),
+            net: None,
         });
+        if let (true, Some(_), Ok(v)) = (all_ok, window, &verdicts) {
+            let windows: Vec<Option<crate::net::WindowId>> = v
+                .iter()
+                .map(|b| u32::from_le_bytes(b[1..5].try_into().expect("4 bytes")))
+                .map(|w| (w != u32::MAX).then_some(w))
+                .collect();
+            // A failure here is this rank's alone, while its peers go on into the next
+            // collective: the heap stays (peers may already write into its window), and
+            // this rank's operations to other nodes fail, each saying why.
+            match self.sym_net_connect(&windows, size) {
+                Ok(net) => self.sym.as_mut().expect("set just above").net = Some(net),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "the symmetric heap cannot reach PEs of other nodes from this rank; its operations to them fail"
+                ),
+            }
+        }
         if all_ok {
             tracing::info!(
                 size,
@@ -498,7 +544,12 @@ impl Context {
 
     /// Frees this rank's heap (finalize, once every rank closed its mappings of it).
     pub(crate) fn sym_free_heap(&mut self) {
-        let Some(heap) = self.sym.take() else { return };
+        let Some(mut heap) = self.sym.take() else { return };
+        // The device's queue table: no kernel runs, and the path is shut down (finalize),
+        // or never carried the heap (a failed setup).
+        if let Some(device) = heap.net.take().and_then(|n| n.device) {
+            device.free(&self.backend);
+        }
         if let Ok(info) = self.backend.pointer_info(heap.base) {
             debug_assert_eq!(info.kind, MemoryKind::Device(self.device));
             self.exports.forget(&info.buffer_id);

@@ -16,7 +16,10 @@
 //! - traffic across nodes, through the internode path: the same ring over one rank of
 //!   each node with sizes up to `--max` (64 MiB by default); ANY_SOURCE receives over
 //!   senders of this node and of others ([`wildcard`]); truncation ([`truncate`]); a
-//!   burst past the GIO queue's slots ([`burst`]); gpulmt's barrier ([`barrier`]).
+//!   burst past the GIO queue's slots ([`burst`]); gpulmt's barrier ([`barrier`]);
+//! - the symmetric heap across nodes: host puts, gets, put_signal, fence, quiet and
+//!   atomics to every PE, accesses outside the heap refused, and the device's queue
+//!   table used as the device header uses it ([`sym`]).
 //!
 //! `gpulmt-mpi-nodes die` instead kills the last rank in the middle of a transfer to rank
 //! 0 ([`die`]): the job must end with an error, which `mpirun` reports.
@@ -29,6 +32,7 @@ mod buffer;
 mod burst;
 mod die;
 mod ring;
+mod sym;
 mod truncate;
 mod wildcard;
 
@@ -153,6 +157,7 @@ fn main() {
     if topo.node_count() > 1 {
         checks += wildcard::run(&mut ctx, &world, 0);
         checks += barrier::run(&mut ctx, &world);
+        checks += sym::run(&mut ctx, &world);
     }
 
     world.barrier();

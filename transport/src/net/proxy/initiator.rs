@@ -1,12 +1,15 @@
 //! This rank's ops in flight: control packets, rendezvous data (SEND, RECV), and one-sided
-//! ops on other ranks' windows (PUT, PUT_SIGNAL, GET), from start to completion.
+//! ops on other ranks' windows (PUT, PUT_SIGNAL, GET, AMO), from start to completion.
 //!
 //! A one-sided op is an active message to the target's proxy ([`AmRequest`]): a PUT's
 //! data rides in the request when small, else follows as a transfer under a one-sided
 //! data tag; a GET's data comes back in the reply when small, else as a transfer the
 //! initiator receives. The target replies once the data is written (and a PUT_SIGNAL's
 //! signal after it) or read: the op completes only at the reply, so a quiet means
-//! "visible at the target".
+//! "visible at the target". An AMO is a request the target's proxy applies to the word
+//! (`target.rs` says how it stays atomic); its reply carries the old value, which goes to
+//! the packet's result address (if any) as a small GET's data would, before the op
+//! completes.
 
 use gpulmt_protocols::gio::{FailureKind, Op as PacketOp, OpFailure};
 use gpulmt_protocols::Rank;
@@ -166,7 +169,13 @@ impl Proxy {
             }
             _ => unreachable!("start_put takes PUT and PUT_SIGNAL"),
         };
-        let (place, mem) = match self.net.place(held.packet.op.code(), src, size) {
+        // A PUT_SIGNAL of no data (a device's signal op) names no source (0): nothing to
+        // look up.
+        let found = match size {
+            0 => Ok((self.net.place_of(MemoryKind::Host), MemoryKind::Host)),
+            _ => self.net.place(held.packet.op.code(), src, size),
+        };
+        let (place, mem) = match found {
             Ok(p) => p,
             Err(bad) => return Start::Failed(OpFailure::bad_packet(&bad), bad.to_string()),
         };
@@ -205,6 +214,27 @@ impl Proxy {
         am.encode(&[], &mut msg);
         let inline_get = inline.then_some(InlineGet { dst: dst as usize, size: size as usize, kind, copy: None });
         self.one_sided(key, qi, held, msg, (!inline).then_some((Dir::Recv, dst, size, place, data_tag)), inline_get)
+    }
+
+    /// An AMO: the request; the reply's old value goes to `result` (0: nowhere).
+    pub(super) fn start_amo(&mut self, qi: usize, held: &Held) -> Start {
+        let PacketOp::Amo { amo, offset, operand, compare, result } = held.packet.op else {
+            unreachable!("start_amo takes AMO")
+        };
+        let inline_get = match result {
+            0 => None,
+            r => match self.net.place(held.packet.op.code(), r, 8) {
+                Ok((_, kind)) => Some(InlineGet { dst: r as usize, size: 8, kind, copy: None }),
+                Err(bad) => return Start::Failed(OpFailure::bad_packet(&bad), bad.to_string()),
+            },
+        };
+        let window = held.template.window.expect("the template check gives one-sided ops a window");
+        let key = self.new_key();
+        let kind = AmKind::Amo { amo, operand, compare };
+        let am = AmRequest { kind, op: key, window: window.id, offset, size: 8, data_tag: 0, inline: false };
+        let mut msg = Vec::new();
+        am.encode(&[], &mut msg);
+        self.one_sided(key, qi, held, msg, None, inline_get)
     }
 
     /// Sends a one-sided request and starts its data transfer, if it has one.

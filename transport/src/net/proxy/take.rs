@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use gpulmt_protocols::gio::{BadPacket, FailureKind, Flags, Limits, Op, OpFailure, Packet, Stop, Take, Template};
+use gpulmt_protocols::gio::{BadPacket, Flags, Limits, Op, OpFailure, Packet, Stop, Take, Template};
 
 use super::Proxy;
 use crate::net::queue::{FailureDetail, QueueState};
@@ -174,10 +174,7 @@ impl Proxy {
             Op::Send { .. } | Op::Recv { .. } => self.start_data(qi, held),
             Op::Put { .. } | Op::PutSignal { .. } => self.start_put(qi, held),
             Op::Get { .. } => self.start_get(qi, held),
-            Op::Amo { .. } => Start::Failed(
-                OpFailure { kind: FailureKind::BadPacket, detail: 0 },
-                "GIO atomics are not implemented by this proxy yet (the device-API issue adds them)".into(),
-            ),
+            Op::Amo { .. } => self.start_amo(qi, held),
         }
     }
 

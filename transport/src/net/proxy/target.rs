@@ -1,5 +1,5 @@
 //! Other ranks' one-sided ops on this rank's windows: the target's half of PUT,
-//! PUT_SIGNAL and GET.
+//! PUT_SIGNAL, GET and AMO.
 //!
 //! A request is checked against the window table before anything is touched (a window
 //! that does not exist, a range outside it, a misaligned signal are answered with the
@@ -13,15 +13,33 @@
 //! reads, adds and writes back, one device signal update at a time in this proxy, so two
 //! ranks' adds to one word both count; a kernel writing the same word meanwhile is not
 //! ordered with it).
+//!
+//! # How an AMO stays atomic
+//! Every AMO that reaches this rank from another node is applied by this one thread, one
+//! at a time, when its request is handled:
+//! - **host memory, and sim's device memory** (host memory of this process): one atomic
+//!   instruction of the host on the word (`AtomicU64`, acquire-release), so it is atomic
+//!   against every other access to the word that is atomic itself: other ranks' AMOs
+//!   through this proxy, this rank's host `sym_atomic_*`, the on-node peers' host atomics
+//!   (the same shared memory), and the proxy's signal adds;
+//! - **CUDA device memory**: the host has no atomic instruction on device memory
+//!   (PCIe atomics are not exposed to it), so the proxy reads the word with the copy
+//!   engine, computes, and writes it back, waiting for each copy, and never while a
+//!   device signal update of its own runs. It is therefore atomic against the other
+//!   off-node AMOs and signal updates to this PE (all serialised here), and **not**
+//!   against the target GPU's own atomics on the same word (a kernel's `atomicAdd`, or an
+//!   on-node peer's direct AMO, may fall between the read and the write).
+//!   docs/memory-model.md ("Atomicity") states this limit: a word that off-node PEs update
+//!   atomically must not be updated atomically by the device path at the same time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpulmt_protocols::gio::{BadPacket, OpCode, SignalOp, Window};
+use gpulmt_protocols::gio::{AmoOp, BadPacket, OpCode, SignalOp, Window};
 use gpulmt_protocols::Rank;
 
 use super::net::Owner;
 use super::Proxy;
-use crate::device::{CopyTicket, MemoryKind};
+use crate::device::{Backend, BackendKind, CopyTicket, MemoryKind};
 use crate::net::stream::{Dir, Place, Stream, StreamError, NET_LANE};
 use crate::net::wire::{AmKind, AmReply, AmRequest, AM_INLINE, REPLY_TAG};
 
@@ -51,7 +69,9 @@ pub(super) struct TargetOp {
     /// A copy of inline bytes between the message and device memory, and the bytes.
     copy: Option<(CopyTicket, Vec<u8>)>,
     signal: Signal,
-    /// A small GET's bytes, for the reply.
+    /// An AMO to apply: the word's address and memory.
+    amo: Option<(usize, MemoryKind)>,
+    /// A small GET's bytes (an AMO's old value), for the reply.
     reply_inline: Option<Vec<u8>>,
 }
 
@@ -63,6 +83,7 @@ impl Proxy {
             AmKind::Put => OpCode::Put,
             AmKind::PutSignal { .. } => OpCode::PutSignal,
             AmKind::Get => OpCode::Get,
+            AmKind::Amo { .. } => OpCode::Amo,
         };
         let refuse = |bad: BadPacket| (bad.code(), 0, MemoryKind::Host);
         let Some(w) = self.windows.get(am.window as usize).copied().flatten() else {
@@ -73,7 +94,12 @@ impl Proxy {
         let Some(addr) = window.address_of(am.offset, am.size) else {
             return refuse(outside(am.offset, am.size));
         };
-        if let AmKind::PutSignal { signal_offset, .. } = am.kind {
+        let word = match am.kind {
+            AmKind::PutSignal { signal_offset, .. } => Some(signal_offset),
+            AmKind::Amo { .. } => Some(am.offset),
+            _ => None,
+        };
+        if let Some(signal_offset) = word {
             match window.address_of(signal_offset, 8) {
                 None => return refuse(outside(signal_offset, 8)),
                 Some(a) if a % 8 != 0 => return refuse(BadPacket::Misaligned { op, offset: signal_offset }),
@@ -99,8 +125,19 @@ impl Proxy {
                 "GIO proxy refused a one-sided request from another rank: outside this rank's windows"
             );
         }
-        let mut t =
-            TargetOp { from: source, am, status, data: None, copy: None, signal: Signal::None, reply_inline: None };
+        if matches!(am.kind, AmKind::Amo { .. }) && am.size != 8 {
+            return tracing::error!(source, size = am.size, "GIO proxy: an AMO request not of 8 bytes dropped");
+        }
+        let mut t = TargetOp {
+            from: source,
+            am,
+            status,
+            data: None,
+            copy: None,
+            signal: Signal::None,
+            amo: None,
+            reply_inline: None,
+        };
         let pipe = self.net.pipe;
         let place = self.net.place_of(kind);
         let stream = |dir, addr, place| {
@@ -109,6 +146,8 @@ impl Proxy {
             Some(unsafe { Stream::new(dir, source, am.data_tag, addr, am.size, place, pipe) })
         };
         match (am.kind, status, am.inline) {
+            (AmKind::Amo { .. }, 0, _) => t.amo = Some((addr, kind)),
+            (AmKind::Amo { .. }, _, _) => {}
             (AmKind::Get, 0, false) => t.data = stream(Dir::Send, addr, place),
             (AmKind::Get, 0, true) => match kind {
                 MemoryKind::Device(dev) if am.size > 0 => {
@@ -205,6 +244,21 @@ impl Proxy {
         if !t.signal_step(&self.net.backend, &mut self.device_signal_busy) {
             return work;
         }
+        if let Some((addr, kind)) = t.amo {
+            if self.device_signal_busy {
+                // A device signal update reads and writes a word with the copy engine;
+                // the AMO's own read-modify-write waits for it (see the module docs).
+                return work;
+            }
+            let AmKind::Amo { amo, operand, compare } = t.am.kind else { unreachable!("set for AMOs only") };
+            t.amo = None;
+            // SAFETY: `addr` is an aligned word inside this rank's window (checked when
+            // the request arrived), valid while the window is exposed.
+            match unsafe { apply_amo(&self.net.backend, addr, kind, amo, operand, compare) } {
+                Ok(old) => t.reply_inline = Some(old.to_le_bytes().to_vec()),
+                Err(e) => t.fail(format!("applying an atomic: {e}")),
+            }
+        }
         let reply = AmReply { op: t.am.op, status: t.status };
         let mut buf = Vec::new();
         reply.encode(t.reply_inline.as_deref().unwrap_or(&[]), &mut buf);
@@ -241,6 +295,76 @@ impl Proxy {
                 s.fail(StreamError::Cancelled, &mut *self.net.iface);
             }
             t.fail("cancelled at shutdown".into());
+        }
+    }
+}
+
+/// The new value of a word that held `old` after `amo` (None: not written).
+pub(super) fn amo_result(amo: AmoOp, old: u64, operand: u64, compare: u64) -> Option<u64> {
+    match amo {
+        AmoOp::FetchAdd => Some(old.wrapping_add(operand)),
+        AmoOp::CompareSwap => (old == compare).then_some(operand),
+        AmoOp::Set => Some(operand),
+        AmoOp::Fetch => None,
+    }
+}
+
+/// Applies `amo` to the word at `addr` of memory `kind`; returns its old value. The
+/// module docs say how it is atomic on each memory.
+///
+/// # Safety
+/// `addr` is an 8-byte aligned word valid for reads and writes in memory of `kind`, and
+/// every host access to it is atomic.
+unsafe fn apply_amo(
+    backend: &Backend,
+    addr: usize,
+    kind: MemoryKind,
+    amo: AmoOp,
+    operand: u64,
+    compare: u64,
+) -> Result<u64, String> {
+    match (kind, backend.kind()) {
+        (MemoryKind::Host, _) | (MemoryKind::Device(_), BackendKind::Sim) => {
+            // SAFETY: the caller's contract: an aligned word of this process's memory
+            // (sim's device memory is host memory), touched atomically only.
+            let word = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+            // AcqRel: the AMO is ordered after what the initiator's earlier fenced ops
+            // wrote here, and before what a reader that sees its value reads. Scope: host.
+            Ok(match amo {
+                AmoOp::FetchAdd => word.fetch_add(operand, Ordering::AcqRel),
+                AmoOp::CompareSwap => {
+                    word.compare_exchange(compare, operand, Ordering::AcqRel, Ordering::Acquire).unwrap_or_else(|v| v)
+                }
+                AmoOp::Set => word.swap(operand, Ordering::AcqRel),
+                AmoOp::Fetch => word.load(Ordering::Acquire),
+            })
+        }
+        (MemoryKind::Device(dev), BackendKind::Cuda) => {
+            let mut old = 0u64;
+            // SAFETY: the device word is the caller's; `old` is a local held until the
+            // copy finished (device_copy waits for it).
+            unsafe { device_copy(backend, dev, &mut old as *mut u64 as usize, addr)? };
+            if let Some(new) = amo_result(amo, old, operand, compare) {
+                // SAFETY: as for the read, in the other direction.
+                unsafe { device_copy(backend, dev, addr, &new as *const u64 as usize)? };
+            }
+            Ok(old)
+        }
+    }
+}
+
+/// Copies one 8-byte word between the host and device memory of `dev` and waits for it.
+///
+/// # Safety
+/// Both addresses are valid 8-byte words for the copy's direction until it returns.
+unsafe fn device_copy(backend: &Backend, dev: u32, dst: usize, src: usize) -> Result<(), String> {
+    // SAFETY: the caller's contract; the wait below keeps both words in use until done.
+    let ticket = unsafe { backend.copy_async(dev, NET_LANE, dst, src, 8) }.map_err(|e| e.to_string())?;
+    loop {
+        match backend.copy_poll(ticket) {
+            Ok(true) => return Ok(()),
+            Ok(false) => std::hint::spin_loop(),
+            Err(e) => return Err(e.to_string()),
         }
     }
 }

@@ -1,10 +1,12 @@
-//! One-sided ops over the loopback: put, put-with-signal and get into host and device
-//! windows, at sizes inline and streamed, with quiet meaning "visible at the target",
+//! One-sided ops over the loopback: put, put-with-signal, get and atomics into host and
+//! device windows, at sizes inline and streamed, with quiet meaning "visible at the target",
 //! and fence ordering puts to one target under random network delays.
 
 use std::time::{Duration, Instant};
 
-use gpulmt_protocols::gio::SignalOp;
+use gpulmt_protocols::gio::{AmoOp, SignalOp};
+
+use crate::device::MemoryKind;
 
 use super::*;
 use crate::net::{HostQueue, WindowId};
@@ -167,6 +169,84 @@ fn fence_orders_puts_to_one_target() {
         let got = wins[1][window as usize].read();
         assert_eq!(&got[..8], &pattern(8, round.wrapping_add(100))[..], "round {round}: the fenced put landed first");
         assert!(got[8..20_000] == pattern(20_000, round)[8..], "round {round}: the first put's tail");
+    }
+    drop(q);
+    shutdown_all(&mut paths);
+}
+
+/// AMOs: fetch-adds from two ranks, two queues (threads) each, on one word of a host and
+/// of a device window give the exact total, and every old value is distinct (each add saw
+/// the others' complete); compare-swap swaps only on a match, set and fetch round-trip;
+/// an AMO outside the window or misaligned completes with an error, nothing written.
+#[test]
+fn atomics_from_many_producers_give_exact_totals() {
+    let fabric = LoopbackFabric::with_delays(3, 64, Duration::from_micros(100), 21);
+    let backend = sim();
+    let mut paths = world(&fabric, 3, &small_cfg(8), &backend);
+    let wins = windows(&mut paths, &backend, true);
+    const ADDS: u64 = 150;
+    let word_at = |w: &Buf, off: u64| {
+        let data = w.read();
+        let at = off as usize - OFFSET;
+        u64::from_le_bytes(data[at..at + 8].try_into().unwrap())
+    };
+    let olds: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for from in [0usize, 2] {
+            for _ in 0..2 {
+                let mut q = paths[from].queue().expect("a free queue");
+                handles.push(s.spawn(move || {
+                    let mut olds = Vec::new();
+                    for i in 0..ADDS {
+                        let window = (i % 2) as u32;
+                        let mut old = Box::new(u64::MAX);
+                        let at = &mut *old as *mut u64 as usize;
+                        // SAFETY: `old` lives until the quiet below completed the op.
+                        unsafe { q.amo_nbi(1, window, 64, AmoOp::FetchAdd, 1, 0, at, MemoryKind::Host) }
+                            .expect("fetch-add");
+                        quiet(&mut q);
+                        olds.push(*old + ((window as u64) << 32));
+                    }
+                    olds
+                }));
+            }
+        }
+        handles.into_iter().map(|h| h.join().expect("a producer thread")).collect()
+    });
+    for (window, w) in wins[1].iter().enumerate() {
+        assert_eq!(word_at(w, 64), 4 * ADDS / 2, "window {window}: the fetch-adds' total");
+        let mut seen: Vec<u64> = olds.iter().flatten().filter(|&&o| o >> 32 == window as u64).copied().collect();
+        seen.sort_unstable();
+        let want: Vec<u64> = (0..4 * ADDS / 2).map(|v| v + ((window as u64) << 32)).collect();
+        assert_eq!(seen, want, "window {window}: each fetch-add saw a distinct old value");
+    }
+    let mut q = paths[0].queue().expect("a free queue");
+    let mut old = Box::new(0u64);
+    let at = &mut *old as *mut u64 as usize;
+    // One AMO on rank 1's window, completed (or failed) by the quiet.
+    let amo = |q: &mut HostQueue, window: u32, offset: u64, op: AmoOp, operand: u64, compare: u64, result| {
+        // SAFETY: `result` is 0 or `old`'s word, which outlives the quiet below.
+        unsafe { q.amo_nbi(1, window, offset, op, operand, compare, result, MemoryKind::Host) }.expect("posted");
+        q.quiet(Instant::now() + PATIENCE)
+    };
+    for window in [0u32, 1] {
+        let w = &wins[1][window as usize];
+        amo(&mut q, window, 128, AmoOp::Set, 41, 0, 0).expect("set");
+        assert_eq!(word_at(w, 128), 41);
+        amo(&mut q, window, 128, AmoOp::CompareSwap, 7, 40, at).expect("cswap");
+        assert_eq!((*old, word_at(w, 128)), (41, 41), "no swap: the word was not 40");
+        amo(&mut q, window, 128, AmoOp::CompareSwap, 7, 41, at).expect("cswap");
+        assert_eq!((*old, word_at(w, 128)), (41, 7), "swapped");
+        *old = 0;
+        amo(&mut q, window, 128, AmoOp::Fetch, 0, 0, at).expect("fetch");
+        assert_eq!(*old, 7);
+        // Outside the window (the initiator's template check refuses it), and misaligned.
+        for offset in [WIN as u64, WIN as u64 - 4, 129] {
+            let e =
+                amo(&mut q, window, offset, AmoOp::Set, 5, 0, 0).expect_err("an AMO outside the window or misaligned");
+            assert!(matches!(e, crate::net::QuietError::Failed { .. }), "{e}");
+        }
+        assert_eq!(word_at(w, 128), 7, "a refused AMO wrote nothing");
     }
     drop(q);
     shutdown_all(&mut paths);
