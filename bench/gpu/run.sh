@@ -3,7 +3,7 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|ga OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
@@ -23,6 +23,12 @@
 #            its put_signal ping-pong and one-block put bandwidth (device_bench.csv), and
 #            NVSHMEM 3.8's same two benchmarks beside them when .gpu/peers.tar.xz is carried
 #            (../shared/device/peers/prepare.sh .gpu; nvshmem.csv)
+#   ga       global arrays (ga/, issue 29): gpulmt-ga-check's scenarios (random sections
+#            against a serial reference, order, exact accumulate totals, non-blocking under
+#            fence, bad input, short messages) on 2, 3 and 4 ranks and the C example
+#            (name,ok|FAIL lines into check.csv), then ga_bench on 2 and 4 ranks
+#            (ga_bench.csv: put/get bandwidth against section shape, short-message latency,
+#            SpMV, each beside the raw heap transfer of the same bytes). Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
 #
@@ -33,9 +39,9 @@
 # .gpu/bin), MAX (largest message, default 1G), CHECK_SIZES (the checks' ping-pong sizes),
 # STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device OUTDIR}
-case $mode in full | osu | stencil | shim | checks | device) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks or device" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|ga OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device | ga) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device or ga" >&2
   exit 2
   ;;
 esac
@@ -276,6 +282,35 @@ device() {
   cat "$out/device_bench.csv" "$out/nvshmem.csv" 2>/dev/null | grep -v '^anchor,' | sort -t, -k2,2 -k3,3n -k1,1
 }
 
+ga() {
+  local n sc
+  log global arrays: checks on 2, 3 and 4 ranks
+  for n in 2 3 4; do
+    for sc in random order acc-total nb bad msg; do
+      if $bin/gpulmt-run -n $n --timeout 300 -- $bin/gpulmt-ga-check $sc > /tmp/ga.txt 2>&1 \
+        && [ "$(grep -c " ok $sc\$" /tmp/ga.txt)" = "$n" ]; then
+        echo "ga_$sc,np=$n,ok,$(grep -o 'ga-[a-z]* .*' /tmp/ga.txt | head -1)"
+      else
+        echo "ga_$sc,np=$n,FAIL"
+        tail -5 /tmp/ga.txt
+      fi
+    done
+  done | tee -a "$out/check.csv"
+  if [ -x "$bin/c_ga" ]; then
+    if $bin/gpulmt-run -n 3 --timeout 120 -- $bin/c_ga > /tmp/ga.txt 2>&1; then
+      echo "ga_c_example,np=3,ok" | tee -a "$out/check.csv"
+    else
+      echo "ga_c_example,np=3,FAIL" | tee -a "$out/check.csv"
+      tail -5 /tmp/ga.txt
+    fi
+  fi
+  log global arrays: ga_bench on 2 and 4 ranks
+  for n in 2 4; do
+    $bin/gpulmt-run -n $n --timeout 500 -- $bin/ga_bench --max "$(upto 64M)" --csv "$out/ga_bench.csv" \
+      > "$out/ga_bench_np$n.txt" 2>&1 || log "ga_bench -n $n FAILED: $(tail -1 "$out/ga_bench_np$n.txt")"
+  done
+}
+
 report() {
   if [ -f "$out/gpulmt.csv" ] || [ -f "$out/stencil.csv" ]; then
     log report
@@ -290,6 +325,9 @@ case $mode in
   osu | stencil | shim) "$mode" ;;
   device)
     device
+    ;;
+  ga)
+    ga
     ;;
   checks)
     log checks
@@ -307,7 +345,7 @@ esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || [ "$mode" = device ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = ga ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

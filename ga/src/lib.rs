@@ -17,7 +17,7 @@
 //!
 //! # The pieces
 //!
-//! - [`GlobalArray`] ([`array`]): create and destroy (collective), [`Layout::Block`] and
+//! - [`GlobalArray`] ([`mod@array`]): create and destroy (collective), [`Layout::Block`] and
 //!   block-cyclic distributions ([`section`]), element types f32, f64, i32 and i64
 //!   ([`Element`], sealed), queries `distribution(rank)` and `locate(section)`, and put,
 //!   get and accumulate on sections, blocking and non-blocking ([`Handle`]), with

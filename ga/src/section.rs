@@ -73,9 +73,11 @@ impl std::fmt::Display for Section {
 /// How [`GlobalArray::create`](crate::GlobalArray::create) spreads an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
-    /// One rectangular block per rank, over a near-square process grid.
+    /// One rectangular block per rank, over the process grid whose blocks have the
+    /// smallest perimeter.
     Block,
-    /// Tiles of `block` rows and columns dealt round-robin over a near-square process grid.
+    /// Tiles of `block` rows and columns dealt round-robin over the process grid
+    /// [`Layout::Block`] would pick.
     BlockCyclic { block: [usize; 2] },
     /// Tiles of `block` (None: one per rank) over a `grid[0] x grid[1]` process grid of
     /// exactly the job's ranks.
@@ -108,13 +110,13 @@ impl Distribution {
         if dims[0] == 0 || dims[1] == 0 {
             return Err(GaError::InvalidArgument(format!("an array of {}x{} elements holds none", dims[0], dims[1])));
         }
+        // The process grid whose blocks have the smallest perimeter (the least data on
+        // their edges), as Global Arrays picks it: near-square for square arrays, one
+        // row of ranks for a row vector.
         let near_square = || {
-            let d = (1..=n).filter(|d| n.is_multiple_of(*d) && d * d <= n).max().unwrap_or(1);
-            if dims[0] >= dims[1] {
-                [n / d, d]
-            } else {
-                [d, n / d]
-            }
+            let perimeter = |p: usize| dims[0].div_ceil(p) + dims[1].div_ceil(n / p);
+            let p = (1..=n).filter(|p| n.is_multiple_of(*p)).min_by_key(|&p| (perimeter(p), n - p)).unwrap_or(1);
+            [p, n / p]
         };
         let (grid, block) = match layout {
             Layout::Block => (near_square(), None),
@@ -301,6 +303,10 @@ mod tests {
         assert_eq!(pieces[3].section, Section::new([5, 5], [6, 7]));
         assert_eq!(pieces[3].local, [0, 0]);
         assert!(d.locate(&Section::new([3, 3], [3, 9])).is_empty());
+        // A row vector: one row of ranks, each owning a part of it.
+        let v = Distribution::new([1, 1000], 4, Layout::Block).unwrap();
+        assert_eq!(v.grid(), [1, 4]);
+        assert!((0..4).all(|r| v.local_dims(r) == [1, 250]));
     }
 
     #[test]
