@@ -750,6 +750,23 @@ int gpulmt_ga_get_nb(struct gpulmt_ctx *ctx,
                      gpulmt_ga_handle *handle);
 
 /**
+ * `gpulmt_ga_acc`, non-blocking: `*handle` is the operation to wait on
+ * (`gpulmt_ga_wait`) before `buf` is written again.
+ *
+ * # Safety
+ * As gpulmt_ga_acc's, with `buf` unchanged until the wait; `handle` valid for writes.
+ */
+int gpulmt_ga_acc_nb(struct gpulmt_ctx *ctx,
+                     gpulmt_ga ga,
+                     const struct gpulmt_ga_section *section,
+                     int type,
+                     const void *buf,
+                     size_t count,
+                     size_t ld,
+                     const void *scale,
+                     gpulmt_ga_handle *handle);
+
+/**
  * Waits until the non-blocking operation `*handle` is complete at its target, then
  * sets `*handle` to 0 (waiting on 0 returns at once).
  *

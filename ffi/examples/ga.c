@@ -1,8 +1,8 @@
 /*
  * ga.c -- global arrays from C: create a distributed 2-D array, put a section from
  * every rank, sync, get the whole array, accumulate from every rank into one section
- * (exact total), a non-blocking put, the distribution queries, a registered buffer,
- * short messages around a ring, refused bad input, destroy.
+ * (exact total, blocking and not), a non-blocking get, the distribution queries, a
+ * registered buffer, short messages around a ring, refused bad input, destroy.
  *
  * usage: gpulmt-run -n N ga     (N >= 2)
  *
@@ -87,7 +87,15 @@ int main(void) {
     gpulmt_ga_section box = {{2, 1}, {5, 4}};
     double ones[9], two = 2.0;
     for (k = 0; k < 9; k++) ones[k] = 1.0;
-    for (k = 0; k < TIMES; k++) CHECK(gpulmt_ga_acc(ctx, ga, &box, GPULMT_GA_F64, ones, 9, 3, &two));
+    gpulmt_ga_handle acc_h = 0;
+    for (k = 0; k < TIMES; k++) {
+        if (k % 2) {
+            CHECK(gpulmt_ga_acc_nb(ctx, ga, &box, GPULMT_GA_F64, ones, 9, 3, &two, &acc_h));
+            CHECK(gpulmt_ga_wait(ctx, &acc_h));
+        } else {
+            CHECK(gpulmt_ga_acc(ctx, ga, &box, GPULMT_GA_F64, ones, 9, 3, &two));
+        }
+    }
     CHECK(gpulmt_ga_sync(ctx, ga));
     double got[9], total = 0;
     gpulmt_ga_handle h = 0;

@@ -377,6 +377,34 @@ pub unsafe extern "C" fn gpulmt_ga_get_nb(
     }
 }
 
+/// `gpulmt_ga_acc`, non-blocking: `*handle` is the operation to wait on
+/// (`gpulmt_ga_wait`) before `buf` is written again.
+///
+/// # Safety
+/// As gpulmt_ga_acc's, with `buf` unchanged until the wait; `handle` valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn gpulmt_ga_acc_nb(
+    ctx: *mut gpulmt_ctx,
+    ga: gpulmt_ga,
+    section: *const gpulmt_ga_section,
+    r#type: c_int,
+    buf: *const c_void,
+    count: usize,
+    ld: usize,
+    scale: *const c_void,
+    handle: *mut gpulmt_ga_handle,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_ctx(ctx, |h| {
+            let handle = out(handle, "handle")?;
+            acc(h, ga, section, r#type, buf, count, ld, scale)?;
+            *handle = next_handle();
+            Ok(())
+        })
+    }
+}
+
 /// Waits until the non-blocking operation `*handle` is complete at its target, then
 /// sets `*handle` to 0 (waiting on 0 returns at once).
 ///
