@@ -182,6 +182,83 @@ pub unsafe extern "C" fn gpulmt_ga_destroy(ctx: *mut gpulmt_ctx, ga: gpulmt_ga) 
     unsafe { with_ctx(ctx, |h| with_array(ga, |a| Ok(a.destroy(&mut h.ctx)?))) }
 }
 
+/// The arguments every data call shares.
+struct Transfer {
+    ga: gpulmt_ga,
+    section: *const gpulmt_ga_section,
+    ty: c_int,
+    buf: *mut c_void,
+    count: usize,
+    ld: usize,
+}
+
+/// What a data call does.
+enum Op {
+    Put,
+    Get,
+    /// With its scale factor (one element of the type).
+    Acc(*const c_void),
+}
+
+/// Checks a data call's arguments and runs it on its array.
+///
+/// # Safety
+/// `t.section` is NULL or valid for reads; `t.buf` holds `t.count` elements of `t.ty`,
+/// readable (put, acc) or writable (get) for the call with nothing else using them; an
+/// accumulate's scale is NULL or readable for one element.
+unsafe fn transfer(h: &mut gpulmt_ctx, t: Transfer, op: Op) -> Result<(), FfiError> {
+    // SAFETY: the caller's contract.
+    let s = unsafe { section_arg(t.section)? };
+    let ty = elem_type(t.ty)?;
+    check_buf(t.buf, t.count, "buf")?;
+    if matches!(op, Op::Acc(k) if k.is_null()) {
+        return Err(FfiError::invalid("scale is NULL"));
+    }
+    let (buf, count, ld, ctx) = (t.buf, t.count, t.ld, &h.ctx);
+    with_array(t.ga, |a| {
+        typed!(ty, T => {
+            match op {
+                Op::Put => {
+                    // SAFETY: the caller's contract: `buf` holds `count` readable elements.
+                    let src = unsafe { Src::raw(buf as *const T, count) };
+                    a.put(ctx, s, src, ld)
+                }
+                Op::Get => {
+                    // SAFETY: the caller's contract: `buf` holds `count` writable elements.
+                    let dst = unsafe { Dst::raw(buf as *mut T, count) };
+                    a.get(ctx, s, dst, ld)
+                }
+                Op::Acc(k) => {
+                    // SAFETY: the caller's contract: `k` holds one element of `type`.
+                    let k = unsafe { (k as *const T).read_unaligned() };
+                    // SAFETY: the caller's contract: `buf` holds `count` readable elements.
+                    let src = unsafe { Src::raw(buf as *const T, count) };
+                    a.acc(ctx, s, src, ld, k)
+                }
+            }
+        })?;
+        Ok(())
+    })
+}
+
+/// A data call, non-blocking: `*handle` is what to wait on.
+///
+/// # Safety
+/// As [`transfer`]'s; `ctx` is a live context that no other thread uses during the call;
+/// `handle` is valid for writes.
+unsafe fn transfer_nb(ctx: *mut gpulmt_ctx, t: Transfer, op: Op, handle: *mut gpulmt_ga_handle) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_ctx(ctx, |h| {
+            let handle = out(handle, "handle")?;
+            *handle = 0;
+            transfer(h, t, op)?;
+            *handle = next_handle();
+            Ok(())
+        })
+    }
+}
+
 /// Writes `section` of `ga` from `buf` (host or device memory of this rank): `count`
 /// elements of `type`, row `i` of the section at `buf + i * ld`. Complete at the
 /// owners on return.
@@ -199,29 +276,9 @@ pub unsafe extern "C" fn gpulmt_ga_put(
     count: usize,
     ld: usize,
 ) -> c_int {
+    let t = Transfer { ga, section, ty: r#type, buf: buf as *mut c_void, count, ld };
     // SAFETY: the caller's contract.
-    unsafe { with_ctx(ctx, |h| put(h, ga, section, r#type, buf, count, ld)) }
-}
-
-/// # Safety
-/// As gpulmt_ga_put's.
-unsafe fn put(
-    h: &mut gpulmt_ctx,
-    ga: gpulmt_ga,
-    section: *const gpulmt_ga_section,
-    r#type: c_int,
-    buf: *const c_void,
-    count: usize,
-    ld: usize,
-) -> Result<(), FfiError> {
-    // SAFETY: the caller's contract.
-    let s = unsafe { section_arg(section)? };
-    let ty = elem_type(r#type)?;
-    check_buf(buf, count, "buf")?;
-    with_array(ga, |a| {
-        // SAFETY: the caller's contract: `buf` holds `count` readable elements.
-        typed!(ty, T => Ok(a.put(&h.ctx, s, unsafe { Src::raw(buf as *const T, count) }, ld)?))
-    })
+    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Put)) }
 }
 
 /// Reads `section` of `ga` into `buf` (host or device memory of this rank): `count`
@@ -240,29 +297,9 @@ pub unsafe extern "C" fn gpulmt_ga_get(
     count: usize,
     ld: usize,
 ) -> c_int {
+    let t = Transfer { ga, section, ty: r#type, buf, count, ld };
     // SAFETY: the caller's contract.
-    unsafe { with_ctx(ctx, |h| get(h, ga, section, r#type, buf, count, ld)) }
-}
-
-/// # Safety
-/// As gpulmt_ga_get's.
-unsafe fn get(
-    h: &mut gpulmt_ctx,
-    ga: gpulmt_ga,
-    section: *const gpulmt_ga_section,
-    r#type: c_int,
-    buf: *mut c_void,
-    count: usize,
-    ld: usize,
-) -> Result<(), FfiError> {
-    // SAFETY: the caller's contract.
-    let s = unsafe { section_arg(section)? };
-    let ty = elem_type(r#type)?;
-    check_buf(buf, count, "buf")?;
-    with_array(ga, |a| {
-        // SAFETY: the caller's contract: `buf` holds `count` writable elements.
-        typed!(ty, T => Ok(a.get(&h.ctx, s, unsafe { Dst::raw(buf as *mut T, count) }, ld)?))
-    })
+    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Get)) }
 }
 
 /// Adds `*scale * buf` to `section` of `ga`, element by element, atomically per element
@@ -282,38 +319,9 @@ pub unsafe extern "C" fn gpulmt_ga_acc(
     ld: usize,
     scale: *const c_void,
 ) -> c_int {
+    let t = Transfer { ga, section, ty: r#type, buf: buf as *mut c_void, count, ld };
     // SAFETY: the caller's contract.
-    unsafe { with_ctx(ctx, |h| acc(h, ga, section, r#type, buf, count, ld, scale)) }
-}
-
-/// # Safety
-/// As gpulmt_ga_acc's.
-#[allow(clippy::too_many_arguments)]
-unsafe fn acc(
-    h: &mut gpulmt_ctx,
-    ga: gpulmt_ga,
-    section: *const gpulmt_ga_section,
-    r#type: c_int,
-    buf: *const c_void,
-    count: usize,
-    ld: usize,
-    scale: *const c_void,
-) -> Result<(), FfiError> {
-    // SAFETY: the caller's contract.
-    let s = unsafe { section_arg(section)? };
-    let ty = elem_type(r#type)?;
-    check_buf(buf, count, "buf")?;
-    if scale.is_null() {
-        return Err(FfiError::invalid("scale is NULL"));
-    }
-    with_array(ga, |a| {
-        typed!(ty, T => {
-            // SAFETY: the caller's contract: `scale` holds one element of `type`.
-            let k = unsafe { (scale as *const T).read_unaligned() };
-            // SAFETY: the caller's contract: `buf` holds `count` readable elements.
-            Ok(a.acc(&h.ctx, s, unsafe { Src::raw(buf as *const T, count) }, ld, k)?)
-        })
-    })
+    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Acc(scale))) }
 }
 
 /// A fresh non-blocking handle.
@@ -339,15 +347,9 @@ pub unsafe extern "C" fn gpulmt_ga_put_nb(
     ld: usize,
     handle: *mut gpulmt_ga_handle,
 ) -> c_int {
+    let t = Transfer { ga, section, ty: r#type, buf: buf as *mut c_void, count, ld };
     // SAFETY: the caller's contract.
-    unsafe {
-        with_ctx(ctx, |h| {
-            let handle = out(handle, "handle")?;
-            put(h, ga, section, r#type, buf, count, ld)?;
-            *handle = next_handle();
-            Ok(())
-        })
-    }
+    unsafe { transfer_nb(ctx, t, Op::Put, handle) }
 }
 
 /// `gpulmt_ga_get`, non-blocking: `buf` holds the section once `gpulmt_ga_wait` on
@@ -366,15 +368,9 @@ pub unsafe extern "C" fn gpulmt_ga_get_nb(
     ld: usize,
     handle: *mut gpulmt_ga_handle,
 ) -> c_int {
+    let t = Transfer { ga, section, ty: r#type, buf, count, ld };
     // SAFETY: the caller's contract.
-    unsafe {
-        with_ctx(ctx, |h| {
-            let handle = out(handle, "handle")?;
-            get(h, ga, section, r#type, buf, count, ld)?;
-            *handle = next_handle();
-            Ok(())
-        })
-    }
+    unsafe { transfer_nb(ctx, t, Op::Get, handle) }
 }
 
 /// `gpulmt_ga_acc`, non-blocking: `*handle` is the operation to wait on
@@ -394,15 +390,9 @@ pub unsafe extern "C" fn gpulmt_ga_acc_nb(
     scale: *const c_void,
     handle: *mut gpulmt_ga_handle,
 ) -> c_int {
+    let t = Transfer { ga, section, ty: r#type, buf: buf as *mut c_void, count, ld };
     // SAFETY: the caller's contract.
-    unsafe {
-        with_ctx(ctx, |h| {
-            let handle = out(handle, "handle")?;
-            acc(h, ga, section, r#type, buf, count, ld, scale)?;
-            *handle = next_handle();
-            Ok(())
-        })
-    }
+    unsafe { transfer_nb(ctx, t, Op::Acc(scale), handle) }
 }
 
 /// Waits until the non-blocking operation `*handle` is complete at its target, then
