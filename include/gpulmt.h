@@ -162,6 +162,46 @@
 #define GPULMT_ERR_INTERNAL 15
 
 /**
+ * A global array section reaches outside the array (`gpulmt_ga_*`).
+ */
+#define GPULMT_ERR_GA_BOUNDS 16
+
+/**
+ * A global array holds another element type than the call named.
+ */
+#define GPULMT_ERR_GA_TYPE 17
+
+/**
+ * The global array was destroyed (or never existed).
+ */
+#define GPULMT_ERR_GA_DESTROYED 18
+
+/**
+ * A local buffer is too small for the section with its leading dimension.
+ */
+#define GPULMT_ERR_GA_BUFFER 19
+
+/**
+ * Element type float.
+ */
+#define GPULMT_GA_F32 0
+
+/**
+ * Element type double.
+ */
+#define GPULMT_GA_F64 1
+
+/**
+ * Element type int32_t.
+ */
+#define GPULMT_GA_I32 2
+
+/**
+ * Element type int64_t.
+ */
+#define GPULMT_GA_I64 3
+
+/**
  * Receive from any rank (`src` of `gpulmt_irecv`); also the `source` of a status that
  * names no rank.
  */
@@ -297,6 +337,25 @@ typedef struct gpulmt_stats {
   uint64_t cache_closes;
   uint64_t cache_evictions;
 } gpulmt_stats;
+
+/**
+ * A global array: a number from `gpulmt_ga_create` (never 0).
+ */
+typedef uint64_t gpulmt_ga;
+
+/**
+ * A rectangular section: rows `lo[0]..hi[0]`, columns `lo[1]..hi[1]` (half-open,
+ * zero-based).
+ */
+typedef struct gpulmt_ga_section {
+  size_t lo[2];
+  size_t hi[2];
+} gpulmt_ga_section;
+
+/**
+ * A non-blocking operation (`gpulmt_ga_put_nb`...): wait on it with `gpulmt_ga_wait`.
+ */
+typedef uint64_t gpulmt_ga_handle;
 
 /**
  * The host's side of a plugin context.
@@ -577,6 +636,264 @@ const char *gpulmt_last_error(void);
  * Always safe to call. The string is static: never free or modify it.
  */
 const char *gpulmt_strerror(int code);
+
+/**
+ * Collective (every rank, same arguments, same order as its other collective calls):
+ * creates a `rows x cols` array of element type `type`, zeroed, in the symmetric heaps.
+ * `block_rows` and `block_cols` both 0: block distribution (one block per rank);
+ * otherwise tiles of that size dealt round-robin over the ranks (block-cyclic). `*ga`
+ * is its number (0 on failure). Fails on every rank alike when the ranks' arguments
+ * differ.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `ga` is valid for
+ * writes.
+ */
+int gpulmt_ga_create(struct gpulmt_ctx *ctx,
+                     int type,
+                     size_t rows,
+                     size_t cols,
+                     size_t block_rows,
+                     size_t block_cols,
+                     gpulmt_ga *ga);
+
+/**
+ * Collective: completes every rank's operations on `ga` and frees it. Later calls on
+ * it fail with `GPULMT_ERR_GA_DESTROYED`.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call.
+ */
+int gpulmt_ga_destroy(struct gpulmt_ctx *ctx,
+                      gpulmt_ga ga);
+
+/**
+ * Writes `section` of `ga` from `buf` (host or device memory of this rank): `count`
+ * elements of `type`, row `i` of the section at `buf + i * ld`. Complete at the
+ * owners on return.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `section` is
+ * valid for reads; `buf` is readable for `count` elements, with nothing writing it.
+ */
+int gpulmt_ga_put(struct gpulmt_ctx *ctx,
+                  gpulmt_ga ga,
+                  const struct gpulmt_ga_section *section,
+                  int type,
+                  const void *buf,
+                  size_t count,
+                  size_t ld);
+
+/**
+ * Reads `section` of `ga` into `buf` (host or device memory of this rank): `count`
+ * elements of `type`, row `i` at `buf + i * ld`. Complete on return.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `section` is
+ * valid for reads; `buf` is writable for `count` elements, with nothing else using it.
+ */
+int gpulmt_ga_get(struct gpulmt_ctx *ctx,
+                  gpulmt_ga ga,
+                  const struct gpulmt_ga_section *section,
+                  int type,
+                  void *buf,
+                  size_t count,
+                  size_t ld);
+
+/**
+ * Adds `*scale * buf` to `section` of `ga`, element by element, atomically per element
+ * against other accumulates; `scale` points to one element of `type`. Complete at the
+ * owners on return.
+ *
+ * # Safety
+ * As gpulmt_ga_put's; `scale` is readable for one element of `type`.
+ */
+int gpulmt_ga_acc(struct gpulmt_ctx *ctx,
+                  gpulmt_ga ga,
+                  const struct gpulmt_ga_section *section,
+                  int type,
+                  const void *buf,
+                  size_t count,
+                  size_t ld,
+                  const void *scale);
+
+/**
+ * `gpulmt_ga_put`, non-blocking: `*handle` is the operation to wait on
+ * (`gpulmt_ga_wait`) before `buf` is written again.
+ *
+ * # Safety
+ * As gpulmt_ga_put's, with `buf` unchanged until the wait; `handle` valid for writes.
+ */
+int gpulmt_ga_put_nb(struct gpulmt_ctx *ctx,
+                     gpulmt_ga ga,
+                     const struct gpulmt_ga_section *section,
+                     int type,
+                     const void *buf,
+                     size_t count,
+                     size_t ld,
+                     gpulmt_ga_handle *handle);
+
+/**
+ * `gpulmt_ga_get`, non-blocking: `buf` holds the section once `gpulmt_ga_wait` on
+ * `*handle` returned.
+ *
+ * # Safety
+ * As gpulmt_ga_get's, with `buf` untouched until the wait; `handle` valid for writes.
+ */
+int gpulmt_ga_get_nb(struct gpulmt_ctx *ctx,
+                     gpulmt_ga ga,
+                     const struct gpulmt_ga_section *section,
+                     int type,
+                     void *buf,
+                     size_t count,
+                     size_t ld,
+                     gpulmt_ga_handle *handle);
+
+/**
+ * `gpulmt_ga_acc`, non-blocking: `*handle` is the operation to wait on
+ * (`gpulmt_ga_wait`) before `buf` is written again.
+ *
+ * # Safety
+ * As gpulmt_ga_acc's, with `buf` unchanged until the wait; `handle` valid for writes.
+ */
+int gpulmt_ga_acc_nb(struct gpulmt_ctx *ctx,
+                     gpulmt_ga ga,
+                     const struct gpulmt_ga_section *section,
+                     int type,
+                     const void *buf,
+                     size_t count,
+                     size_t ld,
+                     const void *scale,
+                     gpulmt_ga_handle *handle);
+
+/**
+ * Waits until the non-blocking operation `*handle` is complete at its target, then
+ * sets `*handle` to 0 (waiting on 0 returns at once).
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `handle` is valid
+ * for reads and writes.
+ */
+int gpulmt_ga_wait(struct gpulmt_ctx *ctx,
+                   gpulmt_ga_handle *handle);
+
+/**
+ * Local: waits until every operation this rank issued on `ga` is complete at its target.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call.
+ */
+int gpulmt_ga_fence(struct gpulmt_ctx *ctx,
+                    gpulmt_ga ga);
+
+/**
+ * Collective: every rank's operations on `ga` are complete everywhere, then a barrier.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call.
+ */
+int gpulmt_ga_sync(struct gpulmt_ctx *ctx,
+                   gpulmt_ga ga);
+
+/**
+ * The sections `rank` owns (one per tile; one with the block distribution):
+ * `sections[0..min(*count, cap)]`, `*count` = how many there are.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `sections` valid
+ * for `cap` writes (NULL with `cap` 0 asks for the count); `count` valid for writes.
+ */
+int gpulmt_ga_distribution(struct gpulmt_ctx *ctx,
+                           gpulmt_ga ga,
+                           int rank,
+                           struct gpulmt_ga_section *sections,
+                           size_t cap,
+                           size_t *count);
+
+/**
+ * The owners of `section`'s elements: `owners[k]` owns `parts[k]`, for
+ * `k < min(*count, cap)`; `*count` = how many parts there are.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `section` valid
+ * for reads; `owners` and `parts` valid for `cap` writes (NULL with `cap` 0);
+ * `count` valid for writes.
+ */
+int gpulmt_ga_locate(struct gpulmt_ctx *ctx,
+                     gpulmt_ga ga,
+                     const struct gpulmt_ga_section *section,
+                     int *owners,
+                     struct gpulmt_ga_section *parts,
+                     size_t cap,
+                     size_t *count);
+
+/**
+ * This rank's local matrix of `ga` (CoGA's `coGA_GetLocalBuffer`): its address (device
+ * memory on CUDA) and its rows and columns, row-major. Each out-pointer may be NULL.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; each pointer is
+ * NULL or valid for writes.
+ */
+int gpulmt_ga_local(struct gpulmt_ctx *ctx,
+                    gpulmt_ga ga,
+                    void **addr,
+                    size_t *rows,
+                    size_t *cols);
+
+/**
+ * A registered buffer (CoGA's `coGA_Reg`): `bytes` of zeroed host memory pinned and
+ * mapped for the devices once, so that puts and gets from it skip staging and
+ * registration. `*buf` is its address (8-byte aligned); free it with
+ * `gpulmt_ga_unregister`.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `buf` is valid
+ * for writes.
+ */
+int gpulmt_ga_register(struct gpulmt_ctx *ctx,
+                       size_t bytes,
+                       void **buf);
+
+/**
+ * Frees a buffer of `gpulmt_ga_register`. No operation may still use it.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `buf` is any
+ * value (checked, never dereferenced).
+ */
+int gpulmt_ga_unregister(struct gpulmt_ctx *ctx,
+                         void *buf);
+
+/**
+ * A short message (CoGA's `coGA_sendMsg`): `len` bytes of host memory to `dst`;
+ * returns once `data` may be reused.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `data` readable
+ * for `len` bytes.
+ */
+int gpulmt_ga_send_msg(struct gpulmt_ctx *ctx,
+                       int dst,
+                       const void *data,
+                       size_t len);
+
+/**
+ * Receives the next short message (CoGA's `coGA_recvMsg`) from `src`
+ * (`GPULMT_ANY_SOURCE`: any rank) into `buf` of `cap` bytes; `*from` and `*len` (each
+ * may be NULL) are its sender and length. A longer message fails with
+ * `GPULMT_ERR_TRUNCATED`.
+ *
+ * # Safety
+ * `ctx` is a live context that no other thread uses during the call; `buf` writable
+ * for `cap` bytes; `from` and `len` NULL or valid for writes.
+ */
+int gpulmt_ga_recv_msg(struct gpulmt_ctx *ctx,
+                       int src,
+                       void *buf,
+                       size_t cap,
+                       int *from,
+                       size_t *len);
 
 /**
  * Joins a job as an LMT plugin of a host (an MPI library) that owns matching and

@@ -15,7 +15,7 @@ unit=$(cargo test --release -p gpulmt --lib --no-run --message-format=json 2>/de
   | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep -v null | head -1)
 rm -rf .gpu && mkdir -p .gpu/bin
 for b in gpulmt-run gpulmt-check gpulmt-info osu_latency osu_bw osu_bibw stencil2d device_check bench-report \
-  copy_probe copy_pingpong hostpath_cost window_probe server_probe; do
+  copy_probe copy_pingpong hostpath_cost window_probe server_probe ga_bench gpulmt-ga-check; do
   cp "target/release/$b" .gpu/bin/
 done
 cp target/release/libgpulmt_mpi.so .gpu/bin/
@@ -30,7 +30,7 @@ for b in osu_latency osu_bw osu_bibw; do cp "target/release/$b" ".gpu/bin/${b}_m
 cargo build --release -p gpulmt-bench --features mpi,gpulmt/anatomy --bin osu_latency --quiet
 cp target/release/osu_latency .gpu/bin/osu_latency_anatomy_mpi
 cp "$unit" .gpu/bin/gpulmt-unit
-for ex in host pingpong; do
+for ex in host pingpong ga; do
   cc -std=c11 -O2 -Iinclude "ffi/examples/$ex.c" -Ltarget/release -lgpulmt -Wl,-rpath,'$ORIGIN' -o ".gpu/bin/c_$ex"
 done
 cp target/release/libgpulmt.so .gpu/bin/

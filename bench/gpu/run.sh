@@ -3,7 +3,7 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode|ga OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
@@ -39,6 +39,12 @@
 #            shared memory (vader) and TCP, beside Open MPI H H and the host-staged anchor on
 #            the same transport (staged_mpi.sh); the anatomy of one 8 B D D leg
 #            (anatomy_net.csv); the ratios in internode_summary.txt. Not part of full.
+#   ga       global arrays (ga/, issue 29): gpulmt-ga-check's scenarios (random sections
+#            against a serial reference, order, exact accumulate totals, non-blocking under
+#            fence, bad input, short messages) on 2, 3 and 4 ranks and the C example
+#            (name,ok|FAIL lines into check.csv), then ga_bench on 2 and 4 ranks
+#            (ga_bench.csv: put/get bandwidth against section shape, short-message latency,
+#            SpMV, each beside the raw heap transfer of the same bytes). Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
 #
@@ -50,9 +56,9 @@
 # STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200), INTERNODE_OSU_ARGS
 # (extra options of the internode mode's osu runs, e.g. "-i 20 -x 2" for a quick sim run).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode OUTDIR}
-case $mode in full | osu | stencil | shim | checks | device | coll | internode) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, coll or internode" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode|ga OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device | coll | internode | ga) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, coll, internode or ga" >&2
   exit 2
   ;;
 esac
@@ -493,6 +499,35 @@ CASES
   python3 bench/gpu/internode_summary.py "$out" | tee "$out/internode_summary.txt"
 }
 
+ga() {
+  local n sc
+  log global arrays: checks on 2, 3 and 4 ranks
+  for n in 2 3 4; do
+    for sc in random order acc-total nb bad msg; do
+      if $bin/gpulmt-run -n $n --timeout 300 -- $bin/gpulmt-ga-check $sc > /tmp/ga.txt 2>&1 \
+        && [ "$(grep -c " ok $sc\$" /tmp/ga.txt)" = "$n" ]; then
+        echo "ga_$sc,np=$n,ok,$(grep -o 'ga-[a-z]* .*' /tmp/ga.txt | head -1)"
+      else
+        echo "ga_$sc,np=$n,FAIL"
+        tail -5 /tmp/ga.txt
+      fi
+    done
+  done | tee -a "$out/check.csv"
+  if [ -x "$bin/c_ga" ]; then
+    if $bin/gpulmt-run -n 3 --timeout 120 -- $bin/c_ga > /tmp/ga.txt 2>&1; then
+      echo "ga_c_example,np=3,ok" | tee -a "$out/check.csv"
+    else
+      echo "ga_c_example,np=3,FAIL" | tee -a "$out/check.csv"
+      tail -5 /tmp/ga.txt
+    fi
+  fi
+  log global arrays: ga_bench on 2 and 4 ranks
+  for n in 2 4; do
+    $bin/gpulmt-run -n $n --timeout 500 -- $bin/ga_bench --max "$(upto 64M)" --csv "$out/ga_bench.csv" \
+      > "$out/ga_bench_np$n.txt" 2>&1 || log "ga_bench -n $n FAILED: $(tail -1 "$out/ga_bench_np$n.txt")"
+  done
+}
+
 report() {
   if [ -f "$out/gpulmt.csv" ] || [ -f "$out/stencil.csv" ]; then
     log report
@@ -513,6 +548,9 @@ case $mode in
     MPS=1 start_mps
     internode
     ;;
+  ga)
+    ga
+    ;;
   checks)
     log checks
     checks | tee "$out/check.csv"
@@ -529,7 +567,7 @@ esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = coll ] || [ "$mode" = internode ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = coll ] || [ "$mode" = internode ] || [ "$mode" = ga ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

@@ -42,6 +42,14 @@ pub const GPULMT_ERR_UNSUPPORTED: c_int = 14;
 /// gpulmt hit an internal error (a bug): the context must not be used again except
 /// to pass it to `gpulmt_finalize`, which then only releases it.
 pub const GPULMT_ERR_INTERNAL: c_int = 15;
+/// A global array section reaches outside the array (`gpulmt_ga_*`).
+pub const GPULMT_ERR_GA_BOUNDS: c_int = 16;
+/// A global array holds another element type than the call named.
+pub const GPULMT_ERR_GA_TYPE: c_int = 17;
+/// The global array was destroyed (or never existed).
+pub const GPULMT_ERR_GA_DESTROYED: c_int = 18;
+/// A local buffer is too small for the section with its leading dimension.
+pub const GPULMT_ERR_GA_BUFFER: c_int = 19;
 
 /// Every code with its fixed description (`gpulmt_strerror`). NUL-terminated so the
 /// pointers handed to C are static.
@@ -62,6 +70,10 @@ const DESCRIPTIONS: &[(c_int, &CStr)] = &[
     (GPULMT_ERR_CANCELLED, c"request cancelled"),
     (GPULMT_ERR_UNSUPPORTED, c"operation not supported"),
     (GPULMT_ERR_INTERNAL, c"internal error in gpulmt (a bug); the context is unusable"),
+    (GPULMT_ERR_GA_BOUNDS, c"global array section out of bounds"),
+    (GPULMT_ERR_GA_TYPE, c"global array element type mismatch"),
+    (GPULMT_ERR_GA_DESTROYED, c"global array destroyed or unknown"),
+    (GPULMT_ERR_GA_BUFFER, c"local buffer too small for the global array section"),
 ];
 
 /// A failure at the ABI boundary: the code returned to C and the message kept for
@@ -190,10 +202,11 @@ mod tests {
 
     #[test]
     fn every_code_has_one_description() {
-        for code in GPULMT_SUCCESS..=GPULMT_ERR_INTERNAL {
+        // The global array codes follow GPULMT_ERR_INTERNAL; GPULMT_ERR_GA_BUFFER is the last.
+        for code in GPULMT_SUCCESS..=GPULMT_ERR_GA_BUFFER {
             assert_eq!(DESCRIPTIONS.iter().filter(|(c, _)| *c == code).count(), 1, "code {code}");
         }
-        assert_eq!(DESCRIPTIONS.len() as c_int, GPULMT_ERR_INTERNAL + 1);
+        assert_eq!(DESCRIPTIONS.len() as c_int, GPULMT_ERR_GA_BUFFER + 1);
         // SAFETY: gpulmt_strerror returns static NUL-terminated strings.
         let unknown = unsafe { CStr::from_ptr(gpulmt_strerror(9999)) };
         assert_eq!(unknown.to_str().unwrap(), "unknown gpulmt error code");

@@ -23,6 +23,7 @@
 
 pub mod endpoint;
 pub mod error;
+pub mod ga;
 pub mod handle;
 pub mod plugin;
 mod registry;
@@ -32,6 +33,7 @@ use std::ffi::c_int;
 
 pub use endpoint::*;
 pub use error::*;
+pub use ga::*;
 pub use handle::{gpulmt_ctx, gpulmt_request, gpulmt_status, GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, GPULMT_REQUEST_NULL};
 pub use plugin::*;
 pub use sym::*;

@@ -10,6 +10,7 @@
 //!   call must return its error code.
 //! - `examples/sym.c`: the symmetric heap's host calls under `gpulmt-run -n 3`, with
 //!   both headers included (gpulmt.h and gpulmt_device.cuh compiled as C).
+//! - `examples/ga.c`: global arrays (`gpulmt_ga_*`) under `gpulmt-run -n 2` and `-n 3`.
 //!
 //! Needs `cc` (or `$CC`) and the launcher: run `cargo build --workspace` first.
 
@@ -206,5 +207,20 @@ fn sym_example_runs_under_the_launcher() {
         let c = out.counters(rank, "symc");
         assert_eq!((c["ctx_pe"], c["ctx_pes"], c["total"]), (rank as u64, 3, 1500), "rank {rank}\n{}", out.dump());
         assert_eq!(c["offset"], out.counters(0, "symc")["offset"], "rank {rank}: another offset\n{}", out.dump());
+    }
+}
+
+#[test]
+fn ga_example_runs_under_the_launcher() {
+    let ga = compile("ffi/examples/ga.c", "ga", &["-std=c11"], true);
+    for n in [2u64, 3] {
+        let out = Job::new(ga.to_str().unwrap(), n as usize, &[]).run();
+        out.assert_ok(n as usize, "ga").assert_no_litter();
+        for rank in 0..n as usize {
+            let c = out.counters(rank, "gac");
+            // 9 elements, 20 accumulates of 2 from each rank; the 10x7 array owned once;
+            // 6 refusals.
+            assert_eq!((c["total"], c["owned"], c["refused"]), (9 * 40 * n, 70, 6), "rank {rank}\n{}", out.dump());
+        }
     }
 }

@@ -8,6 +8,8 @@
 //! mapped heap:
 //! - put and get are one copy through the backend (the copy engine on CUDA, over the
 //!   IPC mapping of the peer's heap), complete when they return;
+//! - put_2d and get_2d move strided blocks (Global Arrays' patches, `ga/`): the block is
+//!   checked whole, then copied at once where it is contiguous, else row by row;
 //! - put_signal is the data's copy, completed, then the signal's update: the signal is
 //!   never seen before the data;
 //! - atomics are the host's own atomic instructions on sim, whose heaps are host memory.
@@ -114,6 +116,17 @@ struct Access {
     len: usize,
     pe: Rank,
     word: bool,
+}
+
+/// The shape of a 2-D copy ([`Context::sym_put_2d`], [`Context::sym_get_2d`]): `height`
+/// rows of `width` bytes, `dst_pitch` bytes apart at the destination and `src_pitch` at
+/// the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy2d {
+    pub width: usize,
+    pub height: usize,
+    pub dst_pitch: usize,
+    pub src_pitch: usize,
 }
 
 impl Context {
@@ -251,6 +264,76 @@ impl Context {
                 self.net_get((pe, window, offset), dst as usize, len, wait)
             },
         }
+    }
+
+    /// The 2-D [`sym_put`](Self::sym_put) (a strided block, as Global Arrays' patches
+    /// need): `shape.height` rows of `shape.width` bytes from `src` (rows
+    /// `shape.src_pitch` bytes apart) into `pe`'s copy of the symmetric range at `dst`
+    /// (rows `shape.dst_pitch` bytes apart). The whole block is checked before anything
+    /// is written; complete on return. A contiguous block (both pitches equal to the
+    /// width) is one copy; others are a copy per row today, on the backend's synchronous
+    /// copy (a 2-D engine copy is where this gets faster, behind the same call).
+    ///
+    /// # Safety
+    /// Every row `src + i * src_pitch .. + width` (`i < height`) must be readable for the
+    /// whole call, with nothing writing it.
+    pub unsafe fn sym_put_2d(&self, dst: usize, src: *const u8, shape: Copy2d, pe: Rank) -> Result<()> {
+        let to = self.sym_target_2d("sym_put_2d", dst, shape.dst_pitch, shape, pe)?;
+        // SAFETY: every destination row lies in the checked block of a live allocation
+        // mapped here; the source rows are the caller's contract.
+        unsafe { self.copy_rows(to, src as usize, shape) }
+    }
+
+    /// The 2-D [`sym_get`](Self::sym_get): `shape.height` rows of `shape.width` bytes of
+    /// `pe`'s copy of the symmetric range at `src` (rows `shape.src_pitch` apart) into
+    /// `dst` (rows `shape.dst_pitch` apart); checked whole first, complete on return.
+    ///
+    /// # Safety
+    /// Every row `dst + i * dst_pitch .. + width` must be writable for the whole call,
+    /// with nothing else accessing it.
+    pub unsafe fn sym_get_2d(&self, dst: *mut u8, src: usize, shape: Copy2d, pe: Rank) -> Result<()> {
+        let from = self.sym_target_2d("sym_get_2d", src, shape.src_pitch, shape, pe)?;
+        // SAFETY: every source row lies in the checked block; the destination rows are
+        // the caller's contract.
+        unsafe { self.copy_rows(dst as usize, from, shape) }
+    }
+
+    /// Checks a strided block of the heap (every row inside one live allocation) and
+    /// returns the local address of its first byte on `pe`.
+    fn sym_target_2d(&self, what: &'static str, addr: usize, pitch: usize, shape: Copy2d, pe: Rank) -> Result<usize> {
+        let Copy2d { width, height, .. } = shape;
+        if height > 1 && pitch < width {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: rows of {width} bytes {pitch} bytes apart overlap; the pitch must be at least the width"
+            )));
+        }
+        let span = match height {
+            0 => 0,
+            h => (h - 1).checked_mul(pitch).and_then(|b| b.checked_add(width)).ok_or_else(|| {
+                Error::InvalidArgument(format!("{what}: {h} rows {pitch} bytes apart overflow the address space"))
+            })?,
+        };
+        self.sym_target(&Access { what, addr, len: span, pe, word: false })
+    }
+
+    /// The copies of a checked 2-D block between local addresses: one when both sides
+    /// are contiguous.
+    ///
+    /// # Safety
+    /// Every row of both sides must be valid for the copy (see the callers).
+    unsafe fn copy_rows(&self, dst: usize, src: usize, r: Copy2d) -> Result<()> {
+        if r.height == 0 || r.width == 0 {
+            return Ok(());
+        }
+        if r.dst_pitch == r.width && r.src_pitch == r.width {
+            // SAFETY: the caller's contract covers the contiguous block.
+            return Ok(unsafe { self.backend.copy_sync(dst, src, r.width * r.height) }?);
+        }
+        for i in 0..r.height {
+            // SAFETY: row `i` of both sides is valid (the caller's contract).
+            unsafe { self.backend.copy_sync(dst + i * r.dst_pitch, src + i * r.src_pitch, r.width)? };
+        }
+        Ok(())
     }
 
     /// [`sym_put`](Self::sym_put), then `signal`'s update of the 64-bit signal word on

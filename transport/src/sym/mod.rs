@@ -43,7 +43,7 @@ use crate::mapping::PeerBufferKey;
 
 pub use alloc::{AllocError, HeapAllocator, ALIGN};
 pub use gpulmt_protocols::gio::SignalOp;
-pub use host::{Cmp, DeviceAccessError, Signal};
+pub use host::{Cmp, Copy2d, DeviceAccessError, Signal};
 pub use layout::{DeviceCtx, DeviceOp, QueueTable, SendQueue, DEVICE_CTX_VERSION};
 
 /// Tag of the symmetric heap's collectives (reserved: above `TAG_UB`, below the

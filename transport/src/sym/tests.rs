@@ -142,3 +142,41 @@ fn rejected_device_accesses_are_read_back_from_the_control_area() {
     assert_eq!(ctx.sym_device_errors().unwrap(), None);
     ctx.finalize().unwrap();
 }
+
+#[test]
+fn strided_puts_and_gets_move_blocks_and_refuse_one_that_overruns_its_allocation() {
+    let mut ctx = solo(Some(1 << 20));
+    let a = ctx.sym_alloc(64).unwrap();
+    let zeros = [0u8; 64];
+    let src: Vec<u8> = (1..=12).collect();
+    // SAFETY: host buffers at least as large as every row the calls touch.
+    unsafe {
+        ctx.sym_put(a.addr(), zeros.as_ptr(), 64, 0).unwrap();
+        // 3 rows of 2 bytes, 4 apart in the source and 10 apart in the heap.
+        let shape = Copy2d { width: 2, height: 3, dst_pitch: 10, src_pitch: 4 };
+        ctx.sym_put_2d(a.at(1), src.as_ptr(), shape, 0).unwrap();
+        let mut all = [0u8; 64];
+        ctx.sym_get(all.as_mut_ptr(), a.addr(), 64, 0).unwrap();
+        let mut want = [0u8; 64];
+        for (row, at) in [(0usize, 1usize), (1, 11), (2, 21)] {
+            want[at..at + 2].copy_from_slice(&src[4 * row..4 * row + 2]);
+        }
+        assert_eq!(all, want);
+        // Back into a buffer with rows 3 apart, its padding untouched.
+        let mut back = [0xAAu8; 8];
+        let shape = Copy2d { width: 2, height: 3, dst_pitch: 3, src_pitch: 10 };
+        ctx.sym_get_2d(back.as_mut_ptr(), a.at(1), shape, 0).unwrap();
+        assert_eq!(back, [1, 2, 0xAA, 5, 6, 0xAA, 9, 10]);
+        // A last row past the allocation (7 rows 10 apart from byte 3: bytes 63 and 64)
+        // and rows that overlap are refused, and nothing is written.
+        let shape = Copy2d { width: 2, height: 7, dst_pitch: 10, src_pitch: 2 };
+        let e = ctx.sym_put_2d(a.at(3), [9u8; 14].as_ptr(), shape, 0).unwrap_err();
+        assert!(e.to_string().contains("not inside one live symmetric allocation"), "{e}");
+        let shape = Copy2d { width: 4, height: 2, dst_pitch: 2, src_pitch: 4 };
+        let e = ctx.sym_put_2d(a.addr(), [9u8; 8].as_ptr(), shape, 0).unwrap_err();
+        assert!(e.to_string().contains("overlap"), "{e}");
+        ctx.sym_get(all.as_mut_ptr(), a.addr(), 64, 0).unwrap();
+        assert_eq!(all, want, "a refused strided put wrote");
+    }
+    ctx.finalize().unwrap();
+}
