@@ -428,6 +428,16 @@ GPULMT_DEV gpulmt_u64 gpulmt_queue_op(gpulmt_u32 check_op, const void *sym, int 
         gpulmt_reject(check_op, pe, sym, size);
         return ~0ull;
     }
+    /* The proxy reads a put's source (writes a get's destination) on the host after this
+     * call: a thread's local variables and shared memory have no address there (the proxy
+     * would copy from a wrong one), so the queue path takes global memory only (the heap,
+     * cudaMalloc'd or mapped host memory), as NVSHMEM's proxy transports take registered
+     * memory. Rejected as an access error, never posted. */
+    if ((flags & (GPULMT_GIO_FLAG_SRC_DEVICE | GPULMT_GIO_FLAG_DST_DEVICE)) && size > 0 && local
+        && !__isGlobal((const void *)local)) {
+        gpulmt_reject(check_op, pe, sym, size);
+        return ~0ull;
+    }
     gpulmt_u64 pos = gpulmt_gio_post(q, pe, op, flags, variant, local, result_slot,
                                      (gpulmt_u64)sym - gpulmt_dctx.heap_base, size, arg0, arg1);
     if (wait) {

@@ -91,7 +91,8 @@ fn one(
     let (atomic_blocks, atomic_threads, atomic_k, locked) = (8u32, 128u32, (12 * n) as i32, 20i32);
     match name {
         "fence_flag" => {
-            let (data, flag) = (alloc(ctx, 64)?, alloc(ctx, 8)?);
+            // data[0..8] is written by the peer; data[8..17] holds this rank's sources.
+            let (data, flag) = (alloc(ctx, 17 * 8)?, alloc(ctx, 8)?);
             ctx.barrier()?;
             let mut l = m.stream.launch_builder(&f);
             l.arg(&data).arg(&flag).arg(&iters).arg(&r);

@@ -47,14 +47,17 @@ extern "C" __global__ void fence_flag(unsigned long long *data, unsigned long lo
     }
     if (blockIdx.x == 0) {
         int peer = (me + 1) % n;
+        /* The sources live in the heap (data[8..16] and data[16], written only here): the
+         * queue path to an off-node PE takes global memory only, not local variables. */
+        unsigned long long *v = data + 8, *fv = data + 16;
         for (unsigned long long i = 1; i <= (unsigned long long)iters; i++) {
-            unsigned long long v[8];
             for (int k = 0; k < 8; k++) {
                 v[k] = i;
             }
-            gpulmt_put(data, v, sizeof v, peer);
+            *fv = i;
+            gpulmt_put(data, v, 8 * sizeof *v, peer);
             gpulmt_fence();
-            gpulmt_put(flag, &i, 8, peer);
+            gpulmt_put(flag, fv, 8, peer);
         }
         return;
     }
