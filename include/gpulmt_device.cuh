@@ -55,10 +55,11 @@ typedef int gpulmt_i32;
 /* The control area at the start of every PE's heap. */
 #define GPULMT_CTRL_ERRORS 0ull            /* [count, op << 32 | pe, address, bytes] */
 #define GPULMT_CTRL_BARRIER_EPOCH 128ull   /* barrier_all calls this PE made */
-#define GPULMT_CTRL_BARRIER_ARRIVALS 256ull/* barrier_all arrivals from every PE */
 #define GPULMT_CTRL_GRID_COUNT 384ull      /* blocks arrived at the local grid barrier */
 #define GPULMT_CTRL_GRID_GENERATION 512ull /* local grid barriers completed */
 #define GPULMT_CTRL_BASES 640ull           /* n_pes words: each PE's heap as mapped here */
+/* n_pes words after the bases: word p, the last barrier_all epoch PE p announced here. */
+#define GPULMT_CTRL_BARRIER_ARRIVALS_AT(n_pes) (GPULMT_CTRL_BASES + 8ull * (gpulmt_u64)(n_pes))
 
 /* Ops named in the record of a rejected access. */
 #define GPULMT_OP_PUT 1u
@@ -843,26 +844,39 @@ GPULMT_DEV void gpulmt_barrier_all_block(void)
     __syncthreads();
     if (gpulmt_block_thread() == 0) {
         gpulmt_quiet();
+        /* Every block's queue, not only this one's: barrier_all follows a grid barrier,
+         * so the other blocks' operations are posted, and they must be complete too. */
+        const gpulmt_gio_queues *qs = (const gpulmt_gio_queues *)gpulmt_dctx.queues;
+        for (gpulmt_u32 i = 0; qs && i < qs->n_sq; i++) {
+            const gpulmt_gio_sq *q = (const gpulmt_gio_sq *)qs->sq + i;
+            gpulmt_u64 until = *(volatile const gpulmt_u64 *)q->reserve;
+            while (gpulmt_ld_acquire_sys((const gpulmt_u64 *)q->cq_done) < until) {
+            }
+        }
         gpulmt_u64 *epoch = gpulmt_ctrl(GPULMT_CTRL_BARRIER_EPOCH);
         gpulmt_u64 e = *epoch + 1; /* only this thread of this PE touches it */
         *epoch = e;
-        gpulmt_u64 *arrivals = gpulmt_ctrl(GPULMT_CTRL_BARRIER_ARRIVALS);
-        int n = gpulmt_dctx.n_pes;
+        int n = gpulmt_dctx.n_pes, me = gpulmt_dctx.my_pe;
+        gpulmt_u64 *arrivals = gpulmt_ctrl(GPULMT_CTRL_BARRIER_ARRIVALS_AT(n));
         for (int pe = 0; pe < n; pe++) {
-            /* Release: this block's writes before the barrier (cumulative after the
-             * __syncthreads) are visible to a PE that sees this arrival and acquires. */
-            gpulmt_u64 to = gpulmt_direct(arrivals, pe);
+            /* This PE's word at pe: one writer, so a store, not an add (an off-node PE's
+             * word is written by a proxy, whose adds are not atomic against the GPU's). */
+            gpulmt_u64 to = gpulmt_direct(&arrivals[me], pe);
             if (to) {
-                gpulmt_red_release_add_sys((gpulmt_u64 *)to, 1);
+                /* Release: this block's writes before the barrier (cumulative after the
+                 * __syncthreads) are visible to a PE that sees this epoch and acquires. */
+                asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(to), "l"(e) : "memory");
             } else {
-                gpulmt_queue_op(GPULMT_OP_ATOMIC, arrivals, pe, GPULMT_GIO_OP_AMO, 0, GPULMT_GIO_AMO_FETCH_ADD, 0, 0, 8, 1,
-                                0, 0);
+                /* The proxy writes it after this PE's earlier operations to pe (quiet above). */
+                gpulmt_queue_op(GPULMT_OP_SIGNAL, &arrivals[me], pe, GPULMT_GIO_OP_PUT_SIGNAL, 0, GPULMT_SIGNAL_SET, 0,
+                                0, 0, (gpulmt_u64)&arrivals[me] - gpulmt_dctx.heap_base, e, 0);
             }
         }
-        /* Arrivals only grow: every PE's e-th arrival has come when the count reaches e * n.
-         * Acquire, as in signal_wait_until: the arrivals are release RMWs of one word, so
-         * the load that sees the last one synchronizes with every PE's. */
-        while (gpulmt_ld_acquire_sys(arrivals) < e * (gpulmt_u64)n) {
+        /* Every PE's e-th arrival: each word reaches e (epochs only grow). Acquire, as in
+         * signal_wait_until, pairs with the arrival's release. */
+        for (int pe = 0; pe < n; pe++) {
+            while (gpulmt_ld_acquire_sys(&arrivals[pe]) < e) {
+            }
         }
     }
     __syncthreads();

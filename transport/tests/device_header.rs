@@ -30,8 +30,11 @@ fn c_values() -> Vec<(String, String)> {
     }
     add("queues.size", "sizeof(gpulmt_gio_queues)");
     add("queues.sq", "offsetof(gpulmt_gio_queues, sq)");
-    for c in ["ERRORS", "BARRIER_EPOCH", "BARRIER_ARRIVALS", "GRID_COUNT", "GRID_GENERATION", "BASES"] {
+    for c in ["ERRORS", "BARRIER_EPOCH", "GRID_COUNT", "GRID_GENERATION", "BASES"] {
         add(&format!("ctrl.{c}"), &format!("GPULMT_CTRL_{c}"));
+    }
+    for n in [1, 5, 4096] {
+        add(&format!("ctrl.BARRIER_ARRIVALS_AT({n})"), &format!("GPULMT_CTRL_BARRIER_ARRIVALS_AT({n})"));
     }
     add("version", "GPULMT_DEVICE_CTX_VERSION");
     for c in ["PUT", "GET", "PUT_SIGNAL", "SIGNAL", "ATOMIC", "PTR"] {
@@ -114,13 +117,15 @@ fn rust_values() -> Vec<(String, u64)> {
     let ctrl = [
         ("ERRORS", layout::CTRL_ERRORS),
         ("BARRIER_EPOCH", layout::CTRL_BARRIER_EPOCH),
-        ("BARRIER_ARRIVALS", layout::CTRL_BARRIER_ARRIVALS),
         ("GRID_COUNT", layout::CTRL_GRID_COUNT),
         ("GRID_GENERATION", layout::CTRL_GRID_GENERATION),
         ("BASES", layout::CTRL_BASES),
     ];
     for (c, o) in ctrl {
         add(&format!("ctrl.{c}"), o);
+    }
+    for n in [1, 5, 4096] {
+        add(&format!("ctrl.BARRIER_ARRIVALS_AT({n})"), layout::ctrl_barrier_arrivals(n));
     }
     add("version", layout::DEVICE_CTX_VERSION as u64);
     let ops = [

@@ -8,13 +8,16 @@
 //! |---|---|---|---|
 //! | [`CTRL_ERRORS`] | 32 | rejected device accesses: count, then the first one's op and PE, symmetric address, size | the device's checks |
 //! | [`CTRL_BARRIER_EPOCH`] | 8 | `barrier_all` calls this PE made (its own line) | the PE's barrier thread |
-//! | [`CTRL_BARRIER_ARRIVALS`] | 8 | `barrier_all` arrivals from every PE (its own line) | every PE, atomically |
 //! | [`CTRL_GRID_COUNT`] | 8 | blocks arrived at the local grid barrier | the PE's blocks |
 //! | [`CTRL_GRID_GENERATION`] | 8 | grid barriers completed (its own line) | the last block to arrive |
 //! | [`CTRL_BASES`] | 8 x n PEs | each PE's heap as mapped in this process; 0: not mappable | the host at setup |
+//! | [`ctrl_barrier_arrivals`] | 8 x n PEs | word p: the last `barrier_all` epoch PE p announced here | PE p alone, by a release store (direct) or the proxy's signal set (off-node) |
 //!
-//! Counters live on lines of their own (128 bytes apart): a PE's spin on its arrivals
-//! must not share a line with words other threads write. The area is zeroed when the
+//! Counters live on lines of their own (128 bytes apart): a PE's spin on its grid
+//! barrier must not share a line with words other threads write. The arrivals of
+//! `barrier_all` are a word per PE, not one counter: an off-node PE's arrival is written
+//! by a proxy, which on CUDA cannot add atomically against the GPU's own atomics
+//! (docs/memory-model.md), and a plain store of one writer needs no read-modify-write. The area is zeroed when the
 //! heap is set up; allocations start at [`reserved_bytes`].
 
 /// Version of [`DeviceCtx`] (`GPULMT_DEVICE_CTX_VERSION`): device code built against
@@ -25,8 +28,6 @@ pub const DEVICE_CTX_VERSION: u32 = 1;
 pub const CTRL_ERRORS: u64 = 0;
 /// Offset of the PE's own count of `barrier_all` calls.
 pub const CTRL_BARRIER_EPOCH: u64 = 128;
-/// Offset of the arrivals counter of `barrier_all`, which every PE increments.
-pub const CTRL_BARRIER_ARRIVALS: u64 = 256;
 /// Offset of the local grid barrier's arrival count.
 pub const CTRL_GRID_COUNT: u64 = 384;
 /// Offset of the local grid barrier's generation.
@@ -35,8 +36,7 @@ pub const CTRL_GRID_GENERATION: u64 = 512;
 pub const CTRL_BASES: u64 = 640;
 // Each counter on a line of its own, the table after them.
 const _: () = {
-    let words =
-        [CTRL_ERRORS, CTRL_BARRIER_EPOCH, CTRL_BARRIER_ARRIVALS, CTRL_GRID_COUNT, CTRL_GRID_GENERATION, CTRL_BASES];
+    let words = [CTRL_ERRORS, CTRL_BARRIER_EPOCH, CTRL_GRID_COUNT, CTRL_GRID_GENERATION, CTRL_BASES];
     let mut i = 1;
     while i < words.len() {
         assert!(words[i] - words[i - 1] >= 128);
@@ -50,7 +50,13 @@ pub const CTRL_ALIGN: u64 = 4096;
 /// Bytes at the start of each heap that gpulmt keeps for itself with `n_pes` PEs in
 /// the job: the same on every rank, so allocations start at the same offset.
 pub const fn reserved_bytes(n_pes: u32) -> u64 {
-    (CTRL_BASES + 8 * n_pes as u64).next_multiple_of(CTRL_ALIGN)
+    (ctrl_barrier_arrivals(n_pes) + 8 * n_pes as u64).next_multiple_of(CTRL_ALIGN)
+}
+
+/// Offset of the table of `barrier_all` arrivals (`GPULMT_CTRL_BARRIER_ARRIVALS_AT` in
+/// the header), after the bases: word p is the last epoch PE p announced.
+pub const fn ctrl_barrier_arrivals(n_pes: u32) -> u64 {
+    CTRL_BASES + 8 * n_pes as u64
 }
 
 /// The op codes of a rejected access's record (`GPULMT_OP_*` in the header).
