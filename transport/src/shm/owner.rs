@@ -110,8 +110,12 @@ pub enum Owner {
     Alive,
     /// Nobody holds the lock: the creator is gone, the group is abandoned.
     Gone,
-    /// No such object, or one without the magic (being created, or not an owner object).
+    /// No such object, or one that cannot be read.
     Unknown,
+    /// An object without the magic that nobody holds locked: its creator died between
+    /// creating it and locking it (a SIGKILL's window), or is inside that window now
+    /// (microseconds); the pid in its name tells the two apart.
+    Stillborn,
 }
 
 impl OwnerLock {
@@ -166,13 +170,13 @@ impl OwnerLock {
         let mut magic = [0u8; 8];
         // SAFETY: fd is open; magic is 8 writable bytes.
         let n = unsafe { libc::pread(fd.as_raw_fd(), magic.as_mut_ptr().cast(), magic.len(), 0) };
-        if n != magic.len() as isize || magic != OWNER_MAGIC {
-            return Owner::Unknown;
-        }
-        match locked_by_others(fd.as_fd(), 0, 1) {
-            Ok(true) => Owner::Alive,
-            Ok(false) => Owner::Gone,
-            Err(_) => Owner::Unknown,
+        let complete = n == magic.len() as isize && magic == OWNER_MAGIC;
+        // The creator locks before it writes the magic: a locked object is alive either way.
+        match (locked_by_others(fd.as_fd(), 0, 1), complete) {
+            (Ok(true), _) => Owner::Alive,
+            (Ok(false), true) => Owner::Gone,
+            (Ok(false), false) => Owner::Stillborn,
+            (Err(_), _) => Owner::Unknown,
         }
     }
 }
@@ -232,9 +236,10 @@ pub(crate) mod tests {
         die_holding(held);
         assert_eq!(OwnerLock::probe(&name), Owner::Gone);
         ShmSegment::unlink(&name).unwrap();
-        // An object without the magic (a creator that died before writing it) is unknown.
+        // An object without the magic that nobody holds (a creator that died before
+        // locking it) is stillborn.
         drop(ShmSegment::create(&name, 4096).unwrap());
-        assert_eq!(OwnerLock::probe(&name), Owner::Unknown);
+        assert_eq!(OwnerLock::probe(&name), Owner::Stillborn);
         ShmSegment::unlink(&name).unwrap();
     }
 

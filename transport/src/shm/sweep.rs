@@ -110,10 +110,14 @@ pub fn cleanup_stale_sim_objects(evidence: Evidence) -> usize {
     let owners: BTreeMap<&str, Owner> =
         names.iter().filter(|n| is_owner(n)).filter_map(|n| sim_group(n).map(|g| (g, OwnerLock::probe(n)))).collect();
     let dead_pid = |n: &str| evidence == Evidence::Any && sim_object_pid(n).is_some_and(|p| !pid_alive(p));
+    // A stillborn owner object (unlocked, no magic) whose creator is dead: the unheld lock
+    // is the evidence; the pid only rules out a creator still inside its creation window.
+    let stillborn_dead = |n: &str, o: Owner| o == Owner::Stillborn && sim_object_pid(n).is_some_and(|p| !pid_alive(p));
     let mut removed = 0;
     for n in names.iter().filter(|n| !is_owner(n)) {
         let stale = match sim_group(n).and_then(|g| owners.get(g)) {
             Some(Owner::Gone) => true,
+            Some(&o @ Owner::Stillborn) => stillborn_dead(n, o),
             // Alive, or an owner object being created: the group is in use.
             Some(Owner::Alive) | Some(Owner::Unknown) => false,
             None => dead_pid(n),
@@ -126,8 +130,9 @@ pub fn cleanup_stale_sim_objects(evidence: Evidence) -> usize {
     // abandoned (not as a group without an owner, which only pids could judge).
     for (g, owner) in &owners {
         let name = owner_of(g);
-        // An owner object without its magic whose creator died making it: pids only.
-        if *owner == Owner::Gone || (*owner == Owner::Unknown && dead_pid(&name)) {
+        // An owner object without its magic whose creator died making it: unlocked, and
+        // its pid dead; one that cannot be read at all: pids only, where they may judge.
+        if *owner == Owner::Gone || stillborn_dead(&name, *owner) || (*owner == Owner::Unknown && dead_pid(&name)) {
             removed += unlink_counted(&name);
         }
     }
@@ -142,6 +147,22 @@ mod tests {
 
     fn exists(name: &str) -> bool {
         Path::new(SHM_DIR).join(name).exists()
+    }
+
+    /// An owner object without its magic and unlocked (its creator was killed between
+    /// creating and locking it) goes at the unattended sweep when its pid is dead, and
+    /// stays while its pid lives (a creator inside that window).
+    #[test]
+    fn stillborn_owner_objects_go_when_their_creator_is_dead() {
+        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let dead = format!("{SIM_PREFIX}{}-sb{nonce:x}-{OWNER_SUFFIX}", dead_pid());
+        let live = format!("{SIM_PREFIX}{}-sb{nonce:x}-{OWNER_SUFFIX}", std::process::id());
+        drop(ShmSegment::create(&dead, 4096).unwrap());
+        drop(ShmSegment::create(&live, 4096).unwrap());
+        cleanup_stale_sim_objects(Evidence::Locks);
+        assert!(!exists(&dead), "a stillborn owner object of a dead creator must go");
+        assert!(exists(&live), "one whose creator lives may be in its creation window");
+        ShmSegment::unlink(&live).unwrap();
     }
 
     #[test]
