@@ -114,6 +114,8 @@ pub struct Context {
     pub(crate) inflight: Vec<CopyQueue>,
     /// Per directed pair of local indices: whether its staging area is registered for DMA.
     pub(crate) staging_registered: Vec<bool>,
+    /// Pinned memory through which eager device payloads are copied out and in.
+    pub(crate) eager_bounce: crate::eager_bounce::EagerBounce,
     pub(crate) last_liveness: Instant,
     /// Progress calls since the last liveness check (reading the clock on every
     /// call would cost a tenth of the eager latency).
@@ -329,6 +331,10 @@ impl Context {
         let ring_key = |from: usize, to: usize| seg.instance() ^ ((from as u64) << 32 | to as u64);
         let rx_memo = (0..n).map(|r| RegionMemo::keyed(ring_key(r, me))).collect();
         let tx_memo = (0..n).map(|r| RegionMemo::keyed(ring_key(me, r))).collect();
+        let eager_bounce = crate::eager_bounce::EagerBounce::new(
+            backend.clone(),
+            cfg.device_eager_limit.max(cfg.net.eager_limit) as usize,
+        );
         Ok(Context {
             engine: Engine::new(ecfg),
             cfg,
@@ -345,6 +351,7 @@ impl Context {
             loopback: VecDeque::new(),
             inflight: Vec::new(),
             staging_registered: vec![false; n * n],
+            eager_bounce,
             last_liveness: Instant::now(),
             polls_since_liveness: 0,
             rx,
@@ -541,18 +548,15 @@ impl Context {
         // No IPC region ever goes to another node.
         let desc = self.describe(info, ptr, len, !eager && self.topo.on_node(dst))?;
         let payload = if eager {
-            let mut v = vec![0u8; len];
-            if len > 0 {
-                match kind {
-                    // SAFETY: `buf..buf+len` is valid and unmodified until the request
-                    // completes (this function's contract); the bytes are copied out here.
-                    MemoryKind::Host => v.copy_from_slice(unsafe { std::slice::from_raw_parts(buf, len) }),
-                    // SAFETY: the source as above, in device memory of this backend; the
-                    // destination is our own vector of `len` bytes.
-                    MemoryKind::Device(_) => unsafe { self.backend.copy_sync(v.as_mut_ptr() as usize, ptr, len)? },
-                }
-            }
-            Some(v)
+            Some(match kind {
+                // A zero-length buffer may be null, which from_raw_parts forbids.
+                MemoryKind::Host if len == 0 => Vec::new(),
+                // SAFETY: `buf..buf+len` is valid and unmodified until the request
+                // completes (this function's contract); the bytes are copied out here.
+                MemoryKind::Host => unsafe { std::slice::from_raw_parts(buf, len) }.to_vec(),
+                // SAFETY: the source as above, in device memory of this backend.
+                MemoryKind::Device(_) => unsafe { self.eager_bounce.read_device(ptr, len)? },
+            })
         } else {
             None
         };

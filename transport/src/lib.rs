@@ -19,6 +19,7 @@ pub mod binding;
 pub mod config;
 pub mod context;
 pub mod device;
+mod eager_bounce;
 pub mod error;
 mod free;
 pub mod logging;

@@ -363,9 +363,7 @@ impl Context {
             },
             // SAFETY: as above, in device memory of this backend; irecv's contract keeps the
             // buffer valid and unused until the request completes, which it has not yet.
-            MemoryKind::Device(_) => unsafe {
-                self.backend.copy_sync(st.ptr, payload.as_ptr() as usize, payload.len())
-            },
+            MemoryKind::Device(_) => unsafe { self.eager_bounce.write_device(st.ptr, payload) },
         };
         if let Err(e) = res {
             tracing::error!(error = %e, "writing an eager payload to device memory");

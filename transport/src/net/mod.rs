@@ -59,6 +59,7 @@ pub mod iface;
 mod mpi;
 mod path;
 pub mod producer;
+pub mod profile;
 mod proxy;
 pub mod queue;
 mod shared;

@@ -27,10 +27,12 @@
 //! that send to each other).
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use gpulmt_protocols::Rank;
 
 use super::iface::{Arrival, NetFail, NetIface, ReqId, Status};
+use super::profile::StageProfile;
 use crate::device::{Backend, CopyTicket, DevId, DeviceError, HostMapped};
 
 /// The copy-engine lane of the proxy's staging copies: a queue of its own on each device
@@ -110,6 +112,11 @@ impl BouncePool {
         self.free.push(buf);
     }
 
+    /// Buffers allocated so far.
+    pub fn allocated(&self) -> usize {
+        self.all.len()
+    }
+
     /// Buffers lent out now.
     pub fn lent(&self) -> usize {
         self.all.len() - self.free.len()
@@ -146,16 +153,18 @@ pub struct Io<'a> {
     pub backend: &'a Backend,
     pub bounce: &'a mut BouncePool,
     pub reqs: &'a mut dyn PieceReqs,
+    pub profile: &'a mut StageProfile,
 }
 
 #[derive(Debug)]
 enum PieceState {
-    /// A staging copy runs: device-to-host before sending, host-to-device after receiving.
-    Copying(CopyTicket),
+    /// A staging copy runs (since the instant): device-to-host before sending,
+    /// host-to-device after receiving.
+    Copying(CopyTicket, Instant),
     /// A sending piece's bytes are ready to go to the network.
     Ready,
-    /// On the network.
-    Wire(ReqId),
+    /// On the network (since the instant).
+    Wire(ReqId, Instant),
     Done,
 }
 
@@ -224,7 +233,7 @@ impl Stream {
     /// was accepted. Until then dropping the stream leaves nothing behind, and the proxy
     /// leaves the op's packet in its slot (backpressure).
     pub fn accepted(&self) -> bool {
-        self.wired > 0 || self.error.is_some() || self.pieces.iter().any(|p| matches!(p.state, PieceState::Copying(_)))
+        self.wired > 0 || self.error.is_some() || self.pieces.iter().any(|p| matches!(p.state, PieceState::Copying(..)))
     }
 
     /// The transfer's outcome once every piece has stopped: `None` while any runs.
@@ -252,7 +261,7 @@ impl Stream {
         if self.error.is_none() {
             self.error = Some(error);
             for p in &self.pieces {
-                if let PieceState::Wire(req) = p.state {
+                if let PieceState::Wire(req, _) = p.state {
                     iface.ep_cancel(req);
                 }
             }
@@ -280,12 +289,25 @@ impl Stream {
         let mut changed = false;
         let mut failed = None;
         for p in self.pieces.iter_mut() {
-            let PieceState::Copying(t) = p.state else { continue };
-            match io.backend.copy_poll(t) {
-                Ok(false) => break,
+            let PieceState::Copying(t, since) = p.state else { continue };
+            let asked = Instant::now();
+            let polled = io.backend.copy_poll(t);
+            let now = Instant::now();
+            io.profile.polls.add(now - asked);
+            match polled {
+                Ok(false) => {
+                    io.profile.polls_pending += 1;
+                    break;
+                }
                 Ok(true) => {}
                 Err(e) => failed = Some(e),
             }
+            let (tally, bytes) = match self.dir {
+                Dir::Send => (&mut io.profile.copy_out, &mut io.profile.bytes_out),
+                Dir::Recv => (&mut io.profile.copy_in, &mut io.profile.bytes_in),
+            };
+            tally.add(now - since);
+            *bytes += p.len as u64;
             changed = true;
             p.state = match self.dir {
                 Dir::Send => PieceState::Ready,
@@ -315,7 +337,7 @@ impl Stream {
             // contract keeps it readable until the stream finishes, which waits for this
             // send) or in a bounce buffer the piece holds until the send is reported.
             match unsafe { io.iface.ep_send(req, self.peer, self.tag, buf, p.len) } {
-                Ok(Status::InProgress) => p.state = PieceState::Wire(req),
+                Ok(Status::InProgress) => p.state = PieceState::Wire(req, Instant::now()),
                 Ok(Status::Done(())) => {
                     io.reqs.forget(req);
                     p.state = PieceState::Done;
@@ -348,7 +370,10 @@ impl Stream {
             Place::Direct => None,
             Place::Staged(_) | Place::Discard => match io.bounce.take(self.held()) {
                 Ok(Some(b)) => Some(b),
-                Ok(None) => return false,
+                Ok(None) => {
+                    io.profile.bounce_waits += 1;
+                    return false;
+                }
                 Err(e) => {
                     self.fail(StreamError::Copy(e), io.iface);
                     return false;
@@ -363,7 +388,7 @@ impl Stream {
                 // destination a bounce buffer of `chunk >= len` bytes this piece holds;
                 // both stay valid until copy_poll reports the copy finished.
                 match unsafe { io.backend.copy_async(dev, NET_LANE, b, at, len) } {
-                    Ok(t) => PieceState::Copying(t),
+                    Ok(t) => PieceState::Copying(t, Instant::now()),
                     Err(e) => {
                         io.bounce.give(b);
                         self.fail(StreamError::Copy(e), io.iface);
@@ -378,10 +403,10 @@ impl Stream {
                 // SAFETY: buf..buf+len is the caller's range (new's contract) or a bounce
                 // buffer this piece holds, until the receive is reported.
                 match unsafe { io.iface.ep_recv(req, Some(self.peer), self.tag, buf, len) } {
-                    Ok(Status::InProgress) => PieceState::Wire(req),
+                    Ok(Status::InProgress) => PieceState::Wire(req, Instant::now()),
                     Ok(Status::Done(a)) => {
                         io.reqs.forget(req);
-                        self.pieces.push_back(Piece { idx, len, bounce, state: PieceState::Wire(req) });
+                        self.pieces.push_back(Piece { idx, len, bounce, state: PieceState::Wire(req, Instant::now()) });
                         self.started += 1;
                         self.wired += 1;
                         self.landed(idx, Ok(a), io, place);
@@ -418,6 +443,9 @@ impl Stream {
         match self.dir {
             Dir::Send => {
                 if let Some(p) = self.pieces.iter_mut().find(|p| p.idx == idx) {
+                    if let PieceState::Wire(_, since) = p.state {
+                        io.profile.wire_send.add(since.elapsed());
+                    }
                     p.state = PieceState::Done;
                 }
                 if let Err(e) = result {
@@ -434,6 +462,9 @@ impl Stream {
         let at = self.addr + (idx * self.chunk) as usize;
         let Some(i) = self.pieces.iter().position(|p| p.idx == idx) else { return };
         let p = &mut self.pieces[i];
+        if let PieceState::Wire(_, since) = p.state {
+            io.profile.wire_recv.add(since.elapsed());
+        }
         p.state = PieceState::Done;
         let error = match result {
             Err(e) => Some(StreamError::Net(e)),
@@ -448,7 +479,7 @@ impl Stream {
             // the piece's until the copy finishes; the destination is the caller's device
             // range (new's contract).
             match unsafe { io.backend.copy_async(dev, NET_LANE, at, b, p.len) } {
-                Ok(t) => p.state = PieceState::Copying(t),
+                Ok(t) => p.state = PieceState::Copying(t, Instant::now()),
                 Err(e) => self.fail(StreamError::Copy(e), io.iface),
             }
         }
@@ -480,6 +511,6 @@ impl Stream {
 
     /// Whether the transfer waits on the network for anything now.
     pub fn on_wire_now(&self) -> usize {
-        self.pieces.iter().filter(|p| matches!(p.state, PieceState::Wire(_))).count()
+        self.pieces.iter().filter(|p| matches!(p.state, PieceState::Wire(..))).count()
     }
 }

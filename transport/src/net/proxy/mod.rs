@@ -47,6 +47,7 @@ use gpulmt_protocols::Rank;
 use rustc_hash::FxHashMap;
 
 use super::iface::NetIface;
+use super::profile::{Phase, ProxyProfile};
 use super::queue::{QueueMem, QueueState};
 use super::shared::{lock, Command, LocalWindow, Shared};
 use crate::device::Backend;
@@ -212,13 +213,18 @@ impl Proxy {
             pin_to(cpu);
         }
         let mut idle = 0u32;
+        let mut profile = ProxyProfile::default();
         loop {
             let now = Instant::now();
+            profile.enter(Phase::Take);
             let mut work = self.apply_commands();
             work |= self.drain_queues(now);
             work |= self.start_held();
+            profile.enter(Phase::Network);
             work |= self.test_network();
+            profile.enter(Phase::Advance);
             work |= self.advance();
+            profile.enter(Phase::Publish);
             // Peers are served until the end: a peer may still send while this rank drains.
             if !matches!(self.stopping, Stopping::Cancelling(_)) {
                 self.refill_pools();
@@ -233,8 +239,18 @@ impl Proxy {
                 }
             }
             idle = if work { 0 } else { idle.saturating_add(1) };
+            profile.rounds += 1;
+            profile.idle_rounds += u64::from(!work);
+            profile.enter(Phase::Idle);
             back_off(idle, self.cfg.idle_sleep);
         }
+        profile.enter(Phase::Publish);
+        tracing::info!(
+            target: "gpulmt_net_profile",
+            rank = self.net.iface.rank(),
+            "GIO proxy: {}",
+            profile.summary(&self.net.profile, self.net.bounce.allocated())
+        );
         self.exit()
     }
 

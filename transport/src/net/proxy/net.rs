@@ -8,6 +8,7 @@ use rustc_hash::FxHashMap;
 
 use crate::device::{Backend, MemoryKind};
 use crate::net::iface::{Arrival, IfaceCaps, NetFail, NetIface, ReqId, Status};
+use crate::net::profile::StageProfile;
 use crate::net::stream::{BouncePool, Io, PieceReqs, Pipeline, Place};
 use crate::net::wire::{DataTags, POOL_BUFFER};
 
@@ -38,6 +39,8 @@ pub(super) struct Net {
     pub done_now: Vec<(ReqId, Result<Arrival, NetFail>)>,
     /// Reply messages in flight and their bytes.
     pub replies: FxHashMap<ReqId, Vec<u8>>,
+    /// Where the staging pipelines' time goes (logged at exit).
+    pub profile: StageProfile,
 }
 
 impl Net {
@@ -55,6 +58,7 @@ impl Net {
             owners: FxHashMap::default(),
             done_now: Vec::new(),
             replies: FxHashMap::default(),
+            profile: StageProfile::default(),
         }
     }
 
@@ -67,9 +71,9 @@ impl Net {
 
     /// Runs `f` with the I/O a transfer of op `key` needs.
     pub fn with_io<R>(&mut self, key: u64, f: impl FnOnce(&mut Io<'_>) -> R) -> R {
-        let Net { iface, backend, bounce, next_req, owners, .. } = self;
+        let Net { iface, backend, bounce, next_req, owners, profile, .. } = self;
         let mut reqs = KeyReqs { next: next_req, owners, key };
-        f(&mut Io { iface: &mut **iface, backend, bounce, reqs: &mut reqs })
+        f(&mut Io { iface: &mut **iface, backend, bounce, reqs: &mut reqs, profile })
     }
 
     /// How the local range `addr..addr + len` moves: direct for host memory (and device
