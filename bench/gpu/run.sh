@@ -479,11 +479,18 @@ CASES
     fi
   done
 
-  log internode latency D D with the proxy never sleeping when idle \(GPULMT_NET_IDLE_SLEEP=0\), vader
+  log internode latency D D with the copy server on \(GPULMT_COPY_SERVER_MAX=64K\), vader
   # shellcheck disable=SC2086
-  GPULMT_NET_IDLE_SLEEP=0 timeout 300 $pn -x GPULMT_NET_IDLE_SLEEP -np 2 $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} \
-    -m "0:$(upto 4M)" --csv "$out/internode_vader_nosleep.csv" D D > /dev/null 2>> "$out/log.txt" \
-    || failed "osu_latency_mpi with GPULMT_NET_IDLE_SLEEP=0"
+  GPULMT_COPY_SERVER_MAX=64K timeout 300 $pn -x GPULMT_COPY_SERVER_MAX -np 2 $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} \
+    -m "0:$(upto 4M)" --csv "$out/internode_vader_server.csv" D D > /dev/null 2>> "$out/log.txt" \
+    || failed "osu_latency_mpi with GPULMT_COPY_SERVER_MAX=64K"
+
+  log internode proxy profile: osu_bw D D and H H at 4-16 MiB, vader
+  for pl in "D D" "H H"; do
+    # shellcheck disable=SC2086
+    GPULMT_LOG=warn,gpulmt_net_profile=info timeout 300 $pn -x GPULMT_LOG -np 2 $bin/osu_bw_mpi -m "$(upto 4M):$(upto 16M)" $pl \
+      > /dev/null 2> "$out/profile_${pl// /}.txt" || failed "osu_bw_mpi with the proxy profile ($pl)"
+  done
 
   log internode anatomy: one 8 B D D leg, post to completion
   if [ -x "$bin/osu_latency_anatomy_mpi" ]; then

@@ -95,12 +95,17 @@ impl BouncePool {
     }
 
     /// A buffer for a transfer that holds `held` buffers now, or `None` to wait.
+    ///
+    /// At or past the cap only a transfer that holds none gets one, a free buffer too:
+    /// handing free buffers to whoever asks first let every transfer of a 64-message
+    /// window reach the full depth, 253 buffers of 1 MiB where the cap is 16, and the
+    /// network then moved each piece more slowly (`docs/performance.md`, internode).
     fn take(&mut self, held: usize) -> Result<Option<usize>, DeviceError> {
+        if held > 0 && self.lent() >= self.soft_cap {
+            return Ok(None);
+        }
         if let Some(b) = self.free.pop() {
             return Ok(Some(b));
-        }
-        if self.all.len() >= self.soft_cap && held > 0 {
-            return Ok(None);
         }
         let m = self.backend.alloc_host_mapped(self.chunk)?;
         self.all.push(m);
@@ -512,5 +517,45 @@ impl Stream {
     /// Whether the transfer waits on the network for anything now.
     pub fn on_wire_now(&self) -> usize {
         self.pieces.iter().filter(|p| matches!(p.state, PieceState::Wire(..))).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::BouncePool;
+    use crate::device::sim::{PeerMatrix, SimBackend, SimConfig};
+
+    fn pool(cap: usize) -> BouncePool {
+        let cfg = SimConfig {
+            devices: 1,
+            peer: PeerMatrix::All,
+            ipc_open_us: 0,
+            copy_inline: true,
+            copy_done_ns: 0,
+            driver: None,
+        };
+        BouncePool::new(Arc::new(SimBackend::new(cfg).expect("sim backend")), 4096, cap)
+    }
+
+    #[test]
+    fn past_the_cap_only_a_transfer_holding_none_gets_a_buffer_even_a_free_one() {
+        let mut p = pool(2);
+        let a = p.take(0).unwrap().expect("under the cap");
+        let b = p.take(1).unwrap().expect("under the cap");
+        assert_eq!(p.take(2).unwrap(), None, "at the cap a transfer that holds some waits");
+        let c = p.take(0).unwrap().expect("a transfer that holds none always gets one");
+        assert_eq!(p.allocated(), 3);
+        p.give(a);
+        assert_eq!(p.take(1).unwrap(), None, "still at the cap: the free buffer waits for a transfer holding none");
+        assert_eq!(p.take(0).unwrap(), Some(a), "which takes the free buffer, not a new one");
+        assert_eq!(p.allocated(), 3, "the pool did not grow");
+        for x in [a, b, c] {
+            p.give(x);
+        }
+        assert_eq!(p.lent(), 0);
+        let d = p.take(1).unwrap().expect("under the cap again");
+        p.give(d);
     }
 }
