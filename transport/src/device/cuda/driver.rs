@@ -63,6 +63,7 @@ pub(super) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventQuery",
     "cuStreamWaitEvent",
     "cuMemcpyAsync",
+    "cuMemcpy2DAsync_v2",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
     // The copy server (copy_server.rs).
