@@ -53,13 +53,15 @@ pub mod array;
 pub mod buffer;
 pub mod element;
 pub mod error;
+pub mod handle;
 pub mod lock;
 pub mod message;
 pub mod section;
 
-pub use array::{GlobalArray, Handle, CREATE_TAG};
+pub use array::{GlobalArray, CREATE_TAG};
 pub use buffer::{Dst, Registered, Src};
 pub use element::{ElemType, Element};
 pub use error::{GaError, Result};
+pub use handle::{Handle, Pending};
 pub use message::{recv_msg, send_msg, MSG_TAG};
 pub use section::{Distribution, Layout, Piece, Section};
