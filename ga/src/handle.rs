@@ -1,5 +1,5 @@
 //! Non-blocking operations: the [`Handle`] a `put_nb`, `get_nb` or `acc_nb` returns, and
-//! the state an array shares with its handles ([`NbState`]): which sections have
+//! the state an array shares with its handles (`NbState`): which sections have
 //! operations in flight, how many times they were completed, and whether the array is
 //! destroyed.
 //!
@@ -15,7 +15,7 @@
 //! blocking copy first waits for them; operations through the queue to one PE are ordered
 //! only by a heap fence. So before each operation, the array checks the sections of the
 //! non-blocking operations in flight since the last fence or quiet, and puts a heap fence
-//! in front of it when one overlaps ([`NbState::order_before`]). Operations on disjoint
+//! in front of it when one overlaps (`NbState::order_before`). Operations on disjoint
 //! sections are not held up.
 
 use std::marker::PhantomData;

@@ -11,7 +11,7 @@
 //! - put_2d and get_2d move strided blocks (Global Arrays' patches, `ga/`): the block is
 //!   checked whole, then moved by one 2-D copy of the backend (`cuMemcpy2D` on CUDA); the
 //!   `_nbi` ones are asynchronous copies on one in-order lane of this rank's engine
-//!   ([`HEAP_LANE`]), completed by the quiet, and a blocking one first completes them;
+//!   (`HEAP_LANE`), completed by the quiet, and a blocking one first completes them;
 //! - put_signal is the data's copy, completed, then the signal's update: the signal is
 //!   never seen before the data;
 //! - atomics are the host's own atomic instructions on sim, whose heaps are host memory.
