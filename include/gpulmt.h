@@ -768,7 +768,9 @@ int gpulmt_ga_acc_nb(struct gpulmt_ctx *ctx,
 
 /**
  * Waits until the non-blocking operation `*handle` is complete at its target, then
- * sets `*handle` to 0 (waiting on 0 returns at once).
+ * sets `*handle` to 0 (waiting on 0 returns at once). A handle waited on already (a copy
+ * of one that was) is `GPULMT_ERR_INVALID_ARGUMENT`; one whose array was destroyed since
+ * is `GPULMT_ERR_GA_DESTROYED` (the destroy completed it). Either way it is forgotten.
  *
  * # Safety
  * `ctx` is a live context that no other thread uses during the call; `handle` is valid

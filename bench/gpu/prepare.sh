@@ -25,6 +25,8 @@ cp target/release/libgpulmt_mpi.so .gpu/bin/
 # binaries of the same name in target/release.
 cargo build --release -p gpulmt-tests --features mpi --bin gpulmt-mpi-nodes --quiet
 cp target/release/gpulmt-mpi-nodes .gpu/bin/
+cargo build --release -p gpulmt-ga --features mpi --bin gpulmt-ga-check --quiet
+cp target/release/gpulmt-ga-check .gpu/bin/gpulmt-ga-check_mpi
 cargo build --release -p gpulmt-bench --features mpi --bin osu_latency --bin osu_bw --bin osu_bibw --quiet
 for b in osu_latency osu_bw osu_bibw; do cp "target/release/$b" ".gpu/bin/${b}_mpi"; done
 cargo build --release -p gpulmt-bench --features mpi,gpulmt/anatomy --bin osu_latency --quiet

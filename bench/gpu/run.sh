@@ -42,7 +42,8 @@
 #   ga       global arrays (ga/, issue 29): gpulmt-ga-check's scenarios (random sections
 #            against a serial reference, order, exact accumulate totals, non-blocking under
 #            fence, bad input, short messages) on 2, 3 and 4 ranks and the C example
-#            (name,ok|FAIL lines into check.csv), then ga_bench on 2 and 4 ranks
+#            (name,ok|FAIL lines into check.csv), the CUDA 2-D copy's unit test, the
+#            scenarios across 2 pseudo-nodes under mpirun, then ga_bench on 2 and 4 ranks
 #            (ga_bench.csv: put/get bandwidth against section shape, short-message latency,
 #            SpMV, each beside the raw heap transfer of the same bytes). Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
@@ -527,6 +528,32 @@ ga() {
       echo "ga_c_example,np=3,FAIL" | tee -a "$out/check.csv"
       tail -5 /tmp/ga.txt
     fi
+  fi
+  # The backend's 2-D copy (cuMemcpy2DAsync, transport/src/device/cuda/copy_2d.rs) that
+  # moves each strided block of a section in one call.
+  if on_gpu && [ -x "$bin/gpulmt-unit" ]; then
+    if $bin/gpulmt-unit --ignored --test-threads=1 device::cuda::tests::gpu_copies_2d > /tmp/ga.txt 2>&1 \
+      && grep -q '1 passed' /tmp/ga.txt; then
+      echo "ga_cuda_copy_2d,ok"
+    else
+      echo "ga_cuda_copy_2d,FAIL"
+      tail -5 /tmp/ga.txt
+    fi | tee -a "$out/check.csv"
+  fi
+  # Across 2 pseudo-nodes (mpirun, 2 x 2 ranks): the arrays' heaps reach each other
+  # through the internode path's queues and proxy (ga/tests/internode.rs on sim).
+  if [ -x "$bin/gpulmt-ga-check_mpi" ] && command -v mpirun > /dev/null 2>&1; then
+    for sc in random acc-total order nb; do
+      if timeout 300 $mpirun -np 4 -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2 $bin/gpulmt-ga-check_mpi --mpi $sc \
+        < /dev/null > /tmp/ga.txt 2>&1 && [ "$(grep -c " ok $sc\$" /tmp/ga.txt)" = 4 ]; then
+        echo "ga_offnode_$sc,np=4,ok,$(grep -o 'ga-[a-z]* .*' /tmp/ga.txt | head -1)"
+      else
+        echo "ga_offnode_$sc,np=4,FAIL"
+        tail -5 /tmp/ga.txt
+      fi
+    done | tee -a "$out/check.csv"
+  else
+    skip "ga across pseudo-nodes: $bin/gpulmt-ga-check_mpi or mpirun missing (prepare.sh builds the former)"
   fi
   log global arrays: ga_bench on 2 and 4 ranks
   for n in 2 4; do

@@ -100,7 +100,11 @@ int main(void) {
     double got[9], total = 0;
     gpulmt_ga_handle h = 0;
     CHECK(gpulmt_ga_get_nb(ctx, ga, &box, GPULMT_GA_F64, got, 9, 3, &h));
+    gpulmt_ga_handle copy = h;
     CHECK(gpulmt_ga_wait(ctx, &h));
+    /* The wait cleared h (waiting on 0 returns at once); its copy names a handle waited on. */
+    CHECK(gpulmt_ga_wait(ctx, &h));
+    EXPECT(gpulmt_ga_wait(ctx, &copy), GPULMT_ERR_INVALID_ARGUMENT);
     for (k = 0; k < 9; k++) {
         double want = (2 + k / 3) * 100 + 1 + k % 3 + 2.0 * TIMES * size;
         if (got[k] != want) fail("accumulated element %d is %g, not %g", k, got[k], want);
@@ -141,7 +145,10 @@ int main(void) {
     if (from != left || strcmp(in, msg) != 0) fail("message \"%s\" from %d", in, from);
 
     CHECK(gpulmt_ga_unregister(ctx, whole));
+    /* A put left pending at destroy: the destroy completes it, a later wait says so. */
+    CHECK(gpulmt_ga_put_nb(ctx, ga, &box, GPULMT_GA_F64, got, 9, 3, &h));
     CHECK(gpulmt_ga_destroy(ctx, ga));
+    EXPECT(gpulmt_ga_wait(ctx, &h), GPULMT_ERR_GA_DESTROYED);
     EXPECT(gpulmt_ga_get(ctx, ga, &box, GPULMT_GA_F64, got, 9, 3), GPULMT_ERR_GA_DESTROYED);
     EXPECT(gpulmt_ga_destroy(ctx, ga), GPULMT_ERR_GA_DESTROYED);
 

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use ::gpulmt_ga::{Dst, ElemType, GaError, GlobalArray, Layout, Registered, Section, Src};
+use ::gpulmt_ga::{Dst, ElemType, GaError, GlobalArray, Layout, Pending, Registered, Section, Src};
 
 use crate::error::{
     FfiError, GPULMT_ERR_GA_BOUNDS, GPULMT_ERR_GA_BUFFER, GPULMT_ERR_GA_DESTROYED, GPULMT_ERR_GA_TYPE,
@@ -65,8 +65,8 @@ impl From<Section> for gpulmt_ga_section {
 static ARRAYS: Mutex<BTreeMap<gpulmt_ga, GlobalArray>> = Mutex::new(BTreeMap::new());
 /// Registered buffers by address (8-byte elements: the widest type's alignment).
 static REGISTERED: Mutex<Option<HashMap<usize, Registered<i64>>>> = Mutex::new(None);
-/// The last non-blocking handle given out.
-static HANDLES: Mutex<gpulmt_ga_handle> = Mutex::new(0);
+/// The last non-blocking handle given out, and the operations not yet waited on.
+static HANDLES: Mutex<(gpulmt_ga_handle, BTreeMap<gpulmt_ga_handle, Pending>)> = Mutex::new((0, BTreeMap::new()));
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -200,13 +200,15 @@ enum Op {
     Acc(*const c_void),
 }
 
-/// Checks a data call's arguments and runs it on its array.
+/// Checks a data call's arguments and runs it on its array: blocking, or (`nb`) issued,
+/// returning the operation to wait on.
 ///
 /// # Safety
 /// `t.section` is NULL or valid for reads; `t.buf` holds `t.count` elements of `t.ty`,
-/// readable (put, acc) or writable (get) for the call with nothing else using them; an
+/// readable (put, acc) or writable (get) with nothing else using them for the call, and
+/// with `nb` until the operation is waited on (or a fence or sync of its array); an
 /// accumulate's scale is NULL or readable for one element.
-unsafe fn transfer(h: &mut gpulmt_ctx, t: Transfer, op: Op) -> Result<(), FfiError> {
+unsafe fn transfer(h: &mut gpulmt_ctx, t: Transfer, op: Op, nb: bool) -> Result<Option<Pending>, FfiError> {
     // SAFETY: the caller's contract.
     let s = unsafe { section_arg(t.section)? };
     let ty = elem_type(t.ty)?;
@@ -217,43 +219,49 @@ unsafe fn transfer(h: &mut gpulmt_ctx, t: Transfer, op: Op) -> Result<(), FfiErr
     let (buf, count, ld, ctx) = (t.buf, t.count, t.ld, &h.ctx);
     with_array(t.ga, |a| {
         typed!(ty, T => {
-            match op {
+            let handle = match op {
                 Op::Put => {
                     // SAFETY: the caller's contract: `buf` holds `count` readable elements.
                     let src = unsafe { Src::raw(buf as *const T, count) };
-                    a.put(ctx, s, src, ld)
+                    if nb { a.put_nb(ctx, s, src, ld).map(Some) } else { a.put(ctx, s, src, ld).map(|()| None) }
                 }
                 Op::Get => {
                     // SAFETY: the caller's contract: `buf` holds `count` writable elements.
                     let dst = unsafe { Dst::raw(buf as *mut T, count) };
-                    a.get(ctx, s, dst, ld)
+                    if nb { a.get_nb(ctx, s, dst, ld).map(Some) } else { a.get(ctx, s, dst, ld).map(|()| None) }
                 }
                 Op::Acc(k) => {
                     // SAFETY: the caller's contract: `k` holds one element of `type`.
                     let k = unsafe { (k as *const T).read_unaligned() };
                     // SAFETY: the caller's contract: `buf` holds `count` readable elements.
                     let src = unsafe { Src::raw(buf as *const T, count) };
-                    a.acc(ctx, s, src, ld, k)
+                    if nb { a.acc_nb(ctx, s, src, ld, k).map(Some) } else { a.acc(ctx, s, src, ld, k).map(|()| None) }
                 }
-            }
-        })?;
-        Ok(())
+            }?;
+            // SAFETY: the caller's contract keeps the buffer valid until the wait, a
+            // fence or a sync.
+            Ok(handle.map(|h| unsafe { h.into_pending() }))
+        })
     })
 }
 
 /// A data call, non-blocking: `*handle` is what to wait on.
 ///
 /// # Safety
-/// As [`transfer`]'s; `ctx` is a live context that no other thread uses during the call;
-/// `handle` is valid for writes.
+/// As [`transfer`]'s with `nb`; `ctx` is a live context that no other thread uses during
+/// the call; `handle` is valid for writes.
 unsafe fn transfer_nb(ctx: *mut gpulmt_ctx, t: Transfer, op: Op, handle: *mut gpulmt_ga_handle) -> c_int {
     // SAFETY: the caller's contract.
     unsafe {
         with_ctx(ctx, |h| {
             let handle = out(handle, "handle")?;
             *handle = 0;
-            transfer(h, t, op)?;
-            *handle = next_handle();
+            let pending = transfer(h, t, op, true)?.expect("a non-blocking call gives an operation");
+            let mut table = lock(&HANDLES);
+            table.0 += 1;
+            let id = table.0;
+            table.1.insert(id, pending);
+            *handle = id;
             Ok(())
         })
     }
@@ -278,7 +286,7 @@ pub unsafe extern "C" fn gpulmt_ga_put(
 ) -> c_int {
     let t = Transfer { ga, section, ty: r#type, buf: buf as *mut c_void, count, ld };
     // SAFETY: the caller's contract.
-    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Put)) }
+    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Put, false).map(drop)) }
 }
 
 /// Reads `section` of `ga` into `buf` (host or device memory of this rank): `count`
@@ -299,7 +307,7 @@ pub unsafe extern "C" fn gpulmt_ga_get(
 ) -> c_int {
     let t = Transfer { ga, section, ty: r#type, buf, count, ld };
     // SAFETY: the caller's contract.
-    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Get)) }
+    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Get, false).map(drop)) }
 }
 
 /// Adds `*scale * buf` to `section` of `ga`, element by element, atomically per element
@@ -321,14 +329,7 @@ pub unsafe extern "C" fn gpulmt_ga_acc(
 ) -> c_int {
     let t = Transfer { ga, section, ty: r#type, buf: buf as *mut c_void, count, ld };
     // SAFETY: the caller's contract.
-    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Acc(scale))) }
-}
-
-/// A fresh non-blocking handle.
-fn next_handle() -> gpulmt_ga_handle {
-    let mut h = lock(&HANDLES);
-    *h += 1;
-    *h
+    unsafe { with_ctx(ctx, |h| transfer(h, t, Op::Acc(scale), false).map(drop)) }
 }
 
 /// `gpulmt_ga_put`, non-blocking: `*handle` is the operation to wait on
@@ -396,7 +397,9 @@ pub unsafe extern "C" fn gpulmt_ga_acc_nb(
 }
 
 /// Waits until the non-blocking operation `*handle` is complete at its target, then
-/// sets `*handle` to 0 (waiting on 0 returns at once).
+/// sets `*handle` to 0 (waiting on 0 returns at once). A handle waited on already (a copy
+/// of one that was) is `GPULMT_ERR_INVALID_ARGUMENT`; one whose array was destroyed since
+/// is `GPULMT_ERR_GA_DESTROYED` (the destroy completed it). Either way it is forgotten.
 ///
 /// # Safety
 /// `ctx` is a live context that no other thread uses during the call; `handle` is valid
@@ -407,11 +410,17 @@ pub unsafe extern "C" fn gpulmt_ga_wait(ctx: *mut gpulmt_ctx, handle: *mut gpulm
     unsafe {
         with_ctx(ctx, |h| {
             let handle = out(handle, "handle")?;
-            if *handle != 0 {
-                h.ctx.sym_quiet()?;
-                *handle = 0;
+            if *handle == 0 {
+                return Ok(());
             }
-            Ok(())
+            let pending = lock(&HANDLES).1.remove(&*handle).ok_or_else(|| {
+                FfiError::invalid(format!(
+                    "GA handle {} is not pending: it was waited on already (through a copy?) or never issued",
+                    *handle
+                ))
+            })?;
+            *handle = 0;
+            Ok(pending.wait(&h.ctx)?)
         })
     }
 }

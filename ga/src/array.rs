@@ -8,19 +8,18 @@
 //! A section's transfer: [`Distribution::locate`] splits it per owner tile; each piece is
 //! one strided block on both sides (its rows in the owner's local matrix, and in the
 //! caller's buffer with its leading dimension), moved by one 2-D heap copy
-//! (`sym_put_2d`/`sym_get_2d`). Remote owners go first, the local one last, as Global
-//! Arrays orders them, so that the local copy overlaps the remote ones' completion once
-//! they complete asynchronously.
+//! (`sym_put_2d`/`sym_get_2d`: one `cuMemcpy2D` to a mapped heap on CUDA; a queue packet
+//! per row to a PE of another node). Remote owners go first, the local one last, as Global
+//! Arrays orders them, so that the local copy overlaps the remote ones' completion.
 //!
-//! Ordering (CoGA's rules): the heap's host operations are complete when they return, so
-//! every operation of a rank completes before its next one starts: operations on the same
-//! or overlapping sections complete in program order, and so do all others (which the
-//! rules allow). [`GlobalArray::fence`] waits for the heap's outstanding operations
-//! (`sym_quiet`: none on-node today; the off-node path's queued ones once it is wired), and
-//! [`GlobalArray::sync`] is a fence on every rank followed by a barrier.
+//! Ordering (CoGA's rules): blocking operations are complete when they return.
+//! Non-blocking puts and gets return once issued (the heap's `_nbi` 2-D copies) and
+//! complete at the heap's quiet; an operation on a section that overlaps one still in
+//! flight is ordered after it ([`crate::handle`] says how). [`GlobalArray::fence`] is the
+//! heap's quiet, and [`GlobalArray::sync`] a fence on every rank followed by a barrier.
 
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use gpulmt::context::TAG_UB;
 use gpulmt::sym::Copy2d;
@@ -29,12 +28,22 @@ use gpulmt::{Context, Rank, SymPtr, Tag};
 use crate::buffer::{Dst, Src};
 use crate::element::{ElemType, Element};
 use crate::error::{GaError, Result};
+use crate::handle::{self, Handle, NbState};
 use crate::lock::{lock_bytes, OwnerLock};
 use crate::section::{Distribution, Layout, Piece, Section};
 
 /// The tag of the layer's collective agreement at create: the second-highest user tag
 /// (applications using the layer leave it alone, and [`crate::MSG_TAG`]).
 pub const CREATE_TAG: Tag = TAG_UB - 2;
+
+/// The direction of a transfer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    /// From the local buffer into the array.
+    Put,
+    /// From the array into the local buffer.
+    Get,
+}
 
 /// Ids of arrays, in creation order (the same on every rank, creation being collective).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -53,27 +62,8 @@ pub struct GlobalArray {
     mem: Option<SymPtr>,
     ranks: u32,
     me: Rank,
-}
-
-/// A non-blocking operation: wait on it before the buffer it borrows is used again.
-#[must_use = "wait on the handle (or fence) before relying on the operation"]
-#[derive(Debug)]
-pub struct Handle<'a> {
-    _buffer: PhantomData<&'a mut ()>,
-}
-
-impl Handle<'_> {
-    /// Whether the operation is complete at its target. Always true today: the heap's
-    /// operations complete as they are issued (see the module documentation).
-    pub fn test(&self) -> bool {
-        true
-    }
-
-    /// Waits until the operation is complete at its target (and every other heap
-    /// operation of this rank: the heap's quiet).
-    pub fn wait(self, ctx: &Context) -> Result<()> {
-        Ok(ctx.sym_quiet()?)
-    }
+    /// Shared with the array's non-blocking handles.
+    nb: Arc<Mutex<NbState>>,
 }
 
 /// The create arguments every rank must give alike.
@@ -116,7 +106,8 @@ impl GlobalArray {
             return Err(e.into());
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(GlobalArray { id, ty, dist, mem: Some(mem), ranks, me })
+        let nb = Arc::new(Mutex::new(NbState { array: id, ..NbState::default() }));
+        Ok(GlobalArray { id, ty, dist, mem: Some(mem), ranks, me, nb })
     }
 
     /// Collective: completes every rank's operations on the array (a [`sync`](Self::sync))
@@ -125,6 +116,7 @@ impl GlobalArray {
         let mem = self.mem.ok_or(GaError::Destroyed { array: self.id })?;
         self.sync(ctx)?;
         self.mem = None;
+        handle::lock(&self.nb).destroyed = true;
         Ok(ctx.sym_free(mem)?)
     }
 
@@ -189,17 +181,9 @@ impl GlobalArray {
         ld: usize,
     ) -> Result<()> {
         let src = src.into();
-        let pieces = self.check::<T>("put", &section, src.len, ld)?;
-        for p in &pieces {
-            let (remote, pitch) = self.remote(p);
-            let (width, sz) = (p.section.cols() * T::TYPE.size(), T::TYPE.size());
-            let from = src.addr + ((p.section.lo[0] - section.lo[0]) * ld + p.section.lo[1] - section.lo[1]) * sz;
-            let shape = Copy2d { width, height: p.section.rows(), dst_pitch: pitch, src_pitch: ld * sz };
-            // SAFETY: `from`'s rows lie inside the caller's buffer (check measured it
-            // against the section and ld), which `Src` keeps readable for the call.
-            unsafe { ctx.sym_put_2d(remote, from as *const u8, shape, p.rank)? };
-        }
-        Ok(())
+        // SAFETY: `Src` keeps the buffer readable for 'a, which outlives this call, and the
+        // copies are complete when it returns.
+        unsafe { self.transfer::<T>(ctx, Dir::Put, section, (src.addr, src.len), ld, true) }
     }
 
     /// Reads `section` into `dst` (row `i` of the section at `dst[i * ld..]`); complete
@@ -212,15 +196,60 @@ impl GlobalArray {
         ld: usize,
     ) -> Result<()> {
         let dst = dst.into();
-        let pieces = self.check::<T>("get", &section, dst.len, ld)?;
+        // SAFETY: `Dst` keeps the buffer writable and unshared for 'a, which outlives this
+        // call, and the copies are complete when it returns.
+        unsafe { self.transfer::<T>(ctx, Dir::Get, section, (dst.addr, dst.len), ld, true) }
+    }
+
+    /// A put or get of `section` between the local buffer `(addr, len)` (elements) and
+    /// the owners: checked whole, then one 2-D heap copy per owner tile, remote owners
+    /// first. With `wait`, complete on return; else issued, complete at the next quiet.
+    ///
+    /// # Safety
+    /// The buffer is valid for the copies (readable for a put, writable and unused for a
+    /// get) until they complete.
+    unsafe fn transfer<T: Element>(
+        &self,
+        ctx: &Context,
+        dir: Dir,
+        section: Section,
+        (addr, len): (usize, usize),
+        ld: usize,
+        wait: bool,
+    ) -> Result<()> {
+        let what = match (dir, wait) {
+            (Dir::Put, true) => "put",
+            (Dir::Put, false) => "put_nb",
+            (Dir::Get, true) => "get",
+            (Dir::Get, false) => "get_nb",
+        };
+        let pieces = self.check::<T>(what, &section, len, ld)?;
+        let mut nb = handle::lock(&self.nb);
+        nb.order_before(ctx, &section);
+        let sz = T::TYPE.size();
         for p in &pieces {
             let (remote, pitch) = self.remote(p);
-            let (width, sz) = (p.section.cols() * T::TYPE.size(), T::TYPE.size());
-            let to = dst.addr + ((p.section.lo[0] - section.lo[0]) * ld + p.section.lo[1] - section.lo[1]) * sz;
-            let shape = Copy2d { width, height: p.section.rows(), dst_pitch: ld * sz, src_pitch: pitch };
-            // SAFETY: `to`'s rows lie inside the caller's buffer (measured by check),
-            // which `Dst` keeps writable and unshared for the call.
-            unsafe { ctx.sym_get_2d(to as *mut u8, remote, shape, p.rank)? };
+            let local = addr + ((p.section.lo[0] - section.lo[0]) * ld + p.section.lo[1] - section.lo[1]) * sz;
+            let (width, height) = (p.section.cols() * sz, p.section.rows());
+            let (put_shape, get_shape) = (
+                Copy2d { width, height, dst_pitch: pitch, src_pitch: ld * sz },
+                Copy2d { width, height, dst_pitch: ld * sz, src_pitch: pitch },
+            );
+            let (to, from) = (local as *mut u8, local as *const u8);
+            // SAFETY: the piece's rows lie inside the caller's buffer (check measured it
+            // against the section and ld), valid as this function's contract says (until
+            // the quiet for the `_nbi` forms); the heap checks the heap's rows.
+            unsafe {
+                match (dir, wait) {
+                    (Dir::Put, true) => ctx.sym_put_2d(remote, from, put_shape, p.rank)?,
+                    (Dir::Put, false) => ctx.sym_put_2d_nbi(remote, from, put_shape, p.rank)?,
+                    (Dir::Get, true) => ctx.sym_get_2d(to, remote, get_shape, p.rank)?,
+                    (Dir::Get, false) => ctx.sym_get_2d_nbi(to, remote, get_shape, p.rank)?,
+                }
+            }
+        }
+        if !wait && !pieces.is_empty() {
+            nb.pending.push(section);
         }
         Ok(())
     }
@@ -241,6 +270,7 @@ impl GlobalArray {
         if pieces.is_empty() {
             return Ok(());
         }
+        handle::lock(&self.nb).order_before(ctx, &section);
         // The source in host memory, wherever it lives: one copy of its span.
         let span = (section.rows() - 1) * ld + section.cols();
         let mut x = vec![T::default(); span];
@@ -284,49 +314,56 @@ impl GlobalArray {
         Ok(())
     }
 
-    /// [`put`](Self::put), returning a handle to wait on; the buffer stays borrowed
-    /// until then.
+    /// [`put`](Self::put) that returns once issued, with a handle to wait on; the
+    /// buffer stays borrowed until then ([`crate::handle`] says how it completes).
     pub fn put_nb<'a, T: Element>(
         &self,
-        ctx: &Context,
+        ctx: &'a Context,
         section: Section,
         src: Src<'a, T>,
         ld: usize,
     ) -> Result<Handle<'a>> {
-        self.put(ctx, section, src, ld)?;
-        Ok(Handle { _buffer: PhantomData })
+        let issued_at = handle::lock(&self.nb).quiets;
+        // SAFETY: the handle borrows the buffer for 'a and, waited or dropped, completes
+        // the copies before that borrow ends.
+        unsafe { self.transfer::<T>(ctx, Dir::Put, section, (src.addr, src.len), ld, false)? };
+        Ok(Handle::new(ctx, &self.nb, Some(issued_at)))
     }
 
-    /// [`get`](Self::get), returning a handle to wait on; the buffer stays borrowed
-    /// until then.
+    /// [`get`](Self::get) that returns once issued, with a handle to wait on; the buffer
+    /// stays borrowed, and holds the section, once the handle is waited on.
     pub fn get_nb<'a, T: Element>(
         &self,
-        ctx: &Context,
+        ctx: &'a Context,
         section: Section,
         dst: Dst<'a, T>,
         ld: usize,
     ) -> Result<Handle<'a>> {
-        self.get(ctx, section, dst, ld)?;
-        Ok(Handle { _buffer: PhantomData })
+        let issued_at = handle::lock(&self.nb).quiets;
+        // SAFETY: as in put_nb.
+        unsafe { self.transfer::<T>(ctx, Dir::Get, section, (dst.addr, dst.len), ld, false)? };
+        Ok(Handle::new(ctx, &self.nb, Some(issued_at)))
     }
 
-    /// [`acc`](Self::acc), returning a handle to wait on.
+    /// [`acc`](Self::acc), returning a handle to wait on. The accumulate is complete when
+    /// this returns: its read, update and write run under the owner's lock, which is
+    /// released only once the write landed, so the call cannot return before.
     pub fn acc_nb<'a, T: Element>(
         &self,
-        ctx: &Context,
+        ctx: &'a Context,
         section: Section,
         src: Src<'a, T>,
         ld: usize,
         scale: T,
     ) -> Result<Handle<'a>> {
         self.acc(ctx, section, src, ld, scale)?;
-        Ok(Handle { _buffer: PhantomData })
+        Ok(Handle::new(ctx, &self.nb, None))
     }
 
     /// Local: waits until every operation this rank issued is complete at its target.
     pub fn fence(&self, ctx: &Context) -> Result<()> {
         self.alive()?;
-        Ok(ctx.sym_quiet()?)
+        handle::lock(&self.nb).quiet(ctx)
     }
 
     /// Collective: every rank's operations are complete everywhere, then a barrier.

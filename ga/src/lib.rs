@@ -6,11 +6,11 @@
 //!
 //! In a crate of its own, `ga/` (`gpulmt-ga`), above the `gpulmt` crate and using only
 //! its public API: the symmetric heap (`Context::sym_alloc`/`sym_free`, the host
-//! `sym_put_2d`/`sym_get_2d` strided copies, 64-bit atomic set and fetch, `sym_quiet`)
-//! and the context's messages and barrier. Nothing here knows where a peer's heap is:
-//! the heap routes each operation (today over the on-node IPC mappings; an off-node PE's
-//! heap is refused with an error until the internode path carries heap operations), so
-//! arrays span pseudo-nodes and nodes without a change here once that path is wired.
+//! `sym_put_2d`/`sym_get_2d` strided copies and their `_nbi` forms, 64-bit atomic set and
+//! fetch, `sym_fence`, `sym_quiet`) and the context's messages and barrier. Nothing here
+//! knows where a peer's heap is: the heap routes each operation (over the on-node IPC
+//! mappings, or through the internode path's queues to another node), so arrays span
+//! pseudo-nodes and nodes without a change here.
 //! Keeping it out of `transport/` keeps the transport free of a data model it does not
 //! need, as Global Arrays sits on ARMCI/ComEx and CoGA on SCIF. The C API is in the
 //! `gpulmt-ffi` crate (`ffi/src/ga.rs`, `gpulmt_ga_*` in `include/gpulmt.h`).
@@ -20,8 +20,8 @@
 //! - [`GlobalArray`] ([`mod@array`]): create and destroy (collective), [`Layout::Block`] and
 //!   block-cyclic distributions ([`section`]), element types f32, f64, i32 and i64
 //!   ([`Element`], sealed), queries `distribution(rank)` and `locate(section)`, and put,
-//!   get and accumulate on sections, blocking and non-blocking ([`Handle`]), with
-//!   `fence` (local) and `sync` (collective).
+//!   get and accumulate on sections, blocking and non-blocking ([`Handle`],
+//!   [`mod@handle`]), with `fence` (local) and `sync` (collective).
 //! - Local buffers ([`buffer`]): host slices, device memory ([`Src::raw`], [`Dst::raw`]),
 //!   and registered buffers ([`Registered`], CoGA's `coGA_Reg`).
 //! - Atomic accumulates: a per-owner bakery lock over heap words ([`lock`] says why).
@@ -53,13 +53,15 @@ pub mod array;
 pub mod buffer;
 pub mod element;
 pub mod error;
+pub mod handle;
 pub mod lock;
 pub mod message;
 pub mod section;
 
-pub use array::{GlobalArray, Handle, CREATE_TAG};
+pub use array::{GlobalArray, CREATE_TAG};
 pub use buffer::{Dst, Registered, Src};
 pub use element::{ElemType, Element};
 pub use error::{GaError, Result};
+pub use handle::{Handle, Pending};
 pub use message::{recv_msg, send_msg, MSG_TAG};
 pub use section::{Distribution, Layout, Piece, Section};

@@ -11,8 +11,8 @@
 //! backend. The bakery lock needs only those: each rank writes only its own words and
 //! reads the others', so it is correct with plain atomic loads and stores provided each
 //! rank's store is visible before its following load, which the SeqCst fence after every
-//! store (`mfence` on the host; on CUDA every heap word operation is a completed copy)
-//! gives.
+//! store (`mfence` on the host; on CUDA every heap word operation is a completed copy;
+//! to an owner on another node, an AMO its proxy applied and acknowledged) gives.
 //!
 //! Words on the owner, `n` ranks: `choosing[n]` then `number[n]`, 8 bytes each, at the
 //! start of the array's allocation. One lock per owner and array: an accumulate takes the

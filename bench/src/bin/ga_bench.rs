@@ -8,8 +8,9 @@
 //! - **bandwidth**: rank 0 puts and gets sections owned by rank 1 from a local buffer
 //!   (device memory; `--host`: host memory), for three section shapes of each size:
 //!   `rows` (whole rows of the owner's block: one contiguous copy), `cols64` (64-byte
-//!   wide columns) and `cols8` (one element wide); beside it, `sym_put`/`sym_get` of the
-//!   same bytes into rank 1's heap (one copy).
+//!   wide columns) and `cols8` (one element wide), each owner's block one 2-D copy
+//!   (`cuMemcpy2D` on CUDA); beside it, `sym_put`/`sym_get` of the same bytes into rank
+//!   1's heap (one copy).
 //! - **latency**: short messages (`send_msg`/`recv_msg`) ping-pong between ranks 0 and 1,
 //!   half the round trip, beside the context's own send/recv of the same bytes and a
 //!   one-row put plus its get-back.
@@ -170,7 +171,8 @@ fn bandwidth(ctx: &mut Context, o: &Options) {
             }
             let s = Section::new(block.lo, [block.lo[0] + h, block.lo[1] + w]);
             let moved = 8 * s.len();
-            // Fewer iterations for large sections and for many rows (a copy each).
+            // Fewer iterations for large sections and for many rows (each row a packet
+            // off-node; on the engine a 2-D copy's time grows with its rows too).
             let iters =
                 (o.iters as usize).min((256 << 20) / moved).min(20_000 / h).clamp(3, o.iters.max(3) as usize) as u32;
             if me == 0 {

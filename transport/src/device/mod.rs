@@ -6,7 +6,8 @@
 //! backend says which is which through [`DeviceBackend::pointer_info`].
 //!
 //! The operations that read or write through an address the caller passes, or release
-//! memory others may still use (`copy_async`, `copy_sync`, `free`, `close_handle`,
+//! memory others may still use (`copy_async`, `copy_sync`, `copy_2d_async`, `copy_2d_sync`,
+//! `free`, `close_handle`,
 //! `register_host`, `unregister_host`), are `unsafe fn`: a backend checks what it can
 //! (device ranges against their allocations, addresses it never made), but it cannot know
 //! whether host memory is live or whether a buffer is still in use, so the caller
@@ -96,6 +97,69 @@ pub struct HostMapped {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CopyTicket(pub u64);
 
+/// The shape of a 2-D copy ([`DeviceBackend::copy_2d_async`], CUDA's `cuMemcpy2D`):
+/// `height` rows of `width` bytes, `dst_pitch` bytes apart at the destination and
+/// `src_pitch` at the source. A strided block of a matrix (Global Arrays' patches) moves
+/// as one copy instead of one per row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy2d {
+    pub width: usize,
+    pub height: usize,
+    pub dst_pitch: usize,
+    pub src_pitch: usize,
+}
+
+impl Copy2d {
+    /// One contiguous row of `len` bytes.
+    pub fn row(len: usize) -> Copy2d {
+        Copy2d { width: len, height: 1, dst_pitch: len, src_pitch: len }
+    }
+
+    /// Whether no byte moves (no rows, or rows of no bytes).
+    pub fn is_empty(&self) -> bool {
+        self.width == 0 || self.height == 0
+    }
+
+    /// Bytes moved.
+    pub fn bytes(&self) -> usize {
+        self.width * self.height
+    }
+
+    /// Whether both ends are one run of [`bytes`](Self::bytes) (one row, or rows with no
+    /// gap between them): then a 1-D copy does it.
+    pub fn is_contiguous(&self) -> bool {
+        self.height <= 1 || (self.dst_pitch == self.width && self.src_pitch == self.width)
+    }
+
+    /// Checks the shape for `op`: rows that do not overlap at either end (a pitch at least
+    /// the width where there is more than one row) and ends that fit the address space.
+    /// Returns the spans of the destination and the source: bytes from the first row's
+    /// start to the last row's end (0 for an empty shape, which accesses nothing).
+    pub fn check(&self, op: &'static str) -> Result<(usize, usize), DeviceError> {
+        if self.is_empty() {
+            return Ok((0, 0));
+        }
+        let span = |end: &str, pitch: usize| {
+            if self.height > 1 && pitch < self.width {
+                return Err(DeviceError::BadShape {
+                    op,
+                    reason: format!(
+                        "{} rows of {} bytes {pitch} bytes apart at the {end} overlap; the pitch must be at least the width",
+                        self.height, self.width
+                    ),
+                });
+            }
+            (self.height - 1).checked_mul(pitch).and_then(|b| b.checked_add(self.width)).ok_or_else(|| {
+                DeviceError::BadShape {
+                    op,
+                    reason: format!("{} rows {pitch} bytes apart at the {end} overflow the address space", self.height),
+                }
+            })
+        };
+        Ok((span("destination", self.dst_pitch)?, span("source", self.src_pitch)?))
+    }
+}
+
 /// Which backend is active.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
@@ -137,6 +201,10 @@ pub enum DeviceError {
     /// No backend can run here.
     #[error("no device backend available: {reason}")]
     Unavailable { reason: String },
+    /// A 2-D copy's shape cannot be copied (overlapping rows, a span past the address
+    /// space): see [`Copy2d::check`].
+    #[error("{op}: {reason}")]
+    BadShape { op: &'static str, reason: String },
     /// The backend does not support the operation.
     #[error("{op} is not supported by the {backend} backend")]
     Unsupported { op: &'static str, backend: BackendKind },
@@ -226,6 +294,35 @@ pub trait DeviceBackend: Send + Sync {
     /// with nothing else writing `src` or accessing `dst` meanwhile. With `len == 0`
     /// nothing is accessed.
     unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError>;
+
+    /// Starts a 2-D copy (CUDA's `cuMemcpy2DAsync`) on queue `lane` of the copy engine of
+    /// device `engine`, in order with that lane's other copies: `shape.height` rows of
+    /// `shape.width` bytes from rows `shape.src_pitch` bytes apart at `src` into rows
+    /// `shape.dst_pitch` bytes apart at `dst`. One ticket stands for the whole block. Either
+    /// end may be host memory, local device memory or a peer mapping. A shape
+    /// [`Copy2d::check`] refuses is [`DeviceError::BadShape`], before anything moves.
+    ///
+    /// # Safety
+    /// Every source row `src + i * src_pitch .. + width` (`i < height`) must be readable
+    /// and every destination row `dst + i * dst_pitch .. + width` writable, as
+    /// [`copy_async`](Self::copy_async) requires of its ranges, until
+    /// [`copy_poll`](Self::copy_poll) reports the copy finished; the destination rows must
+    /// not overlap the source rows. With an empty shape nothing is accessed.
+    unsafe fn copy_2d_async(
+        &self,
+        engine: DevId,
+        lane: u32,
+        dst: usize,
+        src: usize,
+        shape: Copy2d,
+    ) -> Result<CopyTicket, DeviceError>;
+
+    /// [`copy_2d_async`](Self::copy_2d_async) that waits, in any direction, ordered as
+    /// [`copy_sync`](Self::copy_sync) is.
+    ///
+    /// # Safety
+    /// As `copy_2d_async`'s, for the whole call.
+    unsafe fn copy_2d_sync(&self, dst: usize, src: usize, shape: Copy2d) -> Result<(), DeviceError>;
 
     /// Waits until the work the application queued on its default stream of device
     /// `dev` so far has finished, if any is pending. For callers that move buffers an

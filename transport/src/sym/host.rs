@@ -9,7 +9,9 @@
 //! - put and get are one copy through the backend (the copy engine on CUDA, over the
 //!   IPC mapping of the peer's heap), complete when they return;
 //! - put_2d and get_2d move strided blocks (Global Arrays' patches, `ga/`): the block is
-//!   checked whole, then copied at once where it is contiguous, else row by row;
+//!   checked whole, then moved by one 2-D copy of the backend (`cuMemcpy2D` on CUDA); the
+//!   `_nbi` ones are asynchronous copies on one in-order lane of this rank's engine
+//!   (`HEAP_LANE`), completed by the quiet, and a blocking one first completes them;
 //! - put_signal is the data's copy, completed, then the signal's update: the signal is
 //!   never seen before the data;
 //! - atomics are the host's own atomic instructions on sim, whose heaps are host memory.
@@ -19,8 +21,9 @@
 //!
 //! To a PE of another node each is a packet of the heap's host queue (`super::offnode`):
 //! PUT, GET, PUT_SIGNAL (the target's proxy writes the signal after the data), AMO (the
-//! target's proxy applies it, CUDA included); the blocking calls wait for the queue's
-//! completions, the `_nbi` puts and gets until [`Context::sym_quiet`].
+//! target's proxy applies it, CUDA included), a 2-D copy a PUT or GET per row (one for a
+//! contiguous block); the blocking calls wait for the queue's completions, the `_nbi` puts
+//! and gets until [`Context::sym_quiet`].
 //!
 //! Ordering: each blocking call is complete when it returns, so a thread's blocking
 //! calls take effect in program order; [`Context::sym_fence`] orders `_nbi` ones per PE
@@ -35,7 +38,7 @@ use gpulmt_protocols::{ProtoError, Rank};
 use super::layout::{self, DeviceCtx, DeviceOp};
 use super::offnode::Route;
 use crate::context::Context;
-use crate::device::BackendKind;
+use crate::device::{BackendKind, Copy2d};
 use crate::error::{Error, Result};
 
 /// How [`Context::sym_signal_wait_until`] compares the signal with its value
@@ -118,15 +121,18 @@ struct Access {
     word: bool,
 }
 
-/// The shape of a 2-D copy ([`Context::sym_put_2d`], [`Context::sym_get_2d`]): `height`
-/// rows of `width` bytes, `dst_pitch` bytes apart at the destination and `src_pitch` at
-/// the source.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Copy2d {
-    pub width: usize,
-    pub height: usize,
-    pub dst_pitch: usize,
-    pub src_pitch: usize,
+/// The lane of this rank's copy engine that carries the heap's asynchronous 2-D copies
+/// ([`Context::sym_put_2d_nbi`]): one in-order queue, after the internode path's
+/// ([`crate::net::stream::NET_LANE`]) and the progress engine's lanes.
+pub(crate) const HEAP_LANE: u32 = crate::net::stream::NET_LANE + 1;
+
+/// The direction of a 2-D heap copy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    /// Local rows into the heap.
+    Put,
+    /// Heap rows into local memory.
+    Get,
 }
 
 impl Context {
@@ -270,70 +276,134 @@ impl Context {
     /// need): `shape.height` rows of `shape.width` bytes from `src` (rows
     /// `shape.src_pitch` bytes apart) into `pe`'s copy of the symmetric range at `dst`
     /// (rows `shape.dst_pitch` bytes apart). The whole block is checked before anything
-    /// is written; complete on return. A contiguous block (both pitches equal to the
-    /// width) is one copy; others are a copy per row today, on the backend's synchronous
-    /// copy (a 2-D engine copy is where this gets faster, behind the same call).
+    /// is written; complete on return. To a mapped heap it is one 2-D copy of the backend
+    /// (`cuMemcpy2D` on CUDA), after this rank's `_nbi` 2-D copies completed (so it lands
+    /// after them); to a PE of another node, a PUT packet per row (one for a contiguous
+    /// block).
     ///
     /// # Safety
     /// Every row `src + i * src_pitch .. + width` (`i < height`) must be readable for the
     /// whole call, with nothing writing it.
     pub unsafe fn sym_put_2d(&self, dst: usize, src: *const u8, shape: Copy2d, pe: Rank) -> Result<()> {
-        let to = self.sym_target_2d("sym_put_2d", dst, shape.dst_pitch, shape, pe)?;
-        // SAFETY: every destination row lies in the checked block of a live allocation
-        // mapped here; the source rows are the caller's contract.
-        unsafe { self.copy_rows(to, src as usize, shape) }
+        // SAFETY: the caller's contract, kept until this call returns complete.
+        unsafe { self.sym_2d("sym_put_2d", Dir::Put, src as usize, dst, shape, pe, true) }
+    }
+
+    /// [`sym_put_2d`](Self::sym_put_2d) that returns once issued: complete (visible at
+    /// `pe`) after the next [`sym_quiet`](Self::sym_quiet). To a mapped heap it is an
+    /// asynchronous 2-D copy on one in-order lane of this rank's copy engine, so this
+    /// rank's `_nbi` 2-D copies to mapped heaps land in the order issued; to a PE of
+    /// another node, queue packets (ordered per PE by [`sym_fence`](Self::sym_fence)).
+    ///
+    /// # Safety
+    /// Every source row must stay readable and unchanged until the next `sym_quiet`
+    /// returns.
+    pub unsafe fn sym_put_2d_nbi(&self, dst: usize, src: *const u8, shape: Copy2d, pe: Rank) -> Result<()> {
+        // SAFETY: the caller's contract, kept until the quiet.
+        unsafe { self.sym_2d("sym_put_2d_nbi", Dir::Put, src as usize, dst, shape, pe, false) }
     }
 
     /// The 2-D [`sym_get`](Self::sym_get): `shape.height` rows of `shape.width` bytes of
     /// `pe`'s copy of the symmetric range at `src` (rows `shape.src_pitch` apart) into
-    /// `dst` (rows `shape.dst_pitch` apart); checked whole first, complete on return.
+    /// `dst` (rows `shape.dst_pitch` apart); checked whole first, complete on return, made
+    /// as [`sym_put_2d`](Self::sym_put_2d)'s is.
     ///
     /// # Safety
     /// Every row `dst + i * dst_pitch .. + width` must be writable for the whole call,
     /// with nothing else accessing it.
     pub unsafe fn sym_get_2d(&self, dst: *mut u8, src: usize, shape: Copy2d, pe: Rank) -> Result<()> {
-        let from = self.sym_target_2d("sym_get_2d", src, shape.src_pitch, shape, pe)?;
-        // SAFETY: every source row lies in the checked block; the destination rows are
-        // the caller's contract.
-        unsafe { self.copy_rows(dst as usize, from, shape) }
+        // SAFETY: the caller's contract, kept until this call returns complete.
+        unsafe { self.sym_2d("sym_get_2d", Dir::Get, dst as usize, src, shape, pe, true) }
     }
 
-    /// Checks a strided block of the heap (every row inside one live allocation) and
-    /// returns the local address of its first byte on `pe`.
-    fn sym_target_2d(&self, what: &'static str, addr: usize, pitch: usize, shape: Copy2d, pe: Rank) -> Result<usize> {
-        let Copy2d { width, height, .. } = shape;
-        if height > 1 && pitch < width {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: rows of {width} bytes {pitch} bytes apart overlap; the pitch must be at least the width"
-            )));
-        }
-        let span = match height {
-            0 => 0,
-            h => (h - 1).checked_mul(pitch).and_then(|b| b.checked_add(width)).ok_or_else(|| {
-                Error::InvalidArgument(format!("{what}: {h} rows {pitch} bytes apart overflow the address space"))
-            })?,
-        };
-        self.sym_target(&Access { what, addr, len: span, pe, word: false })
-    }
-
-    /// The copies of a checked 2-D block between local addresses: one when both sides
-    /// are contiguous.
+    /// [`sym_get_2d`](Self::sym_get_2d) that returns once issued: the data is in `dst`
+    /// after the next [`sym_quiet`](Self::sym_quiet), issued as
+    /// [`sym_put_2d_nbi`](Self::sym_put_2d_nbi)'s copies are.
     ///
     /// # Safety
-    /// Every row of both sides must be valid for the copy (see the callers).
-    unsafe fn copy_rows(&self, dst: usize, src: usize, r: Copy2d) -> Result<()> {
-        if r.height == 0 || r.width == 0 {
+    /// Every destination row must stay writable and otherwise unused until the next
+    /// `sym_quiet` returns.
+    pub unsafe fn sym_get_2d_nbi(&self, dst: *mut u8, src: usize, shape: Copy2d, pe: Rank) -> Result<()> {
+        // SAFETY: the caller's contract, kept until the quiet.
+        unsafe { self.sym_2d("sym_get_2d_nbi", Dir::Get, dst as usize, src, shape, pe, false) }
+    }
+
+    /// A 2-D copy between `local` and the heap block at the symmetric address `remote` of
+    /// `pe`, checked whole first; with `wait` complete on return, else at the next quiet.
+    ///
+    /// # Safety
+    /// The local rows valid for the copy (readable for a put, writable and unused for a
+    /// get) until it completes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn sym_2d(
+        &self,
+        what: &'static str,
+        dir: Dir,
+        local: usize,
+        remote: usize,
+        shape: Copy2d,
+        pe: Rank,
+        wait: bool,
+    ) -> Result<()> {
+        let (dst_span, src_span) = shape.check(what)?;
+        let span = if dir == Dir::Put { dst_span } else { src_span };
+        let route = self.sym_route(&Access { what, addr: remote, len: span, pe, word: false })?;
+        if shape.is_empty() {
             return Ok(());
         }
-        if r.dst_pitch == r.width && r.src_pitch == r.width {
-            // SAFETY: the caller's contract covers the contiguous block.
-            return Ok(unsafe { self.backend.copy_sync(dst, src, r.width * r.height) }?);
+        match route {
+            Route::Mapped(at) => {
+                let (dst, src) = if dir == Dir::Put { (at, local) } else { (local, at) };
+                if wait {
+                    self.sym_copies_complete()?;
+                    // SAFETY: every heap row lies in the checked block of a live allocation
+                    // mapped here; the local rows are the caller's contract.
+                    return Ok(unsafe { self.backend.copy_2d_sync(dst, src, shape) }?);
+                }
+                let heap = self.sym.as_ref().expect("routed through it");
+                let mut copies = heap.copies.lock().unwrap_or_else(|e| e.into_inner());
+                // SAFETY: as above; the caller keeps the local rows valid until the quiet,
+                // which polls this ticket to completion, and the heap's memory stays mapped
+                // until finalize, which quiets first.
+                let ticket = unsafe { self.backend.copy_2d_async(self.device, HEAP_LANE, dst, src, shape) }?;
+                copies.push(ticket);
+                Ok(())
+            }
+            // SAFETY: the caller's contract.
+            Route::Queue { pe, window, offset } => unsafe {
+                self.net_2d(what, dir == Dir::Put, (pe, window, offset), local, shape, wait)
+            },
         }
-        for i in 0..r.height {
-            // SAFETY: row `i` of both sides is valid (the caller's contract).
-            unsafe { self.backend.copy_sync(dst + i * r.dst_pitch, src + i * r.src_pitch, r.width)? };
+    }
+
+    /// Waits until the heap's asynchronous 2-D copies to mapped heaps finished; fails with
+    /// the first copy that failed (the others are still waited for).
+    pub(crate) fn sym_copies_complete(&self) -> Result<()> {
+        let Some(heap) = self.sym.as_ref() else { return Ok(()) };
+        let mut copies = heap.copies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut first_error = None;
+        // One lane, in order: the newest finished means all did, but each ticket is
+        // polled to completion so the backend forgets it.
+        for ticket in std::mem::take(&mut *copies) {
+            for polls in 0u64.. {
+                match self.backend.copy_poll(ticket) {
+                    Ok(true) => break,
+                    // Spin first, then yield to ranks sharing the cores (the sim's engine).
+                    Ok(false) if polls < 1000 => std::hint::spin_loop(),
+                    Ok(false) => std::thread::yield_now(),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        break;
+                    }
+                }
+            }
         }
-        Ok(())
+        match first_error {
+            None => Ok(()),
+            Some(e) => Err(Error::Transfer(ProtoError::CopyFailed {
+                what: format!("a symmetric heap 2-D copy issued without waiting (sym_put_2d_nbi, sym_get_2d_nbi): {e}"),
+            })),
+        }
     }
 
     /// [`sym_put`](Self::sym_put), then `signal`'s update of the 64-bit signal word on
@@ -463,7 +533,9 @@ impl Context {
     /// proxy), their gets' data in place; the rest were complete when they returned.
     /// Fails with the first failed operation's story since the last quiet.
     pub fn sym_quiet(&self) -> Result<()> {
-        self.net_quiet_all()
+        let copies = self.sym_copies_complete();
+        let queued = self.net_quiet_all();
+        copies.and(queued)
     }
 
     /// What device code needs to know of the heaps ([`DeviceCtx`]), for this rank's

@@ -41,9 +41,10 @@ use crate::device::{BackendKind, DevId, IpcHandle, MemoryKind, IPC_HANDLE_BYTES}
 use crate::error::{Error, Result};
 use crate::mapping::PeerBufferKey;
 
+pub use crate::device::Copy2d;
 pub use alloc::{AllocError, HeapAllocator, ALIGN};
 pub use gpulmt_protocols::gio::SignalOp;
-pub use host::{Cmp, Copy2d, DeviceAccessError, Signal};
+pub use host::{Cmp, DeviceAccessError, Signal};
 pub use layout::{DeviceCtx, DeviceOp, QueueTable, SendQueue, DEVICE_CTX_VERSION};
 
 /// Tag of the symmetric heap's collectives (reserved: above `TAG_UB`, below the
@@ -121,6 +122,9 @@ pub(crate) struct SymHeap {
     asked: rustc_hash::FxHashMap<u64, usize>,
     /// The internode path's share: off-node PEs' heaps (None: single node).
     pub(crate) net: Option<offnode::SymNet>,
+    /// The `_nbi` 2-D copies to mapped heaps in flight (`host::HEAP_LANE`), completed by
+    /// `sym_quiet`, before a blocking 2-D copy, and before a free or finalize.
+    pub(crate) copies: std::sync::Mutex<Vec<crate::device::CopyTicket>>,
 }
 
 impl SymHeap {
@@ -247,6 +251,8 @@ impl Context {
             )));
         };
         let offset = addr.wrapping_sub(heap.base) as u64;
+        // No copy of this rank may still write or read the memory once it is free.
+        self.sym_copies_complete()?;
         let call = self.sym_agree(2, offset)?;
         let heap = self.sym.as_mut().expect("checked above");
         heap.alloc.free(offset).map_err(|e| sym_error("sym_free", call, e))?;
@@ -449,6 +455,7 @@ impl Context {
             calls: 0,
             asked: Default::default(),
             net: None,
+            copies: Default::default(),
         });
         if let (true, Some(_), Ok(v)) = (all_ok, window, &verdicts) {
             let windows: Vec<Option<crate::net::WindowId>> = v
@@ -531,6 +538,10 @@ impl Context {
     /// Gives back the leases on the peers' heaps (finalize, before the handle cache
     /// closes every mapping). Device code must no longer use them.
     pub(crate) fn sym_release_mappings(&mut self) {
+        // The peers' heaps are unmapped below: no copy of this rank may still use them.
+        if let Err(e) = self.sym_copies_complete() {
+            tracing::warn!(error = %e, "completing the symmetric heap's copies at finalize");
+        }
         let Some(heap) = self.sym.as_mut() else { return };
         for p in heap.peers.iter_mut() {
             if let Some(key) = p.key.take() {

@@ -214,6 +214,48 @@ impl Context {
         Ok(())
     }
 
+    /// A 2-D copy between `local` and the heap block at `offset` of `pe`'s heap: a PUT
+    /// (`put`) or GET per row, one for a contiguous block. The queue has no strided op,
+    /// and packing would need a staging buffer held until the quiet; a row per packet
+    /// keeps the `_nbi` form simple, and the proxy carries the packets while the caller
+    /// goes on. With `wait`, complete on return.
+    ///
+    /// # Safety
+    /// The local rows stay valid for the copy (readable for a put, writable and unused for
+    /// a get) until it completes.
+    pub(super) unsafe fn net_2d(
+        &self,
+        what: &str,
+        put: bool,
+        route: (Rank, WindowId, u64),
+        local: usize,
+        shape: crate::device::Copy2d,
+        wait: bool,
+    ) -> Result<()> {
+        let (pe, window, offset) = route;
+        let mut q = self.sym_net(what, pe)?.queue();
+        let kind = self.kind_of(local);
+        let (rows, width) = if shape.is_contiguous() { (1, shape.bytes()) } else { (shape.height, shape.width) };
+        let (local_pitch, remote_pitch) =
+            if put { (shape.src_pitch, shape.dst_pitch) } else { (shape.dst_pitch, shape.src_pitch) };
+        for i in 0..rows {
+            let (at, remote) = (local + i * local_pitch, offset + (i * remote_pitch) as u64);
+            // SAFETY: row `i` of the local rows, the caller's contract.
+            let posted = unsafe {
+                if put {
+                    q.put_nbi(pe, window, remote, at, width, kind)
+                } else {
+                    q.get_nbi(pe, window, remote, at, width, kind)
+                }
+            };
+            posted.map_err(|e| post_error(what, pe, e))?;
+        }
+        if wait {
+            Self::net_quiet(&mut q, what, pe)?;
+        }
+        Ok(())
+    }
+
     /// A put of `len` bytes, then the signal's update at `signal_offset` after the data
     /// (the target's proxy applies it once the data is in place); complete on return.
     ///

@@ -181,3 +181,51 @@ fn strided_puts_and_gets_move_blocks_and_refuse_one_that_overruns_its_allocation
     }
     ctx.finalize().unwrap();
 }
+
+#[test]
+fn strided_nbi_copies_land_in_issue_order_by_the_quiet_and_a_blocking_one_waits_for_them() {
+    let mut ctx = solo(Some(1 << 20));
+    let a = ctx.sym_alloc(4096).unwrap();
+    let zeros = vec![0u8; 4096];
+    // A column 4 bytes wide, 32 rows 64 bytes apart in the heap, packed in the buffers.
+    let shape = Copy2d { width: 4, height: 32, dst_pitch: 64, src_pitch: 4 };
+    let bufs: Vec<Vec<u8>> = (1..=8u8).map(|v| vec![v; 128]).collect();
+    let mut got = [vec![0u8; 128], vec![0u8; 128]];
+    // SAFETY: every buffer is a host vector of 128 bytes (32 rows of 4) that outlives the
+    // quiet below and is not touched until then; every heap block lies in `a`.
+    unsafe {
+        ctx.sym_put(a.addr(), zeros.as_ptr(), 4096, 0).unwrap();
+        // Eight overlapping puts of the same column: the last one issued wins. A get issued
+        // after the fourth sees the fourth's data, not a later one's.
+        for (i, b) in bufs.iter().enumerate() {
+            ctx.sym_put_2d_nbi(a.at(8), b.as_ptr(), shape, 0).unwrap();
+            if i == 3 {
+                let back = Copy2d { dst_pitch: 4, src_pitch: 64, ..shape };
+                ctx.sym_get_2d_nbi(got[0].as_mut_ptr(), a.at(8), back, 0).unwrap();
+            }
+        }
+        ctx.sym_quiet().unwrap();
+        assert_eq!(got[0], vec![4u8; 128], "the get saw the put issued before it, and no later one");
+        let back = Copy2d { dst_pitch: 4, src_pitch: 64, ..shape };
+        ctx.sym_get_2d(got[1].as_mut_ptr(), a.at(8), back, 0).unwrap();
+        assert_eq!(got[1], vec![8u8; 128]);
+        // A blocking put issued behind an nbi one lands after it, with no quiet between.
+        ctx.sym_put_2d_nbi(a.at(8), bufs[0].as_ptr(), shape, 0).unwrap();
+        ctx.sym_put_2d(a.at(8), bufs[6].as_ptr(), shape, 0).unwrap();
+        ctx.sym_get_2d(got[1].as_mut_ptr(), a.at(8), back, 0).unwrap();
+        assert_eq!(got[1], vec![7u8; 128]);
+        // Only the column was written: the rest of each row is still zero.
+        let mut all = vec![0u8; 4096];
+        ctx.sym_get(all.as_mut_ptr(), a.addr(), 4096, 0).unwrap();
+        for (i, byte) in all.iter().enumerate() {
+            let in_column = i < 32 * 64 && (8..12).contains(&(i % 64));
+            assert_eq!(*byte, if in_column { 7 } else { 0 }, "byte {i}");
+        }
+        // A refused nbi copy is refused at issue, and leaves nothing for the quiet.
+        let past = Copy2d { height: 65, ..shape };
+        let e = ctx.sym_put_2d_nbi(a.at(8), bufs[0].as_ptr(), past, 0).unwrap_err();
+        assert!(e.to_string().contains("not inside one live symmetric allocation"), "{e}");
+        ctx.sym_quiet().unwrap();
+    }
+    ctx.finalize().unwrap();
+}

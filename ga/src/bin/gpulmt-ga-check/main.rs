@@ -14,6 +14,11 @@ use gpulmt::Context;
 #[derive(Parser)]
 #[command(about = "Global Arrays scenarios, one rank of a gpulmt-run job")]
 struct Cli {
+    /// Started by mpirun, not the launcher: bootstrap from MPI (`gpulmt::mpi`), so that
+    /// the job may span nodes or pseudo-nodes (`GPULMT_PSEUDO_NODES`).
+    #[cfg(feature = "mpi")]
+    #[arg(long)]
+    mpi: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -51,10 +56,38 @@ enum Cmd {
     },
 }
 
+/// The context from the launcher's job.
+fn from_launcher() -> Context {
+    Context::init().unwrap_or_else(|e| common::fail(format!("Context::init: {e}")))
+}
+
+/// The context: from MPI with `--mpi` (MPI_THREAD_MULTIPLE: the internode path's proxy
+/// thread calls MPI beside this one), else from the launcher.
+#[cfg(feature = "mpi")]
+fn init(cli: &Cli) -> (Context, Option<gpulmt::mpi::rsmpi::environment::Universe>) {
+    use gpulmt::mpi::rsmpi::{self, Threading};
+    if !cli.mpi {
+        return (from_launcher(), None);
+    }
+    let (universe, _) = rsmpi::initialize_with_threading(Threading::Multiple)
+        .unwrap_or_else(|| common::fail("MPI_Init_thread: MPI was initialized already".into()));
+    let ctx =
+        gpulmt::mpi::init_from_mpi(&universe.world()).unwrap_or_else(|e| common::fail(format!("init_from_mpi: {e}")));
+    (ctx, Some(universe))
+}
+
+/// The context from the launcher (this build has no MPI bootstrap: feature `mpi`).
+#[cfg(not(feature = "mpi"))]
+fn init(_cli: &Cli) -> (Context, ()) {
+    (from_launcher(), ())
+}
+
 fn main() {
     gpulmt::logging::init("warn");
     let cli = Cli::parse();
-    let mut ctx = Context::init().unwrap_or_else(|e| common::fail(format!("Context::init: {e}")));
+    // The MPI universe (with `--mpi`) lives until the end: MPI finalizes when it drops,
+    // after the context did.
+    let (mut ctx, _universe) = init(&cli);
     let me = ctx.rank();
     common::RANK.store(me, std::sync::atomic::Ordering::Relaxed);
     if me == 0 {

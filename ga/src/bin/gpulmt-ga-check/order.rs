@@ -36,8 +36,8 @@ pub fn run(ctx: &mut Context, rounds: u32) {
         if nb {
             let h1 = a.put_nb(ctx, s1, Src::host(&b1), s1.cols()).or_fail("put_nb s1");
             let h2 = a.put_nb(ctx, s2, Src::host(&b2), s2.cols()).or_fail("put_nb s2");
-            h2.wait(ctx).or_fail("wait s2");
-            h1.wait(ctx).or_fail("wait s1");
+            h2.wait().or_fail("wait s2");
+            h1.wait().or_fail("wait s1");
         } else {
             a.put(ctx, s1, &b1, s1.cols()).or_fail("put s1");
             a.put(ctx, s2, &b2, s2.cols()).or_fail("put s2");
@@ -122,7 +122,7 @@ pub fn non_blocking(ctx: &mut Context) {
     let mut whole = vec![0i32; dims[0] * dims[1]];
     {
         let h = a.get_nb(ctx, Section::whole(dims), Dst::host(&mut whole), dims[1]).or_fail("get_nb");
-        h.wait(ctx).or_fail("wait get");
+        h.wait().or_fail("wait get");
     }
     for r in 0..n {
         for i in 0..12 {
@@ -132,13 +132,59 @@ pub fn non_blocking(ctx: &mut Context) {
             }
         }
     }
+    // Overlapping non-blocking operations from one rank, no fence between them: eight
+    // puts of the same strided block (a column band, rows of another rank's tiles too),
+    // a get after the fifth sees the fifth, and the last put wins. Each handle is waited
+    // on, out of order.
+    a.sync(ctx).or_fail("sync");
+    let bufs: Vec<Vec<i32>> = (1..=8).map(|v| vec![v * 1000 + me as i32; cols.len()]).collect();
+    let mut seen = vec![0i32; cols.len()];
+    {
+        let ctx: &Context = ctx;
+        let mut handles = Vec::new();
+        for b in &bufs[..5] {
+            handles.push(a.put_nb(ctx, cols, Src::host(b), 4).or_fail("overlapping put_nb"));
+        }
+        let seen_h = a.get_nb(ctx, cols, Dst::host(&mut seen), 4).or_fail("get_nb between puts");
+        for b in &bufs[5..] {
+            handles.push(a.put_nb(ctx, cols, Src::host(b), 4).or_fail("overlapping put_nb"));
+        }
+        seen_h.wait().or_fail("wait get_nb");
+        ensure!(handles.iter().all(|h| h.test()), "the wait on the get completed every earlier operation");
+        for h in handles.into_iter().rev() {
+            h.wait().or_fail("wait put_nb");
+        }
+    }
+    ensure!(seen.iter().all(|&v| v == 5000 + me as i32), "a get issued after the fifth put saw {:?}", &seen[..4]);
+    a.get(ctx, cols, &mut seen, 4).or_fail("get after the puts");
+    ensure!(seen.iter().all(|&v| v == 8000 + me as i32), "the last put did not win: {:?}", &seen[..4]);
+    // Put them back (a blocking put behind a non-blocking one of the same section, no
+    // wait between: the blocking one lands last).
+    let h = a.put_nb(ctx, cols, Src::host(&bufs[0]), 4).or_fail("put_nb before put");
+    a.put(ctx, cols, &mine, 4).or_fail("put behind put_nb");
+    h.wait().or_fail("wait put_nb before put");
+    a.get(ctx, cols, &mut seen, 4).or_fail("get after put");
+    ensure!(seen == mine, "a blocking put behind a non-blocking one did not land last");
     // No rank accumulates before every rank has compared.
     a.sync(ctx).or_fail("sync");
     let ones = vec![1i32; dims[0] * dims[1]];
-    a.acc_nb(ctx, Section::whole(dims), Src::host(&ones), dims[1], 1).or_fail("acc_nb").wait(ctx).or_fail("wait acc");
+    a.acc_nb(ctx, Section::whole(dims), Src::host(&ones), dims[1], 1).or_fail("acc_nb").wait().or_fail("wait acc");
     a.sync(ctx).or_fail("sync");
     a.get(ctx, Section::whole(dims), &mut whole, dims[1]).or_fail("get");
     ensure!(whole[0] == n as i32, "after every rank's acc_nb, (0,0) is {}", whole[0]);
+    // An operation left pending at destroy: the destroy completes it, and a wait after
+    // it is an error that says so (only a detached operation can outlive the borrow of
+    // the context that destroy needs). Every rank has compared before any rank puts.
+    a.sync(ctx).or_fail("sync");
+    let pending = {
+        let h = a.put_nb(ctx, cols, Src::host(&mine), 4).or_fail("put_nb before destroy");
+        // SAFETY: `mine` lives, unchanged, until the end of this function.
+        unsafe { h.into_pending() }
+    };
     a.destroy(ctx).or_fail("destroy");
+    match pending.wait(ctx) {
+        Err(gpulmt_ga::GaError::Destroyed { .. }) => {}
+        other => crate::common::fail(format!("a wait after destroy gave {other:?}, not Destroyed")),
+    }
     println!("rank={me} ga-nb ok=1");
 }

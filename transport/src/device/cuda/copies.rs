@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use rustc_hash::FxHashMap;
 
-use super::driver::{check, cu, lock, Event, Stream};
+use super::driver::{check, cu, lock, CuFailure, Event, Stream};
 use super::memory::known_info;
 use super::{CudaBackend, Device};
 use crate::device::{CopyTicket, DevId, DeviceBackend, DeviceError, FinishedThrough, MemoryKind, PointerInfo};
@@ -146,19 +146,42 @@ impl CudaBackend {
         after_app: bool,
         then: impl FnOnce(&Device, sys::CUstream) -> Result<T, DeviceError>,
     ) -> Result<T, DeviceError> {
+        let issue = |stream| cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream));
+        // SAFETY: this function's contract covers the copy `issue` queues.
+        unsafe { self.enqueue_with(dev, slot, after_app, issue, then) }
+    }
+
+    /// [`enqueue`](Self::enqueue) of any copy: `issue` queues it on the stream it is given.
+    ///
+    /// # Safety
+    /// What `issue` queues reads and writes only memory that stays valid until the copy
+    /// has finished on the stream, as [`DeviceBackend::copy_2d_async`] requires.
+    pub(super) unsafe fn enqueue_with<T>(
+        &self,
+        dev: DevId,
+        slot: usize,
+        after_app: bool,
+        issue: impl FnOnce(sys::CUstream) -> Result<(), CuFailure>,
+        then: impl FnOnce(&Device, sys::CUstream) -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
         let d = self.device(dev)?;
         let _current = self.enter(dev)?;
         let stream = Self::stream(d, slot)?;
         if after_app {
-            let ev = Self::take_event(d)?;
-            // The wait takes the event's state now, so it can go back to the pool at once.
-            let ordered =
-                cu!(cuEventRecord(ev.0, LEGACY_STREAM)).and_then(|()| cu!(cuStreamWaitEvent(stream, ev.0, 0)));
-            lock(&d.events).push(ev);
-            ordered?;
+            Self::after_app_work(d, stream)?;
         }
-        cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
+        issue(stream)?;
         then(d, stream)
+    }
+
+    /// Makes `stream` wait for the work the application queued so far on its legacy
+    /// default stream; `d`'s context must be current.
+    fn after_app_work(d: &Device, stream: sys::CUstream) -> Result<(), DeviceError> {
+        let ev = Self::take_event(d)?;
+        // The wait takes the event's state now, so it can go back to the pool at once.
+        let ordered = cu!(cuEventRecord(ev.0, LEGACY_STREAM)).and_then(|()| cu!(cuStreamWaitEvent(stream, ev.0, 0)));
+        lock(&d.events).push(ev);
+        Ok(ordered?)
     }
 
     /// Queues a copy on stream `slot` of `engine`'s device (its context current).
@@ -174,6 +197,24 @@ impl CudaBackend {
         dst: usize,
         src: usize,
         len: usize,
+    ) -> Result<CopyTicket, DeviceError> {
+        let issue = |stream| cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream));
+        // SAFETY: this function's contract covers the copy `issue` queues.
+        unsafe { self.engine_issue(engine, d, slot, issue) }
+    }
+
+    /// [`engine_copy`](Self::engine_copy) of any copy: `issue` queues it on the stream it
+    /// is given, and the ticket stands for it.
+    ///
+    /// # Safety
+    /// What `issue` queues reads and writes only memory that stays valid until the
+    /// ticket's copy is reported finished.
+    pub(super) unsafe fn engine_issue(
+        &self,
+        engine: DevId,
+        d: &Device,
+        slot: usize,
+        issue: impl FnOnce(sys::CUstream) -> Result<(), CuFailure>,
     ) -> Result<CopyTicket, DeviceError> {
         let stream = Self::stream(d, slot)?;
         // Held across the driver calls, so that the copy that gets an event below is still
@@ -195,7 +236,7 @@ impl CudaBackend {
                 p.event = Some(ev);
             }
         }
-        cu!(cuMemcpyAsync(dst as CUdeviceptr, src as CUdeviceptr, len, stream))?;
+        issue(stream)?;
         t.pending.insert(id, Pending { dev: engine, stream: Some((Stream(stream), slot)), event: None, served: None });
         t.bare.insert((engine, slot), id);
         Ok(CopyTicket(id))

@@ -64,6 +64,7 @@ pub(super) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamWaitEvent",
     "cuMemcpyAsync",
     "cuMemcpy",
+    "cuMemcpy2DAsync_v2",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
     // The copy server (copy_server.rs).

@@ -21,9 +21,11 @@
 //! Files: this one (the devices, their contexts and the [`DeviceBackend`] table),
 //! `driver.rs` (loading libcuda, calling it, context guards), `memory.rs` (what a pointer is,
 //! IPC handles), `copies.rs` (streams, events, tickets, routing to the copy server),
+//! `copy_2d.rs` (2-D copies),
 //! `copy_server.rs` (the resident copy kernel) and `tests.rs`.
 
 mod copies;
+mod copy_2d;
 mod copy_server;
 mod driver;
 mod memory;
@@ -418,6 +420,23 @@ impl DeviceBackend for CudaBackend {
             lock(&self.devices[dev as usize].events).push(ev);
         }
         Ok(true)
+    }
+
+    unsafe fn copy_2d_async(
+        &self,
+        engine: DevId,
+        lane: u32,
+        dst: usize,
+        src: usize,
+        shape: super::Copy2d,
+    ) -> Result<CopyTicket, DeviceError> {
+        // SAFETY: copy_2d_async's contract is start_copy_2d's (copy_2d.rs).
+        unsafe { self.start_copy_2d(engine, lane, dst, src, shape) }
+    }
+
+    unsafe fn copy_2d_sync(&self, dst: usize, src: usize, shape: super::Copy2d) -> Result<(), DeviceError> {
+        // SAFETY: copy_2d_sync's contract is copy_2d_now's (copy_2d.rs).
+        unsafe { self.copy_2d_now(dst, src, shape) }
     }
 
     /// Runs on a stream of its own and waits for it, rather than `cuMemcpy`: `cuMemcpy` on the

@@ -3,6 +3,7 @@
 
 use super::driver::{CuFailure, REQUIRED_SYMBOLS};
 use super::*;
+use crate::device::Copy2d;
 
 #[test]
 fn try_new_reports_unavailable_instead_of_panicking() {
@@ -67,6 +68,7 @@ fn called_symbols() -> std::collections::BTreeSet<String> {
         include_str!("driver.rs"),
         include_str!("memory.rs"),
         include_str!("copies.rs"),
+        include_str!("copy_2d.rs"),
         include_str!("copy_server.rs"),
     ];
     let mut found = std::collections::BTreeSet::new();
@@ -547,5 +549,50 @@ fn gpu_ipc_child() {
         let stale = b.open_handle(&stale, on);
         println!("handle of a freed allocation: {stale:?}");
         assert!(stale.is_err());
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_copies_2d_move_strided_blocks_between_host_and_device() {
+    let b = backend();
+    let len = 1 << 16;
+    let shapes = [
+        // A column of 8-byte elements out of 1 KiB rows; strided at both ends; contiguous.
+        Copy2d { width: 8, height: 64, dst_pitch: 8, src_pitch: 1024 },
+        Copy2d { width: 24, height: 50, dst_pitch: 100, src_pitch: 40 },
+        Copy2d { width: 256, height: 8, dst_pitch: 256, src_pitch: 256 },
+    ];
+    let expect = |mut dst: Vec<u8>, src: &[u8], s: Copy2d| {
+        for i in 0..s.height {
+            dst[i * s.dst_pitch..][..s.width].copy_from_slice(&src[i * s.src_pitch..][..s.width]);
+        }
+        dst
+    };
+    // SAFETY: every address lies in `p` or `q` (allocations of `b` of `len` bytes) or in this
+    // test's vectors of `len` bytes, live until the end; every shape's spans fit in `len`.
+    // Each copy is waited for before its destination is read or written again.
+    unsafe {
+        let (p, q) = (b.alloc(0, len).unwrap(), b.alloc(0, len).unwrap());
+        let src = pattern(len, 7);
+        for s in shapes {
+            let zeros = vec![0u8; len];
+            b.copy_sync(p, zeros.as_ptr() as usize, len).unwrap();
+            b.copy_sync(q, zeros.as_ptr() as usize, len).unwrap();
+            // Host to device asynchronously, device to device, device to host synchronously.
+            let t = b.copy_2d_async(0, 1, p, src.as_ptr() as usize, s).unwrap();
+            poll_until_done(&b, t);
+            let same = Copy2d { src_pitch: s.dst_pitch, ..s };
+            let t = b.copy_2d_async(0, 1, q, p, same).unwrap();
+            poll_until_done(&b, t);
+            let mut back = vec![0u8; len];
+            b.copy_2d_sync(back.as_mut_ptr() as usize, q, same).unwrap();
+            let on_p = expect(zeros.clone(), &src, s);
+            assert!(back == expect(zeros, &on_p, same), "{s:?}");
+        }
+        let overlap = Copy2d { width: 8, height: 2, dst_pitch: 4, src_pitch: 8 };
+        assert!(matches!(b.copy_2d_sync(p, q, overlap), Err(DeviceError::BadShape { .. })));
+        b.free(p).unwrap();
+        b.free(q).unwrap();
     }
 }

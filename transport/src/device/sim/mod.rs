@@ -53,19 +53,20 @@ mod tests;
 
 pub use config::{DriverCost, PeerMatrix, SimConfig};
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
 use super::{
-    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle, Mapping, MemoryKind, PointerInfo,
+    BackendKind, Copy2d, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle, Mapping, MemoryKind,
+    PointerInfo,
 };
 use crate::shm::object::{ShmError, ShmSegment};
 use crate::shm::owner::OwnerLock;
 use crate::shm::wait::sleep_for;
-use engine::{spin_ns, CopyJob, Engine, SimTicket, Tickets};
+use engine::{spin_ns, Engine, Tickets};
 use object::{
     bad_handle, fresh_nonce, header, object_len, owner_name, release_mapper, shm_error, shm_name, HandleFields, Header,
     HEADER_BYTES, HEADER_MAGIC,
@@ -434,50 +435,25 @@ impl DeviceBackend for SimBackend {
     unsafe fn copy_async(
         &self,
         engine: DevId,
-        _lane: u32,
+        lane: u32,
         dst: usize,
         src: usize,
         len: usize,
     ) -> Result<CopyTicket, DeviceError> {
-        self.check_dev(engine)?;
-        let done = Arc::new(AtomicBool::new(false));
-        if len == 0 {
-            done.store(true, Ordering::Relaxed);
-        } else {
-            {
-                let st = lock(&self.state);
-                st.check_range("copy_async", dst, len)?;
-                st.check_range("copy_async", src, len)?;
-            }
-            if let Some(d) = self.cfg.driver {
-                spin_ns(d.issue_ns);
-            }
-            if self.cfg.copy_inline {
-                // SAFETY: copy_async's contract keeps `src` readable and `dst` writable for
-                // `len` bytes until the copy is reported finished, which is after this line;
-                // device ranges that overrun their allocation were refused above. `copy`
-                // handles overlap.
-                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
-                done.store(true, Ordering::Release);
-                let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-                let seen_at =
-                    (self.cfg.copy_done_ns > 0).then(|| Instant::now() + Duration::from_nanos(self.cfg.copy_done_ns));
-                lock(&self.tickets).pending.insert(id, SimTicket { done, seen_at, engine });
-                return Ok(CopyTicket(id));
-            }
-            // Lanes are accepted and ignored: one FIFO per device keeps each lane's
-            // order trivially and serialises lanes, which the trait allows (lanes *may*
-            // run concurrently) and which makes contention on one engine visible.
-            let job = CopyJob { dst, src, len, done: done.clone() };
-            self.engine_sender(engine)?.send(job).map_err(|_| DeviceError::Driver {
-                call: "copy_async",
-                code: 0,
-                message: format!("copy engine thread of sim device {engine} has stopped"),
-            })?;
-        }
-        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        lock(&self.tickets).pending.insert(id, SimTicket { done, seen_at: None, engine });
-        Ok(CopyTicket(id))
+        // SAFETY: copy_async's contract is start_copy's for one row of `len` bytes.
+        unsafe { self.start_copy("copy_async", engine, lane, (dst, src), Copy2d::row(len)) }
+    }
+
+    unsafe fn copy_2d_async(
+        &self,
+        engine: DevId,
+        lane: u32,
+        dst: usize,
+        src: usize,
+        shape: Copy2d,
+    ) -> Result<CopyTicket, DeviceError> {
+        // SAFETY: copy_2d_async's contract is start_copy's.
+        unsafe { self.start_copy("copy_2d_async", engine, lane, (dst, src), shape) }
     }
 
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError> {
@@ -510,19 +486,13 @@ impl DeviceBackend for SimBackend {
     }
 
     unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
-        if len == 0 {
-            return Ok(());
-        }
-        {
-            let st = lock(&self.state);
-            st.check_range("copy_sync", dst, len)?;
-            st.check_range("copy_sync", src, len)?;
-        }
-        // SAFETY: copy_sync's contract keeps `src` readable and `dst` writable for `len`
-        // bytes during the call; device ranges that overrun their allocation were refused
-        // above. `copy` handles overlap.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
-        Ok(())
+        // SAFETY: copy_sync's contract is copy_now's for one row of `len` bytes.
+        unsafe { self.copy_now("copy_sync", dst, src, Copy2d::row(len)) }
+    }
+
+    unsafe fn copy_2d_sync(&self, dst: usize, src: usize, shape: Copy2d) -> Result<(), DeviceError> {
+        // SAFETY: copy_2d_sync's contract is copy_now's.
+        unsafe { self.copy_now("copy_2d_sync", dst, src, shape) }
     }
 
     /// Anonymous shared memory: zeroed, page-aligned, and at the same address for the

@@ -2,6 +2,7 @@
 //! copies, configuration.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::*;
@@ -359,6 +360,109 @@ fn engine_copies_complete_with_right_data() {
         fill(&b, d1, &[1, 2, 3, 4, 5]);
         b.copy_sync(d1 + 1, d1, 4).unwrap();
         assert_eq!(read(&b, d1, 5), [1, 1, 2, 3, 4]);
+        b.free(d0).unwrap();
+        b.free(d1).unwrap();
+    }
+}
+
+/// What a 2-D copy of `shape` from `src` makes of `dst`: each row's bytes at its pitch,
+/// every other byte unchanged.
+fn copied_2d(mut dst: Vec<u8>, src: &[u8], shape: Copy2d) -> Vec<u8> {
+    for i in 0..shape.height {
+        let (d, s) = (i * shape.dst_pitch, i * shape.src_pitch);
+        dst[d..d + shape.width].copy_from_slice(&src[s..s + shape.width]);
+    }
+    dst
+}
+
+#[test]
+fn copies_2d_move_strided_blocks_and_check_them_whole() {
+    let b = two();
+    let len = 1 << 12;
+    let (d0, d1) = (b.alloc(0, len).unwrap(), b.alloc(1, len).unwrap());
+    let src: Vec<u8> = (0..len).map(|i| (i * 13 % 241) as u8 + 1).collect();
+    let shapes = [
+        // A column of 8-byte elements, rows of a 256-byte matrix, into a packed buffer.
+        Copy2d { width: 8, height: 12, dst_pitch: 8, src_pitch: 256 },
+        // Packed into strided, wider pitches at both ends, one byte wide.
+        Copy2d { width: 24, height: 5, dst_pitch: 100, src_pitch: 24 },
+        Copy2d { width: 1, height: 40, dst_pitch: 3, src_pitch: 97 },
+        // Contiguous (one run), and one row whose pitches do not matter.
+        Copy2d { width: 64, height: 4, dst_pitch: 64, src_pitch: 64 },
+        Copy2d { width: 10, height: 1, dst_pitch: 0, src_pitch: 0 },
+    ];
+    // SAFETY: every address is in `d0` or `d1` (`len` bytes each, allocations of `b`) or in a
+    // vector of this test, live until its end; every span below fits in `len` bytes. Each copy
+    // is finished (waited, or synchronous) before its destination is read, and refused calls
+    // access nothing.
+    unsafe {
+        for shape in shapes {
+            let (dst_span, src_span) = shape.check("test").unwrap();
+            assert!(dst_span <= len && src_span <= len, "{shape:?}");
+            // Host to device on engine 0, then device to device on engine 1 (a peer
+            // mapping's place), then back to the host synchronously.
+            fill(&b, d0, &vec![0u8; len]);
+            let t = b.copy_2d_async(0, 2, d0, src.as_ptr() as usize, shape).unwrap();
+            wait(&b, t);
+            let want = copied_2d(vec![0u8; len], &src, shape);
+            assert_eq!(read(&b, d0, len), want, "{shape:?} host to device");
+            let same = Copy2d { src_pitch: shape.dst_pitch, ..shape };
+            fill(&b, d1, &vec![0xEEu8; len]);
+            let t = b.copy_2d_async(1, 0, d1, d0, same).unwrap();
+            wait(&b, t);
+            let want_d1 = copied_2d(vec![0xEEu8; len], &want, same);
+            assert_eq!(read(&b, d1, len), want_d1, "{shape:?} device to device");
+            let mut back = vec![0x55u8; len];
+            b.copy_2d_sync(back.as_mut_ptr() as usize, d1, same).unwrap();
+            assert_eq!(back, copied_2d(vec![0x55u8; len], &want_d1, same), "{shape:?} device to host");
+        }
+
+        // Nothing moves for an empty shape, whatever the addresses: done at once.
+        for empty in [Copy2d { width: 0, height: 9, dst_pitch: 1, src_pitch: 1 }, Copy2d { height: 0, ..shapes[0] }] {
+            let t = b.copy_2d_async(0, 0, 0, 0, empty).unwrap();
+            assert!(b.copy_poll(t).unwrap());
+            b.copy_2d_sync(0, 0, empty).unwrap();
+        }
+
+        // Rows that overlap at either end, a span past the allocation at either end, and a
+        // span past the address space are refused whole: nothing is written.
+        let before = read(&b, d0, len);
+        let overlap = Copy2d { width: 8, height: 2, dst_pitch: 4, src_pitch: 8 };
+        let e = b.copy_2d_async(0, 0, d0, src.as_ptr() as usize, overlap).unwrap_err();
+        assert!(matches!(&e, DeviceError::BadShape { op: "copy_2d_async", .. }), "{e}");
+        assert!(e.to_string().contains("destination overlap"), "{e}");
+        let overlap = Copy2d { dst_pitch: 8, src_pitch: 7, ..overlap };
+        let e = b.copy_2d_sync(d0, src.as_ptr() as usize, overlap).unwrap_err();
+        assert!(e.to_string().contains("source overlap"), "{e}");
+        // 8 rows of 16 bytes 32 apart span 240 bytes: placed to end one byte past `d0`.
+        let past = Copy2d { width: 16, height: 8, dst_pitch: 32, src_pitch: 16 };
+        assert_eq!(past.check("test").unwrap(), (240, 128));
+        let at = d0 + len - 240 + 1;
+        let e = b.copy_2d_async(0, 0, at, src.as_ptr() as usize, past).unwrap_err();
+        assert!(matches!(e, DeviceError::InvalidPointer { op: "copy_2d_async", .. }), "{e}");
+        let past_src = Copy2d { dst_pitch: 16, src_pitch: 32, ..past };
+        let e = b.copy_2d_sync(src.as_ptr() as usize, at, past_src).unwrap_err();
+        assert!(matches!(e, DeviceError::InvalidPointer { op: "copy_2d_sync", .. }), "{e}");
+        let huge = Copy2d { width: 1, height: 3, dst_pitch: usize::MAX / 2 + 1, src_pitch: 1 };
+        let e = b.copy_2d_sync(d0, src.as_ptr() as usize, huge).unwrap_err();
+        assert!(e.to_string().contains("overflow the address space"), "{e}");
+        assert!(matches!(b.copy_2d_async(2, 0, d0, d1, shapes[0]), Err(DeviceError::NoSuchDevice { .. })));
+        assert_eq!(read(&b, d0, len), before, "a refused 2-D copy wrote");
+
+        // 2-D and 1-D copies on one engine run in submission order: the last write wins.
+        let (ones, twos) = ([1u8; 64], [2u8; 64]);
+        let column = Copy2d { width: 4, height: 16, dst_pitch: 4, src_pitch: 4 };
+        let mut tickets = vec![b.copy_async(0, 0, d0, ones.as_ptr() as usize, 64).unwrap()];
+        tickets.push(b.copy_2d_async(0, 1, d0, twos.as_ptr() as usize, Copy2d { dst_pitch: 8, ..column }).unwrap());
+        tickets.push(b.copy_2d_async(0, 0, d0, ones.as_ptr() as usize, column).unwrap());
+        for t in tickets {
+            wait(&b, t);
+        }
+        let got = read(&b, d0, 128);
+        assert_eq!(&got[..64], &[1u8; 64][..]);
+        for row in 8..16 {
+            assert_eq!(&got[row * 8..row * 8 + 4], &[2u8; 4], "row {row} of the strided copy");
+        }
         b.free(d0).unwrap();
         b.free(d1).unwrap();
     }
