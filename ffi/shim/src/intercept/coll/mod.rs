@@ -32,7 +32,7 @@
 //! device buffers of every rank take the [`device`] path instead (gpulmt's
 //! point-to-point and a reduction on the GPU), when the ranks agree to. MPI-4's
 //! persistent collectives, where the library declares them, start the non-blocking
-//! forms ([`persistent`]).
+//! forms (`persistent`, built where the library has them).
 
 pub mod alltoall;
 pub mod bcast;
