@@ -542,8 +542,9 @@ fn file_io_on_device_buffers_matches_host_buffers() {
 /// on device buffers, each started three times with new data, give what the blocking
 /// call gives on host buffers; every start on device buffers is staged by the shim (its
 /// counters: sim memory is host-addressable, so the library alone would pass the byte
-/// checks), with device buffers on every rank and on even ranks only; MPI_Startall, and
-/// freeing an active request refused (tests/c/pcoll.c). Only where the MPI library
+/// checks), with device buffers on every rank and on even ranks only; MPI_Startall,
+/// freeing an active request refused, and a persistent neighborhood collective refusing
+/// device buffers (tests/c/pcoll.c). Only where the MPI library
 /// declares them (build.rs: MPICH 4, not Open MPI 4.1).
 #[test]
 fn persistent_collectives_on_device_buffers_match_host_buffers() {
@@ -560,6 +561,11 @@ fn persistent_collectives_on_device_buffers_match_host_buffers() {
             run.assert_all_ok(np);
             assert!(
                 run.stderr.contains("MPI_Request_free: the persistent collective is still active"),
+                "{}",
+                run.dump()
+            );
+            assert!(
+                run.stderr.contains("MPI_Neighbor_allgather_init: device buffers in neighborhood"),
                 "{}",
                 run.dump()
             );

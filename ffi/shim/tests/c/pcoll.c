@@ -7,7 +7,8 @@
  * still issue the same library call). Each start on device buffers must have been staged
  * by the shim (its staging counters), so that an MPI library reading device memory itself
  * (which works on sim, not on a GPU) cannot pass for the shim. Also MPI_Startall of two
- * requests, MPI_IN_PLACE, and MPI_Request_free of an active request refused with an error.
+ * requests, MPI_IN_PLACE, MPI_Request_free of an active request refused with an error, and a
+ * persistent neighborhood collective refusing device buffers at init.
  *
  * mpiexec -n N -genv LD_PRELOAD libgpulmt_mpi.so -genv GPULMT_DEVICE sim ./pcoll
  *
@@ -221,6 +222,27 @@ static void startall_and_free(void) {
   free(g);
 }
 
+/* A persistent neighborhood collective on device buffers: refused at init with an error
+ * naming the call, no request made. (Host buffers are the library's own call: MPICH 4.0's
+ * persistent neighborhood allgather on a periodic ring of 2 ranks never completed here,
+ * shim or not, so it is not run.) */
+static void neighborhood(void) {
+  snprintf(current, sizeof current, "Neighbor_allgather_init");
+  MPI_Comm ring;
+  int dims[1] = {size}, periods[1] = {1};
+  MPI_OK(MPI_Cart_create(MPI_COMM_WORLD, 1, dims, periods, 0, &ring));
+  MPI_Comm_set_errhandler(ring, MPI_ERRORS_RETURN);
+  int *dev = gpulmt_mpi_alloc(4 * sizeof(int));
+  MPI_Request r = MPI_REQUEST_NULL;
+  char s[MPI_MAX_ERROR_STRING];
+  int rc = MPI_Neighbor_allgather_init(dev, 1, MPI_INT, dev + 2, 1, MPI_INT, ring, MPI_INFO_NULL, &r);
+  CHECK(shim_error(rc, MPI_ERR_UNSUPPORTED_OPERATION, "MPI_Neighbor_allgather_init", "neighborhood", s),
+        "device MPI_Neighbor_allgather_init: error %d, \"%s\"", rc, s);
+  CHECK(r == MPI_REQUEST_NULL, "a request was made");
+  gpulmt_mpi_free(dev);
+  MPI_Comm_free(&ring);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (!shim_test_begin(1, 64, gpulmt_mpi_get_staging_counters != NULL)) return 3;
@@ -238,6 +260,7 @@ int main(int argc, char **argv) {
     run_case(c, rank % 2 == 0);
   }
   startall_and_free();
+  neighborhood();
   free(counts);
   free(displs);
   free(types);

@@ -14,9 +14,9 @@
 //! buffers, as MPI never matches a persistent collective with a non-blocking one. The
 //! price: the library's persistent optimizations (a schedule made once) are not used.
 //!
-//! `MPI_Barrier_init` and the neighborhood collectives' persistent forms are the
-//! library's (no buffers, or no non-blocking form of the shim's: device buffers in a
-//! persistent neighborhood collective are not staged).
+//! `MPI_Barrier_init` (no buffers) is the library's; the neighborhood collectives'
+//! persistent forms refuse device buffers at init, as their other forms do
+//! (`super::neighbor`).
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
