@@ -31,7 +31,11 @@
 #            device buffers through the shim, on device buffers staged by hand around plain
 #            Open MPI, and on host buffers (coll.csv), and NCCL's collectives where NCCL can
 #            run (nccl_coll.csv: one rank per GPU); the table in coll_summary.txt.
-#            COLL_PARTS="tests" or "bench" runs one half (each fits a 10-minute call)
+#            COLL_PARTS="tests" or "bench" runs one half (each fits a 10-minute call);
+#            narrower bench runs: COLL_NAMES (collectives), COLL_NPS (rank counts),
+#            COLL_SIZES (MIN:MAX), COLL_BASE (the baselines: "staged host", "" for none),
+#            COLL_ARGS (more osu_coll arguments, e.g. "-i 100"), COLL_ENV (more -x
+#            settings for the runs through the shim)
 #   internode the internode path (docs/internode.md) on one GPU, 2 pseudo-nodes under mpirun
 #            (GPULMT_PSEUDO_NODES=2) with MPS: gpulmt-mpi-nodes' byte checks with 1 and 2 ranks
 #            per node, 4-slot queues over TCP, a rank killed mid-transfer (check.csv);
@@ -279,12 +283,14 @@ coll() {
   fi
   if [[ " $parts " == *" bench "* ]]; then
     log coll: osu_coll, device through the shim / staged by hand / host, 2 and 4 ranks
-    for np in 2 4; do
-      for c in allreduce bcast allgather alltoall; do
-        timeout 300 $mpirun -np $np $shim $osu $c device -m "8:$(upto 64M)" -c --csv "$out/coll.csv" \
+    local sizes=${COLL_SIZES:-8:$(upto 64M)}
+    # shellcheck disable=SC2086 # COLL_ARGS and COLL_ENV are lists of words
+    for np in ${COLL_NPS:-2 4}; do
+      for c in ${COLL_NAMES:-allreduce bcast allgather alltoall}; do
+        timeout 300 $mpirun -np $np $shim ${COLL_ENV:-} $osu $c device -m "$sizes" ${COLL_ARGS:-} -c --csv "$out/coll.csv" \
           > "$out/osu_coll_${c}_device_np$np.txt" 2>&1 || log "osu_coll $c device np=$np FAILED (rc=$?)"
-        for m in staged host; do
-          timeout 300 $mpirun -np $np $plain $osu $c $m -m "8:$(upto 64M)" -c --csv "$out/coll.csv" \
+        for m in ${COLL_BASE-staged host}; do
+          timeout 300 $mpirun -np $np $plain $osu $c $m -m "$sizes" ${COLL_ARGS:-} -c --csv "$out/coll.csv" \
             > "$out/osu_coll_${c}_${m}_np$np.txt" 2>&1 || log "osu_coll $c $m np=$np FAILED (rc=$?)"
         done
       done

@@ -1,10 +1,13 @@
-//! Element-wise reduction of one device buffer into another (`acc[i] = acc[i] op
-//! other[i]`), the step of the device-side `MPI_Allreduce` (`intercept::coll::device`)
-//! that the staged path leaves to the MPI library on host copies.
+//! Element-wise reduction of device buffers into another (`acc[i] = acc[i] op
+//! other_0[i] op other_1[i] ...`, in that order), the step of the device-side
+//! `MPI_Allreduce` (`intercept::coll::device`) that the staged path leaves to the MPI
+//! library on host copies.
 //!
 //! On CUDA a kernel per (type, op), compiled once per process by NVRTC at run time
 //! (libnvrtc must be loadable; the source is below, no headers) and launched on a stream
-//! of its own, waited for before the result is sent on. On sim, whose device memory the
+//! of its own, waited for before the result is sent on: one launch for all the other
+//! buffers (every peer's chunk at np ranks), not one per buffer, as each launch and its
+//! wait cost some microseconds of the collective's time. On sim, whose device memory the
 //! process addresses directly, the same loop on the host. Where neither can run (no
 //! NVRTC, a compile or load failure), [`Reducer::ready`] says no and the caller takes
 //! the staged path; the reason is logged once.
@@ -190,18 +193,23 @@ fn mul<T: Arith>(a: T, b: T) -> T {
     a.mul(b)
 }
 
-/// The CUDA source of every kernel: one per (type, op), a grid-stride loop.
+/// The CUDA source of every kernel: one per (type, op), a grid-stride loop over the
+/// elements that folds the `m` other buffers (`stride` elements apart) into `acc` in order.
 pub fn cuda_source() -> String {
-    let mut s = String::from("// gpulmt shim: element-wise reductions acc[i] = acc[i] op other[i]\n");
+    let mut s = String::from(
+        "// gpulmt shim: element-wise reductions acc[i] = acc[i] op other[0][i] op ... op other[m-1][i]\n",
+    );
     for elem in Elem::ALL {
         for op in Op::ALL {
             let r = Reduction { elem, op };
             let t = elem.cuda();
             s += &format!(
-                "extern \"C\" __global__ void {name}({t} *acc, const {t} *other, unsigned long long n) {{\n  \
+                "extern \"C\" __global__ void {name}({t} *acc, const {t} *other, unsigned long long n,\n    \
+                 unsigned long long stride, unsigned int m) {{\n  \
                  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;\n       \
-                 i += (unsigned long long)gridDim.x * blockDim.x) {{\n    {t} a = acc[i], b = other[i];\n    \
-                 acc[i] = {expr};\n  }}\n}}\n",
+                 i += (unsigned long long)gridDim.x * blockDim.x) {{\n    {t} a = acc[i];\n    \
+                 for (unsigned int k = 0; k < m; k++) {{\n      {t} b = other[k * stride + i];\n      \
+                 a = {expr};\n    }}\n    acc[i] = a;\n  }}\n}}\n",
                 name = r.kernel(),
                 expr = op.cuda(),
             );
@@ -232,19 +240,30 @@ impl Cuda {
 
     /// # Safety
     /// As [`Reducer::reduce`], with device pointers of this module's device.
-    unsafe fn reduce(&self, r: Reduction, acc: usize, other: usize, n: usize) -> Result<(), String> {
+    unsafe fn reduce(&self, r: Reduction, acc: usize, others: Others, n: usize) -> Result<(), String> {
         use cudarc::driver::{LaunchConfig, PushKernelArg};
         let f = self.module.load_function(&r.kernel()).map_err(|e| format!("finding {}: {e}", r.kernel()))?;
-        let (acc, other, n) = (acc as u64, other as u64, n as u64);
+        let (acc, other, n, stride) = (acc as u64, others.first as u64, n as u64, others.stride as u64);
+        let m = u32::try_from(others.count).map_err(|_| format!("{} buffers to reduce at once", others.count))?;
         let blocks = n.div_ceil(256).clamp(1, 1024) as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&acc).arg(&other).arg(&n);
-        // SAFETY: the kernel takes (T *acc, const T *other, u64 n); the caller vouches that
-        // both device buffers hold n elements of T and do not overlap.
+        l.arg(&acc).arg(&other).arg(&n).arg(&stride).arg(&m);
+        // SAFETY: the kernel takes (T *acc, const T *other, u64 n, u64 stride, u32 m); the
+        // caller vouches that acc and the m other buffers (stride elements apart from
+        // `other`) hold n elements of T each and that acc overlaps none of them.
         unsafe { l.launch(cfg) }.map_err(|e| format!("launching {}: {e}", r.kernel()))?;
         self.stream.synchronize().map_err(|e| format!("waiting for {}: {e}", r.kernel()))
     }
+}
+
+/// The buffers folded into the accumulator by one [`Reducer::reduce`]: `count` buffers,
+/// the first at address `first`, each `stride` elements after the one before.
+#[derive(Clone, Copy, Debug)]
+pub struct Others {
+    pub first: usize,
+    pub stride: usize,
+    pub count: usize,
 }
 
 /// What reduces on this rank: the host on sim, kernels on CUDA.
@@ -271,21 +290,30 @@ impl Reducer {
         r.lock().unwrap_or_else(|p| p.into_inner()).is_ok()
     }
 
-    /// `acc[i] = acc[i] op other[i]` for `n` elements of `r`, finished when this returns.
-    /// Call [`Reducer::ready`] first.
+    /// `acc[i] = acc[i] op o_0[i] op o_1[i] ...` for `n` elements of `r` and the buffers
+    /// `o_k` of `others` in order, finished when this returns. Call [`Reducer::ready`]
+    /// first.
     ///
     /// # Safety
-    /// `acc` and `other` are device buffers of this rank's device (sim: mapped into this
-    /// process) holding `n` elements each, aligned for the type, not overlapping, and
-    /// not in use by any other operation meanwhile.
-    pub unsafe fn reduce(r: Reduction, acc: usize, other: usize, n: usize) -> Result<(), String> {
+    /// `acc` and every buffer of `others` are device buffers of this rank's device (sim:
+    /// mapped into this process) holding `n` elements each, aligned for the type, `acc`
+    /// overlapping none of the others, and none in use by any other operation meanwhile.
+    pub unsafe fn reduce(r: Reduction, acc: usize, others: Others, n: usize) -> Result<(), String> {
+        if others.count == 0 || n == 0 {
+            return Ok(());
+        }
         let Some(cell) = REDUCER.get() else { return Err("the reducer was not set up".into()) };
         let guard = cell.lock().unwrap_or_else(|p| p.into_inner());
         match &*guard {
-            // SAFETY: sim device memory is mapped into this process; the caller's contract.
-            Ok(Reducer::Host) => unsafe { r.host(acc, other, n) },
+            Ok(Reducer::Host) => {
+                for k in 0..others.count {
+                    // SAFETY: sim device memory is mapped into this process; the caller's
+                    // contract for buffer k of `others`.
+                    unsafe { r.host(acc, others.first + k * others.stride * r.elem.size(), n) }
+                }
+            }
             // SAFETY: the caller's contract.
-            Ok(Reducer::Cuda(c)) => unsafe { c.reduce(r, acc, other, n) }?,
+            Ok(Reducer::Cuda(c)) => unsafe { c.reduce(r, acc, others, n) }?,
             Err(e) => return Err(e.clone()),
         }
         Ok(())
@@ -315,11 +343,42 @@ mod tests {
     }
 
     #[test]
+    fn one_reduction_folds_every_other_buffer_in_order() {
+        assert!(Reducer::ready(BackendKind::Sim, 0));
+        // Three other buffers of 2 elements, 3 elements apart (a gap between them).
+        let others = [10i64, 20, -1, 100, 200, -1, 1000, 2000, -1];
+        let mut acc = [1i64, 2];
+        let o = Others { first: others.as_ptr() as usize, stride: 3, count: 3 };
+        let sum = Reduction { elem: Elem::I64, op: Op::Sum };
+        // SAFETY: acc holds 2 i64, and each of the 3 others 2 i64 of the local array.
+        unsafe { Reducer::reduce(sum, acc.as_mut_ptr() as usize, o, 2) }.unwrap();
+        assert_eq!(acc, [1111, 2222]);
+        // Products in floating point: the order is acc, then the others in turn.
+        let f = [3.0f64, 0.5, 4.0];
+        let mut x = [2.0f64];
+        let o = Others { first: f.as_ptr() as usize, stride: 1, count: 3 };
+        // SAFETY: one f64 in x and in each of the 3 others.
+        unsafe { Reducer::reduce(Reduction { elem: Elem::F64, op: Op::Prod }, x.as_mut_ptr() as usize, o, 1) }.unwrap();
+        assert_eq!(x, [12.0]);
+        // No other buffer: nothing changes.
+        let o = Others { first: others.as_ptr() as usize, stride: 3, count: 0 };
+        // SAFETY: as above, no buffer read.
+        unsafe { Reducer::reduce(sum, acc.as_mut_ptr() as usize, o, 2) }.unwrap();
+        assert_eq!(acc, [1111, 2222]);
+    }
+
+    #[test]
     fn cuda_source_has_a_kernel_per_type_and_op() {
         let s = cuda_source();
         assert_eq!(s.matches("__global__").count(), Elem::ALL.len() * Op::ALL.len());
-        assert!(s.contains("void reduce_f64_sum(double *acc, const double *other, unsigned long long n)"), "{s}");
-        assert!(s.contains("acc[i] = (b < a ? b : a);"), "{s}");
+        assert!(
+            s.contains(
+                "void reduce_f64_sum(double *acc, const double *other, unsigned long long n,\n    unsigned long long \
+                 stride, unsigned int m)"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("a = (b < a ? b : a);"), "{s}");
     }
 
     /// Compiles the kernels with NVRTC where libnvrtc loads (e.g.

@@ -16,11 +16,14 @@
 //! treats an inactive persistent request), and the program's array keeps its
 //! placeholders. `MPI_Request_free` frees a placeholder (and lets an active inner request
 //! finish on its own), `MPI_Cancel` cancels its inner request.
+//!
+//! MPI-4's persistent collectives use the same placeholders (`coll::persistent`): a
+//! start runs the shim's non-blocking collective; freeing one while active is refused.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use mpi_sys::*;
 
@@ -31,20 +34,37 @@ use crate::hostmem;
 use crate::raw::*;
 
 /// What a persistent request of the shim's describes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Persistent {
-    /// A send in this mode, or (`None`) a receive.
-    send: Option<Mode>,
-    buf: usize,
-    count: c_int,
-    dt: MPI_Datatype,
-    /// Destination or source.
-    peer: c_int,
-    tag: c_int,
+    op: Op,
+    /// The request's communicator (its errors go to its handler).
     comm: MPI_Comm,
     /// The running operation's request; `MPI_REQUEST_NULL` while inactive.
     inner: MPI_Request,
 }
+
+/// The operation a persistent request starts.
+#[derive(Clone)]
+enum Op {
+    /// A point-to-point one: a send in mode `send`, or (`None`) a receive.
+    P2p {
+        send: Option<Mode>,
+        buf: usize,
+        count: c_int,
+        dt: MPI_Datatype,
+        /// Destination or source.
+        peer: c_int,
+        tag: c_int,
+    },
+    /// A persistent collective (MPI-4): the shim's non-blocking form of the call with the
+    /// init call's arguments, writing its request (`coll::persistent`; only where the
+    /// library declares them).
+    #[cfg_attr(not(mpi_persistent_coll), allow(dead_code))]
+    Coll(Arc<StartColl>),
+}
+
+/// Starts a persistent collective's operation: the request to write.
+pub(super) type StartColl = dyn Fn(*mut MPI_Request) -> c_int + Send + Sync;
 
 // SAFETY: plain MPI handles and addresses (see `Shim`).
 unsafe impl Send for Persistent {}
@@ -63,7 +83,7 @@ fn lookup(handle: MPI_Request) -> Option<Persistent> {
     if LIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
-    table().as_ref()?.get(&handle_key(handle)).copied()
+    table().as_ref()?.get(&handle_key(handle)).cloned()
 }
 
 /// Runs a completion call on `reqs[..n]` with each placeholder replaced by its inner
@@ -162,7 +182,8 @@ unsafe fn send_init(
         // SAFETY: the caller's arguments, passed on.
         return unsafe { pmpi(buf, count, dt, dest, tag, comm, request) };
     }
-    let p = Persistent { send: Some(mode), buf: buf as usize, count, dt, peer: dest, tag, comm, inner: request_null() };
+    let op = Op::P2p { send: Some(mode), buf: buf as usize, count, dt, peer: dest, tag };
+    let p = Persistent { op, comm, inner: request_null() };
     // SAFETY: the caller's out-pointer.
     unsafe { create(p, request) }
 }
@@ -260,7 +281,22 @@ pub unsafe extern "C" fn MPI_Recv_init(
         // SAFETY: the caller's arguments, passed on.
         return unsafe { PMPI_Recv_init(buf, count, dt, source, tag, comm, request) };
     }
-    let p = Persistent { send: None, buf: buf as usize, count, dt, peer: source, tag, comm, inner: request_null() };
+    let op = Op::P2p { send: None, buf: buf as usize, count, dt, peer: source, tag };
+    let p = Persistent { op, comm, inner: request_null() };
+    // SAFETY: the caller's out-pointer.
+    unsafe { create(p, request) }
+}
+
+/// Makes the placeholder of a persistent collective on `comm` whose every start runs
+/// `start` (the shim's non-blocking form of the call), and records it in `*request`.
+///
+/// # Safety
+/// `comm` is a valid communicator; `request` is valid for writes; `start` may run
+/// whenever the program starts the request (the init call's arguments, which MPI keeps
+/// valid until the request is freed).
+#[cfg_attr(not(mpi_persistent_coll), allow(dead_code))]
+pub(super) unsafe fn create_collective(comm: MPI_Comm, start: Arc<StartColl>, request: *mut MPI_Request) -> c_int {
+    let p = Persistent { op: Op::Coll(start), comm, inner: request_null() };
     // SAFETY: the caller's out-pointer.
     unsafe { create(p, request) }
 }
@@ -280,11 +316,14 @@ fn start(handle: MPI_Request, p: Persistent) -> c_int {
     // SAFETY: the arguments the program gave the request's init call, which MPI's rules
     // keep valid whenever the request is started; `inner` is ours.
     let rc = unsafe {
-        match p.send {
-            Some(mode) => {
-                send_nonblocking(p.buf as *const c_void, p.count, p.dt, p.peer, p.tag, p.comm, &mut inner, mode)
+        match p.op {
+            Op::P2p { send: Some(mode), buf, count, dt, peer, tag } => {
+                send_nonblocking(buf as *const c_void, count, dt, peer, tag, p.comm, &mut inner, mode)
             }
-            None => MPI_Irecv(p.buf as *mut c_void, p.count, p.dt, p.peer, p.tag, p.comm, &mut inner),
+            Op::P2p { send: None, buf, count, dt, peer, tag } => {
+                MPI_Irecv(buf as *mut c_void, count, dt, peer, tag, p.comm, &mut inner)
+            }
+            Op::Coll(start) => start(&mut inner),
         }
     };
     if rc == SUCCESS {
@@ -343,7 +382,23 @@ pub unsafe extern "C" fn MPI_Request_free(request: *mut MPI_Request) -> c_int {
     let removed = if LIVE.load(Ordering::Acquire) == 0 {
         None
     } else {
-        table().as_mut().and_then(|t| t.remove(&handle_key(handle)))
+        let mut t = table();
+        match t.as_ref().and_then(|t| t.get(&handle_key(handle))) {
+            // MPI-4 makes freeing an active persistent collective erroneous (its peers
+            // still take part in it): refused, the request stays as it was.
+            Some(p) if matches!(p.op, Op::Coll(_)) && p.inner != request_null() => {
+                let comm = p.comm;
+                drop(t);
+                let code = crate::mpierr::for_call(
+                    MPI_ERR_REQUEST as c_int,
+                    "MPI_Request_free",
+                    "the persistent collective is still active (complete it with MPI_Wait or MPI_Test first)",
+                );
+                // SAFETY: the request's communicator.
+                return unsafe { raise(comm, code) };
+            }
+            _ => t.as_mut().and_then(|t| t.remove(&handle_key(handle))),
+        }
     };
     let Some(mut p) = removed else {
         // SAFETY: the caller's argument, passed on.

@@ -120,6 +120,8 @@ pub unsafe extern "C" fn MPI_Win_create(
         return pass(base, size);
     }
     let device = with(|s| {
+        // MPI_Aint is `isize` in Open MPI's bindings and already `i64` in MPICH's.
+        #[allow(clippy::unnecessary_cast)]
         let region = Region::of(base as usize, Shape::Count { count: size as i64, dt: byte() }, Role::InOut);
         match region {
             Ok(Some(r)) if s.region_on_device(&r) => Some(s.ctx.backend().clone()),

@@ -146,20 +146,7 @@ static void one_case(int kind, size_t n, unsigned seed) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
-    /* Every rank finds the same: a clean exit, whose message every launcher passes on
-     * (Hydra may drop what ranks print before an MPI_Abort). */
-    MPI_Finalize();
-    return 3;
-  }
-  if (size < 2) {
-    fprintf(stderr, "run with at least 2 ranks\n");
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
+  if (!shim_test_begin(2, 0, 1)) return 3;
   signal(SIGALRM, watchdog);
   unsigned seed = 1;
   for (int kind = 0; kind < KINDS; kind++)
@@ -168,8 +155,5 @@ int main(int argc, char **argv) {
   begin_case("final barrier");
   MPI_OK(MPI_Barrier(MPI_COMM_WORLD));
   alarm(0);
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

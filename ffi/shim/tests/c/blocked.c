@@ -190,20 +190,7 @@ int main(int argc, char **argv) {
   } else {
     MPI_Init(&argc, &argv);
   }
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
-    /* Every rank finds the same: a clean exit, whose message every launcher passes on
-     * (Hydra may drop what ranks print before an MPI_Abort). */
-    MPI_Finalize();
-    return 3;
-  }
-  if (size < 2 || size > 64) {
-    fprintf(stderr, "run with 2 to 64 ranks\n");
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
+  if (!shim_test_begin(2, 64, 1)) return 3;
   signal(SIGALRM, watchdog);
   dev_ints = gpulmt_mpi_alloc(2 * sizeof(int));
   static const size_t sizes[] = {4097, 1 << 20};
@@ -215,8 +202,5 @@ int main(int argc, char **argv) {
   MPI_OK(MPI_Barrier(MPI_COMM_WORLD));
   alarm(0);
   gpulmt_mpi_free(dev_ints);
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

@@ -520,19 +520,7 @@ static void edge_cases(void) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
-    /* Every rank finds the same: a clean exit, whose message every launcher passes on. */
-    MPI_Finalize();
-    return 3;
-  }
-  if (size < 2) {
-    fprintf(stderr, "run with at least 2 ranks\n");
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
+  if (!shim_test_begin(2, 0, 1)) return 3;
   make_types();
   /* Room for every buffered send in flight at once (one at a time here). */
   int battach = (int)(2 * MiB) + 8 * MPI_BSEND_OVERHEAD;
@@ -551,16 +539,11 @@ int main(int argc, char **argv) {
     if (only && !strstr(only, parts[i].name)) continue;
     int before = failures;
     parts[i].run();
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) printf("part %s done\n", parts[i].name);
-    if (failures != before) fprintf(stderr, "rank %d: %s had %d failures\n", rank, parts[i].name, failures - before);
+    shim_test_part_done(parts[i].name, before);
   }
   int bsize = 0;
   MPI_Buffer_detach(&bbuf, &bsize);
   free(bbuf);
   for (int t = 1; t < NTYPES; t++) MPI_Type_free(&dtypes[t]);
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

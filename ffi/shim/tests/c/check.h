@@ -1,11 +1,16 @@
 /*
- * check.h: how the shim's C test programs report. Each program defines
- * `static int rank, failures, checks;` before including it; FAIL prints a line with the
+ * check.h: how the shim's C test programs start, report and end. Each program includes
+ * gpulmt_mpi.h and defines `static int rank, size, failures, checks;` before including
+ * it; FAIL prints a line with the
  * rank, file and line to stderr and counts a failure, CHECK counts a check and fails it
  * when its condition is false, MPI_OK fails a call that does not return MPI_SUCCESS,
  * with the library's error string. A program that defines CHECK_CONTEXT (a string
  * expression) gets it at the start of each FAIL line: the case it was running.
  * shim_error(rc, class, a, b) checks an error the shim raised itself.
+ *
+ * shim_test_begin (after MPI_Init), shim_test_part_done (after each part of a program
+ * of parts) and shim_test_end (the last call of main) are what every program does
+ * around its checks.
  */
 #ifndef GPULMT_SHIM_TEST_CHECK_H
 #define GPULMT_SHIM_TEST_CHECK_H
@@ -60,6 +65,49 @@ static inline int shim_error(int rc, int cls, const char *a, const char *b, char
 #else
   return (!a || strstr(s, a)) && (!b || strstr(s, b));
 #endif
+}
+
+/* After MPI_Init: sets rank and size, makes MPI_COMM_WORLD return errors, and checks
+ * that the shim is active (and `have`: a function of the shim the program needs
+ * resolved) and that there are `min` to `max` ranks (max 0: no upper bound). 1: go on;
+ * 0: the shim is not active, MPI is finalized, and main returns 3 (every rank finds the
+ * same: a clean exit, whose message every launcher passes on, where Hydra may drop what
+ * ranks print before an MPI_Abort). Too few or too many ranks abort. */
+static inline int shim_test_begin(int min, int max, int have) {
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (!gpulmt_mpi_active || !gpulmt_mpi_active() || !have) {
+    fprintf(stderr, "rank %d: the gpulmt shim is not active%s (preload libgpulmt_mpi.so)\n", rank,
+            have ? "" : ", or lacks a function this program needs");
+    MPI_Finalize();
+    return 0;
+  }
+  if (size < min || (max > 0 && size > max)) {
+    if (max > 0)
+      fprintf(stderr, "run with %d to %d ranks\n", min, max);
+    else
+      fprintf(stderr, "run with at least %d ranks\n", min);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  return 1;
+}
+
+/* After part `name` of a program of parts, which began with `before` failures: a
+ * barrier, "part NAME done" from rank 0, and the part's failures on stderr. */
+static inline void shim_test_part_done(const char *name, int before) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) printf("part %s done\n", name);
+  if (failures != before) fprintf(stderr, "rank %d: %s had %d failures\n", rank, name, failures - before);
+}
+
+/* The end of main: "rank R ok checks=C" when nothing failed, MPI finalized; main's
+ * exit code (1 after a failure). */
+static inline int shim_test_end(void) {
+  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
+  fflush(stdout);
+  MPI_Finalize();
+  return failures ? 1 : 0;
 }
 
 #endif /* GPULMT_SHIM_TEST_CHECK_H */

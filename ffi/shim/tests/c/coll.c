@@ -794,20 +794,7 @@ static void over_the_cap(void) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active() || !gpulmt_mpi_get_staging_counters) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active, or has no staging (preload libgpulmt_mpi.so)\n", rank);
-    /* Every rank finds the same: a clean exit, whose message every launcher passes on
-     * (Hydra may drop what ranks print before an MPI_Abort). */
-    MPI_Finalize();
-    return 3;
-  }
-  if (size < 2 || size > 64) {
-    fprintf(stderr, "run with 2 to 64 ranks\n");
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
+  if (!shim_test_begin(2, 64, gpulmt_mpi_get_staging_counters != NULL)) return 3;
   for (int dev = 0; dev < 2; dev++)
     for (int k = 0; k < 2; k++) {
       area[dev][k] = dev ? gpulmt_mpi_alloc(AREA + GUARD) : malloc(AREA + GUARD);
@@ -835,9 +822,7 @@ int main(int argc, char **argv) {
     if (only && !strstr(only, name)) continue;
     int before = failures;
     (small ? small_parts[i].run : parts[i].run)();
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) printf("part %s done\n", name);
-    if (failures != before) fprintf(stderr, "rank %d: %s had %d failures\n", rank, name, failures - before);
+    shim_test_part_done(name, before);
   }
   gpulmt_mpi_staging_counters c = staging();
   printf("rank %d staging staged_calls=%llu staged_buffers=%llu staged_bytes=%llu split_calls=%llu pieces=%llu\n", rank,
@@ -853,8 +838,5 @@ int main(int argc, char **argv) {
     }
   free(ref);
   free(got);
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

@@ -219,14 +219,7 @@ static void duplicate(void) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active() || !gpulmt_mpi_device_collectives) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active, or has no device path (preload libgpulmt_mpi.so)\n", rank);
-    MPI_Finalize();
-    return 3;
-  }
+  if (!shim_test_begin(1, 0, gpulmt_mpi_device_collectives != NULL)) return 3;
   off = argc > 1 && strcmp(argv[1], "off") == 0;
   dsend = gpulmt_mpi_alloc(AREA);
   drecv = gpulmt_mpi_alloc(AREA);
@@ -247,8 +240,5 @@ int main(int argc, char **argv) {
   free(hsend);
   free(hrecv);
   free(got);
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

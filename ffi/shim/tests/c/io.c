@@ -289,14 +289,7 @@ static void neighbours(void) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active() || !gpulmt_mpi_get_staging_counters) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active, or has no staging (preload libgpulmt_mpi.so)\n", rank);
-    MPI_Finalize();
-    return 3;
-  }
+  if (!shim_test_begin(1, 0, gpulmt_mpi_get_staging_counters != NULL)) return 3;
   if (argc < 2) {
     fprintf(stderr, "usage: io DIR (a directory every rank can write)\n");
     MPI_Finalize();
@@ -315,8 +308,5 @@ int main(int argc, char **argv) {
   gpulmt_mpi_free(dev);
   free(host);
   free(want);
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

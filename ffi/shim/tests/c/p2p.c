@@ -684,21 +684,8 @@ int main(int argc, char **argv) {
   } else {
     MPI_Init(&argc, &argv);
   }
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (!shim_test_begin(2, 0, 1)) return 3;
   select_gpu();
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
-    /* Every rank finds the same: a clean exit, whose message every launcher passes on
-     * (Hydra may drop what ranks print before an MPI_Abort). */
-    MPI_Finalize();
-    return 3;
-  }
-  if (size < 2) {
-    fprintf(stderr, "run with at least 2 ranks\n");
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
   struct {
     const char *name;
     void (*run)(void);
@@ -715,17 +702,12 @@ int main(int argc, char **argv) {
     if (only && !strstr(only, parts[i].name)) continue;
     int before = failures;
     parts[i].run();
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) printf("part %s done\n", parts[i].name);
-    if (failures != before) fprintf(stderr, "rank %d: %s had %d failures\n", rank, parts[i].name, failures - before);
+    shim_test_part_done(parts[i].name, before);
   }
   gpulmt_mpi_counters c;
   if (gpulmt_mpi_get_counters(&c) != 0) FAIL("gpulmt_mpi_get_counters");
   printf("rank %d counters lmt_sends=%llu lmt_recvs=%llu staged_sends=%llu staged_recvs=%llu host_recvs=%llu\n", rank,
          (unsigned long long)c.lmt_sends, (unsigned long long)c.lmt_recvs, (unsigned long long)c.staged_sends,
          (unsigned long long)c.staged_recvs, (unsigned long long)c.host_recvs);
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

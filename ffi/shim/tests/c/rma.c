@@ -349,19 +349,7 @@ static void dynamic_refused(void) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (!gpulmt_mpi_active || !gpulmt_mpi_active()) {
-    fprintf(stderr, "rank %d: the gpulmt shim is not active (preload libgpulmt_mpi.so)\n", rank);
-    /* Every rank finds the same: a clean exit, whose message every launcher passes on. */
-    MPI_Finalize();
-    return 3;
-  }
-  if (size < 2 || size > 64) {
-    fprintf(stderr, "run with 2 to 64 ranks\n");
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
+  if (!shim_test_begin(2, 64, 1)) return 3;
   /* Some MPI builds cannot create a window at all here (Open MPI 4.1 without a usable
    * one-sided component for its transports): that is the library's limit, not the
    * shim's, so say so and exit 77 (skipped) on every rank instead of failing each case. */
@@ -390,13 +378,8 @@ int main(int argc, char **argv) {
     if (only && !strstr(only, parts[p].name)) continue;
     int before = failures;
     for (int m = 0; m < MODES; m++) parts[p].run(m);
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) printf("part %s done\n", parts[p].name);
-    if (failures != before) fprintf(stderr, "rank %d: %s had %d failures\n", rank, parts[p].name, failures - before);
+    shim_test_part_done(parts[p].name, before);
   }
   if (!only || strstr(only, "dynamic")) dynamic_refused();
-  if (failures == 0) printf("rank %d ok checks=%d\n", rank, checks);
-  fflush(stdout);
-  MPI_Finalize();
-  return failures ? 1 : 0;
+  return shim_test_end();
 }

@@ -37,7 +37,7 @@ use super::super::completion::MPI_Waitall;
 use super::super::recv::MPI_Irecv;
 use super::super::send::MPI_Isend;
 use super::super::{active, raise, with};
-use crate::device_reduce::{Reducer, Reduction};
+use crate::device_reduce::{Others, Reducer, Reduction};
 use crate::raw::*;
 use crate::staging::{Region, Role, Shape};
 use crate::state::while_blocked;
@@ -513,13 +513,13 @@ unsafe fn reduce_scatter_into(
     if rc == SUCCESS {
         rc = sent;
     }
-    for peer in (0..size).filter(|&p| p != rank && len > 0) {
-        if rc != SUCCESS {
-            break;
-        }
-        // SAFETY: `acc` and the peer's slot hold len bytes each of this rank's device
-        // memory, and no transfer runs on them any more.
-        if let Err(e) = unsafe { Reducer::reduce(reduction, acc, slot(peer), len / chunks.elem) } {
+    // The peers' chunks in rank order, the slots' order: one reduction folds them all in.
+    let others = Others { first: tmp, stride: most / chunks.elem, count: size as usize - 1 };
+    if rc == SUCCESS {
+        // SAFETY: `acc` and the peers' slots hold len bytes each of this rank's device
+        // memory (the slots `most` bytes apart in the scratch buffer, which `acc` is not
+        // part of), and no transfer runs on them any more.
+        if let Err(e) = unsafe { Reducer::reduce(reduction, acc, others, len / chunks.elem) } {
             rc = crate::mpierr::for_call(ERR_OTHER, "the device reduction", e);
         }
     }

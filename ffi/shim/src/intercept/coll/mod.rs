@@ -30,13 +30,17 @@
 //! [`neighbor`]. Large blocking `MPI_Bcast`, `MPI_Allgather`, `MPI_Allreduce` and
 //! `MPI_Reduce_scatter_block` on
 //! device buffers of every rank take the [`device`] path instead (gpulmt's
-//! point-to-point and a reduction on the GPU), when the ranks agree to.
+//! point-to-point and a reduction on the GPU), when the ranks agree to. MPI-4's
+//! persistent collectives, where the library declares them, start the non-blocking
+//! forms (`persistent`, built where the library has them).
 
 pub mod alltoall;
 pub mod bcast;
 pub mod device;
 pub mod gather;
 pub mod neighbor;
+#[cfg(mpi_persistent_coll)]
+pub mod persistent;
 pub mod reduce;
 pub mod scatter;
 

@@ -1,5 +1,7 @@
 //! Neighborhood collectives (`MPI_Neighbor_allgather`, `_allgatherv`, `_alltoall`,
-//! `_alltoallv`, `_alltoallw` and their `MPI_Ineighbor_...` forms): not staged. Device
+//! `_alltoallv`, `_alltoallw`, their `MPI_Ineighbor_...` forms, and where the library
+//! declares them (build.rs: `mpi_persistent_coll`) their MPI-4 persistent
+//! `MPI_Neighbor_..._init` forms, refused at init): not staged. Device
 //! buffers are refused with `MPI_ERR_UNSUPPORTED_OPERATION` naming the call, raised on the
 //! communicator (a library that is not CUDA-aware would read device memory as host
 //! memory); host buffers go to the library, the blocking forms keeping the shim's
@@ -104,5 +106,32 @@ neighbor! {
         sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype,
         recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype,
         comm: MPI_Comm, request: *mut MPI_Request,
+    ) nonblocking on sendbuf, recvbuf, comm;
+}
+
+#[cfg(mpi_persistent_coll)]
+neighbor! {
+    MPI_Neighbor_allgather_init => PMPI_Neighbor_allgather_init(
+        sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int,
+        recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request,
+    ) nonblocking on sendbuf, recvbuf, comm;
+    MPI_Neighbor_allgatherv_init => PMPI_Neighbor_allgatherv_init(
+        sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void,
+        recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info,
+        request: *mut MPI_Request,
+    ) nonblocking on sendbuf, recvbuf, comm;
+    MPI_Neighbor_alltoall_init => PMPI_Neighbor_alltoall_init(
+        sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int,
+        recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request,
+    ) nonblocking on sendbuf, recvbuf, comm;
+    MPI_Neighbor_alltoallv_init => PMPI_Neighbor_alltoallv_init(
+        sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const c_int, sendtype: MPI_Datatype,
+        recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const c_int, recvtype: MPI_Datatype, comm: MPI_Comm,
+        info: MPI_Info, request: *mut MPI_Request,
+    ) nonblocking on sendbuf, recvbuf, comm;
+    MPI_Neighbor_alltoallw_init => PMPI_Neighbor_alltoallw_init(
+        sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype,
+        recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype,
+        comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request,
     ) nonblocking on sendbuf, recvbuf, comm;
 }
