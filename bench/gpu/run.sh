@@ -26,7 +26,8 @@
 #            NVSHMEM 3.8's same two benchmarks beside them when .gpu/peers.tar.xz is carried
 #            (../shared/device/peers/prepare.sh .gpu; nvshmem.csv)
 #   gio      Stencil2D's GIO mode beside staged / inter-k / inter-k-overlap (issue 28), 2048^2
-#            and 4096^2 per rank, halo 1, single and double: across 2 pseudo-nodes (2 ranks,
+#            and 4096^2 per rank (GIO_SIZES), halo 1, single precision (GIO_PRECISIONS="single
+#            double" adds double, about 2 minutes more): across 2 pseudo-nodes (2 ranks,
 #            every halo through the GIO queues and the proxies; 4 ranks, 2 per node, half the
 #            halos direct), and 4 ranks of one node; each mode first checked bit-identical
 #            across the pseudo-nodes (check.csv), then the table (stencil_gio_nodes2.csv,
@@ -195,7 +196,7 @@ stencil() {
 # stencil2d is the `mpi`-feature build (prepare.sh): under mpirun with GPULMT_PSEUDO_NODES=2
 # its job spans two nodes, under gpulmt-run it is one node as before.
 stencil_gio() {
-  local iters=${STENCIL_ITERS:-200} sizes=${GIO_SIZES:-2048 4096} n m p s nodes rc
+  local iters=${STENCIL_ITERS:-200} sizes=${GIO_SIZES:-2048 4096} precisions=${GIO_PRECISIONS:-single} n m mh p s h nodes rc
   local tmp="$out/stencil_gio_last.txt"
   # One run: ranks, pseudo-nodes (1: gpulmt-run), stencil2d's options. A failed run is a
   # FAIL row of check.csv.
@@ -221,18 +222,20 @@ stencil_gio() {
   MPS=1 start_mps
   echo "mps=$mps device=$GPULMT_DEVICE iters=$iters sizes=$sizes" > "$out/stencil_gio_env.txt"
   log stencil2d across 2 pseudo-nodes: bit-identical to the CPU reference, 2 and 4 ranks
-  for n in 2 4; do for m in gio staged inter-k inter-k-overlap; do for h in 1 4; do
+  # gio with halo 1 and 4 (its acknowledgements), the others with halo 1.
+  for n in 2 4; do for mh in gio:1 gio:4 staged:1 inter-k:1 inter-k-overlap:1; do
+    m=${mh%:*} h=${mh#*:}
     gio_one "$n" 2 --size 512 --iters 20 --halo "$h" --mode "$m" --precision double --check \
       --csv "$out/stencil_gio_check.csv"
     grep -q '^check: PASS' "$tmp" && echo "stencil_gio_check_n${n}_nodes2_${m}_h$h,ok" >> "$out/check.csv" \
       || echo "stencil_gio_check_n${n}_nodes2_${m}_h$h,FAIL,$(grep '^check:' "$tmp" | head -1)" >> "$out/check.csv"
-  done; done; done
+  done; done
   log stencil2d table: gio against staged, inter-k and inter-k-overlap, per-rank sizes $sizes
   # stencil_gio_nodes2.csv: across the pseudo-nodes (2 and 4 ranks); stencil_gio_nodes1.csv:
   # 4 ranks of one node. summary lines: stencil_gio_summary.txt.
   for n_nodes in "2 2" "4 2" "4 1"; do
     set -- $n_nodes
-    for p in single double; do for s in $sizes; do for m in gio inter-k inter-k-overlap staged; do
+    for p in $precisions; do for s in $sizes; do for m in gio inter-k inter-k-overlap staged; do
       gio_one "$1" "$2" --size "$s" --halo 1 --precision "$p" --mode "$m" --iters "$iters" \
         --csv "$out/stencil_gio_nodes$2.csv"
       grep '^summary:' "$tmp" | head -1 | sed "s|^|n=$1 nodes=$2 $p $s $m |" | tee -a "$out/stencil_gio_summary.txt"
