@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release --workspace --bins --quiet
 cargo build --release -p gpulmt-shim -p gpulmt-ffi --quiet
-# device_check with MPI (its --offnode run under mpirun with pseudo-nodes; the rest is the same).
-cargo build --release -p gpulmt-bench --features mpi --bin device_check --quiet
+# device_check and stencil2d with MPI (device_check --offnode and Stencil2D across pseudo-nodes
+# under mpirun; under gpulmt-run they are the same as without).
+cargo build --release -p gpulmt-bench --features mpi --bin device_check --bin stencil2d --quiet
 unit=$(cargo test --release -p gpulmt --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep -v null | head -1)
 rm -rf .gpu && mkdir -p .gpu/bin

@@ -3,7 +3,7 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode|ga OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
@@ -25,6 +25,15 @@
 #            its put_signal ping-pong and one-block put bandwidth (device_bench.csv), and
 #            NVSHMEM 3.8's same two benchmarks beside them when .gpu/peers.tar.xz is carried
 #            (../shared/device/peers/prepare.sh .gpu; nvshmem.csv)
+#   gio      Stencil2D's GIO mode beside staged / inter-k / inter-k-overlap (issue 28), 2048^2
+#            and 4096^2 per rank (GIO_SIZES), halo 1, single precision (GIO_PRECISIONS="single
+#            double" adds double, about 2 minutes more): across 2 pseudo-nodes (2 ranks,
+#            every halo through the GIO queues and the proxies; 4 ranks, 2 per node, half the
+#            halos direct), and 4 ranks of one node; each mode first checked bit-identical
+#            across the pseudo-nodes (check.csv), then the table (stencil_gio_nodes2.csv,
+#            stencil_gio_nodes1.csv, stencil_gio_summary.txt); then device_check --bench on
+#            4 ranks (device_bench_np4.csv).
+#            About 4 minutes on one H200. Not part of full.
 #   coll     the shim's collectives (issue 30) under MPS with 2 and 4 ranks: its C tests on
 #            CUDA memory (coll_tests.csv), then osu_coll (ffi/shim/examples) per collective
 #            (Allreduce, Bcast, Allgather, Alltoall; 8 B to 64 MiB, each size checked) on
@@ -61,9 +70,9 @@
 # STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200), INTERNODE_OSU_ARGS
 # (extra options of the internode mode's osu runs, e.g. "-i 20 -x 2" for a quick sim run).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|coll|internode|ga OUTDIR}
-case $mode in full | osu | stencil | shim | checks | device | coll | internode | ga) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, coll, internode or ga" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device | gio | coll | internode | ga) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, gio, coll, internode or ga" >&2
   exit 2
   ;;
 esac
@@ -186,6 +195,70 @@ stencil() {
     one 1 --size "$alone" --halo "$h" --precision "$p" --mode inter-k --iters "$iters" --csv "$csv"
   done; done
   [ "$(gpu_count)" -ge 2 ] && stop_mps
+}
+
+# Stencil2D's GIO mode across pseudo-nodes and on 4 ranks (see the mode's line at the top).
+# stencil2d is the `mpi`-feature build (prepare.sh): under mpirun with GPULMT_PSEUDO_NODES=2
+# its job spans two nodes, under gpulmt-run it is one node as before.
+stencil_gio() {
+  local iters=${STENCIL_ITERS:-200} sizes=${GIO_SIZES:-2048 4096} precisions=${GIO_PRECISIONS:-single} n m mh p s h nodes rc
+  local tmp="$out/stencil_gio_last.txt"
+  # One run: ranks, pseudo-nodes (1: gpulmt-run), stencil2d's options. A failed run is a
+  # FAIL row of check.csv.
+  gio_one() {
+    n=$1 nodes=$2
+    shift 2
+    if [ "$nodes" = 1 ]; then
+      $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" > "$tmp" 2>&1
+    else
+      timeout 120 $mpirun -np "$n" -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES="$nodes" -x GPULMT_SYM_HEAP \
+        $bin/stencil2d "$@" > "$tmp" 2>&1
+    fi
+    rc=$?
+    cat "$tmp" >> "$out/stencil_gio.txt"
+    if [ $rc -ne 0 ]; then
+      log "stencil2d FAILED (rc=$rc): -n $n nodes=$nodes $*"
+      echo "stencil_gio_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
+      tail -3 "$tmp" >&2
+    fi
+  }
+  export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-1G}
+  # Every rank shares the GPU: MPS, so that the persistent kernels run at once.
+  MPS=1 start_mps
+  echo "mps=$mps device=$GPULMT_DEVICE iters=$iters sizes=$sizes" > "$out/stencil_gio_env.txt"
+  log stencil2d across 2 pseudo-nodes: bit-identical to the CPU reference, 2 and 4 ranks
+  # gio with halo 1 and 4 (its acknowledgements), the others with halo 1.
+  for n in 2 4; do for mh in gio:1 gio:4 staged:1 inter-k:1 inter-k-overlap:1; do
+    m=${mh%:*} h=${mh#*:}
+    gio_one "$n" 2 --size 512 --iters 20 --halo "$h" --mode "$m" --precision double --check \
+      --csv "$out/stencil_gio_check.csv"
+    grep -q '^check: PASS' "$tmp" && echo "stencil_gio_check_n${n}_nodes2_${m}_h$h,ok" >> "$out/check.csv" \
+      || echo "stencil_gio_check_n${n}_nodes2_${m}_h$h,FAIL,$(grep '^check:' "$tmp" | head -1)" >> "$out/check.csv"
+  done; done
+  log stencil2d table: gio against staged, inter-k and inter-k-overlap, per-rank sizes $sizes
+  # stencil_gio_nodes2.csv: across the pseudo-nodes (2 and 4 ranks); stencil_gio_nodes1.csv:
+  # 4 ranks of one node. summary lines: stencil_gio_summary.txt.
+  for n_nodes in "2 2" "4 2" "4 1"; do
+    set -- $n_nodes
+    for p in $precisions; do for s in $sizes; do for m in gio inter-k inter-k-overlap staged; do
+      gio_one "$1" "$2" --size "$s" --halo 1 --precision "$p" --mode "$m" --iters "$iters" \
+        --csv "$out/stencil_gio_nodes$2.csv"
+      grep '^summary:' "$tmp" | head -1 | sed "s|^|n=$1 nodes=$2 $p $s $m |" | tee -a "$out/stencil_gio_summary.txt"
+    done; done; done
+  done
+}
+
+gio() {
+  stencil_gio
+  if ! on_gpu; then
+    skip "device_check --bench: the device API's kernels run on GPUs (sim here)"
+    return
+  fi
+  log device API benchmarks on 4 ranks: put_signal ping-pong and one block\'s put bandwidth between PEs 0 and 1
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 $bin/gpulmt-run -n 4 --timeout 200 -- $bin/device_check --bench --max 16M \
+    --csv "$out/device_bench_np4.csv" > "$out/device_bench_np4.txt" 2>&1 \
+    || log "device_check --bench -n 4 FAILED: $(tail -1 "$out/device_bench_np4.txt")"
+  cat "$out/device_bench_np4.csv" 2>/dev/null
 }
 
 shim() {
@@ -583,6 +656,9 @@ case $mode in
   device)
     device
     ;;
+  gio)
+    gio
+    ;;
   internode)
     # One GPU or two: every rank of the pseudo-nodes shares it with another, so MPS.
     MPS=1 start_mps
@@ -607,7 +683,7 @@ esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = coll ] || [ "$mode" = internode ] || [ "$mode" = ga ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = gio ] || [ "$mode" = coll ] || [ "$mode" = internode ] || [ "$mode" = ga ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

@@ -41,11 +41,15 @@ impl Pair {
         or_die(rbuf.free(&mut ctx), "free");
         or_die(ctx.mem_free_commit(), "free commit");
         or_die(ctx.finalize(), "finalize");
-        // MPI_Finalize, if MPI started us: after gpulmt's finalize.
-        #[cfg(feature = "mpi")]
-        MPI.with(|m| drop(m.borrow_mut().take()));
+        finalize_mpi();
         i32::from(failed)
     }
+}
+
+/// MPI_Finalize, if MPI started this rank ([`join`]): after gpulmt's finalize.
+pub fn finalize_mpi() {
+    #[cfg(feature = "mpi")]
+    MPI.with(|m| drop(m.borrow_mut().take()));
 }
 
 #[cfg(feature = "mpi")]
@@ -58,8 +62,8 @@ thread_local! {
 
 /// Joins the job: through MPI (the node's ranks of `MPI_COMM_WORLD`) when built with
 /// the `mpi` feature and started by `mpirun` without `GPULMT_JOB`, else from the
-/// environment of `gpulmt-run`.
-fn join() -> gpulmt::Result<Context> {
+/// environment of `gpulmt-run` (Stencil2D joins the same way).
+pub fn join() -> gpulmt::Result<Context> {
     #[cfg(feature = "mpi")]
     if gpulmt::mpi::launched_by_mpi() {
         // MPI_THREAD_MULTIPLE: across nodes the internode path's proxy thread calls MPI too.

@@ -235,6 +235,10 @@ extern "C" __global__ void atomics(unsigned long long *words, int k, int locked,
 // puts to the next PE until block 0 is done. Block 0, each round: puts 256 bytes of value
 // r, quiets, sets the flag with a relaxed atomic, waits for the ack. Block 1 checks the
 // 256 bytes when the flag says r, and acks. res[2]: the busy blocks' puts.
+// The busy blocks end without a quiet, on purpose: across nodes up to a ring of their
+// 1 MiB puts is still in flight when the kernel ends, and sym_free must complete them
+// before the next check gets the same offsets (barrier_rounds, which runs last, found
+// them landing in its fresh allocations before sym_free did: offnode_probe3).
 extern "C" __global__ void quiet_busy(unsigned long long *small, unsigned long long *src, unsigned long long *flag,
                                       unsigned long long *ack, char *big, char *scratch, int rounds,
                                       unsigned long long *stop, unsigned long long *res)

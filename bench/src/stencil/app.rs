@@ -165,7 +165,9 @@ pub fn main() -> i32 {
         // SAFETY: called at start-up, before any thread exists.
         unsafe { std::env::set_var("GPULMT_PROTOCOL", p) };
     }
-    let mut ctx = match Context::init() {
+    // Under mpirun (built with the `mpi` feature) the job comes from MPI, so that it can
+    // span (pseudo-)nodes: GPULMT_PSEUDO_NODES=2 puts neighbours on other nodes.
+    let mut ctx = match crate::pair::join() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("stencil2d: init: {e}");
@@ -182,6 +184,7 @@ pub fn main() -> i32 {
                 eprintln!("stencil2d: finalize: {e}");
                 return 1;
             }
+            crate::pair::finalize_mpi();
             i32::from(!passed)
         }
         Err(e) => {

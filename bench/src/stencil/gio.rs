@@ -9,6 +9,12 @@
 //! - On sim the same protocol runs on the host through the heap's host operations (the
 //!   CPU computes, as for the other modes), so CI checks the exchange, its signals and
 //!   the bit-identical result.
+//! - A neighbour on another node (its heap not mapped here: the device API's queue
+//!   path, through the GIO queues and the proxies) gets each halo as ONE packet instead
+//!   of a put per row (a column halo has as many rows as the block, and each packet is
+//!   a proxy's round trip): the sender packs the rectangle into a staging buffer of its
+//!   heap, puts it with put_signal into the neighbour's inbox, and the receiver unpacks
+//!   it into its ghost cells once the signal is there (`inbox` below).
 //!
 //! # Protocol (per neighbour pair, exchange `e` before batch `e`)
 //! - Data: the sender sets `sigs[opposite(d)] = e + 1` at the neighbour in direction `d`
@@ -20,6 +26,12 @@
 //!   With halo > 1 a batch writes ghost layers of both fields, so before exchange `e`
 //!   each rank sets `sigs[8 + opposite(d)] = e` at each neighbour ("batch `e - 1` done")
 //!   and waits for its neighbours' before writing into them.
+//! - Inboxes (off-node neighbours): two per direction and two pack buffers, by the
+//!   parity of `e`. A neighbour is at most one exchange ahead (its batch `e` needs this
+//!   rank's exchange `e`), so its exchange `e + 1` never writes the inbox this rank may
+//!   still unpack for `e`; and this rank packs exchange `e + 2` only after it received
+//!   the neighbour's `e + 1`, which the neighbour sent after this rank's `e` signal,
+//!   which its proxy wrote after the data: exchange `e`'s put has read its pack buffer.
 
 use std::mem::size_of;
 use std::time::{Duration, Instant};
@@ -39,6 +51,10 @@ pub const GIO_SOURCE: &str = include_str!("gio.cu");
 
 /// Words of the signal block: data signals by direction, then acknowledgements.
 const SIGNALS: usize = 16;
+
+/// Buffers of each direction's staging block (off-node neighbours): two pack buffers,
+/// then two inboxes, by exchange parity.
+const STAGING_PER_DIR: usize = 4;
 
 /// The eight neighbours, as (row step, column step).
 const DIRS: [(i64, i64); 8] = [(-1, 0), (1, 0), (0, -1), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)];
@@ -63,7 +79,19 @@ pub struct HaloPut {
     pub dst_pitch: i64,
     pub sig: i64,
     pub recv: i64,
-    pad: [i64; 6],
+    /// Where the neighbour's message (same extent) lands in this rank's field: the
+    /// ghost cells facing it (unpacked there from the inbox, off-node).
+    pub recv_r0: i64,
+    pub recv_c0: i64,
+    /// Off-node neighbour ([`route_off_node`]): the symmetric addresses of this
+    /// message's pack buffers here, of the neighbour's inboxes for it, and of this
+    /// rank's inboxes for the neighbour's message (each the first of two, `slot` bytes
+    /// apart, by exchange parity). 0: the neighbour's heap is mapped (direct puts).
+    pub pack: i64,
+    pub inbox_out: i64,
+    pub inbox_in: i64,
+    /// Bytes between a buffer and its other-parity twin.
+    pub slot: i64,
 }
 
 /// The halo messages of `d`'s block: for each neighbour (diagonals too), its outer
@@ -89,6 +117,13 @@ pub fn plan(d: &Decomp) -> Vec<HaloPut> {
         };
         let (src_r0, nrows, dst_r0) = axis(dr, rows, n_rows);
         let (src_c0, ncols, dst_c0) = axis(dc, cols, n_cols);
+        // The ghost cells facing the neighbour: before the interior, the interior's
+        // extent, or after it.
+        let ghost = |step: i64, len: i64| match step {
+            -1 => 0,
+            1 => h + len,
+            _ => h,
+        };
         v.push(HaloPut {
             peer: peer as i64,
             src_r0,
@@ -100,10 +135,38 @@ pub fn plan(d: &Decomp) -> Vec<HaloPut> {
             dst_pitch: n.pitch() as i64,
             sig: opposite(i) as i64,
             recv: i as i64,
-            pad: [0; 6],
+            recv_r0: ghost(dr, rows),
+            recv_c0: ghost(dc, cols),
+            ..HaloPut::default()
         });
     }
     v
+}
+
+/// Bytes of one staging buffer: the largest halo message of any rank (a side of `halo`
+/// layers; corners are smaller), rounded up to the heap's alignment.
+pub fn staging_slot(d: &Decomp, elem: usize) -> usize {
+    let side = (0..d.grid.size())
+        .filter_map(|r| Decomp::new(d.grid, r, d.global, d.halo).ok())
+        .map(|b| b.local.0.max(b.local.1))
+        .max()
+        .unwrap_or(0);
+    (d.halo * side * elem).max(1).next_multiple_of(gpulmt::sym::ALIGN as usize)
+}
+
+/// Gives each message to a neighbour whose heap this rank does not map (another node)
+/// its staging buffers in `staging` (a symmetric allocation of 8 directions x
+/// [`STAGING_PER_DIR`] x `slot` bytes): the pack buffers of its direction here, the
+/// inboxes of the opposite direction at the neighbour, and this rank's inboxes for
+/// the neighbour's message.
+pub fn route_off_node(plan: &mut [HaloPut], off_node: impl Fn(u32) -> bool, staging: usize, slot: usize) {
+    let block = |dir: i64| (staging + dir as usize * STAGING_PER_DIR * slot) as i64;
+    for p in plan.iter_mut().filter(|p| off_node(p.peer as u32)) {
+        p.pack = block(p.recv);
+        p.inbox_out = block(p.sig) + 2 * slot as i64;
+        p.inbox_in = block(p.recv) + 2 * slot as i64;
+        p.slot = slot as i64;
+    }
 }
 
 /// Elements of the largest rank's array: the symmetric fields' size (every rank
@@ -131,14 +194,17 @@ pub struct GioRun {
     pub compute: String,
     fields: [SymPtr; 2],
     sigs: SymPtr,
+    staging: SymPtr,
     engine: Box<dyn Engine>,
+    /// Neighbours reached through the queues and the proxies (another node).
+    pub off_node: Vec<u32>,
 }
 
 impl GioRun {
     /// Frees the fields and the engine's memory (collective; the caller commits frees).
     pub fn release(self, ctx: &mut Context) -> Result<()> {
         self.engine.release(ctx)?;
-        for p in [self.fields[0], self.fields[1], self.sigs] {
+        for p in [self.fields[0], self.fields[1], self.sigs, self.staging] {
             ctx.sym_free(p)?;
         }
         Ok(())
@@ -179,6 +245,8 @@ pub fn run<T: Real>(
     let bytes = field_len(d) * size_of::<T>();
     let fields = [ctx.sym_alloc(bytes)?, ctx.sym_alloc(bytes)?];
     let sigs = ctx.sym_alloc(SIGNALS * 8)?;
+    let slot = staging_slot(d, size_of::<T>());
+    let staging = ctx.sym_alloc(DIRS.len() * STAGING_PER_DIR * slot)?;
     let init = kernel::initial_field::<T>(d);
     for f in fields {
         // SAFETY: `init` holds d.len() <= field_len values; the field is ours.
@@ -187,7 +255,11 @@ pub fn run<T: Real>(
     let zeros = [0u64; SIGNALS];
     // SAFETY: `zeros` holds SIGNALS words.
     unsafe { ctx.sym_put(sigs.addr(), zeros.as_ptr().cast(), SIGNALS * 8, ctx.rank())? };
-    let plan = plan(d);
+    let mut plan = plan(d);
+    let heaps = ctx.sym_heaps();
+    let off_node = |pe: u32| heaps[pe as usize].mapped.is_none();
+    route_off_node(&mut plan, off_node, staging.addr(), slot);
+    let off_node: Vec<u32> = plan.iter().filter(|p| p.pack != 0).map(|p| p.peer as u32).collect();
     let mut engine: Box<dyn Engine> = match ctx.backend_kind() {
         BackendKind::Sim => Box::new(HostEngine::<T> { d: d.clone(), plan, fields, sigs, w, exchange: Duration::ZERO }),
         BackendKind::Cuda => Box::new(CudaEngine::<T>::new(ctx, d, plan, fields, sigs, w, build)?),
@@ -212,7 +284,9 @@ pub fn run<T: Real>(
         compute: engine.describe(),
         fields,
         sigs,
+        staging,
         engine,
+        off_node,
     })
 }
 
@@ -225,6 +299,11 @@ struct HostEngine<T> {
     sigs: SymPtr,
     w: Weights<T>,
     exchange: Duration,
+}
+
+/// The offset of exchange `e`'s buffer among a message's two staging buffers.
+fn parity(e: u64, p: &HaloPut) -> usize {
+    (e % 2) as usize * p.slot as usize
 }
 
 /// How long a host wait for a neighbour's signal may take before the run fails.
@@ -247,6 +326,21 @@ impl<T: Real> HostEngine<T> {
                 ctx.sym_atomic_set(self.sigs.at(8 * (8 + p.sig as usize)), e, peer)?;
                 self.wait(ctx, 8 + p.recv as usize, e)?;
             }
+            if p.pack != 0 {
+                // Off-node: the rectangle packed, one put_signal into the inbox.
+                let len = p.cols as usize * elem;
+                let mut packed = vec![0u8; p.rows as usize * len];
+                for (r, row) in packed.chunks_mut(len).enumerate() {
+                    let from = src.at(((p.src_r0 as usize + r) * pitch + p.src_c0 as usize) * elem);
+                    // SAFETY: `row` is `len` bytes of host memory, written by the call only.
+                    unsafe { ctx.sym_get(row.as_mut_ptr(), from, len, ctx.rank())? };
+                }
+                let signal = Signal { addr: self.sigs.at(8 * p.sig as usize), value: e + 1, op: SignalOp::Set };
+                let to = p.inbox_out as usize + parity(e, p);
+                // SAFETY: `packed` outlives the call, which is complete on return.
+                unsafe { ctx.sym_put_signal(to, packed.as_ptr(), packed.len(), signal, peer)? };
+                continue;
+            }
             for r in 0..p.rows as usize {
                 let from = src.at(((p.src_r0 as usize + r) * pitch + p.src_c0 as usize) * elem);
                 let to = src.at(((p.dst_r0 as usize + r) * p.dst_pitch as usize + p.dst_c0 as usize) * elem);
@@ -265,6 +359,19 @@ impl<T: Real> HostEngine<T> {
         }
         for p in &self.plan {
             self.wait(ctx, p.recv as usize, e + 1)?;
+            if p.pack != 0 {
+                // The neighbour's message, from this rank's inbox into the ghost cells.
+                let len = p.cols as usize * elem;
+                let mut packed = vec![0u8; p.rows as usize * len];
+                let inbox = p.inbox_in as usize + parity(e, p);
+                // SAFETY: `packed` is host memory of its length, written by the calls only.
+                unsafe { ctx.sym_get(packed.as_mut_ptr(), inbox, packed.len(), ctx.rank())? };
+                for (r, row) in packed.chunks(len).enumerate() {
+                    let to = src.at(((p.recv_r0 as usize + r) * pitch + p.recv_c0 as usize) * elem);
+                    // SAFETY: `row` is `len` readable bytes.
+                    unsafe { ctx.sym_put(to, row.as_ptr(), len, ctx.rank())? };
+                }
+            }
         }
         self.exchange += t.elapsed();
         Ok(())
@@ -474,11 +581,47 @@ mod tests {
             let back = plan(&n).into_iter().find(|b| b.peer == 4).expect("the neighbour sends back");
             assert_eq!((m.sig, m.recv), (back.recv, back.sig), "signal words pair up");
             assert_eq!((m.rows, m.cols), (back.rows, back.cols), "same extent both ways");
+            assert_eq!(
+                (m.recv_r0, m.recv_c0),
+                (back.dst_r0, back.dst_c0),
+                "the neighbour's message lands where it is unpacked"
+            );
         }
         assert_eq!(nb_mask(&d), 0b1111);
         let corner = Decomp::new(grid, 0, (30, 33), 2).unwrap();
         assert_eq!(plan(&corner).len(), 3);
         assert_eq!(nb_mask(&corner), 0b1010);
         assert_eq!(field_len(&corner), (10 + 4) * (11 + 4));
+    }
+
+    /// Off-node neighbours: each message's inbox at the neighbour is the one the
+    /// neighbour unpacks from for this rank, every buffer of a rank is distinct, and
+    /// mapped neighbours keep direct puts.
+    #[test]
+    fn off_node_messages_meet_the_neighbours_inboxes() {
+        let grid = ProcGrid { rows: 3, cols: 3 };
+        let (staging, slot) = (1 << 20, 4096);
+        let routed = |rank: u32| {
+            let d = Decomp::new(grid, rank, (30, 33), 1).unwrap();
+            let mut p = plan(&d);
+            // Ranks of the first grid row on one node, the others on another.
+            route_off_node(&mut p, |peer| (peer < 3) != (rank < 3), staging, slot);
+            p
+        };
+        let middle = routed(4);
+        let north = middle.iter().find(|m| m.peer == 1).unwrap();
+        let back = routed(1).into_iter().find(|b| b.peer == 4).unwrap();
+        assert_eq!(north.inbox_out, back.inbox_in);
+        assert_eq!(back.inbox_out, north.inbox_in);
+        assert!(north.slot == slot as i64 && back.slot == slot as i64);
+        let mut bufs: Vec<i64> = middle.iter().filter(|m| m.pack != 0).flat_map(|m| [m.pack, m.inbox_in]).collect();
+        assert_eq!(bufs.len(), 6, "three neighbours of the first row are off-node");
+        bufs.sort_unstable();
+        bufs.dedup();
+        assert_eq!(bufs.len(), 6, "every pack buffer and inbox of a rank is its own");
+        assert!(bufs.iter().all(|&b| b >= staging as i64 && b + 2 * slot as i64 <= (staging + 32 * slot) as i64));
+        assert!(middle.iter().filter(|m| m.peer >= 3).all(|m| m.pack == 0 && m.inbox_out == 0), "same node: direct");
+        let d = Decomp::new(grid, 4, (30, 33), 2).unwrap();
+        assert_eq!(staging_slot(&d, 8), (2 * 11 * 8usize).next_multiple_of(256));
     }
 }

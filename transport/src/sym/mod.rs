@@ -234,9 +234,12 @@ impl Context {
     }
 
     /// Collective (as [`sym_alloc`](Self::sym_alloc)): frees `p` in every rank's heap.
-    /// Every rank must have finished its operations on it, and no kernel may still use
-    /// it. Fails on every rank alike when the ranks name different allocations, or one
-    /// that is not live.
+    /// No kernel may still use it. Like OpenSHMEM's `shmem_free` it first completes
+    /// this rank's operations through the GIO queues (the host's `_nbi` ones, and those
+    /// of kernels that have ended, which a kernel's end does not complete), and the
+    /// ranks then agree, so no operation of any rank lands in the freed memory after a
+    /// later `sym_alloc` handed it out again. Fails on every rank alike when the ranks
+    /// name different allocations, or one that is not live.
     pub fn sym_free(&mut self, p: SymPtr) -> Result<()> {
         self.sym_free_at(p.addr)
     }
@@ -253,6 +256,9 @@ impl Context {
         let offset = addr.wrapping_sub(heap.base) as u64;
         // No copy of this rank may still write or read the memory once it is free.
         self.sym_copies_complete()?;
+        // Before the agreement, which no rank passes before every rank got there: then
+        // every rank's operations are complete before any rank frees.
+        self.net_drain("sym_free")?;
         let call = self.sym_agree(2, offset)?;
         let heap = self.sym.as_mut().expect("checked above");
         heap.alloc.free(offset).map_err(|e| sym_error("sym_free", call, e))?;

@@ -31,6 +31,7 @@ use super::layout::{QueueTable, SendQueue};
 use crate::context::Context;
 use crate::device::{Backend, DevId, HostMapped, MemoryKind};
 use crate::error::{Error, Result};
+use crate::net::producer::Backoff;
 use crate::net::queue::{CQ_AT, HEAD_AT, RING_AT, TAIL_AT};
 use crate::net::{HostQueue, NetPath, QuietError, WindowId};
 use crate::offnode::PostError;
@@ -59,8 +60,9 @@ pub(crate) struct SymNet {
 
 /// The queues device code posts to, and the memory describing them.
 pub(crate) struct DeviceQueues {
-    /// Held for the device until finalize: no host thread posts to them.
-    _queues: Vec<HostQueue>,
+    /// Held for the device until finalize: no host thread posts to them (the host only
+    /// reads their doorbells and completion counters, [`Context::net_drain`]).
+    queues: Vec<HostQueue>,
     /// The device allocation holding the [`QueueTable`], the records and their words.
     pub(crate) mem: usize,
     /// The AMO result slots of every queue: pinned host memory mapped into the device,
@@ -314,6 +316,51 @@ impl Context {
         }
     }
 
+    /// Waits until every operation this rank posted through the GIO queues so far has
+    /// completed at its target: the host's queue (its `_nbi` ops) and every device
+    /// queue up to its doorbell (the ops of kernels that have ended: a kernel's `_nbi`
+    /// ops and its last packets through the queue path are still in flight when the
+    /// kernel ends, unless it quieted). Failures are left for the next `sym_quiet` to
+    /// report; only a queue that stops completing ends the wait, after [`NET_WAIT`].
+    ///
+    /// `sym_free` drains before it frees: an op still in flight would otherwise land
+    /// in, or read from, memory the next `sym_alloc` hands out again (the off-node
+    /// `barrier_rounds` failure of bench/results/h200x1/offnode_probe3: the earlier
+    /// `quiet_busy` check's kernel ended with 1 MiB puts queued, which then wrote over
+    /// `barrier_rounds`' fresh allocations at the same offsets).
+    pub(super) fn net_drain(&self, what: &str) -> Result<()> {
+        let Some(net) = self.sym.as_ref().and_then(|h| h.net.as_ref()) else { return Ok(()) };
+        let deadline = Instant::now() + NET_WAIT;
+        let drained = |name: String, mem: &crate::net::queue::QueueMem, until: u64| {
+            let mut backoff = Backoff::default();
+            loop {
+                let done = mem.load_cq().done;
+                if done >= until {
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::Transfer(ProtoError::CopyFailed {
+                        what: format!(
+                            "{what} on rank {}: {name} completed {done} of the {until} operations posted to PEs of                              other nodes within {NET_WAIT:?}; a kernel still posting (finish the kernels first)                              or a peer that stopped answering",
+                            self.rank()
+                        ),
+                    }));
+                }
+                backoff.wait();
+            }
+        };
+        {
+            let q = net.queue();
+            drained("the host's GIO queue".into(), q.mem().as_ref(), q.tail())?;
+        }
+        for (i, q) in net.device.iter().flat_map(|d| d.queues.iter().enumerate()) {
+            // The doorbell: a block rings it (a max) once its packet is committed, so
+            // once the kernels ended it covers every packet they posted.
+            drained(format!("device queue {i}"), q.mem().as_ref(), q.mem().load_tail())?;
+        }
+        Ok(())
+    }
+
     /// Completes every operation of the host's queue.
     pub(super) fn net_quiet_all(&self) -> Result<()> {
         match self.sym.as_ref().and_then(|h| h.net.as_ref()) {
@@ -392,7 +439,7 @@ impl DeviceQueues {
             }
             return Err(e.into());
         }
-        Ok(Some(DeviceQueues { _queues: queues, mem, results, n_sq: layout.words.len() as u32 }))
+        Ok(Some(DeviceQueues { queues, mem, results, n_sq: layout.words.len() as u32 }))
     }
 
     /// Frees the table (finalize, after the path shut down and no kernel runs).

@@ -224,6 +224,9 @@ pub fn run(ctx: &mut Context, world: &impl Communicator) -> usize {
     for p in [words, stage, data] {
         ctx.sym_free(p).or_fail(me, || "sym_free".into());
     }
+    if !off_node.is_empty() {
+        checks += device_puts_across_free(ctx, world, &off_node);
+    }
     checks
 }
 
@@ -259,35 +262,10 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     // SAFETY: 16 bytes of host memory read by the call.
     unsafe { ctx.sym_put(src, pattern.as_ptr(), 16, me) }.or_fail(me, || "filling the source".into());
     let offset = (src as u64) - dctx.heap_base;
-    // gpulmt_gio_post: fence marks, a reserved position under the credit rule, words 1-7,
-    // the commit word with release, the doorbell (max, release); then gpulmt_gio_wait.
     let expect_failed = std::cell::Cell::new(0u64);
     let post = |make: &dyn Fn(u64) -> (Op, Flags)| -> u64 {
-        let target = sq.target_of(pe) as u32;
-        let epoch = sq.u32_at(sq.q.fence_epoch).load(Ordering::Relaxed) + 1;
-        let prev = sq.u32_at(sq.q.fence_epoch_of_pe + 4 * pe as u64).swap(epoch, Ordering::Relaxed);
-        let pos = sq.u64_at(sq.q.reserve).fetch_add(1, Ordering::Relaxed);
-        let (op, flags) = make(pos);
-        let flags = if prev != 0 && prev < epoch { flags.union(Flags::FENCE) } else { flags };
-        let deadline = Instant::now() + PATIENCE;
-        while pos >= sq.u64_at(sq.q.head).load(Ordering::Acquire) + sq.q.slots {
-            if Instant::now() > deadline {
-                fail(me, "the device queue never gave credit".into());
-            }
-        }
-        let slot = sq.q.ring + (pos & (sq.q.slots - 1)) * 64;
-        let words = Packet { op, flags, target, cookie: pos }.encode(pos, sq.q.slots).words;
-        for (i, w) in words.iter().enumerate().skip(1) {
-            sq.u64_at(slot + 8 * i as u64).store(*w, Ordering::Relaxed);
-        }
-        sq.u64_at(slot).store(words[0], Ordering::Release);
-        sq.u64_at(sq.q.doorbell).fetch_max(pos + 1, Ordering::Release);
-        while sq.u64_at(sq.q.cq_done).load(Ordering::Acquire) <= pos {
-            if Instant::now() > deadline {
-                fail(me, format!("the device queue's op {pos} never completed"));
-            }
-            std::thread::yield_now();
-        }
+        let pos = sq.post(me, pe, make);
+        sq.wait(me, pos);
         if sq.u64_at(sq.q.cq_failed).load(Ordering::Acquire) != expect_failed.get() {
             fail(me, format!("the device queue's op {pos} failed"));
         }
@@ -338,6 +316,70 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     4
 }
 
+/// A kernel's puts through the queue path are still in flight when the kernel ends
+/// (unless it quieted), and `sym_free` must complete them before the memory they write
+/// can be handed out again: device_check's `barrier_rounds` failed across pseudo-nodes
+/// when it ran after `quiet_busy`, whose kernel ended with 1 MiB puts queued that then
+/// wrote over `barrier_rounds`' fresh allocations at the same offsets
+/// (bench/results/h200x1/offnode_probe3). Here each rank posts many large puts into its
+/// slot at an off-node PE through device queue 0 and does not wait (the kernel ends),
+/// frees, allocates the same bytes again (same offset), fills its own copy and, once its
+/// own queue has drained and every rank got there, expects its fill intact: a put that
+/// landed after the free would have left the old pattern.
+fn device_puts_across_free(ctx: &mut Context, world: &impl Communicator, off_node: &[Rank]) -> usize {
+    // Puts of several pieces (GPULMT_NET_CHUNK, 1 MiB), a few in flight at a time: the
+    // frees' and the allocation's small messages overtake their later pieces, so that a
+    // put left behind lands after the fill.
+    const SLOT: usize = 8 << 20;
+    const PUTS: usize = 4;
+    let (me, n) = (ctx.rank(), ctx.size() as usize);
+    if ctx.backend_kind() != gpulmt::device::BackendKind::Sim {
+        return 0;
+    }
+    let victim = ctx.sym_alloc(SLOT * n).or_fail(me, || "sym_alloc of the put targets".into());
+    let src = ctx.sym_alloc(SLOT).or_fail(me, || "sym_alloc of the put source".into());
+    let old = vec![0xa5u8; SLOT];
+    // SAFETY: a host buffer of SLOT bytes, read by the call.
+    unsafe { ctx.sym_put(src.addr(), old.as_ptr(), SLOT, me) }.or_fail(me, || "filling the source".into());
+    world.barrier();
+    let dctx = ctx.sym_device_ctx().or_fail(me, || "sym_device_ctx".into());
+    // SAFETY: as in device_queue: sim, the table lives until finalize.
+    let sq = unsafe { DeviceSq::open(dctx.queues) };
+    let pe = off_node[0];
+    let offset = victim.at(me as usize * SLOT) as u64 - dctx.heap_base;
+    let put = Op::Put { src: src.addr() as u64, dst_offset: offset, size: SLOT as u64 };
+    let mut last = 0;
+    for _ in 0..PUTS {
+        last = sq.post(me, pe, &|_| (put, Flags::SRC_DEVICE));
+    }
+    // The kernel ends here, without a quiet.
+    for p in [src, victim] {
+        ctx.sym_free(p).or_fail(me, || "sym_free with device puts in flight".into());
+    }
+    let again = ctx.sym_alloc(SLOT * n).or_fail(me, || "sym_alloc after the free".into());
+    if again.offset() != victim.offset() {
+        fail(me, format!("the allocation after the free is at {}, not {}", again.offset(), victim.offset()));
+    }
+    let fresh = vec![0x3cu8; SLOT * n];
+    // SAFETY: a host buffer of the allocation's size, read by the call.
+    unsafe { ctx.sym_put(again.addr(), fresh.as_ptr(), fresh.len(), me) }.or_fail(me, || "filling".into());
+    sq.wait(me, last);
+    world.barrier();
+    let got = local(ctx, again.addr(), fresh.len());
+    if let Some(at) = got.iter().position(|&b| b != 0x3c) {
+        fail(
+            me,
+            format!(
+                "byte {at} of the allocation after sym_free holds {:#x}, not the fill 0x3c: a device put posted \
+                 before the free landed after it",
+                got[at]
+            ),
+        );
+    }
+    ctx.sym_free(again).or_fail(me, || "sym_free".into());
+    1
+}
+
 /// The first send queue of a device context's table, read and written as device code
 /// does, from the host (sim).
 struct DeviceSq {
@@ -366,6 +408,43 @@ impl DeviceSq {
     fn u32_at(&self, addr: u64) -> &AtomicU32 {
         // SAFETY: as in u64_at, a 4-aligned word of the record's arrays.
         unsafe { AtomicU32::from_ptr(addr as *mut u32) }
+    }
+
+    /// Posts one packet to `pe` as `gpulmt_gio_post` does: fence marks, a reserved
+    /// position under the credit rule, words 1-7, the commit word with release, the
+    /// doorbell (max, release). `make` gives the op for the position. Returns it.
+    fn post(&self, me: Rank, pe: Rank, make: &dyn Fn(u64) -> (Op, Flags)) -> u64 {
+        let target = self.target_of(pe) as u32;
+        let epoch = self.u32_at(self.q.fence_epoch).load(Ordering::Relaxed) + 1;
+        let prev = self.u32_at(self.q.fence_epoch_of_pe + 4 * pe as u64).swap(epoch, Ordering::Relaxed);
+        let pos = self.u64_at(self.q.reserve).fetch_add(1, Ordering::Relaxed);
+        let (op, flags) = make(pos);
+        let flags = if prev != 0 && prev < epoch { flags.union(Flags::FENCE) } else { flags };
+        let deadline = Instant::now() + PATIENCE;
+        while pos >= self.u64_at(self.q.head).load(Ordering::Acquire) + self.q.slots {
+            if Instant::now() > deadline {
+                fail(me, "the device queue never gave credit".into());
+            }
+        }
+        let slot = self.q.ring + (pos & (self.q.slots - 1)) * 64;
+        let words = Packet { op, flags, target, cookie: pos }.encode(pos, self.q.slots).words;
+        for (i, w) in words.iter().enumerate().skip(1) {
+            self.u64_at(slot + 8 * i as u64).store(*w, Ordering::Relaxed);
+        }
+        self.u64_at(slot).store(words[0], Ordering::Release);
+        self.u64_at(self.q.doorbell).fetch_max(pos + 1, Ordering::Release);
+        pos
+    }
+
+    /// Waits until the op at `pos` completed (`gpulmt_gio_wait`).
+    fn wait(&self, me: Rank, pos: u64) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.u64_at(self.q.cq_done).load(Ordering::Acquire) <= pos {
+            if Instant::now() > deadline {
+                fail(me, format!("the device queue's op {pos} never completed"));
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// The queue's template of PE `pe`, -1 where it has none.
