@@ -4,7 +4,8 @@
 //! - puts (blocking, and `_nbi` completed by `sym_quiet`) of sizes inline and streamed,
 //!   to every PE, then gets of what every PE holds;
 //! - put_signal: the target waits for the signal and must then see the data (never the
-//!   signal first), rounds of `Add` and a final `Set`;
+//!   signal first), rounds of `Add` (on CUDA a `Set` of the count to a PE of the same node, where
+//!   the host has no atomics) and a final `Set`;
 //! - fence: a large `_nbi` put, a fence, a small one to the same place: the small one's
 //!   bytes are what the target holds after the quiet;
 //! - atomics: every rank's fetch-adds on one word of PE 0 and of the last PE give the
@@ -110,10 +111,17 @@ pub fn run(ctx: &mut Context, world: &impl Communicator) -> usize {
     // put_signal around the ring of every PE: the signal never shows before the data.
     let (to, from) = ((me + 1) % n, (me + n - 1) % n);
     let sig_of = |r: Rank| words.at(8 * (3 + r as usize));
+    // On CUDA the host has no atomics on device memory of its own node, and refuses a
+    // signal add to a PE there (by design); a set of the round's count is what the target
+    // waits for all the same. Off-node targets' proxies add on every backend.
+    let add = ctx.backend_kind() != gpulmt::device::BackendKind::Cuda || !ctx.topology().on_node(to);
     for round in 0..ROUNDS {
         let len = if round % 2 == 0 { 8 } else { 5000 };
         let m = message(seed(me, to, len) + round, len);
-        let signal = Signal { addr: sig_of(me), value: 1, op: SignalOp::Add };
+        let signal = match add {
+            true => Signal { addr: sig_of(me), value: 1, op: SignalOp::Add },
+            false => Signal { addr: sig_of(me), value: round + 1, op: SignalOp::Set },
+        };
         // SAFETY: `m` outlives the call, which is complete on return.
         unsafe { ctx.sym_put_signal(stage.addr(), m.as_ptr(), len, signal, to) }
             .or_fail(me, || format!("sym_put_signal round {round} to PE {to}"));
