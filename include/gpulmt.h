@@ -5,7 +5,8 @@
  *  - the plain endpoint API, for programs started by gpulmt-run: gpulmt_init,
  *    gpulmt_isend / gpulmt_irecv / gpulmt_test / gpulmt_wait, device memory
  *    (gpulmt_mem_alloc, gpulmt_mem_free + gpulmt_mem_free_commit), gpulmt_copy,
- *    gpulmt_finalize;
+ *    gpulmt_finalize; or, for programs started by mpirun, over an MPI communicator
+ *    across nodes: gpulmt_init_mpi (a library built with the `mpi` feature);
  *  - the LMT plugin ABI, for MPI libraries that own matching and their own control
  *    channel (MPICH Nemesis LMT hooks): gpulmt_plugin_init, gpulmt_lmt_initiate,
  *    gpulmt_lmt_start_recv, gpulmt_lmt_handle_cts, gpulmt_lmt_done,
