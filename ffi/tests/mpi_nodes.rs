@@ -8,7 +8,8 @@
 //! every sender, truncation across nodes, `gpulmt_init_mpi` called wrongly) and aborts
 //! the job at the first failure; these tests check that every rank finished clean, over
 //! `MPI_COMM_WORLD` (2 x 1) and over a communicator of the program's with its ranks
-//! reversed (2 x 2).
+//! reversed (2 x 2), and that below `MPI_THREAD_MULTIPLE` every rank is refused with an
+//! error that says what to do.
 //!
 //! Run with `cargo test -p gpulmt-ffi --features mpi --test mpi_nodes`, under the
 //! session's test lock (`.ci/run` does). Without `mpirun` or `mpicc` the tests print why
@@ -39,18 +40,19 @@ fn program() -> &'static Path {
     BIN.get_or_init(|| compile_c_with("mpicc", "ffi/tests/c/mpi_nodes.c", "mpi_nodes", &["-std=c11"], true))
 }
 
-/// Runs the program on `np` ranks in 2 pseudo-nodes over the communicator `comm`
-/// (`world` or `split`), and checks that every rank finished clean within the limit.
-fn run_clean(np: usize, comm: &str) -> JobOutput {
+/// Runs the program on `np` ranks in 2 pseudo-nodes in `mode` (`world`, `split` or
+/// `funneled`), and checks that it exited 0 within the limit, no rank failing, and that
+/// every rank printed `rank R <ok>`.
+fn run_clean(np: usize, mode: &str, ok: &str) -> JobOutput {
     let limit = Duration::from_secs(300);
-    let cmd = mpirun_command(np, &[], program(), &[comm], &[("GPULMT_PSEUDO_NODES", "2")]);
-    let out = LiveJob::spawn(cmd, format!("mpirun -np {np} mpi_nodes {comm} in 2 pseudo-nodes")).finish(limit);
+    let cmd = mpirun_command(np, &[], program(), &[mode], &[("GPULMT_PSEUDO_NODES", "2")]);
+    let out = LiveJob::spawn(cmd, format!("mpirun -np {np} mpi_nodes {mode} in 2 pseudo-nodes")).finish(limit);
     check(out.elapsed < limit, &out, format!("the job ran past {limit:?} and was ended"));
     check(out.code == Some(0), &out, "mpirun must exit 0");
     check(!out.stderr.contains("FAIL"), &out, "a rank reported a failure");
     for r in 0..np {
-        let ok = format!("rank {r} of {np} ok checks=");
-        check(out.stdout.lines().any(|l| l.starts_with(&ok)), &out, format!("rank {r} did not finish clean"));
+        let line = format!("rank {r} {ok}");
+        check(out.stdout.lines().any(|l| l.starts_with(&line)), &out, format!("no `{line}...` line"));
     }
     out
 }
@@ -62,7 +64,7 @@ fn two_nodes_of_one_rank_over_the_world() {
         return;
     }
     let _lock = job_lock();
-    run_clean(2, "world");
+    run_clean(2, "world", "of 2 ok checks=");
 }
 
 /// Each pseudo-node with two ranks (pairs on the node and across it), over a
@@ -73,5 +75,17 @@ fn two_nodes_of_two_ranks_over_a_communicator_of_the_program() {
         return;
     }
     let _lock = job_lock();
-    run_clean(4, "split");
+    run_clean(4, "split", "of 4 ok checks=");
+}
+
+/// MPI at `MPI_THREAD_FUNNELED` across nodes: every rank's `gpulmt_init_mpi` fails with
+/// `GPULMT_ERR_BOOTSTRAP` and a message naming `MPI_THREAD_MULTIPLE` (the program checks),
+/// and none hangs.
+#[test]
+fn below_thread_multiple_every_rank_is_refused_with_a_clear_error() {
+    if !have_mpirun() || !have_mpicc() {
+        return;
+    }
+    let _lock = job_lock();
+    run_clean(4, "funneled", "refused ok: ");
 }

@@ -2,11 +2,14 @@
  * mpi_nodes.c -- the C endpoint API across nodes: a job over an MPI communicator
  * (gpulmt_init_mpi), started by mpirun, with every byte checked.
  *
- * usage: mpirun -np N -x GPULMT_DEVICE=sim -x GPULMT_PSEUDO_NODES=K mpi_nodes world|split
+ * usage: mpirun -np N -x GPULMT_DEVICE=sim -x GPULMT_PSEUDO_NODES=K mpi_nodes world|split|funneled
  *   world: the job is MPI_COMM_WORLD;
  *   split: the job is a communicator of its own whose ranks run in the reverse order of
  *          MPI_COMM_WORLD's (ranks in gpulmt are the communicator's, and the program
- *          keeps using and frees its communicator after gpulmt_finalize).
+ *          keeps using and frees its communicator after gpulmt_finalize);
+ *   funneled: MPI runs at MPI_THREAD_FUNNELED, and gpulmt_init_mpi across nodes must
+ *          fail on every rank with GPULMT_ERR_BOOTSTRAP and a message that names
+ *          MPI_THREAD_MULTIPLE (prints "rank R refused ok" instead of the checks).
  * Needs libgpulmt built with MPI (cargo build -p gpulmt-ffi --features mpi), compiled
  * with the same MPI's mpicc, and MPI_THREAD_MULTIPLE (the internode path's proxy).
  *
@@ -218,20 +221,36 @@ static void misuse(MPI_Comm comm) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2 || (strcmp(argv[1], "world") != 0 && strcmp(argv[1], "split") != 0)) {
-        fprintf(stderr, "usage: mpirun -np N %s world|split\n", argv[0]);
+    const char *mode = argc == 2 ? argv[1] : "";
+    if (strcmp(mode, "world") != 0 && strcmp(mode, "split") != 0 && strcmp(mode, "funneled") != 0) {
+        fprintf(stderr, "usage: mpirun -np N %s world|split|funneled\n", argv[0]);
         return 2;
     }
+    int funneled = strcmp(mode, "funneled") == 0;
     int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Init_thread(&argc, &argv, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE, &provided);
     int wrank, wsize;
     MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
     MPI_Comm_size(MPI_COMM_WORLD, &wsize);
     g_rank = wrank;
+    MPI_Comm comm = MPI_COMM_WORLD;
+    if (funneled) {
+        if (provided >= MPI_THREAD_MULTIPLE)
+            fail("asked for MPI_THREAD_FUNNELED, MPI gave MPI_THREAD_MULTIPLE: nothing to refuse");
+        gpulmt_ctx *ctx = NULL;
+        int rc = gpulmt_init_mpi(&comm, sizeof comm, &ctx);
+        EXPECT(rc == GPULMT_ERR_BOOTSTRAP && ctx == NULL, "below MPI_THREAD_MULTIPLE: rc=%d (%s)", rc,
+               gpulmt_last_error());
+        EXPECT(strstr(gpulmt_last_error(), "MPI_THREAD_MULTIPLE") != NULL,
+               "the error does not say what to do: %s", gpulmt_last_error());
+        printf("rank %d refused ok: %s\n", wrank, gpulmt_last_error());
+        fflush(stdout);
+        MPI_Finalize();
+        return 0;
+    }
     if (provided < MPI_THREAD_MULTIPLE)
         fail("MPI gave thread level %d, below MPI_THREAD_MULTIPLE", provided);
-    MPI_Comm comm = MPI_COMM_WORLD;
-    int split = strcmp(argv[1], "split") == 0;
+    int split = strcmp(mode, "split") == 0;
     if (split)
         MPI_Comm_split(MPI_COMM_WORLD, 0, wsize - 1 - wrank, &comm);
     misuse(comm);
