@@ -913,7 +913,7 @@ int gpulmt_ga_recv_msg(struct gpulmt_ctx *ctx,
  * more than one node, MPI must therefore have been initialized with
  * `MPI_Init_thread(..., MPI_THREAD_MULTIPLE, &provided)` giving `MPI_THREAD_MULTIPLE`;
  * otherwise every rank fails with `GPULMT_ERR_BOOTSTRAP` and a message that says so
- * (no rank hangs). A communicator of one node needs no thread level.
+ * (no rank hangs). A communicator within one node works at any thread level.
  *
  * Call it after `MPI_Init_thread`, and `gpulmt_finalize` (collective) before
  * `MPI_Finalize`. On success `*out` is the new context; on failure it is NULL, and
