@@ -11,9 +11,13 @@
 //! reversed (2 x 2), and that below `MPI_THREAD_MULTIPLE` every rank is refused with an
 //! error that says what to do.
 //!
-//! Run with `cargo test -p gpulmt-ffi --features mpi --test mpi_nodes`, under the
-//! session's test lock (`.ci/run` does). Without `mpirun` or `mpicc` the tests print why
-//! and pass.
+//! Run with `cargo build -p gpulmt-ffi --features mpi --target-dir target/ffi-mpi` (an
+//! integration test does not build the cdylib), then `cargo test -p gpulmt-ffi --features
+//! mpi --test mpi_nodes --target-dir target/ffi-mpi`, under the session's test lock (`.ci/run` does). The target dir of its
+//! own keeps the library with MPI apart from the one without: both are
+//! `deps/libgpulmt.so`, and after a build without the feature cargo finds the featured
+//! build fresh and leaves the file as it is (the program then fails with
+//! `GPULMT_ERR_UNSUPPORTED`). Without `mpirun` or `mpicc` the tests print why and pass.
 
 #![cfg(feature = "mpi")]
 
