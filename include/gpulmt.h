@@ -5,7 +5,8 @@
  *  - the plain endpoint API, for programs started by gpulmt-run: gpulmt_init,
  *    gpulmt_isend / gpulmt_irecv / gpulmt_test / gpulmt_wait, device memory
  *    (gpulmt_mem_alloc, gpulmt_mem_free + gpulmt_mem_free_commit), gpulmt_copy,
- *    gpulmt_finalize;
+ *    gpulmt_finalize; or, for programs started by mpirun, over an MPI communicator
+ *    across nodes: gpulmt_init_mpi (a library built with the `mpi` feature);
  *  - the LMT plugin ABI, for MPI libraries that own matching and their own control
  *    channel (MPICH Nemesis LMT hooks): gpulmt_plugin_init, gpulmt_lmt_initiate,
  *    gpulmt_lmt_start_recv, gpulmt_lmt_handle_cts, gpulmt_lmt_done,
@@ -896,6 +897,44 @@ int gpulmt_ga_recv_msg(struct gpulmt_ctx *ctx,
                        size_t cap,
                        int *from,
                        size_t *len);
+
+/**
+ * Joins the gpulmt job of every rank of an MPI communicator (collective over it), for
+ * programs started by an MPI launcher (`mpirun`) instead of `gpulmt-run`.
+ *
+ * `comm` is the address of the caller's `MPI_Comm` and `comm_size` its size: call
+ * `gpulmt_init_mpi(&comm, sizeof comm, &ctx)` (`comm` may be `MPI_COMM_WORLD` stored
+ * in a variable, or any intracommunicator; the library duplicates what it keeps, and
+ * the caller keeps and frees its own). Ranks in every later call and in statuses are
+ * the communicator's ranks.
+ *
+ * The ranks of one host (or, with `GPULMT_PSEUDO_NODES=N`, of one of the N groups
+ * each host's ranks are split into: a test setting) form a node and move messages by
+ * the LMT protocols; messages to other nodes go through the internode path, whose
+ * proxy thread calls MPI beside the program's threads. When the communicator spans
+ * more than one node, MPI must therefore have been initialized with
+ * `MPI_Init_thread(..., MPI_THREAD_MULTIPLE, &provided)` giving `MPI_THREAD_MULTIPLE`;
+ * otherwise every rank fails with `GPULMT_ERR_BOOTSTRAP` and a message that says so
+ * (no rank hangs). A communicator within one node works at any thread level.
+ *
+ * Call it after `MPI_Init_thread`, and `gpulmt_finalize` (collective) before
+ * `MPI_Finalize`. On success `*out` is the new context; on failure it is NULL, and
+ * the call returns:
+ * - `GPULMT_ERR_UNSUPPORTED`: the library was built without MPI (rebuild with
+ *   `cargo build -p gpulmt-ffi --features mpi`);
+ * - `GPULMT_ERR_INVALID_ARGUMENT`: NULL pointers, a `comm_size` that is not the size
+ *   of this library's MPI_Comm (the program was compiled against another MPI), MPI not
+ *   initialized or already finalized, `MPI_COMM_NULL` or an intercommunicator;
+ * - `GPULMT_ERR_BOOTSTRAP` (or a configuration or device error): a rank could not join
+ *   its node or start the internode path; every rank of the communicator fails.
+ *
+ * # Safety
+ * `comm` is NULL or valid for reads of `comm_size` bytes holding a live communicator
+ * handle (or `MPI_COMM_NULL`); `out` is NULL or valid for writes of a pointer.
+ */
+int gpulmt_init_mpi(const void *comm,
+                    size_t comm_size,
+                    struct gpulmt_ctx **out);
 
 /**
  * Joins a job as an LMT plugin of a host (an MPI library) that owns matching and

@@ -4,7 +4,8 @@
 //! - the plain endpoint API for C programs started by `gpulmt-run`: `gpulmt_init`,
 //!   `gpulmt_isend` / `gpulmt_irecv` / `gpulmt_test` / `gpulmt_wait`, device memory
 //!   (`gpulmt_mem_alloc`, two-phase `gpulmt_mem_free` + `gpulmt_mem_free_commit`),
-//!   `gpulmt_copy`, `gpulmt_finalize` ([`endpoint`]);
+//!   `gpulmt_copy`, `gpulmt_finalize` ([`endpoint`]); or, started by `mpirun`, across
+//!   nodes over an MPI communicator: `gpulmt_init_mpi` ([`mod@mpi`], feature `mpi`);
 //! - the LMT plugin ABI for MPI libraries that own matching and their own control
 //!   channel, mirroring MPICH Nemesis' LMT hooks: `gpulmt_plugin_init`,
 //!   `gpulmt_lmt_initiate`, `gpulmt_lmt_start_recv`, `gpulmt_lmt_handle_cts`,
@@ -25,6 +26,7 @@ pub mod endpoint;
 pub mod error;
 pub mod ga;
 pub mod handle;
+pub mod mpi;
 pub mod plugin;
 mod registry;
 pub mod sym;
@@ -35,6 +37,7 @@ pub use endpoint::*;
 pub use error::*;
 pub use ga::*;
 pub use handle::{gpulmt_ctx, gpulmt_request, gpulmt_status, GPULMT_ANY_SOURCE, GPULMT_ANY_TAG, GPULMT_REQUEST_NULL};
+pub use mpi::*;
 pub use plugin::*;
 pub use sym::*;
 

@@ -68,11 +68,16 @@ pub fn c_compiler() -> String {
 /// `include/gpulmt.h` into `target/<profile>/ffi-examples/<out_name>`; `link` adds the
 /// library ([`c_lib_dir`]). Returns the program's path.
 pub fn compile_c(source: &str, out_name: &str, extra: &[&str], link: bool) -> PathBuf {
+    compile_c_with(&c_compiler(), source, out_name, extra, link)
+}
+
+/// As [`compile_c`], with the compiler `compiler` (`mpicc` for a program that calls MPI).
+pub fn compile_c_with(compiler: &str, source: &str, out_name: &str, extra: &[&str], link: bool) -> PathBuf {
     let root = repo_root();
     let dir = target_profile_dir().join("ffi-examples");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(out_name);
-    let mut cmd = Command::new(c_compiler());
+    let mut cmd = Command::new(compiler);
     cmd.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1"])
         .args(extra)
         .arg("-I")
@@ -84,7 +89,7 @@ pub fn compile_c(source: &str, out_name: &str, extra: &[&str], link: bool) -> Pa
         let lib = c_lib_dir();
         cmd.arg("-L").arg(&lib).arg(format!("-Wl,-rpath,{}", lib.display())).arg("-lgpulmt");
     }
-    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{}`: {e} (set CC)", c_compiler()));
+    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{compiler}`: {e} (set CC)"));
     assert!(
         o.status.success(),
         "compiling {source} failed:\n{}{}",

@@ -7,8 +7,10 @@
 //! truncation; small receives into one buffer again and again; MPI_Sendrecv;
 //! MPI_Probe/MPI_Iprobe then MPI_Recv; MPI_Cancel; MPI_Request_free;
 //! MPI_Waitany/Waitsome/Testall/Testany/Testsome; self sends; a communicator with
-//! reordered ranks). These tests assert that every rank finished
-//! clean, which path the shim took (its counters), and that /dev/shm is clean after.
+//! reordered ranks), also across 2 pseudo-nodes (`GPULMT_PSEUDO_NODES=2`: device
+//! messages to the other node staged through MPI). These tests assert that every rank
+//! finished clean, which path the shim took (its counters), and that /dev/shm is clean
+//! after.
 //!
 //! The shim's sim example, `examples/device_pingpong.c`, is built and run the same way
 //! (as its comment tells a user to), so that it cannot rot.
@@ -376,6 +378,42 @@ fn device_buffers_move_through_gpulmt_with_mpi_semantics() {
         );
         assert_eq!(run.counter("lmt_sends"), run.counter("lmt_recvs"), "{}", run.dump());
         assert_eq!(run.counter("staged_sends"), 0, "device sends within a node were staged\n{}", run.dump());
+    }
+}
+
+/// Issue 27: the same program across 2 pseudo-nodes (`GPULMT_PSEUDO_NODES=2`, as the
+/// internode tests split one machine) of 1 and of 2 ranks. The shim's gpulmt context
+/// spans only a rank's pseudo-node: device messages to the other node are staged
+/// through host memory and sent by the MPI library (`staged_sends`), those within it
+/// go through gpulmt (`lmt_sends`, rank 0 with rank 1 in 2 x 2), every byte checked by
+/// the program alike.
+#[test]
+fn device_buffers_cross_pseudo_nodes_staged_through_mpi() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in [2, 4] {
+        let run = clean_run(p2p(), np, &[("GPULMT_PSEUDO_NODES", "2")], &[]);
+        run.assert_all_ok(np);
+        let (staged, lmt) = (run.counters(" counters ", "staged_sends"), run.counters(" counters ", "lmt_sends"));
+        assert_eq!(staged.len(), np, "a counters line per rank\n{}", run.dump());
+        assert!(
+            staged.iter().sum::<u64>() > 0,
+            "no device message to the other pseudo-node was staged through MPI\n{}",
+            run.dump()
+        );
+        assert_eq!(run.counter("lmt_sends"), run.counter("lmt_recvs"), "{}", run.dump());
+        if np == 2 {
+            // Each rank is a node of its own: gpulmt moves only the two device sends of
+            // the `self_send` part, and every device send to the other rank is staged
+            // (some 100 per rank).
+            assert!(staged.iter().all(|&s| s >= 50), "device sends across nodes went elsewhere\n{}", run.dump());
+            assert!(lmt.iter().all(|&l| l == 2), "gpulmt moved a message across nodes\n{}", run.dump());
+        } else {
+            // Ranks 0 and 1 (node 0) and 2 and 3 (node 1) pair up in the pairwise parts.
+            assert!(lmt.iter().all(|&l| l > 50), "device messages within a pseudo-node were staged\n{}", run.dump());
+        }
     }
 }
 

@@ -1,11 +1,23 @@
 //! Joining the node's gpulmt job after `PMPI_Init` (collective over the node: a job id
 //! from local rank 0, a plugin context with rings on every rank, or none anywhere), and
 //! leaving it before `PMPI_Finalize` (drain, barrier with progress, release).
+//!
+//! The node is what [`Topology`] makes of the job (`docs/internode.md`, "World, nodes and
+//! routing"): the ranks of one host (`MPI_Comm_split_type(SHARED)`), or with
+//! `GPULMT_PSEUDO_NODES=N` one of the N groups each host's ranks are split into, as for
+//! `gpulmt::mpi::init_from_mpi`. Ranks of different (pseudo-)nodes share no gpulmt
+//! context, ring, IPC mapping or shared memory: to the shim they are off-node, and their
+//! messages go to the MPI library, device buffers staged through host memory around the
+//! PMPI call (`send.rs`, `recv.rs`), not through gpulmt's GIO proxy: the proxy's own MPI
+//! calls would enter this library's interposed `MPI_*` symbols again (its matching and its
+//! lock, from a second thread), and it needs `MPI_THREAD_MULTIPLE`, which the
+//! application's `MPI_Init` need not give (docs/internode.md, "The PMPI shim across nodes").
 
 use std::collections::HashMap;
 use std::ffi::c_int;
 
 use gpulmt::config::Config;
+use gpulmt::topology::{HostSlot, Topology};
 use gpulmt::{Context, JobInfo};
 use mpi_sys::*;
 
@@ -18,18 +30,13 @@ impl Shim {
     pub fn init() -> Result<Shim, InitError> {
         let world = comm_world();
         let (mut wrank, mut wsize) = (0, 0);
-        let mut node = comm_null();
-        let (mut lrank, mut lsize) = (0, 0);
         // SAFETY: MPI is initialized; every out-pointer is a local.
         unsafe {
             PMPI_Comm_rank(world, &mut wrank);
             PMPI_Comm_size(world, &mut wsize);
-            PMPI_Comm_split_type(world, comm_type_shared(), wrank, info_null(), &mut node);
-            PMPI_Comm_rank(node, &mut lrank);
-            PMPI_Comm_size(node, &mut lsize);
         }
-        // Which world ranks share the node, in local-rank order.
-        let mut members = vec![0i32; lsize as usize];
+        let (mut node, topology) = split_nodes(world, wrank, wsize)?;
+        let (lrank, lsize) = (topology.place().local as c_int, topology.local_size() as c_int);
         let mut id = [0u8; 64];
         if lrank == 0 {
             let nanos = std::time::SystemTime::now()
@@ -41,9 +48,8 @@ impl Shim {
         }
         let mut node_comm = comm_null();
         let mut world_group = group_null();
-        // SAFETY: buffers of the sizes given; collective over the node communicator.
+        // SAFETY: a buffer of the size given; collective over the node communicator.
         unsafe {
-            PMPI_Allgather((&wrank as *const c_int).cast(), 1, int32(), members.as_mut_ptr().cast(), 1, int32(), node);
             PMPI_Bcast(id.as_mut_ptr().cast(), id.len() as c_int, byte(), 0, node);
             PMPI_Comm_dup(node, &mut node_comm);
             PMPI_Comm_group(world, &mut world_group);
@@ -52,10 +58,8 @@ impl Shim {
         // SAFETY: a local out-pointer; MPI is initialized.
         let thread_multiple =
             unsafe { PMPI_Query_thread(&mut level) } == SUCCESS && level >= MPI_THREAD_MULTIPLE as c_int;
-        let mut world_to_local = vec![-1i32; wsize as usize];
-        for (l, &w) in members.iter().enumerate() {
-            world_to_local[w as usize] = l as i32;
-        }
+        let world_to_local: Vec<i32> =
+            (0..wsize as u32).map(|w| topology.local_of(w).map_or(-1, |l| l as i32)).collect();
         let len = id.iter().position(|&b| b == 0).unwrap_or(id.len());
         let job = String::from_utf8_lossy(&id[..len]).into_owned();
 
@@ -73,7 +77,10 @@ impl Shim {
                 Ok("none") => false,
                 Ok(v) => return Err(format!("GPULMT_MPI_SETTLE={v:?} is neither `default-stream` nor `none`")),
             };
-            let cfg = Config::from_env().map_err(|e| e.to_string())?;
+            let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+            // The pseudo-nodes split the world above (`split_nodes`): this node's own
+            // context is a job of one node, which gpulmt refuses to split again.
+            cfg.pseudo_nodes = 1;
             let info = JobInfo { job: job.clone(), rank: lrank as u32, size: lsize as u32 };
             // Rings, not blobs over MPI: a packet crosses in a ring slot the peer's
             // progress reads, where an MPI message cost both ranks an Isend, an Iprobe
@@ -186,8 +193,107 @@ impl Shim {
     }
 }
 
+/// The communicator of this rank's node and the job's [`Topology`] (collective over
+/// `world`): the host's ranks by `MPI_Comm_split_type(SHARED)`, each rank's place on its
+/// host gathered by every rank, and with `GPULMT_PSEUDO_NODES=N` the host's communicator
+/// split by the pseudo-node [`Topology::from_hosts`] gives each rank, so that its rank
+/// in the node's communicator is its local index. Every rank gathers the same placement
+/// and pseudo-node counts, so every rank returns the same error, if any (a count that
+/// differs between ranks, or that a host cannot split), and none waits for another.
+fn split_nodes(world: MPI_Comm, wrank: c_int, wsize: c_int) -> Result<(MPI_Comm, Topology), InitError> {
+    let mut host = comm_null();
+    let mut hrank = 0;
+    // SAFETY: MPI is initialized; every out-pointer is a local.
+    unsafe {
+        PMPI_Comm_split_type(world, comm_type_shared(), wrank, info_null(), &mut host);
+        PMPI_Comm_rank(host, &mut hrank);
+    }
+    // The host's first rank names it by its world rank (as `init_from_mpi` does). An
+    // invalid configuration counts as no pseudo-nodes here: `Config::from_env` fails
+    // again below, on every rank alike, and the shim stays off everywhere.
+    let mut first = wrank;
+    // SAFETY: one int; collective over the host.
+    unsafe { PMPI_Bcast((&mut first as *mut c_int).cast(), 1, int32(), 0, host) };
+    let pseudo = Config::from_env().map_or(1, |c| c.pseudo_nodes) as c_int;
+    let mine = [first, hrank, pseudo];
+    let mut all = vec![0 as c_int; 3 * wsize as usize];
+    // SAFETY: buffers of the sizes given; collective over the world.
+    unsafe { PMPI_Allgather(mine.as_ptr().cast(), 3, int32(), all.as_mut_ptr().cast(), 3, int32(), world) };
+    let topology = match node_topology(wrank as u32, &all) {
+        Ok(t) => t,
+        Err(why) => {
+            // SAFETY: made above; nothing uses it any more.
+            unsafe { PMPI_Comm_free(&mut host) };
+            return Err(why);
+        }
+    };
+    if pseudo <= 1 {
+        return Ok((host, topology));
+    }
+    let place = topology.place();
+    let mut node = comm_null();
+    // SAFETY: collective over the host's ranks, each with its pseudo-node as the colour
+    // and its local index as the key; the host communicator is not used afterwards.
+    unsafe {
+        PMPI_Comm_split(host, place.node as c_int, place.local as c_int, &mut node);
+        PMPI_Comm_free(&mut host);
+    }
+    Ok((node, topology))
+}
+
+/// The topology of the job from every rank's `[host's first world rank, index on the
+/// host, GPULMT_PSEUDO_NODES]`, gathered in world-rank order, seen from world rank `rank`.
+fn node_topology(rank: u32, gathered: &[c_int]) -> Result<Topology, InitError> {
+    let pseudo = gathered.get(2).copied().unwrap_or(1);
+    if let Some(r) = gathered.chunks_exact(3).position(|c| c[2] != pseudo) {
+        return Err(format!(
+            "GPULMT_PSEUDO_NODES differs between ranks (rank 0 counts {pseudo}, rank {r} {}): \
+             give every rank the same setting (mpirun -x GPULMT_PSEUDO_NODES)",
+            gathered[3 * r + 2]
+        ));
+    }
+    let hosts: Vec<HostSlot> =
+        gathered.chunks_exact(3).map(|c| HostSlot { host: c[0] as u32, local: c[1] as u32 }).collect();
+    Topology::from_hosts(rank, &hosts, pseudo.max(0) as u32).map_err(|e| e.to_string())
+}
+
 /// Releases a plugin context locally. The job segment's name went at init, once every rank
 /// had mapped it: unlinking it by name here could remove another job instance's segment.
 fn release(ctx: Context) {
     drop(ctx);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[host, index on host, pseudo-nodes]` per world rank.
+    fn gathered(slots: &[(i32, i32)], pseudo: i32) -> Vec<c_int> {
+        slots.iter().flat_map(|&(h, l)| [h, l, pseudo]).collect()
+    }
+
+    #[test]
+    fn pseudo_nodes_split_the_host_as_the_rust_bootstrap_does() {
+        // One host of 4 ranks, 2 pseudo-nodes: {0, 1} and {2, 3}; world rank 3 is local 1
+        // of node 1, and ranks 0 and 1 are off-node to it.
+        let all = gathered(&[(0, 0), (0, 1), (0, 2), (0, 3)], 2);
+        let t = node_topology(3, &all).unwrap();
+        assert_eq!(t.node_members(), &[2, 3]);
+        assert_eq!((t.place().local, t.local_size()), (1, 2));
+        let world_to_local: Vec<i32> = (0..4).map(|w| t.local_of(w).map_or(-1, |l| l as i32)).collect();
+        assert_eq!(world_to_local, vec![-1, -1, 0, 1]);
+        // Without pseudo-nodes the host is the node.
+        let t = node_topology(3, &gathered(&[(0, 0), (0, 1), (0, 2), (0, 3)], 1)).unwrap();
+        assert_eq!(t.node_members(), &[0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn pseudo_node_counts_that_differ_or_cannot_split_are_refused() {
+        let mut all = gathered(&[(0, 0), (0, 1)], 2);
+        all[5] = 1;
+        let e = node_topology(0, &all).unwrap_err();
+        assert!(e.contains("differs between ranks") && e.contains("rank 1 1"), "{e}");
+        let e = node_topology(0, &gathered(&[(0, 0), (0, 1)], 3)).unwrap_err();
+        assert!(e.contains("GPULMT_PSEUDO_NODES=3"), "{e}");
+    }
 }
