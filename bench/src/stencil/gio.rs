@@ -156,7 +156,7 @@ pub fn staging_slot(d: &Decomp, elem: usize) -> usize {
 
 /// Gives each message to a neighbour whose heap this rank does not map (another node)
 /// its staging buffers in `staging` (a symmetric allocation of 8 directions x
-/// [`STAGING_PER_DIR`] x `slot` bytes): the pack buffers of its direction here, the
+/// `STAGING_PER_DIR` x `slot` bytes): the pack buffers of its direction here, the
 /// inboxes of the opposite direction at the neighbour, and this rank's inboxes for
 /// the neighbour's message.
 pub fn route_off_node(plan: &mut [HaloPut], off_node: impl Fn(u32) -> bool, staging: usize, slot: usize) {
