@@ -88,8 +88,7 @@ pub struct CudaBackend {
     known: Mutex<std::collections::BTreeMap<usize, PointerInfo>>,
     /// Pinned host memory from [`alloc_host_mapped`](DeviceBackend::alloc_host_mapped):
     /// host address -> (bytes, device address). `copy_sync` between it and device memory
-    /// is one driver call, or a copy server's copy; the server addresses it by the device
-    /// address.
+    /// is one driver call.
     pinned: Mutex<std::collections::BTreeMap<usize, (usize, usize)>>,
 }
 
@@ -451,7 +450,8 @@ impl DeviceBackend for CudaBackend {
     /// `cuMemcpy` (synchronous both ways for pinned memory, and ordered after the legacy
     /// default stream as the event above orders ours) replaces the four calls of the
     /// stream's way (record, wait, copy, synchronize), each of which costs a microsecond or
-    /// more under MPS: an 8 B eager payload across nodes pays two such copies.
+    /// more under MPS: an 8 B eager payload across nodes pays two such copies. (The copy
+    /// server does not take these: see `serve`.)
     ///
     /// [`alloc_host_mapped`]: DeviceBackend::alloc_host_mapped
     unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
@@ -459,20 +459,6 @@ impl DeviceBackend for CudaBackend {
             return Ok(());
         }
         if let Some(dev) = self.device_and_pinned(dst, src, len)? {
-            let d = self.device(dev)?;
-            if len <= d.server_max.load(Ordering::Relaxed) {
-                // The copy server's way: ordered after the application's legacy stream as
-                // the engine's, then a descriptor and a completion word, no driver call
-                // (when the server declines, copy_async queues it on the engine).
-                self.wait_app_default_stream(dev)?;
-                // SAFETY: copy_sync's contract keeps both ranges valid for the whole call,
-                // and the copy is waited for before it returns.
-                let t = unsafe { self.copy_async(dev, 0, dst, src, len)? };
-                while !self.copy_poll(t)? {
-                    std::hint::spin_loop();
-                }
-                return Ok(());
-            }
             let _current = self.enter(dev)?;
             return Ok(cu!(cuMemcpy(dst as CUdeviceptr, src as CUdeviceptr, len))?);
         }
@@ -565,7 +551,7 @@ impl DeviceBackend for CudaBackend {
 impl CudaBackend {
     /// The device address of `p..p+len` when the whole range is pinned memory of
     /// `alloc_host_mapped`.
-    pub(super) fn pinned_device_address(&self, p: usize, len: usize) -> Option<usize> {
+    fn pinned_device_address(&self, p: usize, len: usize) -> Option<usize> {
         let map = lock(&self.pinned);
         let (&base, &(bytes, device)) = map.range(..=p).next_back()?;
         (p.checked_add(len)? <= base + bytes).then(|| device + (p - base))
