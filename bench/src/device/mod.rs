@@ -8,7 +8,9 @@
 //! [`gpulmt::Context::sym_device_ctx`], so the context must have its symmetric heap
 //! (a `sym_alloc`) first. Kernels that wait for other PEs must run at the same time as
 //! theirs: ranks sharing a GPU need MPS, and a kernel's grid must leave room for the
-//! other ranks' ([`DeviceModule::resident_grid`]).
+//! other ranks' ([`DeviceModule::resident_grid`]). Which ranks share it comes from the
+//! GPUs' UUIDs, exchanged when a module loads: a node's rank table does not know, since
+//! pseudo-nodes (`GPULMT_PSEUDO_NODES`) split one host, and one GPU, into several nodes.
 
 pub mod checks;
 pub mod perf;
@@ -17,10 +19,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use gpulmt::device::BackendKind;
-use gpulmt::Context;
+use gpulmt::{Context, Tag};
 
 /// The kernels of `device_check`.
 pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// Tag of the GPU identities that ranks exchange when they load a module.
+const GPU_ID_TAG: Tag = 210;
 
 /// The kernels of [`KERNELS`] (every `extern "C" __global__` in it).
 pub fn kernel_names(source: &str) -> Vec<&str> {
@@ -57,7 +62,8 @@ pub struct DeviceModule {
     module: Arc<CudaModule>,
     /// Multiprocessors of the GPU (for grids that must be resident).
     pub sms: u32,
-    /// Ranks of the job on this GPU: resident grids share it with theirs.
+    /// Ranks of the job on this GPU, of every node (pseudo-nodes share one): resident
+    /// grids share it with theirs.
     pub ranks_here: u32,
     _cuda: Arc<CudaContext>,
 }
@@ -65,8 +71,9 @@ pub struct DeviceModule {
 impl DeviceModule {
     /// Compiles `kernels` behind the device header with NVRTC (`options` added), loads
     /// them on `ctx`'s GPU (its primary context, the one gpulmt's backend uses, so heap
-    /// addresses are valid), and sets their `gpulmt_dctx`.
-    pub fn load(ctx: &Context, kernels: &str, name: &str, options: &[&str]) -> Result<Self> {
+    /// addresses are valid), and sets their `gpulmt_dctx`. Collective: every rank loads
+    /// (the ranks learn which of them share a GPU).
+    pub fn load(ctx: &mut Context, kernels: &str, name: &str, options: &[&str]) -> Result<Self> {
         if ctx.backend_kind() != BackendKind::Cuda {
             return Err(DeviceError(format!(
                 "the device API runs on CUDA GPUs; this rank uses the {} backend",
@@ -99,7 +106,9 @@ impl DeviceModule {
             stream.memcpy_htod(bytes, &mut sym).map_err(cuda_err("setting gpulmt_dctx"))?;
         }
         stream.synchronize().map_err(cuda_err("setting gpulmt_dctx"))?;
-        Ok(DeviceModule { stream, module, sms, ranks_here: ctx.ranks_on_my_device(), _cuda: cuda })
+        let uuid = cuda.uuid().map_err(cuda_err("reading the GPU's UUID"))?.bytes.map(|b| b as u8);
+        let ranks_here = ranks_sharing_gpu(ctx, uuid)?;
+        Ok(DeviceModule { stream, module, sms, ranks_here, _cuda: cuda })
     }
 
     /// A kernel of the module.
@@ -120,5 +129,49 @@ impl DeviceModule {
     /// Waits for the module's stream.
     pub fn sync(&self) -> Result<()> {
         self.stream.synchronize().map_err(cuda_err("waiting for the kernels"))
+    }
+}
+
+/// How many ranks of the job run on the GPU whose UUID is `uuid` (this rank's),
+/// collective: rank 0 gathers every rank's UUID and sends the list back. UUIDs, not
+/// device ordinals of a node: two pseudo-nodes of one host are two nodes on one GPU, and
+/// a persistent grid sized as if it had the GPU alone leaves the other rank's kernel no
+/// room to become resident (Stencil2D gio across 2 pseudo-nodes on one H200: 1024
+/// blocks each where 1056 fit, and each kernel waited for the other's signals forever).
+fn ranks_sharing_gpu(ctx: &mut Context, uuid: [u8; 16]) -> Result<u32> {
+    let (me, n) = (ctx.rank() as usize, ctx.size() as usize);
+    let mut all = vec![0u8; 16 * n];
+    if me == 0 {
+        all[..16].copy_from_slice(&uuid);
+        for r in 1..n {
+            ctx.recv(&mut all[16 * r..16 * (r + 1)], Some(r as u32), Some(GPU_ID_TAG))?;
+        }
+        for r in 1..n {
+            ctx.send(&all, r as u32, GPU_ID_TAG)?;
+        }
+    } else {
+        ctx.send(&uuid, 0, GPU_ID_TAG)?;
+        ctx.recv(&mut all, Some(0), Some(GPU_ID_TAG))?;
+    }
+    Ok(count_equal(&all, &uuid))
+}
+
+/// The 16-byte records of `all` equal to `uuid`.
+fn count_equal(all: &[u8], uuid: &[u8; 16]) -> u32 {
+    all.chunks_exact(16).filter(|id| *id == uuid).count() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two pseudo-nodes on one GPU and a third rank on another: the ranks of the shared
+    /// GPU count each other, the other counts itself.
+    #[test]
+    fn ranks_on_one_gpu_count_each_other_across_nodes() {
+        let (a, b) = ([7u8; 16], [9u8; 16]);
+        let all: Vec<u8> = [a, a, b].concat();
+        assert_eq!(count_equal(&all, &a), 2);
+        assert_eq!(count_equal(&all, &b), 1);
     }
 }

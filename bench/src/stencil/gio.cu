@@ -95,7 +95,8 @@ __device__ __noinline__ void gio_halo(const struct halo_put *p, real *src, unsig
 // (halo > 1 only: a neighbour may write ghost cells only once this rank finished the
 // batch that used them; with halo 1 a batch never touches the ghost cells of the field
 // the next exchange writes). nb_mask: bit 0 north, 1 south, 2 west, 3 east neighbour.
-// exchange_ns: time block 0 spent from the start of each exchange to the barrier after it.
+// exchange_ns: [0] time block 0 spent from the start of each exchange to the barrier after
+// it; [1] the number of the last exchange the grid passed, plus one (the host's watchdog).
 // GIO_MIN_BLOCKS (stencil2d --gio-min-blocks): the blocks per SM that the kernel's
 // registers must allow. The halo puts inlined from the device header would take 82
 // registers a thread, 3 blocks of 256 an SM; the compute steps are memory bound and need
@@ -124,6 +125,8 @@ extern "C" __global__ void __launch_bounds__(256, GIO_MIN_BLOCKS) stencil_gio(re
         gpulmt_sync_grid(); // every ghost cell in, seen by every block
         if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
             spent += gio_now() - t0;
+            // The host's watchdog (gio.rs, CudaEngine::sync): exchanges the grid passed.
+            *(volatile unsigned long long *)&exchange_ns[1] = e + 1;
         }
         unsigned long long batch = steps - step < halo ? steps - step : halo;
         for (unsigned long long k = 0; k < batch; k++) {

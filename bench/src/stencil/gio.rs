@@ -36,7 +36,7 @@
 use std::mem::size_of;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaFunction, LaunchConfig, PushKernelArg};
 use gpulmt::device::BackendKind;
 use gpulmt::sym::{Cmp, Signal, SignalOp};
 use gpulmt::{Context, SymPtr};
@@ -216,7 +216,7 @@ trait Engine {
     /// Runs `steps` steps from field `cur0`, the first exchange numbered `exchange0`
     /// (queued on CUDA: [`sync`](Self::sync) waits).
     fn run(&mut self, ctx: &mut Context, exchange0: u64, steps: usize, cur0: usize) -> Result<()>;
-    fn sync(&mut self) -> Result<()>;
+    fn sync(&mut self, ctx: &Context) -> Result<()>;
     /// Seconds spent in exchanges so far (after a sync).
     fn exchange_seconds(&mut self, ctx: &Context) -> Result<f64>;
     fn describe(&self) -> String;
@@ -268,12 +268,12 @@ pub fn run<T: Real>(
     ctx.barrier()?;
     let h = d.halo;
     engine.run(ctx, 0, warmup, 0)?;
-    engine.sync()?;
+    engine.sync(ctx)?;
     ctx.barrier()?;
     let before = engine.exchange_seconds(ctx)?;
     let t0 = Instant::now();
     engine.run(ctx, (warmup / h) as u64, iters, warmup % 2)?;
-    engine.sync()?;
+    engine.sync(ctx)?;
     let elapsed = t0.elapsed().as_secs_f64();
     let exchange = engine.exchange_seconds(ctx)? - before;
     Ok(GioRun {
@@ -418,7 +418,7 @@ impl<T: Real> Engine for HostEngine<T> {
         Ok(())
     }
 
-    fn sync(&mut self) -> Result<()> {
+    fn sync(&mut self, _ctx: &Context) -> Result<()> {
         Ok(())
     }
 
@@ -443,13 +443,31 @@ struct CudaEngine<T> {
     fields: [SymPtr; 2],
     sigs: SymPtr,
     w: Weights<T>,
-    /// Device memory: the plan, and the kernel's exchange time (ns).
+    /// Device memory: the plan, and [`PROGRESS_WORDS`] words: the kernel's exchange
+    /// time (ns), the last exchange its grid passed + 1 (the watchdog's).
     plan_dev: usize,
     nplan: i32,
     ns_dev: usize,
     grid: u32,
     name: String,
+    /// The plan on the host, and the grid's limits, for the watchdog's report.
+    plan: Vec<HaloPut>,
+    resident: u32,
+    ranks_here: u32,
+    /// The launch [`sync`](Engine::sync) waits for: its completion event, its first
+    /// exchange and its number of exchanges.
+    launched: Option<(CudaEvent, u64, u64)>,
 }
+
+/// Words of the kernel's progress block (`exchange_ns` in gio.cu).
+const PROGRESS_WORDS: usize = 2;
+
+/// How long the GIO kernel may pass no exchange, with none of this rank's signal words
+/// changing, before the watchdog reports where it stopped and ends the process.
+const GIO_STALL: Duration = Duration::from_secs(10);
+
+/// Polls of the kernel's completion between two reads of the clock.
+const POLLS_PER_CLOCK: u32 = 256;
 
 fn cuda(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> StencilError {
     move |e| StencilError::Cuda(format!("{what}: {e}"))
@@ -496,11 +514,12 @@ impl<T: Real> CudaEngine<T> {
         let plan_dev = ctx.mem_alloc(plan_bytes)?;
         // SAFETY: `plan` holds plan.len() HaloPuts (repr(C) words); plan_dev as many bytes.
         unsafe { ctx.copy_sync(plan_dev, plan.as_ptr() as usize, plan.len() * size_of::<HaloPut>())? };
-        let ns_dev = ctx.mem_alloc(8)?;
-        let zero = 0u64;
-        // SAFETY: an 8-byte allocation and an 8-byte host word.
-        unsafe { ctx.copy_sync(ns_dev, &zero as *const u64 as usize, 8)? };
+        let ns_dev = ctx.mem_alloc(PROGRESS_WORDS * 8)?;
+        let zero = [0u64; PROGRESS_WORDS];
+        // SAFETY: an allocation of PROGRESS_WORDS words and as many host words.
+        unsafe { ctx.copy_sync(ns_dev, zero.as_ptr() as usize, PROGRESS_WORDS * 8)? };
         let name = m.stream.context().name().unwrap_or_else(|_| "unknown GPU".into());
+        let ranks_here = m.ranks_here;
         Ok(CudaEngine {
             m,
             f,
@@ -512,8 +531,68 @@ impl<T: Real> CudaEngine<T> {
             nplan: plan.len() as i32,
             ns_dev,
             grid,
-            name: format!("{name}, {grid} blocks, launch bounds 256x{}, {fmad_opt}", build.min_blocks.max(1)),
+            name: format!(
+                "{name}, {grid} blocks, launch bounds 256x{}, {fmad_opt}, {} rank(s) on this GPU",
+                build.min_blocks.max(1),
+                ranks_here
+            ),
+            plan,
+            resident,
+            ranks_here,
+            launched: None,
         })
+    }
+}
+
+/// What the watchdog reads of a running GIO kernel: the last exchange its grid passed
+/// + 1 (0: none yet in this launch's numbering), and this rank's signal words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Progress {
+    passed: u64,
+    sigs: [u64; SIGNALS],
+}
+
+impl<T> CudaEngine<T> {
+    /// Reads the kernel's progress word and this rank's signal words while it runs
+    /// (copies on gpulmt's own streams, which do not wait for the kernel's).
+    fn progress(&self, ctx: &Context) -> Result<Progress> {
+        let mut p = Progress { passed: 0, sigs: [0; SIGNALS] };
+        // SAFETY: ns_dev is our allocation of PROGRESS_WORDS words; the kernel only
+        // stores to word 1 (a whole aligned word), and `p.passed` is 8 host bytes.
+        unsafe { ctx.copy_sync(&mut p.passed as *mut u64 as usize, self.ns_dev + 8, 8)? };
+        // SAFETY: `p.sigs` holds SIGNALS words, the size of our `sigs` allocation.
+        unsafe { ctx.sym_get(p.sigs.as_mut_ptr().cast(), self.sigs.addr(), SIGNALS * 8, ctx.rank())? };
+        Ok(p)
+    }
+
+    /// Where a stalled kernel stopped, and what it waits for.
+    fn stall_report(&self, rank: u32, p: &Progress, exchange0: u64, exchanges: u64) -> String {
+        let e = p.passed.max(exchange0);
+        let mut r = format!(
+            "stencil2d: rank {rank}: the GIO kernel made no progress for {GIO_STALL:?}: its grid passed {} of \
+             exchanges {exchange0}..{}, so it stops in exchange {e} or in the batch before it; {} blocks \
+             (resident limit {} for {} rank(s) on this GPU: the kernels of every rank on it must be resident \
+             at once)",
+            p.passed.saturating_sub(exchange0),
+            exchange0 + exchanges,
+            self.grid,
+            self.resident,
+            self.ranks_here,
+        );
+        for h in &self.plan {
+            let (got, ack) = (p.sigs[h.recv as usize], p.sigs[8 + h.recv as usize]);
+            let how = if h.pack != 0 { "off-node, inbox" } else { "mapped, direct" };
+            r += &format!(
+                "\n  block for neighbour {} ({how}): data signal word {} = {got} (exchange {e} needs >= {})",
+                h.peer,
+                h.recv,
+                e + 1
+            );
+            if self.d.halo > 1 {
+                r += &format!(", acknowledgement word {} = {ack} (needs >= {e})", 8 + h.recv);
+            }
+        }
+        r + "\n  exiting with status 3: the kernel would spin forever"
     }
 }
 
@@ -534,11 +613,38 @@ impl<T: Real> Engine for CudaEngine<T> {
         // is nplan entries; the grid is resident (cooperative launch), as gpulmt_sync_grid
         // needs.
         unsafe { l.launch_cooperative(cfg) }.map_err(cuda("launching stencil_gio"))?;
+        let done = self.m.stream.record_event(None).map_err(cuda("recording stencil_gio's end"))?;
+        self.launched = Some((done, exchange0, (steps as usize).div_ceil(self.d.halo) as u64));
         Ok(())
     }
 
-    fn sync(&mut self) -> Result<()> {
-        self.m.stream.synchronize().map_err(cuda("running stencil_gio"))
+    /// Waits for the kernel, as a watchdog: a kernel that passes no exchange and sees
+    /// none of its signal words change for [`GIO_STALL`] is reported (where it stopped,
+    /// what it waits for) and the process exits, rather than hanging the job: the
+    /// kernel would still spin, so an error return would only hang again in the
+    /// teardown (the context's, MPI's) that waits for it and for the peers.
+    fn sync(&mut self, ctx: &Context) -> Result<()> {
+        let Some((done, exchange0, exchanges)) = self.launched.take() else { return Ok(()) };
+        // No read of the kernel's words in the first second (timed runs shorter than
+        // that pay only the polls), then one a second.
+        let (mut last, mut changed, mut checked) = (None, Instant::now(), Instant::now());
+        let mut polls = 0u32;
+        while !done.try_is_complete().map_err(cuda("running stencil_gio"))? {
+            polls = polls.wrapping_add(1);
+            if !polls.is_multiple_of(POLLS_PER_CLOCK) || checked.elapsed() < GIO_STALL / 10 {
+                std::hint::spin_loop();
+                continue;
+            }
+            checked = Instant::now();
+            let now = self.progress(ctx)?;
+            if last.as_ref() != Some(&now) {
+                (last, changed) = (Some(now), checked);
+            } else if changed.elapsed() >= GIO_STALL {
+                eprintln!("{}", self.stall_report(ctx.rank(), &now, exchange0, exchanges));
+                std::process::exit(3);
+            }
+        }
+        Ok(())
     }
 
     fn exchange_seconds(&mut self, ctx: &Context) -> Result<f64> {
