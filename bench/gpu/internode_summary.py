@@ -64,13 +64,10 @@ def transport_table(out, t, missing):
         if r is None:
             missing.append(name)
     p = points(rows)
-    # D D latency with the copy server on (GPULMT_COPY_SERVER_MAX=64K): the staging copies of
-    # small payloads by a resident kernel instead of the copy engine.
-    server = points(read(os.path.join(out, f"internode_{t}_server.csv")))
     host_lat, host_bw = anchor(host, "host_mpi", "half_rtt_us"), anchor(host, "host_mpi", "GBps")
     staged_lat = anchor(staged, "staged_mpi", "half_rtt_us")
     head = [
-        "bytes", "DD lat us", "DD lat us, copy server", "HH lat us", "staged lat us", "DD/staged lat", "server/staged lat",
+        "bytes", "DD lat us", "HH lat us", "staged lat us", "DD/staged lat",
         "DD bw GB/s", "HH bw GB/s", "ompi HH bw GB/s", "DD/ompi bw", "DD bibw GB/s", "HH bibw GB/s",
     ]
     lines = [f"## {t}: 2 pseudo-nodes, 1 rank each", " | ".join(head)]
@@ -78,9 +75,8 @@ def transport_table(out, t, missing):
         dd_lat, hh_lat = p.get(("osu_latency", "D D", n)), p.get(("osu_latency", "H H", n))
         dd_bw, hh_bw = p.get(("osu_bw", "D D", n)), p.get(("osu_bw", "H H", n))
         vals = [
-            size_name(n), cell(dd_lat), cell(server.get(("osu_latency", "D D", n))), cell(hh_lat),
+            size_name(n), cell(dd_lat), cell(hh_lat),
             cell(staged_lat.get(n)), cell(ratio(dd_lat, staged_lat.get(n))),
-            cell(ratio(server.get(("osu_latency", "D D", n)), staged_lat.get(n))),
             cell(dd_bw), cell(hh_bw), cell(host_bw.get(n)), cell(ratio(dd_bw, host_bw.get(n))),
             cell(p.get(("osu_bibw", "D D", n))), cell(p.get(("osu_bibw", "H H", n))),
         ]

@@ -559,12 +559,6 @@ CASES
     fi
   done
 
-  log internode latency D D with the copy server on \(GPULMT_COPY_SERVER_MAX=64K\), vader
-  # shellcheck disable=SC2086
-  GPULMT_COPY_SERVER_MAX=64K timeout 300 $pn -x GPULMT_COPY_SERVER_MAX -np 2 $bin/osu_latency_mpi ${INTERNODE_OSU_ARGS:-} \
-    -m "0:$(upto 4M)" --csv "$out/internode_vader_server.csv" D D > /dev/null 2>> "$out/log.txt" \
-    || failed "osu_latency_mpi with GPULMT_COPY_SERVER_MAX=64K"
-
   log internode proxy profile: osu_bw D D and H H at 4-16 MiB, vader
   for pl in "D D" "H H"; do
     # shellcheck disable=SC2086
