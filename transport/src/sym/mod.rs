@@ -284,9 +284,11 @@ impl Context {
         self.sym.as_ref().map_or(0, |h| h.alloc.size())
     }
 
-    /// Ranks of this job bound to this rank's device, this one included (device code
-    /// that spins on peers sizes its grid by it: kernels of ranks sharing a GPU must fit
-    /// on it together).
+    /// Ranks of this rank's node (its pseudo-node under `GPULMT_PSEUDO_NODES`) bound to
+    /// this rank's device, this one included. Not the GPU's sharers across pseudo-nodes:
+    /// device code that sizes a persistent grid counts those by the GPU's UUID over the
+    /// whole job instead (`bench/src/device`'s `DeviceModule::load`), since kernels of every
+    /// rank sharing a GPU must fit on it together.
     pub fn ranks_on_my_device(&self) -> u32 {
         // The segment holds this node's ranks, by local index.
         let me = self.info.rank as usize;
