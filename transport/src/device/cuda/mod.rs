@@ -87,9 +87,8 @@ pub struct CudaBackend {
     /// bi-directional stream, and of a copy the copy server makes).
     known: Mutex<std::collections::BTreeMap<usize, PointerInfo>>,
     /// Pinned host memory from [`alloc_host_mapped`](DeviceBackend::alloc_host_mapped):
-    /// host address -> (bytes, device address). `copy_sync` between it and device memory
-    /// is one driver call.
-    pinned: Mutex<std::collections::BTreeMap<usize, (usize, usize)>>,
+    /// host address -> bytes. `copy_sync` between it and device memory is one driver call.
+    pinned: Mutex<std::collections::BTreeMap<usize, usize>>,
 }
 
 impl CudaBackend {
@@ -518,7 +517,7 @@ impl DeviceBackend for CudaBackend {
             warn_teardown(cu!(cuMemFreeHost(host)));
             return Err(f.into());
         }
-        lock(&self.pinned).insert(host as usize, (len, device as usize));
+        lock(&self.pinned).insert(host as usize, len);
         Ok(HostMapped { host: host as usize, device: device as usize, len: bytes })
     }
 
@@ -549,20 +548,20 @@ impl DeviceBackend for CudaBackend {
 }
 
 impl CudaBackend {
-    /// The device address of `p..p+len` when the whole range is pinned memory of
-    /// `alloc_host_mapped`.
-    fn pinned_device_address(&self, p: usize, len: usize) -> Option<usize> {
-        let map = lock(&self.pinned);
-        let (&base, &(bytes, device)) = map.range(..=p).next_back()?;
-        (p.checked_add(len)? <= base + bytes).then(|| device + (p - base))
-    }
-
     /// For a copy of `len` bytes between device memory and pinned memory of
     /// `alloc_host_mapped` (either way), the device; None for any other pair.
     fn device_and_pinned(&self, dst: usize, src: usize, len: usize) -> Result<Option<DevId>, DeviceError> {
-        let pinned = |p: usize| self.pinned_device_address(p, len).is_some();
+        let (dst_pinned, src_pinned) = {
+            let map = lock(&self.pinned);
+            let pinned = |p: usize| {
+                map.range(..=p)
+                    .next_back()
+                    .is_some_and(|(&base, &bytes)| p.checked_add(len).is_some_and(|end| end <= base + bytes))
+            };
+            (pinned(dst), pinned(src))
+        };
         // The end that is not pinned must be device memory.
-        let other = match (pinned(dst), pinned(src)) {
+        let other = match (dst_pinned, src_pinned) {
             (true, false) => src,
             (false, true) => dst,
             _ => return Ok(None),
