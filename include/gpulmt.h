@@ -1138,8 +1138,7 @@ int gpulmt_sym_get(struct gpulmt_ctx *ctx,
 /**
  * `gpulmt_sym_put`, then `op` (`GPULMT_SIGNAL_SET` / `_ADD`) with `value` on `pe`'s copy
  * of the symmetric 64-bit word `sig`: the data is complete before the signal changes.
- * `_ADD` from the host needs host-reachable heaps (sim); CUDA answers
- * `GPULMT_ERR_UNSUPPORTED`.
+ * On CUDA an `_ADD` is made by the GPU for the host, as `gpulmt_sym_atomic_fetch_add`.
  *
  * # Safety
  * As `gpulmt_sym_put`.
@@ -1171,8 +1170,9 @@ int gpulmt_sym_signal_wait_until(struct gpulmt_ctx *ctx,
 
 /**
  * Adds `value` to `pe`'s copy of the symmetric 64-bit word `dst`; `*old` (if not NULL)
- * is the value before. Host-reachable heaps (sim) only; CUDA answers
- * `GPULMT_ERR_UNSUPPORTED` (use the device API).
+ * is the value before. On CUDA the GPU that reaches the word makes the atomic for the
+ * host (a thread of gpulmt's copy server, or of the target's when `pe` is on another
+ * node), so it is atomic against kernels' atomics on the word too.
  *
  * # Safety
  * `ctx` is a live context that no other thread uses during the call; `old` is NULL or
@@ -1186,8 +1186,8 @@ int gpulmt_sym_atomic_fetch_add(struct gpulmt_ctx *ctx,
 
 /**
  * Stores `value` in `pe`'s copy of the word `dst` if it equals `cond`; `*old` (if not
- * NULL) is the value before (the swap happened when it equals `cond`). Sim only, as
- * `gpulmt_sym_atomic_fetch_add`.
+ * NULL) is the value before (the swap happened when it equals `cond`). Made as
+ * `gpulmt_sym_atomic_fetch_add`'s.
  *
  * # Safety
  * As `gpulmt_sym_atomic_fetch_add`.

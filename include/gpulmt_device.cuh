@@ -859,8 +859,8 @@ GPULMT_DEV void gpulmt_barrier_all_block(void)
         int n = gpulmt_dctx.n_pes, me = gpulmt_dctx.my_pe;
         gpulmt_u64 *arrivals = gpulmt_ctrl(GPULMT_CTRL_BARRIER_ARRIVALS_AT(n));
         for (int pe = 0; pe < n; pe++) {
-            /* This PE's word at pe: one writer, so a store, not an add (an off-node PE's
-             * word is written by a proxy, whose adds are not atomic against the GPU's). */
+            /* This PE's word at pe: one writer, so a store, not an add (an add would cost
+             * an off-node PE's proxy a round trip through the target GPU's copy server). */
             gpulmt_u64 to = gpulmt_direct(&arrivals[me], pe);
             if (to) {
                 /* Release: this block's writes before the barrier (cumulative after the

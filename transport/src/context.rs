@@ -72,13 +72,15 @@ pub(crate) struct ReqState {
     pub span: tracing::Span,
 }
 
-/// Starts the copy server of this rank's device (`GPULMT_COPY_SERVER_MAX`); where it
-/// cannot run, small copies keep using the copy engine.
-fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device: DevId) {
-    match backend.enable_copy_server(device, cfg.copy_server_max as usize, cfg.copy_server_idle) {
-        Ok(()) => {
-            tracing::info!(device, max = cfg.copy_server_max, idle = ?cfg.copy_server_idle, "copy server enabled")
-        }
+/// Starts the copy server of this rank's device for copies of at most `max` bytes
+/// (`GPULMT_COPY_SERVER_MAX`, or 0 where it is refused); where it cannot run, small copies
+/// keep using the copy engine. With 0 only its idle timeout is set, for a server that
+/// word atomics start (see `device/word_atomic.rs`).
+fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device: DevId, max: u64) {
+    match backend.enable_copy_server(device, max as usize, cfg.copy_server_idle) {
+        Ok(()) if max == 0 => {}
+        Ok(()) => tracing::info!(device, max, idle = ?cfg.copy_server_idle, "copy server enabled"),
+        Err(device::DeviceError::Unsupported { .. }) if max == 0 => {}
         Err(device::DeviceError::Unsupported { backend, .. }) => {
             tracing::info!(?backend, "GPULMT_COPY_SERVER_MAX ignored: this backend has no copy server")
         }
@@ -289,12 +291,14 @@ impl Context {
             Err(device::DeviceError::Unsupported { .. }) => {}
             Err(e) => tracing::warn!(error = %e, "copy stream priority not set; copies use the default"),
         }
-        if cfg.copy_server_max > 0 {
-            match device::copy_server_refusal(device, &rank_devices, mps) {
-                Some(why) => tracing::warn!("GPULMT_COPY_SERVER_MAX ignored: {why}"),
-                None => enable_copy_server(&*backend, &cfg, device),
+        let mut server_max = cfg.copy_server_max;
+        if server_max > 0 {
+            if let Some(why) = device::copy_server_refusal(device, &rank_devices, mps) {
+                tracing::warn!("GPULMT_COPY_SERVER_MAX ignored: {why}");
+                server_max = 0;
             }
         }
+        enable_copy_server(&*backend, &cfg, device, server_max);
 
         let peer_access = (0..ndev * ndev).map(|i| backend.can_access_peer(i / ndev, i % ndev)).collect();
         let mut ecfg = cfg.engine_config(topo.rank(), topo.size(), node, ndev, peer_access);

@@ -251,7 +251,8 @@ pub const VARIABLES: &[Variable] = &[
                   microseconds): an application's `cudaDeviceSynchronize` waits at most this long after \
                   gpulmt's last small copy. A server pays only where small copies come closer together than \
                   this; one that exits after fewer than 8 copies is relaunched only after a backoff (1 ms, \
-                  doubling up to 128 ms).",
+                  doubling up to 128 ms). Also the timeout of a server started only to make 64-bit atomics on \
+                  device memory for the host (other nodes' AMOs and signal adds, host `sym_atomic_*`).",
     },
     Variable {
         name: "GPULMT_SYM_HEAP",

@@ -22,9 +22,12 @@ pub mod cuda;
 mod finished;
 mod sharing;
 pub mod sim;
+mod word_atomic;
 
 pub(crate) use finished::FinishedThrough;
 pub(crate) use sharing::{copy_server_refusal, shared_device, time_slicing_warning};
+pub(crate) use word_atomic::AtomicState;
+pub use word_atomic::{wait_word_atomic, AtomicTicket, WordAtomic, WORD_ATOMIC_TIMEOUT};
 
 use std::fmt;
 use std::sync::Arc;
@@ -338,10 +341,44 @@ pub trait DeviceBackend: Send + Sync {
     /// bytes between device memory that [`copy_async`](Self::copy_async) starts on `dev`,
     /// instead of its copy engine: no driver call per copy. The server exits after `idle`
     /// without work (an application's device-wide synchronize waits for it until then) and
-    /// is started again by the next copy. Backends without one answer `Unsupported`.
+    /// is started again by the next copy. With `max_len` 0 copies keep the engine and only
+    /// `idle` is set, for a server that [`word_atomic_start`](Self::word_atomic_start)
+    /// starts. Backends without one answer `Unsupported`.
     fn enable_copy_server(&self, dev: DevId, max_len: usize, idle: std::time::Duration) -> Result<(), DeviceError> {
         let _ = (dev, max_len, idle);
         Err(DeviceError::Unsupported { op: "enable_copy_server", backend: self.kind() })
+    }
+
+    /// Starts `op` on the 8-byte word at `addr` of device memory, made by device `dev`
+    /// itself (see `word_atomic.rs`), so that it is atomic against kernels' atomics on the
+    /// word and against the other calls of this. `Ok(None)`: not taken yet (CUDA: the copy
+    /// server that makes it is starting, or its ring is full): call again. A backend
+    /// without device atomics answers `Unsupported`.
+    ///
+    /// # Safety
+    /// `addr` is an 8-byte aligned word of device memory that `dev` reaches (its own, or a
+    /// peer mapping with access enabled), valid until
+    /// [`word_atomic_poll`](Self::word_atomic_poll) returns its old value, and every access
+    /// to it from the host goes through this.
+    unsafe fn word_atomic_start(
+        &self,
+        dev: DevId,
+        addr: usize,
+        op: WordAtomic,
+    ) -> Result<Option<AtomicTicket>, DeviceError> {
+        let _ = (dev, addr, op);
+        Err(DeviceError::Unsupported { op: "word_atomic_start", backend: self.kind() })
+    }
+
+    /// The word's old value once the atomic of `ticket` was made (the ticket is then
+    /// consumed), None before. Never blocks.
+    fn word_atomic_poll(&self, ticket: AtomicTicket) -> Result<Option<u64>, DeviceError> {
+        match ticket.0 {
+            AtomicState::Done(old) => Ok(Some(old)),
+            AtomicState::Served { .. } => {
+                Err(DeviceError::Unsupported { op: "word_atomic_poll", backend: self.kind() })
+            }
+        }
     }
 
     /// Gives the streams this backend creates from now on (its copy queues and its copy

@@ -16,8 +16,9 @@
 //!   never seen before the data;
 //! - atomics are the host's own atomic instructions on sim, whose heaps are host memory.
 //!   On CUDA the host cannot reach device memory atomically: set and fetch are single
-//!   8-byte copies (never torn), fetch-add and compare-swap are refused (use the device
-//!   API, or a signal set).
+//!   8-byte copies (never torn); fetch-add, compare-swap and a signal add are made by the
+//!   rank's GPU for the host (`device/word_atomic.rs`: a thread of the copy server), so
+//!   they are atomic against kernels' atomics on the word too.
 //!
 //! To a PE of another node each is a packet of the heap's host queue (`super::offnode`):
 //! PUT, GET, PUT_SIGNAL (the target's proxy writes the signal after the data), AMO (the
@@ -38,7 +39,7 @@ use gpulmt_protocols::{ProtoError, Rank};
 use super::layout::{self, DeviceCtx, DeviceOp};
 use super::offnode::Route;
 use crate::context::Context;
-use crate::device::{BackendKind, Copy2d};
+use crate::device::{wait_word_atomic, BackendKind, Copy2d, WordAtomic};
 use crate::error::{Error, Result};
 
 /// How [`Context::sym_signal_wait_until`] compares the signal with its value
@@ -439,7 +440,7 @@ impl Context {
         unsafe { self.backend.copy_sync(to, src as usize, len)? };
         match op {
             SignalOp::Set => self.word_store(word, value),
-            SignalOp::Add => self.word_rmw("signal add", word, |a| a.fetch_add(value, Ordering::AcqRel)).map(|_| ()),
+            SignalOp::Add => self.word_rmw(word, WordAtomic::FetchAdd(value)).map(|_| ()),
         }
     }
 
@@ -476,23 +477,21 @@ impl Context {
     }
 
     /// Adds `value` to the 64-bit word at the symmetric address `dst` on `pe`; returns
-    /// the old value. Sim only (see the module documentation).
+    /// the old value.
     pub fn sym_atomic_fetch_add(&self, dst: usize, value: u64, pe: Rank) -> Result<u64> {
         let what = "sym_atomic_fetch_add";
         match self.sym_route(&Access { what, addr: dst, len: 8, pe, word: true })? {
-            Route::Mapped(word) => self.word_rmw("atomic fetch-add", word, |a| a.fetch_add(value, Ordering::AcqRel)),
+            Route::Mapped(word) => self.word_rmw(word, WordAtomic::FetchAdd(value)),
             Route::Queue { pe, window, offset } => self.net_amo(what, (pe, window, offset), AmoOp::FetchAdd, value, 0),
         }
     }
 
     /// Stores `desired` in the word at `dst` on `pe` if it holds `expected`; returns the
-    /// old value (the swap happened when it equals `expected`). Sim only.
+    /// old value (the swap happened when it equals `expected`).
     pub fn sym_atomic_compare_swap(&self, dst: usize, expected: u64, desired: u64, pe: Rank) -> Result<u64> {
         let what = "sym_atomic_compare_swap";
         match self.sym_route(&Access { what, addr: dst, len: 8, pe, word: true })? {
-            Route::Mapped(word) => self.word_rmw("atomic compare-swap", word, |a| {
-                a.compare_exchange(expected, desired, Ordering::AcqRel, Ordering::Acquire).unwrap_or_else(|old| old)
-            }),
+            Route::Mapped(word) => self.word_rmw(word, WordAtomic::CompareSwap { expected, desired }),
             Route::Queue { pe, window, offset } => {
                 self.net_amo(what, (pe, window, offset), AmoOp::CompareSwap, desired, expected)
             }
@@ -583,22 +582,21 @@ impl Context {
         Ok(unsafe { self.backend.copy_sync(heap.base + layout::CTRL_ERRORS as usize, zeros.as_ptr() as usize, 32) }?)
     }
 
-    /// An atomic read-modify-write of the checked word at `word`, where the host can
-    /// make one (sim).
-    fn word_rmw(&self, what: &str, word: usize, f: impl FnOnce(&AtomicU64) -> u64) -> Result<u64> {
+    /// Applies `op` to the checked word at `word` and returns its old value: one atomic
+    /// instruction of the host on sim; on CUDA the rank's GPU makes it (see the module
+    /// documentation), within `WORD_ATOMIC_TIMEOUT`.
+    fn word_rmw(&self, word: usize, op: WordAtomic) -> Result<u64> {
         match self.backend.kind() {
             BackendKind::Sim => {
                 // SAFETY: `word` is an 8-byte aligned word inside a live allocation of a
                 // heap mapped into this process as host memory (sim), mapped as long as
                 // the context lives; every access to it from gpulmt is atomic.
-                Ok(f(unsafe { AtomicU64::from_ptr(word as *mut u64) }))
+                Ok(op.apply(unsafe { AtomicU64::from_ptr(word as *mut u64) }))
             }
-            BackendKind::Cuda => Err(Error::Transfer(ProtoError::Unsupported {
-                what: format!(
-                    "{what} from the host on CUDA (the host has no atomics on device memory): do it in device \
-                     code, or use a signal set"
-                ),
-            })),
+            // SAFETY: `word` is an aligned word of this rank's heap or of an on-node peer's
+            // mapped here (checked), which this rank's device reaches, mapped as long as the
+            // context lives; the host touches it atomically only.
+            BackendKind::Cuda => Ok(unsafe { wait_word_atomic(&*self.backend, self.device, word, op) }?),
         }
     }
 

@@ -4,8 +4,8 @@
 //! - puts (blocking, and `_nbi` completed by `sym_quiet`) of sizes inline and streamed,
 //!   to every PE, then gets of what every PE holds;
 //! - put_signal: the target waits for the signal and must then see the data (never the
-//!   signal first), rounds of `Add` (on CUDA a `Set` of the count to a PE of the same node, where
-//!   the host has no atomics) and a final `Set`;
+//!   signal first), rounds of `Add` (on CUDA made by the GPU for the host when the PE is
+//!   of the same node, by its proxy through the GPU otherwise) and a final `Set`;
 //! - fence: a large `_nbi` put, a fence, a small one to the same place: the small one's
 //!   bytes are what the target holds after the quiet;
 //! - atomics: every rank's fetch-adds on one word of PE 0 and of the last PE give the
@@ -111,17 +111,10 @@ pub fn run(ctx: &mut Context, world: &impl Communicator) -> usize {
     // put_signal around the ring of every PE: the signal never shows before the data.
     let (to, from) = ((me + 1) % n, (me + n - 1) % n);
     let sig_of = |r: Rank| words.at(8 * (3 + r as usize));
-    // On CUDA the host has no atomics on device memory of its own node, and refuses a
-    // signal add to a PE there (by design); a set of the round's count is what the target
-    // waits for all the same. Off-node targets' proxies add on every backend.
-    let add = ctx.backend_kind() != gpulmt::device::BackendKind::Cuda || !ctx.topology().on_node(to);
     for round in 0..ROUNDS {
         let len = if round % 2 == 0 { 8 } else { 5000 };
         let m = message(seed(me, to, len) + round, len);
-        let signal = match add {
-            true => Signal { addr: sig_of(me), value: 1, op: SignalOp::Add },
-            false => Signal { addr: sig_of(me), value: round + 1, op: SignalOp::Set },
-        };
+        let signal = Signal { addr: sig_of(me), value: 1, op: SignalOp::Add };
         // SAFETY: `m` outlives the call, which is complete on return.
         unsafe { ctx.sym_put_signal(stage.addr(), m.as_ptr(), len, signal, to) }
             .or_fail(me, || format!("sym_put_signal round {round} to PE {to}"));
@@ -166,15 +159,11 @@ pub fn run(ctx: &mut Context, world: &impl Communicator) -> usize {
     checks += 1;
     world.barrier();
 
-    // Atomics: exact totals, distinct fetched values, one compare-swap winner. On CUDA the
-    // host has no atomics on device memory of its own node (refused, by design: device
-    // code does them), and the counters live on PE 0 and the last PE, one of which is on
-    // every rank's node; device_check --offnode checks atomics across nodes there.
-    if ctx.backend_kind() == gpulmt::device::BackendKind::Cuda {
-        if me == 0 {
-            println!("rank 0 sym: host atomics skipped on CUDA (the host has none on device memory of its node)");
-        }
-    } else {
+    // Atomics: exact totals, distinct fetched values, one compare-swap winner. The counters
+    // live on PE 0 and the last PE, one of which is on every rank's node: on CUDA the GPU
+    // makes an on-node PE's atomics for the host, the proxy's through its GPU an off-node
+    // PE's, and both must count.
+    {
         let counters = [0, n - 1];
         let mut olds = Vec::new();
         for i in 0..ADDS {

@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
 use super::driver::{check, cu, warn_teardown};
-use crate::device::DeviceError;
+use crate::device::{DeviceError, WordAtomic};
 
 /// Descriptors in the ring: copies the server may have queued at once. A copy that finds
 /// the ring full goes to the copy engine instead.
@@ -65,6 +65,10 @@ const THREADS: c_uint = 512;
 
 /// The started word's mark of a server that has left (or is leaving: see the kernel).
 const EXITED: u64 = 1 << 63;
+
+/// A descriptor's length with this mark (bits 63-62 = 01) is a word atomic, its low two
+/// bits the operation (see [`atomic_code`]); the stop descriptor's `~0` has both bits set.
+const ATOMIC_MARK: u64 = 1 << 62;
 
 /// Polls of an unfinished copy between two checks that a server is running.
 const POLLS_PER_LIVENESS_CHECK: u32 = 1024;
@@ -132,6 +136,12 @@ extern "C" __global__ void gpulmt_copy_server(const volatile unsigned long long*
                 // The leading run of valid slots: later ones wait for the next read.
                 int n = __ffs(~groups) - 1;
                 if (n > 0) {
+                    // Acquire, pairing with the host's release of each slot's tag: the bytes
+                    // the host (or an engine the host saw finish) wrote before posting are
+                    // what the block reads next, not lines this SM's L1 kept from an earlier
+                    // copy of the same buffer (the ring's loads are volatile, not acquire;
+                    // the barrier below carries the order to the other warps).
+                    asm volatile("fence.acq_rel.sys;" ::: "memory");
                     if (announced && lane == 0) {
                         // A copy came after all: withdraw the exit.
                         asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(started), "l"(generation) : "memory");
@@ -170,7 +180,26 @@ extern "C" __global__ void gpulmt_copy_server(const volatile unsigned long long*
         for (int k = 0; k < n; k++) {
             unsigned long long len = s_len[k];
             if (len == ~0ull) return;  // the host's stop; those before it are served
-            if (((s_dst[k] | s_src[k] | len) & 15) == 0) {
+            if ((len >> 62) == 1) {
+                // A word atomic (ATOMIC_MARK): dst is the word, src the record of its
+                // operand, compare value and old value, in the host's pinned memory.
+                // Thread 0 makes it with one system-scope atomic, atomic against kernels'
+                // atomics on the word and peers' over NVLink; acq_rel orders it after the
+                // data the host saw land before posting, and before whatever reads the
+                // record's old value once the completion word is seen.
+                if (threadIdx.x == 0) {
+                    unsigned long long* w = (unsigned long long*)s_dst[k];
+                    volatile unsigned long long* rec = (volatile unsigned long long*)s_src[k];
+                    unsigned long long a = rec[0], c = rec[1], old;
+                    switch (len & 3) {
+                        case 0: asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(w), "l"(a) : "memory"); break;
+                        case 1: asm volatile("atom.acq_rel.sys.global.cas.b64 %0, [%1], %2, %3;" : "=l"(old) : "l"(w), "l"(c), "l"(a) : "memory"); break;
+                        case 2: asm volatile("atom.acq_rel.sys.global.exch.b64 %0, [%1], %2;" : "=l"(old) : "l"(w), "l"(a) : "memory"); break;
+                        default: asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(old) : "l"(w) : "memory"); break;
+                    }
+                    rec[2] = old;  // published by the completion word's release below
+                }
+            } else if (((s_dst[k] | s_src[k] | len) & 15) == 0) {
                 uint4* d = (uint4*)s_dst[k];
                 const uint4* x = (const uint4*)s_src[k];
                 for (unsigned long long i = threadIdx.x; i < len / 16; i += blockDim.x) d[i] = x[i];
@@ -248,6 +277,10 @@ pub struct CopyServer {
     /// While a backoff runs, a declined copy launches nothing before this instant.
     launch_not_before: Option<Instant>,
     backoff: Duration,
+    /// Bit `seq % SLOTS` set: the record of atomic `seq` holds an old value not yet
+    /// collected ([`atomic_result`](Self::atomic_result)), so that slot takes no
+    /// descriptor (a later atomic there would overwrite the record).
+    uncollected: u64,
 }
 
 // SAFETY: the raw pointers are a pinned allocation and driver handles owned by this
@@ -255,10 +288,26 @@ pub struct CopyServer {
 unsafe impl Send for CopyServer {}
 
 /// Word offsets of the completion and started words, each on a cache line of its own
-/// after the ring.
+/// after the ring, then of the atomics' records: per slot [operand, compare, old, -].
 const DONE_WORD: usize = (SLOTS as usize) * 4 + 8;
 const STARTED_WORD: usize = DONE_WORD + 8;
-const HOST_BYTES: usize = (STARTED_WORD + 8) * 8;
+const RECORD_WORD: usize = STARTED_WORD + 8;
+const HOST_BYTES: usize = (RECORD_WORD + 4 * SLOTS as usize) * 8;
+
+/// The kernel's code of an atomic (its `switch`), and its operand and compare value.
+fn atomic_code(op: WordAtomic) -> (u64, u64, u64) {
+    match op {
+        WordAtomic::FetchAdd(v) => (0, v, 0),
+        WordAtomic::CompareSwap { expected, desired } => (1, desired, expected),
+        WordAtomic::Swap(v) => (2, v, 0),
+        WordAtomic::Fetch => (3, 0, 0),
+    }
+}
+
+/// The bit of descriptor `seq`'s slot in [`CopyServer::uncollected`].
+fn slot_bit(seq: u64) -> u64 {
+    1 << (seq % SLOTS)
+}
 
 impl CopyServer {
     /// Loads the kernel into the current context and allocates the ring; the server's
@@ -303,6 +352,7 @@ impl CopyServer {
             judged: 0,
             launch_not_before: None,
             backoff: Duration::ZERO,
+            uncollected: 0,
         }
     }
 
@@ -386,39 +436,117 @@ impl CopyServer {
         enter: impl FnOnce() -> Result<G, DeviceError>,
         now: impl FnOnce() -> Instant,
     ) -> Result<Option<u64>, DeviceError> {
-        if self.next - 1 - self.done() >= SLOTS {
+        if !self.may_post(false, now) {
             self.declined += 1;
             return Ok(None);
         }
-        let word = self.started_word().load(Ordering::Acquire);
-        if self.generation == 0 || word == self.generation | EXITED {
-            self.declined += 1;
-            if self.may_launch(now()) {
-                self.launch_wanted = true;
-            }
-            return Ok(None);
-        }
-        if word != self.generation {
-            // Launched, not started: its start may wait for the application's kernels.
-            self.declined += 1;
+        self.publish((dst as u64, src as u64, len as u64), enter).map(Some)
+    }
+
+    /// Posts a word atomic to a server that runs; returns its sequence number, or None
+    /// when the caller must post it again later: the ring is full, or no server runs yet
+    /// (then [`launch_if_wanted`](Self::launch_if_wanted) launches one, whatever the
+    /// backoff: only the device can make the atomic). Collect its old value with
+    /// [`atomic_result`](Self::atomic_result).
+    ///
+    /// # Safety
+    /// `word` is an 8-byte aligned word of device memory the server's device reaches,
+    /// valid until `atomic_result` returns its old value.
+    pub unsafe fn post_atomic<G>(
+        &mut self,
+        word: usize,
+        op: WordAtomic,
+        enter: impl FnOnce() -> Result<G, DeviceError>,
+    ) -> Result<Option<u64>, DeviceError> {
+        if !self.may_post(true, Instant::now) {
             return Ok(None);
         }
         let seq = self.next;
-        let (dst, src, len) = (dst as u64, src as u64, len as u64);
-        // Its slot's last copy (seq - SLOTS) was served, as the check above shows.
+        let (code, operand, compare) = atomic_code(op);
+        let record = self.record(seq);
+        // SAFETY: the record of `seq`'s slot, in the pinned allocation; the server no
+        // longer reads it (descriptor seq - SLOTS was served, may_post checked) and its
+        // last old value was collected (may_post checked the slot's bit).
+        unsafe {
+            record.write_volatile(operand);
+            record.add(1).write_volatile(compare);
+            record.add(2).write_volatile(0);
+        }
+        self.uncollected |= slot_bit(seq);
+        let src = self.device + (RECORD_WORD as u64 + 4 * (seq % SLOTS)) * 8;
+        // The tag's release (write_slot) publishes the record's words with the descriptor.
+        self.publish((word as u64, src, ATOMIC_MARK | code), enter).map(Some)
+    }
+
+    /// The old value of atomic `seq` once the server made it, None before; never blocks
+    /// (as [`finished`](Self::finished), which it polls).
+    pub fn atomic_result<G>(
+        &mut self,
+        seq: u64,
+        enter: impl FnOnce() -> Result<G, DeviceError>,
+    ) -> Result<Option<u64>, DeviceError> {
+        if !self.finished(seq, enter)? {
+            return Ok(None);
+        }
+        debug_assert!(self.uncollected & slot_bit(seq) != 0, "atomic {seq} collected twice");
+        // SAFETY: the record of `seq`'s slot, in the pinned allocation; the kernel stored
+        // the old value before its release of the completion word, which `finished` read
+        // with acquire, and the slot takes no new descriptor until its bit is cleared.
+        let old = unsafe { self.record(seq).add(2).read_volatile() };
+        self.uncollected &= !slot_bit(seq);
+        Ok(Some(old))
+    }
+
+    /// The first word of descriptor `seq`'s atomic record.
+    fn record(&self, seq: u64) -> *mut u64 {
+        // SAFETY: RECORD_WORD + 4 * (seq % SLOTS) + 3 < HOST_BYTES / 8: inside the pinned
+        // allocation (or the host-only tests' vector of the same size).
+        unsafe { self.host.add(RECORD_WORD + 4 * (seq % SLOTS) as usize) }
+    }
+
+    /// Whether descriptor `self.next` may be posted now: room in the ring, its slot's
+    /// atomic record collected, and a server that started and has not left. When none
+    /// runs, a launch is wanted: for an atomic at once, for a copy (which the engine makes
+    /// meanwhile) once the backoff allows.
+    fn may_post(&mut self, atomic: bool, now: impl FnOnce() -> Instant) -> bool {
+        if self.next - 1 - self.done() >= SLOTS || self.uncollected & slot_bit(self.next) != 0 {
+            return false;
+        }
+        let word = self.started_word().load(Ordering::Acquire);
+        if self.generation == 0 || word == self.generation | EXITED {
+            // Judged either way (may_launch keeps the backoff's books).
+            if self.may_launch(now()) || atomic {
+                self.launch_wanted = true;
+            }
+            return false;
+        }
+        // Otherwise launched, not started (its start may wait for the application's
+        // kernels), or running.
+        word == self.generation
+    }
+
+    /// Writes descriptor `self.next` and makes sure a server will serve it; its sequence
+    /// number. The caller checked [`may_post`](Self::may_post).
+    fn publish<G>(
+        &mut self,
+        (dst, src, len): (u64, u64, u64),
+        enter: impl FnOnce() -> Result<G, DeviceError>,
+    ) -> Result<u64, DeviceError> {
+        let seq = self.next;
+        // Its slot's last descriptor (seq - SLOTS) was served, as may_post checked.
         self.write_slot(seq, dst, src, len);
         self.next += 1;
         // SeqCst, against the kernel's announcement of its exit and its fence.sc.sys: either
-        // its last read of the ring saw this copy, or this load sees the announcement.
+        // its last read of the ring saw this descriptor, or this load sees the announcement.
         fence(Ordering::SeqCst);
         if self.started_word().load(Ordering::Relaxed) != self.generation {
-            // It may have left without this copy, which now waits for the next server.
+            // It may have left without this descriptor, which now waits for the next server.
             let _current = enter()?;
             self.launch()?;
         }
         // Counted for the server that serves it (the one just launched, in the race above).
         self.posted += 1;
-        Ok(Some(seq))
+        Ok(seq)
     }
 
     /// Whether a declined copy may launch a server at `now`: judges the server that left
@@ -659,6 +787,72 @@ mod tests {
             assert!(s.finished(seq, no_context).is_err(), "the check asks the driver about the server's stream");
             s.done_word().store(seq, Ordering::Release);
             assert!(s.finished(seq, no_context).unwrap());
+        });
+    }
+
+    /// Posts a word atomic the way the backend does; the word is never touched (no kernel).
+    fn post_atomic(s: &mut CopyServer, op: WordAtomic) -> Option<u64> {
+        // SAFETY: nothing serves the ring of a host-only server, so the word is never read.
+        unsafe { s.post_atomic(0x4000, op, no_context) }.unwrap()
+    }
+
+    #[test]
+    fn atomics_launch_a_server_whatever_the_backoff_and_wait_for_it() {
+        with_host_only(|s| {
+            // A server that made too few copies left: copies wait out a backoff...
+            serve_and_leave(s, 1, 0);
+            let t0 = Instant::now();
+            assert_eq!(post(s, (0x1000, 0x2000, 8), || t0).unwrap(), None);
+            assert!(!std::mem::take(&mut s.launch_wanted), "a copy launches nothing during the backoff");
+            // ...an atomic does not (only the device can make it), and is not taken until
+            // a server runs.
+            assert_eq!(post_atomic(s, WordAtomic::FetchAdd(1)), None);
+            assert!(std::mem::take(&mut s.launch_wanted), "an atomic launches a server at once");
+            s.generation = 2;
+            assert_eq!(post_atomic(s, WordAtomic::FetchAdd(1)), None, "launched, not started");
+            assert_eq!(s.declined, 1, "atomics are not copies declined to the engine");
+        });
+    }
+
+    #[test]
+    fn an_atomic_descriptor_carries_its_record_and_returns_the_old_value() {
+        with_host_only(|s| {
+            running(s, 1);
+            let seq = post_atomic(s, WordAtomic::CompareSwap { expected: 7, desired: 9 }).unwrap();
+            let ring = ring(s);
+            let (dst, src, len) = kernel_reads(ring, seq).expect("a whole descriptor");
+            assert_eq!((dst, len), (0x4000, ATOMIC_MARK | 1), "the word, and the mark with cas's code");
+            assert_eq!((len >> 62, len == u64::MAX), (1, false), "the kernel tells it from a copy and the stop");
+            let rec = RECORD_WORD + 4 * (seq % SLOTS) as usize;
+            assert_eq!(src, s.device + rec as u64 * 8, "the record as the device addresses it");
+            assert_eq!(&ring[rec..rec + 3], &[9, 7, 0], "operand (desired), compare (expected), old");
+            // Not made yet; then the kernel stores the old value and completes it.
+            assert_eq!(s.atomic_result(seq, no_context).unwrap(), None);
+            // SAFETY: the record's old-value word in the host-only server's vector.
+            unsafe { s.record(seq).add(2).write_volatile(7) };
+            s.done_word().store(seq, Ordering::Release);
+            assert_eq!(s.atomic_result(seq, no_context).unwrap(), Some(7));
+        });
+    }
+
+    #[test]
+    fn a_slot_whose_old_value_is_uncollected_takes_no_descriptor() {
+        with_host_only(|s| {
+            running(s, 1);
+            let first = post_atomic(s, WordAtomic::FetchAdd(5)).unwrap();
+            for _ in 1..SLOTS {
+                assert!(post(s, (0x1000, 0x2000, 8), Instant::now).unwrap().is_some());
+            }
+            // Everything is served, but the atomic's old value was not collected: its
+            // slot (the next descriptor's) must not be overwritten.
+            s.done_word().store(s.next - 1, Ordering::Release);
+            assert_eq!(post(s, (0x1000, 0x2000, 8), Instant::now).unwrap(), None);
+            assert_eq!(post_atomic(s, WordAtomic::Fetch), None);
+            // SAFETY: as above.
+            unsafe { s.record(first).add(2).write_volatile(41) };
+            assert_eq!(s.atomic_result(first, no_context).unwrap(), Some(41));
+            assert_eq!(post_atomic(s, WordAtomic::Swap(3)), Some(first + SLOTS));
+            assert_eq!(&ring(s)[RECORD_WORD + 4 * (first % SLOTS) as usize..][..3], &[3, 0, 0]);
         });
     }
 

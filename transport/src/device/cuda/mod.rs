@@ -42,13 +42,17 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
 use super::{
-    BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle, Mapping, MemoryKind,
-    PointerInfo, IPC_HANDLE_BYTES,
+    AtomicState, AtomicTicket, BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle,
+    Mapping, MemoryKind, PointerInfo, WordAtomic, IPC_HANDLE_BYTES,
 };
 use copies::{lane_slot, Pending, Tickets, LEGACY_STREAM, SYNC_SLOT};
 use copy_server::CopyServer;
 use driver::{check, cu, driver, lock, warn_teardown, Benign, Ctx, CtxGuard, Event, Stream};
 use memory::{from_raw_handle, known_info, open_error, to_raw_handle, OpenHandles, OpenMapping};
+
+/// A copy server's idle timeout until `enable_copy_server` sets one: the default of
+/// `GPULMT_COPY_SERVER_IDLE_US`.
+const DEFAULT_SERVER_IDLE: std::time::Duration = std::time::Duration::from_micros(100);
 
 struct Device {
     cu: sys::CUdevice,
@@ -62,6 +66,9 @@ struct Device {
     server: Mutex<Option<CopyServer>>,
     /// Largest copy the server takes (0 while it is off): read without the lock.
     server_max: AtomicUsize,
+    /// The server's idle timeout, in nanoseconds: `enable_copy_server`'s, or the default
+    /// for a server that word atomics started while copies do not use one.
+    server_idle_ns: AtomicU64,
     /// Streams made from now on get the context's greatest priority
     /// ([`DeviceBackend::set_copy_priority`]).
     high_priority: AtomicBool,
@@ -108,6 +115,7 @@ impl CudaBackend {
                     events: Mutex::new(Vec::new()),
                     server: Mutex::new(None),
                     server_max: AtomicUsize::new(0),
+                    server_idle_ns: AtomicU64::new(DEFAULT_SERVER_IDLE.as_nanos() as u64),
                     high_priority: AtomicBool::new(false),
                 })
             })
@@ -487,6 +495,12 @@ impl DeviceBackend for CudaBackend {
 
     fn enable_copy_server(&self, dev: DevId, max_len: usize, idle: std::time::Duration) -> Result<(), DeviceError> {
         let d = self.device(dev)?;
+        d.server_idle_ns.store(idle.as_nanos() as u64, Ordering::Relaxed);
+        if max_len == 0 {
+            // Copies keep the engine; a server that word atomics start gets `idle`.
+            d.server_max.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
         let mut server = lock(&d.server);
         if server.is_none() {
             let _current = self.enter(dev)?;
@@ -494,6 +508,51 @@ impl DeviceBackend for CudaBackend {
         }
         d.server_max.store(max_len, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Posted to `dev`'s copy server (started for it if copies do not use one), whose
+    /// thread makes it with a system-scope atomic instruction.
+    unsafe fn word_atomic_start(
+        &self,
+        dev: DevId,
+        addr: usize,
+        op: WordAtomic,
+    ) -> Result<Option<AtomicTicket>, DeviceError> {
+        if !addr.is_multiple_of(8) {
+            return Err(DeviceError::InvalidPointer {
+                op: "word_atomic_start",
+                ptr: addr,
+                expected: "an 8-byte aligned word of device memory",
+            });
+        }
+        let d = self.device(dev)?;
+        let mut server = lock(&d.server);
+        if server.is_none() {
+            let _current = self.enter(dev)?;
+            let idle = std::time::Duration::from_nanos(d.server_idle_ns.load(Ordering::Relaxed));
+            *server = Some(CopyServer::new(idle, Self::stream_priority(d)?)?);
+        }
+        let server = server.as_mut().expect("made above");
+        // SAFETY: word_atomic_start's contract is post_atomic's.
+        match unsafe { server.post_atomic(addr, op, || self.enter(dev))? } {
+            Some(seq) => Ok(Some(AtomicTicket(AtomicState::Served { dev, seq }))),
+            None => {
+                let _current = self.enter(dev)?;
+                server.launch_if_wanted()?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn word_atomic_poll(&self, ticket: AtomicTicket) -> Result<Option<u64>, DeviceError> {
+        match ticket.0 {
+            AtomicState::Done(old) => Ok(Some(old)),
+            AtomicState::Served { dev, seq } => {
+                let mut server = lock(&self.device(dev)?.server);
+                let server = server.as_mut().expect("a served atomic's device has a server until the backend drops");
+                server.atomic_result(seq, || self.enter(dev))
+            }
+        }
     }
 
     fn set_copy_priority(&self, high: bool) -> Result<(), DeviceError> {

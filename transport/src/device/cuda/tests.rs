@@ -202,6 +202,74 @@ fn gpu_copy_server_makes_small_device_copies() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn gpu_copy_server_reads_a_rewritten_source_afresh() {
+    let b = backend();
+    // SAFETY: `p` and `q` are allocations of 4 KiB of `b`, the other ends this test's
+    // vectors; every copy is waited for before its memory is read, written again or freed.
+    unsafe {
+        b.enable_copy_server(0, 4096, std::time::Duration::from_secs(1)).unwrap();
+        let (p, q) = (b.alloc(0, 4096).unwrap(), b.alloc(0, 4096).unwrap());
+        let mut back = vec![0u8; 4096];
+        // The same source again and again, rewritten by the engine between the server's
+        // copies: the server must not serve lines its SM cached from the last round.
+        for round in 0..64u8 {
+            let src = pattern(4096, round);
+            b.copy_sync(p, src.as_ptr() as usize, 4096).unwrap();
+            copy_by_server(&b, 0, q, p, 4096);
+            b.copy_sync(back.as_mut_ptr() as usize, q, 4096).unwrap();
+            assert!(back == src, "round {round}: stale bytes from the server");
+        }
+        b.free(q).unwrap();
+        b.free(p).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_word_atomics_are_made_by_the_device() {
+    use crate::device::{wait_word_atomic, WordAtomic};
+    let b = backend();
+    let w = b.alloc(0, 64).unwrap();
+    let zero = [0u64; 8];
+    // SAFETY: `w` is an allocation of 64 bytes of `b`, live until freed at the end; every
+    // atomic and copy on it is waited for before the next reads it.
+    unsafe {
+        b.copy_sync(w, zero.as_ptr() as usize, 64).unwrap();
+        // No copy server enabled: the first atomic starts one.
+        assert_eq!(wait_word_atomic(&b, 0, w, WordAtomic::FetchAdd(5)).unwrap(), 0);
+        assert_eq!(wait_word_atomic(&b, 0, w, WordAtomic::FetchAdd(2)).unwrap(), 5);
+        assert_eq!(wait_word_atomic(&b, 0, w, WordAtomic::CompareSwap { expected: 6, desired: 1 }).unwrap(), 7);
+        assert_eq!(wait_word_atomic(&b, 0, w, WordAtomic::CompareSwap { expected: 7, desired: 1 }).unwrap(), 7);
+        assert_eq!(wait_word_atomic(&b, 0, w, WordAtomic::Swap(40)).unwrap(), 1);
+        assert_eq!(wait_word_atomic(&b, 0, w, WordAtomic::Fetch).unwrap(), 40);
+        // Misaligned: refused before anything is posted.
+        assert!(b.word_atomic_start(0, w + 4, WordAtomic::Fetch).is_err());
+        // Four threads, 500 adds each to the next word, many in flight at once through
+        // the ring: every add counts and each old value is seen once.
+        let olds: Vec<u64> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    sc.spawn(|| {
+                        (0..500)
+                            .map(|_| wait_word_atomic(&b, 0, w + 8, WordAtomic::FetchAdd(1)).unwrap())
+                            .collect::<Vec<u64>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect::<Vec<u64>>()
+        });
+        let mut sorted = olds;
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..2000).collect::<Vec<u64>>());
+        let mut back = [0u64; 2];
+        b.copy_sync(back.as_mut_ptr() as usize, w, 16).unwrap();
+        assert_eq!(back, [40, 2000]);
+        b.free(w).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_copies_at_high_priority_land() {
     let b = backend();
     // SAFETY: `p` and `q` are allocations of `len` bytes of `b`, the other ends this test's

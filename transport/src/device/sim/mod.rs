@@ -60,8 +60,8 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::{
-    BackendKind, Copy2d, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle, Mapping, MemoryKind,
-    PointerInfo,
+    AtomicState, AtomicTicket, BackendKind, Copy2d, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped,
+    IpcHandle, Mapping, MemoryKind, PointerInfo, WordAtomic,
 };
 use crate::shm::object::{ShmError, ShmSegment};
 use crate::shm::owner::OwnerLock;
@@ -493,6 +493,30 @@ impl DeviceBackend for SimBackend {
     unsafe fn copy_2d_sync(&self, dst: usize, src: usize, shape: Copy2d) -> Result<(), DeviceError> {
         // SAFETY: copy_2d_sync's contract is copy_now's.
         unsafe { self.copy_now("copy_2d_sync", dst, src, shape) }
+    }
+
+    /// Made at once: the sim's device memory is host memory, shared between the ranks'
+    /// processes, so one atomic instruction of the host is atomic against theirs.
+    unsafe fn word_atomic_start(
+        &self,
+        dev: DevId,
+        addr: usize,
+        op: WordAtomic,
+    ) -> Result<Option<AtomicTicket>, DeviceError> {
+        let _ = dev;
+        let device_word = addr.is_multiple_of(8) && matches!(self.pointer_info(addr)?.kind, MemoryKind::Device(_));
+        if !device_word {
+            return Err(DeviceError::InvalidPointer {
+                op: "word_atomic_start",
+                ptr: addr,
+                expected: "an 8-byte aligned word of device memory",
+            });
+        }
+        // SAFETY: an aligned word of sim device memory, mapped into this process (checked
+        // above) and valid for the call (the caller's contract); every host access to it
+        // is atomic (the caller's contract), so an `AtomicU64` view of it is sound.
+        let old = op.apply(unsafe { AtomicU64::from_ptr(addr as *mut u64) });
+        Ok(Some(AtomicTicket(AtomicState::Done(old))))
     }
 
     /// Anonymous shared memory: zeroed, page-aligned, and at the same address for the

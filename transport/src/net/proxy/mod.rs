@@ -121,8 +121,6 @@ pub(crate) struct Proxy {
     windows: Vec<Option<LocalWindow>>,
     /// One-sided data transfers started (their tags).
     one_sided_next: u64,
-    /// A device signal update runs (one at a time: see `target.rs`).
-    device_signal_busy: bool,
     /// Ops the context cancelled before the proxy took (or started) them: (queue, seq).
     cancels: rustc_hash::FxHashSet<(usize, u64)>,
     pools: [Pool; 3],
@@ -172,7 +170,6 @@ impl Proxy {
             inbound: Vec::new(),
             windows: Vec::new(),
             one_sided_next: 0,
-            device_signal_busy: false,
             cancels: Default::default(),
             pools,
             stopping: Stopping::Running,

@@ -8,29 +8,24 @@
 //! signal is updated once the data is in place, and only then the reply goes back: the
 //! initiator's completion means "visible here".
 //!
-//! A signal in host memory is updated atomically with release ordering; one in device
-//! memory is written by the copy engine after the data's copies finished (an `Add` there
-//! reads, adds and writes back, one device signal update at a time in this proxy, so two
-//! ranks' adds to one word both count; a kernel writing the same word meanwhile is not
-//! ordered with it).
+//! A signal is updated once the data's copies finished: in host memory atomically with
+//! release ordering; in device memory a `Set` by the copy engine, an `Add` by the device
+//! itself (below).
 //!
 //! # How an AMO stays atomic
-//! Every AMO that reaches this rank from another node is applied by this one thread, one
-//! at a time, when its request is handled:
-//! - **host memory, and sim's device memory** (host memory of this process): one atomic
-//!   instruction of the host on the word (`AtomicU64`, acquire-release), so it is atomic
-//!   against every other access to the word that is atomic itself: other ranks' AMOs
+//! Every AMO (and signal `Add`) that reaches this rank from another node is one
+//! [`WordAtomic`]:
+//! - **host memory**: one atomic instruction of the host on the word (`AtomicU64`,
+//!   acquire-release), atomic against every other atomic access to it: other ranks' AMOs
 //!   through this proxy, this rank's host `sym_atomic_*`, the on-node peers' host atomics
-//!   (the same shared memory), and the proxy's signal adds;
-//! - **CUDA device memory**: the host has no atomic instruction on device memory
-//!   (PCIe atomics are not exposed to it), so the proxy reads the word with the copy
-//!   engine, computes, and writes it back, waiting for each copy, and never while a
-//!   device signal update of its own runs. It is therefore atomic against the other
-//!   off-node AMOs and signal updates to this PE (all serialised here), and **not**
-//!   against the target GPU's own atomics on the same word (a kernel's `atomicAdd`, or an
-//!   on-node peer's direct AMO, may fall between the read and the write).
-//!   docs/memory-model.md ("Atomicity") states this limit: a word that off-node PEs update
-//!   atomically must not be updated atomically by the device path at the same time.
+//!   (the same shared memory);
+//! - **device memory**: the device makes it (`DeviceBackend::word_atomic_start`): on CUDA
+//!   a thread of the rank's copy server with one system-scope atomic instruction, so it is
+//!   atomic against the GPU's own atomics on the word too (a kernel's `atomicAdd`, an
+//!   on-node peer's direct AMO over NVLink); the host has no atomic instruction on device
+//!   memory, and a read and write by the copy engine lost adds that fell between them
+//!   (21 of 24576 in issue 28's first run). On the sim, device memory is host memory and
+//!   the atomic is the host's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -39,7 +34,7 @@ use gpulmt_protocols::Rank;
 
 use super::net::Owner;
 use super::Proxy;
-use crate::device::{Backend, BackendKind, CopyTicket, MemoryKind};
+use crate::device::{AtomicTicket, Backend, CopyTicket, MemoryKind, WordAtomic};
 use crate::net::stream::{Dir, Place, Stream, StreamError, NET_LANE};
 use crate::net::wire::{AmKind, AmReply, AmRequest, AM_INLINE, REPLY_TAG};
 
@@ -50,12 +45,32 @@ pub(super) const REPLY_TARGET_FAILED: u32 = 1000;
 enum Signal {
     /// No signal (a PUT, a GET, or a refused request).
     None,
-    /// To do once the data is in place.
+    /// To do once the data is in place (device memory, `Add`: until the device takes it).
     Pending { addr: usize, value: u64, op: SignalOp, kind: MemoryKind },
-    /// Device memory, `Add`: reading the old value.
-    Reading { ticket: CopyTicket, word: Box<u64>, addr: usize, value: u64, dev: u32 },
-    /// Device memory: writing the new value.
+    /// Device memory, `Set`: the copy engine writing the new value.
     Writing { ticket: CopyTicket, _word: Box<u64> },
+    /// Device memory, `Add`: the device's atomic.
+    Adding(AtomicTicket),
+}
+
+/// Where an AMO stands.
+enum Amo {
+    /// None (not an AMO, a refused one, or applied).
+    None,
+    /// To apply once the request is handled: the word's address and memory.
+    Ready { addr: usize, kind: MemoryKind, op: WordAtomic },
+    /// Device memory: the device's atomic in flight.
+    Running(AtomicTicket),
+}
+
+/// The word atomic an AMO request asks for.
+fn word_atomic(amo: AmoOp, operand: u64, compare: u64) -> WordAtomic {
+    match amo {
+        AmoOp::FetchAdd => WordAtomic::FetchAdd(operand),
+        AmoOp::CompareSwap => WordAtomic::CompareSwap { expected: compare, desired: operand },
+        AmoOp::Set => WordAtomic::Swap(operand),
+        AmoOp::Fetch => WordAtomic::Fetch,
+    }
 }
 
 /// One request of another rank on this rank's windows.
@@ -69,8 +84,7 @@ pub(super) struct TargetOp {
     /// A copy of inline bytes between the message and device memory, and the bytes.
     copy: Option<(CopyTicket, Vec<u8>)>,
     signal: Signal,
-    /// An AMO to apply: the word's address and memory.
-    amo: Option<(usize, MemoryKind)>,
+    amo: Amo,
     /// A small GET's bytes (an AMO's old value), for the reply.
     reply_inline: Option<Vec<u8>>,
 }
@@ -135,7 +149,7 @@ impl Proxy {
             data: None,
             copy: None,
             signal: Signal::None,
-            amo: None,
+            amo: Amo::None,
             reply_inline: None,
         };
         let pipe = self.net.pipe;
@@ -146,7 +160,9 @@ impl Proxy {
             Some(unsafe { Stream::new(dir, source, am.data_tag, addr, am.size, place, pipe) })
         };
         match (am.kind, status, am.inline) {
-            (AmKind::Amo { .. }, 0, _) => t.amo = Some((addr, kind)),
+            (AmKind::Amo { amo, operand, compare }, 0, _) => {
+                t.amo = Amo::Ready { addr, kind, op: word_atomic(amo, operand, compare) }
+            }
             (AmKind::Amo { .. }, _, _) => {}
             (AmKind::Get, 0, false) => t.data = stream(Dir::Send, addr, place),
             (AmKind::Get, 0, true) => match kind {
@@ -241,23 +257,8 @@ impl Proxy {
         if t.data.is_some() || t.copy.is_some() {
             return work;
         }
-        if !t.signal_step(&self.net.backend, &mut self.device_signal_busy) {
+        if !t.signal_step(&self.net.backend) || !t.amo_step(&self.net.backend) {
             return work;
-        }
-        if let Some((addr, kind)) = t.amo {
-            if self.device_signal_busy {
-                // A device signal update reads and writes a word with the copy engine;
-                // the AMO's own read-modify-write waits for it (see the module docs).
-                return work;
-            }
-            let AmKind::Amo { amo, operand, compare } = t.am.kind else { unreachable!("set for AMOs only") };
-            t.amo = None;
-            // SAFETY: `addr` is an aligned word inside this rank's window (checked when
-            // the request arrived), valid while the window is exposed.
-            match unsafe { apply_amo(&self.net.backend, addr, kind, amo, operand, compare) } {
-                Ok(old) => t.reply_inline = Some(old.to_le_bytes().to_vec()),
-                Err(e) => t.fail(format!("applying an atomic: {e}")),
-            }
         }
         let reply = AmReply { op: t.am.op, status: t.status };
         let mut buf = Vec::new();
@@ -299,76 +300,6 @@ impl Proxy {
     }
 }
 
-/// The new value of a word that held `old` after `amo` (None: not written).
-pub(super) fn amo_result(amo: AmoOp, old: u64, operand: u64, compare: u64) -> Option<u64> {
-    match amo {
-        AmoOp::FetchAdd => Some(old.wrapping_add(operand)),
-        AmoOp::CompareSwap => (old == compare).then_some(operand),
-        AmoOp::Set => Some(operand),
-        AmoOp::Fetch => None,
-    }
-}
-
-/// Applies `amo` to the word at `addr` of memory `kind`; returns its old value. The
-/// module docs say how it is atomic on each memory.
-///
-/// # Safety
-/// `addr` is an 8-byte aligned word valid for reads and writes in memory of `kind`, and
-/// every host access to it is atomic.
-unsafe fn apply_amo(
-    backend: &Backend,
-    addr: usize,
-    kind: MemoryKind,
-    amo: AmoOp,
-    operand: u64,
-    compare: u64,
-) -> Result<u64, String> {
-    match (kind, backend.kind()) {
-        (MemoryKind::Host, _) | (MemoryKind::Device(_), BackendKind::Sim) => {
-            // SAFETY: the caller's contract: an aligned word of this process's memory
-            // (sim's device memory is host memory), touched atomically only.
-            let word = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
-            // AcqRel: the AMO is ordered after what the initiator's earlier fenced ops
-            // wrote here, and before what a reader that sees its value reads. Scope: host.
-            Ok(match amo {
-                AmoOp::FetchAdd => word.fetch_add(operand, Ordering::AcqRel),
-                AmoOp::CompareSwap => {
-                    word.compare_exchange(compare, operand, Ordering::AcqRel, Ordering::Acquire).unwrap_or_else(|v| v)
-                }
-                AmoOp::Set => word.swap(operand, Ordering::AcqRel),
-                AmoOp::Fetch => word.load(Ordering::Acquire),
-            })
-        }
-        (MemoryKind::Device(dev), BackendKind::Cuda) => {
-            let mut old = 0u64;
-            // SAFETY: the device word is the caller's; `old` is a local held until the
-            // copy finished (device_copy waits for it).
-            unsafe { device_copy(backend, dev, &mut old as *mut u64 as usize, addr)? };
-            if let Some(new) = amo_result(amo, old, operand, compare) {
-                // SAFETY: as for the read, in the other direction.
-                unsafe { device_copy(backend, dev, addr, &new as *const u64 as usize)? };
-            }
-            Ok(old)
-        }
-    }
-}
-
-/// Copies one 8-byte word between the host and device memory of `dev` and waits for it.
-///
-/// # Safety
-/// Both addresses are valid 8-byte words for the copy's direction until it returns.
-unsafe fn device_copy(backend: &Backend, dev: u32, dst: usize, src: usize) -> Result<(), String> {
-    // SAFETY: the caller's contract; the wait below keeps both words in use until done.
-    let ticket = unsafe { backend.copy_async(dev, NET_LANE, dst, src, 8) }.map_err(|e| e.to_string())?;
-    loop {
-        match backend.copy_poll(ticket) {
-            Ok(true) => return Ok(()),
-            Ok(false) => std::hint::spin_loop(),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
-
 impl TargetOp {
     fn fail(&mut self, why: String) {
         if self.status == 0 {
@@ -382,10 +313,8 @@ impl TargetOp {
         }
     }
 
-    /// Moves the signal update on; true once there is nothing (more) to do. `busy` is
-    /// the proxy's one device signal update in flight: a device update waits for it, so
-    /// read-add-write updates of one word never interleave.
-    fn signal_step(&mut self, backend: &crate::device::Backend, busy: &mut bool) -> bool {
+    /// Moves the signal update on; true once there is nothing (more) to do.
+    fn signal_step(&mut self, backend: &Backend) -> bool {
         loop {
             match std::mem::replace(&mut self.signal, Signal::None) {
                 Signal::None => return true,
@@ -405,69 +334,98 @@ impl TargetOp {
                     }
                     return true;
                 }
-                Signal::Pending { addr, value, op, kind: MemoryKind::Device(dev) } if *busy => {
-                    self.signal = Signal::Pending { addr, value, op, kind: MemoryKind::Device(dev) };
-                    return false;
-                }
-                Signal::Pending { addr, value, op, kind: MemoryKind::Device(dev) } => {
-                    *busy = true;
+                Signal::Pending { addr, value, op: SignalOp::Set, kind: MemoryKind::Device(dev) } => {
                     let word = Box::new(value);
                     let at = &*word as *const u64 as usize;
                     // SAFETY: the device word is inside the window (checked, 8 bytes); the
                     // host word is boxed and held with the ticket until the copy finishes.
                     // The data's copies finished before (this runs once they did).
-                    let copy = unsafe {
-                        match op {
-                            SignalOp::Set => backend.copy_async(dev, NET_LANE, addr, at, 8),
-                            SignalOp::Add => backend.copy_async(dev, NET_LANE, at, addr, 8),
-                        }
-                    };
-                    match (copy, op) {
-                        (Ok(ticket), SignalOp::Set) => self.signal = Signal::Writing { ticket, _word: word },
-                        (Ok(ticket), SignalOp::Add) => self.signal = Signal::Reading { ticket, word, addr, value, dev },
-                        (Err(e), _) => {
-                            *busy = false;
-                            self.fail(format!("writing the signal: {e}"));
-                        }
+                    match unsafe { backend.copy_async(dev, NET_LANE, addr, at, 8) } {
+                        Ok(ticket) => self.signal = Signal::Writing { ticket, _word: word },
+                        Err(e) => self.fail(format!("writing the signal: {e}")),
                     }
                 }
-                Signal::Reading { ticket, mut word, addr, value, dev } => match backend.copy_poll(ticket) {
-                    Ok(false) => {
-                        self.signal = Signal::Reading { ticket, word, addr, value, dev };
-                        return false;
-                    }
-                    Err(e) => {
-                        *busy = false;
-                        self.fail(format!("reading the signal: {e}"));
-                    }
-                    Ok(true) => {
-                        *word = word.wrapping_add(value);
-                        let at = &*word as *const u64 as usize;
-                        // SAFETY: as for the read: the device word inside the window, the
-                        // boxed host word held with the ticket.
-                        match unsafe { backend.copy_async(dev, NET_LANE, addr, at, 8) } {
-                            Ok(ticket) => self.signal = Signal::Writing { ticket, _word: word },
-                            Err(e) => {
-                                *busy = false;
-                                self.fail(format!("writing the signal: {e}"));
-                            }
+                Signal::Pending { addr, value, op: SignalOp::Add, kind: MemoryKind::Device(dev) } => {
+                    // SAFETY: an aligned word inside the device window (checked when the
+                    // request arrived), valid while the window is exposed; the host
+                    // touches it through word atomics only.
+                    match unsafe { backend.word_atomic_start(dev, addr, WordAtomic::FetchAdd(value)) } {
+                        Ok(Some(ticket)) => self.signal = Signal::Adding(ticket),
+                        Ok(None) => {
+                            self.signal =
+                                Signal::Pending { addr, value, op: SignalOp::Add, kind: MemoryKind::Device(dev) };
+                            return false;
                         }
+                        Err(e) => self.fail(format!("adding to the signal: {e}")),
                     }
-                },
+                }
                 Signal::Writing { ticket, _word } => match backend.copy_poll(ticket) {
                     Ok(false) => {
                         self.signal = Signal::Writing { ticket, _word };
                         return false;
                     }
-                    Ok(true) => {
-                        *busy = false;
+                    Ok(true) => return true,
+                    Err(e) => self.fail(format!("writing the signal: {e}")),
+                },
+                Signal::Adding(ticket) => match backend.word_atomic_poll(ticket) {
+                    Ok(None) => {
+                        self.signal = Signal::Adding(ticket);
+                        return false;
+                    }
+                    Ok(Some(_)) => return true,
+                    Err(e) => self.fail(format!("adding to the signal: {e}")),
+                },
+            }
+        }
+    }
+
+    /// Moves the AMO on (see the module docs); true once there is nothing (more) to do,
+    /// its old value then in `reply_inline`.
+    fn amo_step(&mut self, backend: &Backend) -> bool {
+        match std::mem::replace(&mut self.amo, Amo::None) {
+            Amo::None => true,
+            Amo::Ready { addr, kind: MemoryKind::Host, op } => {
+                // SAFETY: an aligned word inside this rank's host window (checked when the
+                // request arrived), valid while exposed, shared with the application and
+                // touched atomically only.
+                let old = op.apply(unsafe { AtomicU64::from_ptr(addr as *mut u64) });
+                self.reply_inline = Some(old.to_le_bytes().to_vec());
+                true
+            }
+            Amo::Ready { addr, kind: MemoryKind::Device(dev), op } => {
+                // SAFETY: an aligned word inside this rank's device window (checked when
+                // the request arrived), valid while the window is exposed; the host
+                // touches it through word atomics only.
+                match unsafe { backend.word_atomic_start(dev, addr, op) } {
+                    Ok(Some(ticket)) => self.amo = Amo::Running(ticket),
+                    Ok(None) => self.amo = Amo::Ready { addr, kind: MemoryKind::Device(dev), op },
+                    Err(e) => {
+                        self.fail(format!("applying an atomic: {e}"));
                         return true;
                     }
-                    Err(e) => {
-                        *busy = false;
-                        self.fail(format!("writing the signal: {e}"));
-                    }
-                },
+                }
+                self.amo_step_running(backend)
+            }
+            running => {
+                self.amo = running;
+                self.amo_step_running(backend)
+            }
+        }
+    }
+
+    fn amo_step_running(&mut self, backend: &Backend) -> bool {
+        let Amo::Running(ticket) = self.amo else { return matches!(self.amo, Amo::None) };
+        match backend.word_atomic_poll(ticket) {
+            Ok(None) => false,
+            Ok(Some(old)) => {
+                self.amo = Amo::None;
+                self.reply_inline = Some(old.to_le_bytes().to_vec());
+                true
+            }
+            Err(e) => {
+                self.amo = Amo::None;
+                self.fail(format!("applying an atomic: {e}"));
+                true
             }
         }
     }
