@@ -52,6 +52,7 @@
 #            shared memory (vader) and TCP, beside Open MPI H H and the host-staged anchor on
 #            the same transport (staged_mpi.sh); the anatomy of one 8 B D D leg
 #            (anatomy_net.csv); the ratios in internode_summary.txt. Not part of full.
+#            INTERNODE_PARTS=checks runs the checks only (about a minute).
 #   ga       global arrays (ga/, issue 29): gpulmt-ga-check's scenarios (random sections
 #            against a serial reference, order, exact accumulate totals, non-blocking under
 #            fence, bad input, short messages) on 2, 3 and 4 ranks and the C example
@@ -527,6 +528,10 @@ internode() {
 2_nodes_x2_tcp_4_slots|4|--mca btl tcp,self -x GPULMT_NET_QUEUE_SLOTS=4|--max 4M
 killed_mid_transfer|4||die
 CASES
+  if [ "${INTERNODE_PARTS:-all}" = checks ]; then
+    log "internode: INTERNODE_PARTS=checks, the osu part skipped"
+    return 0
+  fi
 
   log internode osu: D D and H H across 2 pseudo-nodes, shared memory and TCP
   for transport in vader tcp; do
