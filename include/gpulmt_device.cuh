@@ -128,6 +128,8 @@ typedef struct gpulmt_gio_sq {
     gpulmt_u64 target_of_pe;      /* n_pes i32: this queue's template index of each PE, -1: none */
     gpulmt_u64 fence_epoch_of_pe; /* n_pes u32, device memory: fence epoch of each target's last op */
     gpulmt_u64 fence_epoch;       /* u32, device memory: fences called on this queue */
+    gpulmt_u64 result_free;       /* slots u64, device memory: per slot, 1 + the position of the
+                                   * last op that released its result word */
 } gpulmt_gio_sq;
 
 typedef struct gpulmt_gio_queues {
@@ -195,6 +197,12 @@ GPULMT_DEV gpulmt_u64 gpulmt_ld_acquire_gpu(const gpulmt_u64 *p)
 GPULMT_DEV void gpulmt_st_release_sys(gpulmt_u64 *p, gpulmt_u64 v)
 {
     asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+/* A release store at GPU scope: for words only this GPU's threads share. */
+GPULMT_DEV void gpulmt_st_release_gpu(gpulmt_u64 *p, gpulmt_u64 v)
+{
+    asm volatile("st.release.gpu.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 GPULMT_DEV void gpulmt_red_release_add_sys(gpulmt_u64 *p, gpulmt_u64 v)
@@ -391,6 +399,17 @@ GPULMT_DEV gpulmt_u64 gpulmt_gio_post(const gpulmt_gio_sq *q, int pe, gpulmt_u32
     /* Credits: the slot is free once the proxy took the packet of the previous lap. The
      * acquire orders our writes to the slot after the proxy's reads of the old packet. */
     while (pos >= gpulmt_ld_acquire_sys((const gpulmt_u64 *)q->head) + q->slots) {
+    }
+    /* The slot's result word is this lap's once the previous lap's op released it (a
+     * fetching AMO after reading its result, any other op at once): ring slots are
+     * recycled when the proxy takes a packet, and without this a later AMO's result could
+     * land on the word before the earlier AMO's thread read it. Acquire: that read is
+     * ordered before this packet's commit, so before the proxy's next write of the word. */
+    gpulmt_u64 *freed = (gpulmt_u64 *)q->result_free + (pos & (q->slots - 1ull));
+    while (gpulmt_ld_acquire_gpu(freed) + q->slots <= pos) {
+    }
+    if (!result_slot) {
+        gpulmt_st_release_gpu(freed, pos + 1ull);
     }
     gpulmt_u64 *slot = (gpulmt_u64 *)(q->ring + (pos & (q->slots - 1ull)) * 64ull);
     slot[1] = result_slot ? q->results + (pos & (q->slots - 1ull)) * 8ull : local;
@@ -775,7 +794,10 @@ GPULMT_DEV gpulmt_u64 gpulmt_amo(gpulmt_u64 *dst, gpulmt_u32 amo, gpulmt_u64 ope
         return 0;
     }
     const gpulmt_gio_sq *q = gpulmt_gio_my_sq();
-    return *(volatile const gpulmt_u64 *)(q->results + (pos & (q->slots - 1ull)) * 8ull);
+    gpulmt_u64 old = *(volatile const gpulmt_u64 *)(q->results + (pos & (q->slots - 1ull)) * 8ull);
+    /* Release: the read above happens before the next lap's op may use the word. */
+    gpulmt_st_release_gpu((gpulmt_u64 *)q->result_free + (pos & (q->slots - 1ull)), pos + 1ull);
+    return old;
 }
 
 GPULMT_DEV gpulmt_u64 gpulmt_atomic_fetch_add(gpulmt_u64 *dst, gpulmt_u64 value, int pe)

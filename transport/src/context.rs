@@ -74,8 +74,8 @@ pub(crate) struct ReqState {
 
 /// Starts the copy server of this rank's device for copies of at most `max` bytes
 /// (`GPULMT_COPY_SERVER_MAX`, or 0 where it is refused); where it cannot run, small copies
-/// keep using the copy engine. With 0 only its idle timeout is set, for a server that
-/// word atomics start (see `device/word_atomic.rs`).
+/// keep using the copy engine. With 0 it is made for word atomics only (see
+/// `device/word_atomic.rs`), here at start-up, before the application's kernels run.
 fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device: DevId, max: u64) {
     match backend.enable_copy_server(device, max as usize, cfg.copy_server_idle) {
         Ok(()) if max == 0 => {}
@@ -84,6 +84,12 @@ fn enable_copy_server(backend: &dyn device::DeviceBackend, cfg: &Config, device:
         Err(device::DeviceError::Unsupported { backend, .. }) => {
             tracing::info!(?backend, "GPULMT_COPY_SERVER_MAX ignored: this backend has no copy server")
         }
+        Err(e) if max == 0 => tracing::warn!(
+            device,
+            error = %e,
+            "copy server not made: 64-bit atomics on this rank's device memory from the host or from other nodes \
+             will try to make it when they come, which may wait for running kernels"
+        ),
         Err(e) => tracing::warn!(device, error = %e, "copy server not started; small copies use the copy engine"),
     }
 }

@@ -63,7 +63,7 @@ fn c_values() -> Vec<(String, String)> {
     v
 }
 
-const SQ_FIELDS: [&str; 11] = [
+const SQ_FIELDS: [&str; 12] = [
     "ring",
     "slots",
     "reserve",
@@ -75,6 +75,7 @@ const SQ_FIELDS: [&str; 11] = [
     "target_of_pe",
     "fence_epoch_of_pe",
     "fence_epoch",
+    "result_free",
 ];
 
 /// `(pos, slots, op, flags, variant, target)`: laps of both parities, every field set.
@@ -111,7 +112,7 @@ fn rust_values() -> Vec<(String, u64)> {
     for (i, f) in SQ_FIELDS.iter().enumerate() {
         add(&format!("sq.{f}"), 8 * i as u64);
     }
-    assert_eq!(offset_of!(SendQueue, fence_epoch), 80);
+    assert_eq!(offset_of!(SendQueue, result_free), 88);
     add("queues.size", size_of::<QueueTable>() as u64);
     add("queues.sq", offset_of!(QueueTable, sq) as u64);
     let ctrl = [

@@ -341,9 +341,10 @@ pub trait DeviceBackend: Send + Sync {
     /// bytes between device memory that [`copy_async`](Self::copy_async) starts on `dev`,
     /// instead of its copy engine: no driver call per copy. The server exits after `idle`
     /// without work (an application's device-wide synchronize waits for it until then) and
-    /// is started again by the next copy. With `max_len` 0 copies keep the engine and only
-    /// `idle` is set, for a server that [`word_atomic_start`](Self::word_atomic_start)
-    /// starts. Backends without one answer `Unsupported`.
+    /// is started again by the next copy. With `max_len` 0 copies keep the engine and the
+    /// server serves [`word_atomic_start`](Self::word_atomic_start) only; call this before
+    /// the application's kernels run (a CUDA module load may wait for them). Backends
+    /// without one answer `Unsupported`.
     fn enable_copy_server(&self, dev: DevId, max_len: usize, idle: std::time::Duration) -> Result<(), DeviceError> {
         let _ = (dev, max_len, idle);
         Err(DeviceError::Unsupported { op: "enable_copy_server", backend: self.kind() })

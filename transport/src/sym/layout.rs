@@ -156,6 +156,10 @@ pub struct SendQueue {
     pub fence_epoch_of_pe: u64,
     /// A `u32` in device memory: fences called on this queue.
     pub fence_epoch: u64,
+    /// `slots` `u64` in device memory: per slot, 1 + the position of the last op that
+    /// released the slot's word of `results` (a fetching AMO once its thread read the
+    /// result, any other op when posted); the next lap's op waits for it.
+    pub result_free: u64,
 }
 
 /// The table [`DeviceCtx::queues`] points to (`gpulmt_gio_queues` in the header).
@@ -171,7 +175,7 @@ pub struct QueueTable {
 
 impl SendQueue {
     /// The record as device code reads it (little-endian, `#[repr(C)]` order).
-    pub fn bytes(&self) -> [u8; 88] {
+    pub fn bytes(&self) -> [u8; 96] {
         let words = [
             self.ring,
             self.slots,
@@ -184,8 +188,9 @@ impl SendQueue {
             self.target_of_pe,
             self.fence_epoch_of_pe,
             self.fence_epoch,
+            self.result_free,
         ];
-        let mut b = [0u8; 88];
+        let mut b = [0u8; 96];
         for (i, w) in words.iter().enumerate() {
             b[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
         }
@@ -204,5 +209,5 @@ impl QueueTable {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<SendQueue>() == 88);
+const _: () = assert!(std::mem::size_of::<SendQueue>() == 96);
 const _: () = assert!(std::mem::size_of::<QueueTable>() == 16);

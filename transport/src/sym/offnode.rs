@@ -386,7 +386,8 @@ impl DeviceQueues {
             return Ok(None);
         }
         let n_pes = target_of_pe.len();
-        let layout = TableLayout::new(queues.len(), n_pes);
+        let slots: Vec<usize> = queues.iter().map(|q| q.mem().slots() as usize).collect();
+        let layout = TableLayout::new(&slots, n_pes);
         let result_bytes: usize = queues.iter().map(|q| 8 * q.mem().slots() as usize).sum();
         let results = backend.alloc_host_mapped(result_bytes)?;
         let mem = match backend.alloc(device, layout.bytes) {
@@ -416,6 +417,7 @@ impl DeviceQueues {
                 target_of_pe: (words + layout.targets_at) as u64,
                 fence_epoch_of_pe: (words + layout.epochs_at) as u64,
                 fence_epoch: (words + 8) as u64,
+                result_free: (words + layout.free_at) as u64,
             };
             result_at += 8 * dq.slots as usize;
             let at = layout.records + i * std::mem::size_of::<SendQueue>();
@@ -424,6 +426,12 @@ impl DeviceQueues {
             // The device's reservations continue at the queue's tail: positions never
             // restart (the proxy's consumer goes on from where it is).
             image[w..w + 8].copy_from_slice(&q.tail().to_le_bytes());
+            // Every result word is free for the first lap from the tail: as if the op a
+            // lap before each position had released it.
+            for s in 0..dq.slots as usize {
+                let at = w + layout.free_at + 8 * s;
+                image[at..at + 8].copy_from_slice(&q.tail().to_le_bytes());
+            }
             for (pe, t) in target_of_pe.iter().enumerate() {
                 let at = w + layout.targets_at + 4 * pe;
                 image[at..at + 4].copy_from_slice(&t.to_le_bytes());
@@ -463,21 +471,25 @@ struct TableLayout {
     /// Offsets inside a queue's words.
     epochs_at: usize,
     targets_at: usize,
+    /// The `result_free` words, one per slot.
+    free_at: usize,
 }
 
 impl TableLayout {
-    fn new(n_sq: usize, n_pes: usize) -> TableLayout {
+    /// The layout of queues of `slots[i]` slots each, for `n_pes` PEs.
+    fn new(slots: &[usize], n_pes: usize) -> TableLayout {
         // Each queue's words on lines of their own: the blocks of different queues
         // reserve and fence without sharing a line.
         const LINE: usize = 128;
         let records = 64;
         let (epochs_at, targets_at) = (16, 16 + 4 * n_pes);
-        let mut at = (records + n_sq * std::mem::size_of::<SendQueue>()).next_multiple_of(LINE);
-        let mut words = Vec::with_capacity(n_sq);
-        for _ in 0..n_sq {
+        let free_at = (targets_at + 4 * n_pes).next_multiple_of(8);
+        let mut at = (records + slots.len() * std::mem::size_of::<SendQueue>()).next_multiple_of(LINE);
+        let mut words = Vec::with_capacity(slots.len());
+        for &s in slots {
             words.push(at);
-            at = (at + targets_at + 4 * n_pes).next_multiple_of(LINE);
+            at = (at + free_at + 8 * s).next_multiple_of(LINE);
         }
-        TableLayout { bytes: at, records, words, epochs_at, targets_at }
+        TableLayout { bytes: at, records, words, epochs_at, targets_at, free_at }
     }
 }

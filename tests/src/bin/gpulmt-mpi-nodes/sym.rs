@@ -260,14 +260,15 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     unsafe { ctx.sym_put(src, pattern.as_ptr(), 16, me) }.or_fail(me, || "filling the source".into());
     let offset = (src as u64) - dctx.heap_base;
     let expect_failed = std::cell::Cell::new(0u64);
-    let post = |make: &dyn Fn(u64) -> (Op, Flags)| -> u64 {
-        let pos = sq.post(me, pe, make);
+    let post_as = |result_slot: bool, make: &dyn Fn(u64) -> (Op, Flags)| -> u64 {
+        let pos = sq.post(me, pe, result_slot, make);
         sq.wait(me, pos);
         if sq.u64_at(sq.q.cq_failed).load(Ordering::Acquire) != expect_failed.get() {
             fail(me, format!("the device queue's op {pos} failed"));
         }
         pos
     };
+    let post = |make: &dyn Fn(u64) -> (Op, Flags)| post_as(false, make);
     post(&|_| (Op::Put { src: src as u64, dst_offset: offset, size: 16 }, Flags::SRC_DEVICE));
     let mut got = [0u8; 16];
     // SAFETY: 16 bytes of host memory written by the call.
@@ -284,8 +285,9 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
         let op = Op::Amo { amo: AmoOp::FetchAdd, offset: offset + 64, operand: 5, compare: 0, result: result_of(pos) };
         (op, Flags::NONE)
     };
-    let pos = post(&amo);
+    let pos = post_as(true, &amo);
     let old = sq.u64_at(result_of(pos)).load(Ordering::Acquire);
+    sq.release_result(pos);
     let after = ctx.sym_atomic_fetch(word, pe).or_fail(me, || "fetch".into());
     if after != before.wrapping_add(5) || old != before {
         fail(me, format!("the device AMO on PE {pe}: {before} -> {after}, fetched {old}"));
@@ -347,7 +349,7 @@ fn device_puts_across_free(ctx: &mut Context, world: &impl Communicator, off_nod
     let put = Op::Put { src: src.addr() as u64, dst_offset: offset, size: SLOT as u64 };
     let mut last = 0;
     for _ in 0..PUTS {
-        last = sq.post(me, pe, &|_| (put, Flags::SRC_DEVICE));
+        last = sq.post(me, pe, false, &|_| (put, Flags::SRC_DEVICE));
     }
     // The kernel ends here, without a quiet.
     for p in [src, victim] {
@@ -408,9 +410,11 @@ impl DeviceSq {
     }
 
     /// Posts one packet to `pe` as `gpulmt_gio_post` does: fence marks, a reserved
-    /// position under the credit rule, words 1-7, the commit word with release, the
-    /// doorbell (max, release). `make` gives the op for the position. Returns it.
-    fn post(&self, me: Rank, pe: Rank, make: &dyn Fn(u64) -> (Op, Flags)) -> u64 {
+    /// position under the credit rule, its result word once free, words 1-7, the commit
+    /// word with release, the doorbell (max, release). `make` gives the op for the
+    /// position; `result_slot`: it fetches into the slot's result word, which
+    /// [`release_result`](Self::release_result) frees once read. Returns the position.
+    fn post(&self, me: Rank, pe: Rank, result_slot: bool, make: &dyn Fn(u64) -> (Op, Flags)) -> u64 {
         let target = self.target_of(pe) as u32;
         let epoch = self.u32_at(self.q.fence_epoch).load(Ordering::Relaxed) + 1;
         let prev = self.u32_at(self.q.fence_epoch_of_pe + 4 * pe as u64).swap(epoch, Ordering::Relaxed);
@@ -423,6 +427,15 @@ impl DeviceSq {
                 fail(me, "the device queue never gave credit".into());
             }
         }
+        let freed = self.u64_at(self.q.result_free + (pos & (self.q.slots - 1)) * 8);
+        while freed.load(Ordering::Acquire) + self.q.slots <= pos {
+            if Instant::now() > deadline {
+                fail(me, "the device queue's result word was never released".into());
+            }
+        }
+        if !result_slot {
+            freed.store(pos + 1, Ordering::Release);
+        }
         let slot = self.q.ring + (pos & (self.q.slots - 1)) * 64;
         let words = Packet { op, flags, target, cookie: pos }.encode(pos, self.q.slots).words;
         for (i, w) in words.iter().enumerate().skip(1) {
@@ -431,6 +444,12 @@ impl DeviceSq {
         self.u64_at(slot).store(words[0], Ordering::Release);
         self.u64_at(self.q.doorbell).fetch_max(pos + 1, Ordering::Release);
         pos
+    }
+
+    /// Frees the result word of the fetching op at `pos` once its result was read
+    /// (`gpulmt_amo`'s release).
+    fn release_result(&self, pos: u64) {
+        self.u64_at(self.q.result_free + (pos & (self.q.slots - 1)) * 8).store(pos + 1, Ordering::Release);
     }
 
     /// Waits until the op at `pos` completed (`gpulmt_gio_wait`).

@@ -496,11 +496,10 @@ impl DeviceBackend for CudaBackend {
     fn enable_copy_server(&self, dev: DevId, max_len: usize, idle: std::time::Duration) -> Result<(), DeviceError> {
         let d = self.device(dev)?;
         d.server_idle_ns.store(idle.as_nanos() as u64, Ordering::Relaxed);
-        if max_len == 0 {
-            // Copies keep the engine; a server that word atomics start gets `idle`.
-            d.server_max.store(0, Ordering::Relaxed);
-            return Ok(());
-        }
+        // Made now even for word atomics alone (max_len 0): loading its module and
+        // allocating its ring while a kernel of this process runs waited for that kernel
+        // (device_check --offnode hung: the kernel waited for an AMO the proxy could only
+        // make once the server existed). Launched by its first copy or atomic.
         let mut server = lock(&d.server);
         if server.is_none() {
             let _current = self.enter(dev)?;
