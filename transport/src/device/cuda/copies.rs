@@ -243,9 +243,10 @@ impl CudaBackend {
     }
 
     /// Posts a copy to `dev`'s copy server if it takes it: both ends in device memory `dev`
-    /// reaches (the kernel cannot touch pageable host memory; pinned staging memory it
-    /// could, but a D D check across pseudo-nodes then received wrong bytes, so it does
-    /// not) and room in its ring. Its sequence number.
+    /// reaches or in pinned memory of `alloc_host_mapped` (the kernel cannot touch pageable
+    /// host memory), and room in its ring. Its sequence number. (Pinned staging buffers
+    /// are recycled: the server reads them afresh only thanks to its acquire fence after
+    /// taking descriptors; without it a D D check across pseudo-nodes received stale bytes.)
     ///
     /// # Safety
     /// As [`DeviceBackend::copy_async`]'s: both ranges valid until the server reports the
@@ -262,20 +263,28 @@ impl CudaBackend {
         // enabled. (A kernel's bad access would end the context; the engine's is an error.)
         // Both ends looked up under one lock of `known` (allocations and IPC mappings are
         // there); anything else is asked of the driver.
+        // Pinned memory of alloc_host_mapped is reachable too, at its device address (a
+        // staging buffer of the internode path, the context's eager bounce buffer).
+        let [dst_pinned, src_pinned] = self.pinned_device_addresses([dst, src], len);
         let [dst_info, src_info] = {
             let known = lock(&self.known);
             [dst, src].map(|p| known_info(&known, p))
         };
-        let reachable = |p, info: Option<PointerInfo>| match info.map_or_else(|| self.query_pointer(p), Ok) {
-            Ok(PointerInfo { kind: MemoryKind::Device(on), .. }) => self.can_access_peer(dev, on),
-            _ => false,
+        let reachable = |p, pinned: Option<usize>, info: Option<PointerInfo>| {
+            pinned.is_some()
+                || match info.map_or_else(|| self.query_pointer(p), Ok) {
+                    Ok(PointerInfo { kind: MemoryKind::Device(on), .. }) => self.can_access_peer(dev, on),
+                    _ => false,
+                }
         };
-        if !(reachable(dst, dst_info) && reachable(src, src_info)) {
+        if !(reachable(dst, dst_pinned, dst_info) && reachable(src, src_pinned, src_info)) {
             return Ok(None);
         }
+        let (dst, src) = (dst_pinned.unwrap_or(dst), src_pinned.unwrap_or(src));
         let mut server = lock(&d.server);
         let Some(server) = server.as_mut() else { return Ok(None) };
-        // SAFETY: this function's contract is post's.
+        // SAFETY: this function's contract is post's; a pinned end is the same memory at
+        // its device address.
         unsafe { server.post((dst, src, len), || self.enter(dev), std::time::Instant::now) }
     }
 }

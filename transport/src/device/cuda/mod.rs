@@ -94,8 +94,9 @@ pub struct CudaBackend {
     /// bi-directional stream, and of a copy the copy server makes).
     known: Mutex<std::collections::BTreeMap<usize, PointerInfo>>,
     /// Pinned host memory from [`alloc_host_mapped`](DeviceBackend::alloc_host_mapped):
-    /// host address -> bytes. `copy_sync` between it and device memory is one driver call.
-    pinned: Mutex<std::collections::BTreeMap<usize, usize>>,
+    /// host address -> (bytes, device address). `copy_sync` between it and device memory
+    /// is one driver call, or a copy server's copy, which addresses it by the device address.
+    pinned: Mutex<std::collections::BTreeMap<usize, (usize, usize)>>,
 }
 
 impl CudaBackend {
@@ -457,8 +458,8 @@ impl DeviceBackend for CudaBackend {
     /// `cuMemcpy` (synchronous both ways for pinned memory, and ordered after the legacy
     /// default stream as the event above orders ours) replaces the four calls of the
     /// stream's way (record, wait, copy, synchronize), each of which costs a microsecond or
-    /// more under MPS: an 8 B eager payload across nodes pays two such copies. (The copy
-    /// server does not take these: see `serve`.)
+    /// more under MPS: an 8 B eager payload across nodes pays two such copies. With a copy
+    /// server enabled for the length, the server makes it instead (no driver call).
     ///
     /// [`alloc_host_mapped`]: DeviceBackend::alloc_host_mapped
     unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<(), DeviceError> {
@@ -466,6 +467,19 @@ impl DeviceBackend for CudaBackend {
             return Ok(());
         }
         if let Some(dev) = self.device_and_pinned(dst, src, len)? {
+            if len <= self.device(dev)?.server_max.load(Ordering::Relaxed) {
+                // The copy server's way: ordered after the application's legacy stream as
+                // the engine's, then a descriptor and a completion word, no driver call
+                // (when the server declines, copy_async queues it on the engine).
+                self.wait_app_default_stream(dev)?;
+                // SAFETY: copy_sync's contract keeps both ranges valid for the whole call,
+                // and the copy is waited for before it returns.
+                let t = unsafe { self.copy_async(dev, 0, dst, src, len)? };
+                while !self.copy_poll(t)? {
+                    std::hint::spin_loop();
+                }
+                return Ok(());
+            }
             let _current = self.enter(dev)?;
             return Ok(cu!(cuMemcpy(dst as CUdeviceptr, src as CUdeviceptr, len))?);
         }
@@ -575,7 +589,7 @@ impl DeviceBackend for CudaBackend {
             warn_teardown(cu!(cuMemFreeHost(host)));
             return Err(f.into());
         }
-        lock(&self.pinned).insert(host as usize, len);
+        lock(&self.pinned).insert(host as usize, (len, device as usize));
         Ok(HostMapped { host: host as usize, device: device as usize, len: bytes })
     }
 
@@ -609,15 +623,7 @@ impl CudaBackend {
     /// For a copy of `len` bytes between device memory and pinned memory of
     /// `alloc_host_mapped` (either way), the device; None for any other pair.
     fn device_and_pinned(&self, dst: usize, src: usize, len: usize) -> Result<Option<DevId>, DeviceError> {
-        let (dst_pinned, src_pinned) = {
-            let map = lock(&self.pinned);
-            let pinned = |p: usize| {
-                map.range(..=p)
-                    .next_back()
-                    .is_some_and(|(&base, &bytes)| p.checked_add(len).is_some_and(|end| end <= base + bytes))
-            };
-            (pinned(dst), pinned(src))
-        };
+        let [dst_pinned, src_pinned] = self.pinned_device_addresses([dst, src], len).map(|a| a.is_some());
         // The end that is not pinned must be device memory.
         let other = match (dst_pinned, src_pinned) {
             (true, false) => src,
@@ -627,6 +633,18 @@ impl CudaBackend {
         Ok(match self.pointer_info(other)?.kind {
             MemoryKind::Device(dev) => Some(dev),
             MemoryKind::Host => None,
+        })
+    }
+}
+
+impl CudaBackend {
+    /// For each address, the device address of `p..p+len` when that whole range is pinned
+    /// memory of `alloc_host_mapped`; looked up under one lock.
+    pub(super) fn pinned_device_addresses<const N: usize>(&self, ps: [usize; N], len: usize) -> [Option<usize>; N] {
+        let map = lock(&self.pinned);
+        ps.map(|p| {
+            let (&base, &(bytes, device)) = map.range(..=p).next_back()?;
+            (p.checked_add(len)? <= base + bytes).then(|| device + (p - base))
         })
     }
 }

@@ -204,8 +204,9 @@ fn gpu_copy_server_makes_small_device_copies() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_copy_server_reads_a_rewritten_source_afresh() {
     let b = backend();
-    // SAFETY: `p` and `q` are allocations of 4 KiB of `b`, the other ends this test's
-    // vectors; every copy is waited for before its memory is read, written again or freed.
+    // SAFETY: `p` and `q` are allocations of 4 KiB of `b`, `h` 4 KiB of its pinned memory,
+    // the other ends this test's vectors; every copy is waited for before its memory is
+    // read, written again or freed.
     unsafe {
         b.enable_copy_server(0, 4096, std::time::Duration::from_secs(1)).unwrap();
         let (p, q) = (b.alloc(0, 4096).unwrap(), b.alloc(0, 4096).unwrap());
@@ -219,6 +220,20 @@ fn gpu_copy_server_reads_a_rewritten_source_afresh() {
             b.copy_sync(back.as_mut_ptr() as usize, q, 4096).unwrap();
             assert!(back == src, "round {round}: stale bytes from the server");
         }
+        // The same from pinned memory the host rewrites (a recycled staging buffer), both
+        // ways through copy_sync, which the server makes for pinned memory.
+        let h = b.alloc_host_mapped(4096).unwrap();
+        for round in 0..64u8 {
+            let src = pattern(4096, round ^ 0x5a);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), h.host as *mut u8, 4096);
+            copy_by_server(&b, 0, q, h.host, 4096);
+            b.copy_sync(back.as_mut_ptr() as usize, q, 4096).unwrap();
+            assert!(back == src, "round {round}: stale bytes from pinned memory");
+            b.copy_sync(h.host, p, 4096).unwrap();
+            let pinned = std::slice::from_raw_parts(h.host as *const u8, 4096);
+            assert!(pinned == pattern(4096, 63), "round {round}: the server's copy into pinned memory");
+        }
+        b.free_host_mapped(h.host).unwrap();
         b.free(q).unwrap();
         b.free(p).unwrap();
     }
