@@ -7,6 +7,7 @@ use std::fs::OpenOptions;
 pub mod device;
 pub mod pair;
 pub mod report;
+pub mod spts;
 pub mod stencil;
 pub mod window;
 
