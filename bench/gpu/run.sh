@@ -3,7 +3,7 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga|spts OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
@@ -59,6 +59,15 @@
 #            scenarios across 2 pseudo-nodes under mpirun, then ga_bench on 2 and 4 ranks
 #            (ga_bench.csv: put/get bandwidth against section shape, short-message latency,
 #            SpMV, each beside the raw heap transfer of the same bytes). Not part of full.
+#   spts     SpTS (issue 28, docs/spts.md): the sparse triangular solve, gio (sync-free
+#            persistent kernels) and inter-k (a kernel per level); first both modes checked
+#            bit-identical to the serial CPU reference, contiguous and block-cyclic rows, on
+#            1, 2 and 4 ranks of one node (gpulmt-run) and 2 and 4 ranks across 2
+#            pseudo-nodes (mpirun) (check.csv, spts_check.csv), then the table gio against
+#            inter-k for SPTS_SIZES rows (default "50000 200000"), SPTS_ITERS timed solves
+#            (default 3), on 2 and 4 ranks of one node and 2 across the pseudo-nodes
+#            (spts_nodes1.csv, spts_nodes2.csv: mode,ranks,n,nnz,levels,time_ms;
+#            spts_summary.txt). About 2 minutes on one H200. Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
 #
@@ -70,9 +79,9 @@
 # STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200), INTERNODE_OSU_ARGS
 # (extra options of the internode mode's osu runs, e.g. "-i 20 -x 2" for a quick sim run).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga OUTDIR}
-case $mode in full | osu | stencil | shim | checks | device | gio | coll | internode | ga) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, gio, coll, internode or ga" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga|spts OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device | gio | coll | internode | ga | spts) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, gio, coll, internode, ga or spts" >&2
   exit 2
   ;;
 esac
@@ -635,6 +644,54 @@ ga() {
   done
 }
 
+# SpTS (see the mode's line at the top). spts is the `mpi`-feature build (prepare.sh): under
+# mpirun with GPULMT_PSEUDO_NODES=2 its job spans two nodes, under gpulmt-run it is one.
+spts() {
+  local sizes=${SPTS_SIZES:-50000 200000} iters=${SPTS_ITERS:-3} n nodes m d s rc
+  local tmp="$out/spts_last.txt"
+  # One run: ranks, pseudo-nodes (1: gpulmt-run), spts's options. A failed run is a FAIL
+  # row of check.csv.
+  spts_one() {
+    n=$1 nodes=$2
+    shift 2
+    if [ "$nodes" = 1 ]; then
+      $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/spts "$@" > "$tmp" 2>&1
+    else
+      timeout 120 $mpirun -np "$n" -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES="$nodes" -x GPULMT_SYM_HEAP \
+        $bin/spts "$@" > "$tmp" 2>&1
+    fi
+    rc=$?
+    cat "$tmp" >> "$out/spts.txt"
+    if [ $rc -ne 0 ]; then
+      log "spts FAILED (rc=$rc): -n $n nodes=$nodes $*"
+      echo "spts_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
+      tail -3 "$tmp" >&2
+    fi
+  }
+  export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-1G}
+  # Every rank shares the GPU: MPS, so that the persistent kernels run at once.
+  MPS=1 start_mps
+  echo "mps=$mps device=$GPULMT_DEVICE iters=$iters sizes=$sizes" > "$out/spts_env.txt"
+  log spts: bit-identical to the serial CPU reference, 1, 2, 4 ranks of one node, 2 and 4 across 2 pseudo-nodes
+  for n_nodes in "1 1" "2 1" "4 1" "2 2" "4 2"; do
+    set -- $n_nodes
+    for m in gio inter-k; do for d in contiguous 64; do
+      if [ "$d" = contiguous ]; then set -- "$1" "$2"; else set -- "$1" "$2" --cyclic "$d"; fi
+      spts_one "$@" --n 20000 --iters 2 --mode "$m" --check --csv "$out/spts_check.csv"
+      grep -q '^check: PASS' "$tmp" && echo "spts_check_n${n}_nodes${nodes}_${m}_$d,ok" >> "$out/check.csv" \
+        || echo "spts_check_n${n}_nodes${nodes}_${m}_$d,FAIL,$(grep '^check:' "$tmp" | head -1)" >> "$out/check.csv"
+    done; done
+  done
+  log spts table: gio against inter-k, $sizes rows
+  for n_nodes in "2 1" "4 1" "2 2"; do
+    set -- $n_nodes
+    for s in $sizes; do for m in gio inter-k; do
+      spts_one "$1" "$2" --n "$s" --iters "$iters" --mode "$m" --csv "$out/spts_nodes$2.csv"
+      grep '^summary:' "$tmp" | head -1 | sed "s|^|nodes=$2 |" | tee -a "$out/spts_summary.txt"
+    done; done
+  done
+}
+
 report() {
   if [ -f "$out/gpulmt.csv" ] || [ -f "$out/stencil.csv" ]; then
     log report
@@ -661,6 +718,9 @@ case $mode in
   ga)
     ga
     ;;
+  spts)
+    spts
+    ;;
   checks)
     log checks
     checks | tee "$out/check.csv"
@@ -677,7 +737,7 @@ esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = gio ] || [ "$mode" = coll ] || [ "$mode" = internode ] || [ "$mode" = ga ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = gio ] || [ "$mode" = coll ] || [ "$mode" = internode ] || [ "$mode" = ga ] || [ "$mode" = spts ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

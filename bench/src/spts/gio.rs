@@ -89,7 +89,7 @@ pub struct CudaGio {
     nrows: u32,
     x: u64,
     flags: u64,
-    /// Device words: [0] the row counter (reset before each launch), [1] rows solved.
+    /// Device words, reset before each launch: [0] the row counter, [1] rows solved.
     ctl: usize,
     grid: u32,
     resident: u32,
@@ -130,7 +130,7 @@ impl CudaGio {
         })
     }
 
-    /// Rows solved so far (all launches), read while the kernel runs.
+    /// Rows the running solve has solved, read while the kernel runs.
     fn solved(&self, ctx: &Context) -> Result<u64> {
         let mut v = 0u64;
         // SAFETY: ctl is our 16-byte allocation; the kernel adds to word 1 atomically
@@ -142,10 +142,9 @@ impl CudaGio {
 
 impl Solver for CudaGio {
     fn solve(&mut self, ctx: &mut Context, epoch: u64) -> Result<()> {
-        let zero = 0u64;
-        // SAFETY: ctl's first word; no kernel runs (the previous solve was waited for).
-        unsafe { ctx.copy_sync(self.ctl, &zero as *const u64 as usize, 8)? };
-        let before = self.solved(ctx)?;
+        let zero = [0u64; 2];
+        // SAFETY: ctl's two words; no kernel runs (the previous solve was waited for).
+        unsafe { ctx.copy_sync(self.ctl, zero.as_ptr() as usize, 16)? };
         let d = &self.dp;
         let ctl = self.ctl as u64;
         let mut l = self.m.stream.launch_builder(&self.f);
@@ -168,7 +167,7 @@ impl Solver for CudaGio {
                      solve {epoch} done; {grid} blocks (resident limit {resident} for {here} rank(s) on this GPU: \
                      every rank's kernel must be resident at once)\n  exiting with status 3: the kernel would spin \
                      forever",
-                    now - before
+                    now
                 )
             },
             cuda("running spts_gio"),
