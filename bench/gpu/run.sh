@@ -206,31 +206,37 @@ stencil() {
   [ "$(gpu_count)" -ge 2 ] && stop_mps
 }
 
+# One run of the application benchmark $1 ($bin/$1) on $3 ranks in $4 pseudo-nodes (1: one
+# node, gpulmt-run; more: mpirun with GPULMT_PSEUDO_NODES, which the program's `mpi` build
+# from prepare.sh joins through MPI), the rest its options. Its output goes to $tmp and is
+# appended to $out/$2; a failed run is a FAIL row of check.csv. Sets n, nodes and rc.
+app_run() {
+  local prog=$1 file=$2
+  n=$3 nodes=$4
+  shift 4
+  if [ "$nodes" = 1 ]; then
+    $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/$prog "$@" > "$tmp" 2>&1
+  else
+    timeout 120 $mpirun -np "$n" -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES="$nodes" -x GPULMT_SYM_HEAP \
+      $bin/$prog "$@" > "$tmp" 2>&1
+  fi
+  rc=$?
+  cat "$tmp" >> "$out/$file"
+  if [ $rc -ne 0 ]; then
+    log "$prog FAILED (rc=$rc): -n $n nodes=$nodes $*"
+    echo "${file%.txt}_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
+    tail -3 "$tmp" >&2
+  fi
+}
+
 # Stencil2D's GIO mode across pseudo-nodes and on 4 ranks (see the mode's line at the top).
 # stencil2d is the `mpi`-feature build (prepare.sh): under mpirun with GPULMT_PSEUDO_NODES=2
 # its job spans two nodes, under gpulmt-run it is one node as before.
 stencil_gio() {
   local iters=${STENCIL_ITERS:-200} sizes=${GIO_SIZES:-2048 4096} precisions=${GIO_PRECISIONS:-single} n m mh p s h nodes rc
   local tmp="$out/stencil_gio_last.txt"
-  # One run: ranks, pseudo-nodes (1: gpulmt-run), stencil2d's options. A failed run is a
-  # FAIL row of check.csv.
-  gio_one() {
-    n=$1 nodes=$2
-    shift 2
-    if [ "$nodes" = 1 ]; then
-      $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" > "$tmp" 2>&1
-    else
-      timeout 120 $mpirun -np "$n" -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES="$nodes" -x GPULMT_SYM_HEAP \
-        $bin/stencil2d "$@" > "$tmp" 2>&1
-    fi
-    rc=$?
-    cat "$tmp" >> "$out/stencil_gio.txt"
-    if [ $rc -ne 0 ]; then
-      log "stencil2d FAILED (rc=$rc): -n $n nodes=$nodes $*"
-      echo "stencil_gio_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
-      tail -3 "$tmp" >&2
-    fi
-  }
+  # One run: ranks, pseudo-nodes, stencil2d's options (app_run).
+  gio_one() { app_run stencil2d stencil_gio.txt "$@"; }
   export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-1G}
   # Every rank shares the GPU: MPS, so that the persistent kernels run at once.
   MPS=1 start_mps
@@ -649,25 +655,8 @@ ga() {
 spts() {
   local sizes=${SPTS_SIZES:-50000 200000} iters=${SPTS_ITERS:-3} n nodes m d s rc
   local tmp="$out/spts_last.txt"
-  # One run: ranks, pseudo-nodes (1: gpulmt-run), spts's options. A failed run is a FAIL
-  # row of check.csv.
-  spts_one() {
-    n=$1 nodes=$2
-    shift 2
-    if [ "$nodes" = 1 ]; then
-      $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/spts "$@" > "$tmp" 2>&1
-    else
-      timeout 120 $mpirun -np "$n" -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES="$nodes" -x GPULMT_SYM_HEAP \
-        $bin/spts "$@" > "$tmp" 2>&1
-    fi
-    rc=$?
-    cat "$tmp" >> "$out/spts.txt"
-    if [ $rc -ne 0 ]; then
-      log "spts FAILED (rc=$rc): -n $n nodes=$nodes $*"
-      echo "spts_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
-      tail -3 "$tmp" >&2
-    fi
-  }
+  # One run: ranks, pseudo-nodes, spts's options (app_run).
+  spts_one() { app_run spts spts.txt "$@"; }
   export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-1G}
   # Every rank shares the GPU: MPS, so that the persistent kernels run at once.
   MPS=1 start_mps

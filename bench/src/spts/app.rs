@@ -113,32 +113,7 @@ pub fn main() -> i32 {
             }
         };
     }
-    let mut ctx = match crate::pair::join() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("spts: init: {e}");
-            return 1;
-        }
-    };
-    match run(&mut ctx, &o) {
-        Ok(passed) => {
-            if let Err(e) = ctx.finalize() {
-                eprintln!("spts: finalize: {e}");
-                return 1;
-            }
-            crate::pair::finalize_mpi();
-            i32::from(!passed)
-        }
-        Err(e) => {
-            // Dropping the context marks this rank failed, so peers stop waiting.
-            eprintln!("spts: rank {}: {e}", ctx.rank());
-            if matches!(e, SptsError::Config(_)) {
-                2
-            } else {
-                1
-            }
-        }
-    }
+    crate::program::run_rank("spts", |ctx| run(ctx, &o))
 }
 
 /// The matrix of the options.

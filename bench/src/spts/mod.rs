@@ -31,26 +31,8 @@ use std::time::Duration;
 use gpulmt::sym::Cmp;
 use gpulmt::Context;
 
-/// What can go wrong in an SpTS run.
-#[derive(Debug, thiserror::Error)]
-pub enum SptsError {
-    #[error(transparent)]
-    Transport(#[from] gpulmt::Error),
-    #[error("CUDA: {0}")]
-    Cuda(String),
-    /// A problem the options describe that cannot run (exit status 2).
-    #[error("{0}")]
-    Config(String),
-    /// A peer's signal did not come.
-    #[error("{0}")]
-    Protocol(String),
-}
-
-impl From<crate::device::DeviceError> for SptsError {
-    fn from(e: crate::device::DeviceError) -> Self {
-        SptsError::Cuda(e.0)
-    }
-}
+/// What can go wrong in an SpTS run (the application benchmarks' error).
+pub type SptsError = crate::program::AppError;
 
 pub type Result<T> = std::result::Result<T, SptsError>;
 
