@@ -5,7 +5,7 @@
 //! diagonal last. A row's value is computed in exactly that order ([`row_value`]), with
 //! one rounding per multiplication and per subtraction: the CUDA kernels do the same with
 //! `__dmul_rn` / `__dsub_rn` / `__ddiv_rn`, so every mode's result is bit-identical to
-//! [`reference`].
+//! [`reference()`].
 //!
 //! Values stay bounded whatever the structure: each row's off-diagonal magnitudes add up
 //! to at most 1/2 and its diagonal lies in [1, 2), so |x| <= 2 max |b|.
