@@ -134,7 +134,8 @@ fn the_kernels_compile_under_nvrtc_where_it_is_installed() {
 }
 
 /// Across 2 pseudo-nodes (`mpirun`, the `mpi` feature): 2 ranks (every remote value
-/// through the queues and the proxies) and 4 (2 a node: some direct, some queued).
+/// through the queues and the proxies) and 4 (2 a node: some direct, some queued); gio
+/// with its streams to the other node, and with a put per value (`--unbatched`).
 #[cfg(feature = "mpi")]
 #[test]
 fn both_modes_match_the_reference_across_pseudo_nodes() {
@@ -144,11 +145,21 @@ fn both_modes_match_the_reference_across_pseudo_nodes() {
     }
     let _lock = job_lock();
     for np in [2, 4] {
-        for mode in MODES {
-            let args = ["--n", "2000", "--iters", "1", "--cyclic", "16", "--mode", mode, "--check"];
+        for mode in [&["--mode", "gio"][..], &["--mode", "gio", "--unbatched"], &["--mode", "inter-k"]] {
+            let mut args = vec!["--n", "2000", "--iters", "1", "--cyclic", "16", "--check"];
+            args.extend_from_slice(mode);
             let cmd = mpirun_command(np, &[], SPTS.as_ref(), &args, &[("GPULMT_PSEUDO_NODES", "2")]);
             let what = format!("mpirun -np {np} spts {} across 2 pseudo-nodes", args.join(" "));
-            assert_passed(&LiveJob::spawn(cmd, what).finish(Duration::from_secs(300)));
+            let out = LiveJob::spawn(cmd, what).finish(Duration::from_secs(300));
+            assert_passed(&out);
+            if mode.len() == 2 && mode[1] == "gio" {
+                let summary = out.stdout.lines().find(|l| l.starts_with("summary:")).unwrap_or_default();
+                assert!(
+                    summary.contains(" in streams to other nodes") && !summary.contains(" 0 in streams"),
+                    "rank 0 streams to the other node\n{}",
+                    out.dump()
+                );
+            }
         }
     }
 }

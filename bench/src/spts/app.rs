@@ -65,6 +65,10 @@ pub struct SptsOptions {
     pub cyclic: Option<usize>,
     #[arg(long, value_enum, default_value_t = Mode::Gio)]
     pub mode: Mode,
+    /// gio: every remote value as its own put_signal, to other nodes too (default: to a
+    /// rank of another node, a stream of batches in row order).
+    #[arg(long)]
+    pub unbatched: bool,
     /// Timed solves.
     #[arg(long, default_value_t = 5)]
     pub iters: usize,
@@ -182,13 +186,17 @@ pub fn run(ctx: &mut Context, o: &SptsOptions) -> Result<bool> {
     }
     let b = matrix::rhs(m.n, o.seed);
     let dist = Dist::new(m.n, ctx.size(), o.cyclic);
-    let plan = RankPlan::new(&m, &b, dist, ctx.rank());
     let me = ctx.rank();
-    // Symmetric: every rank computes the same sizes.
+    let ranks = ctx.size() as usize;
+    // Symmetric: every rank computes the same sizes. The flags first: with the heap in
+    // place, which peers' heaps this rank maps is known (the others get gio streams).
+    let flags = ctx.sym_alloc(8 * (m.n + ranks))?;
+    let heaps = ctx.sym_heaps();
+    let off_node = |pe: u32| !o.unbatched && heaps[pe as usize].mapped.is_none();
+    let plan = RankPlan::new(&m, &b, dist, me, &off_node);
     let xbuf = ctx.sym_alloc(8 * plan.xbuf_len())?;
-    let flags = ctx.sym_alloc(8 * m.n)?;
-    let sigs = ctx.sym_alloc(8 * ctx.size() as usize)?;
-    for (p, words) in [(flags, m.n), (sigs, ctx.size() as usize), (xbuf, plan.xbuf_len())] {
+    let sigs = ctx.sym_alloc(8 * ranks)?;
+    for (p, words) in [(flags, m.n + ranks), (sigs, ranks), (xbuf, plan.xbuf_len())] {
         let zeros = vec![0u64; words];
         // SAFETY: `zeros` holds the allocation's words; the allocation is ours.
         unsafe { ctx.sym_put(p.addr(), zeros.as_ptr().cast(), 8 * words, me)? };
@@ -291,7 +299,17 @@ fn conclude(
         |p| format!("{p} (values from seed {})", o.seed),
     );
     let dist = o.cyclic.map_or("contiguous blocks".to_string(), |c| format!("block-cyclic, {c} rows a block"));
-    let remote: usize = plan.cons.len();
+    let remote = match o.mode {
+        Mode::Gio => format!(
+            "{} values one by one, {} in streams to other nodes",
+            plan.cons.len(),
+            plan.streams.iter().map(|s| s.rows.len()).sum::<usize>()
+        ),
+        Mode::InterK => {
+            let chunks = plan.sends.iter().flatten();
+            format!("{} values in {} level chunks", chunks.clone().map(|c| c.count).sum::<usize>(), chunks.count())
+        }
+    };
     println!("# gpulmt SpTS (sparse lower-triangular solve) v{}", env!("CARGO_PKG_VERSION"));
     println!("# backend {}: {describe} | mode {} | {} ranks, {dist}", ctx.backend_kind(), o.mode.name(), ctx.size());
     println!(
@@ -307,7 +325,7 @@ fn conclude(
         println!("  {:>4} {:>10} {:>14.3}", r, res.rows, 1e3 * res.elapsed / o.iters as f64);
     }
     println!(
-        "summary: mode {} ranks {} n {} nnz {} levels {} time_ms {time_ms:.3} | rank 0 sends {remote} values to other ranks a solve",
+        "summary: mode {} ranks {} n {} nnz {} levels {} time_ms {time_ms:.3} | rank 0 sends {remote} a solve",
         o.mode.name(),
         ctx.size(),
         m.n,

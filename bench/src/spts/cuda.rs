@@ -45,11 +45,23 @@ pub struct DevicePlan {
     pub val: u64,
     pub diag: u64,
     pub b: u64,
+    /// gio: each entry's flag word and awaited value (`RankPlan::fidx`, `tmul`, `tbase`).
+    pub fidx: u64,
+    pub tmul: u64,
+    pub tbase: u64,
     pub cptr: u64,
     pub cons: u64,
     pub optr: u64,
     pub opos: u64,
     pub by_level: u64,
+    /// gio's streams, flattened: each one's peer, its rows `srows[sptr[s]..sptr[s + 1]]`
+    /// (local), its staging and destination positions in xbuf.
+    pub nstreams: u32,
+    pub speer: u64,
+    pub sptr: u64,
+    pub srows: u64,
+    pub sstage: u64,
+    pub sdst: u64,
     allocs: Vec<usize>,
 }
 
@@ -58,6 +70,14 @@ impl DevicePlan {
     pub fn upload(ctx: &mut Context, p: &RankPlan, interk: bool) -> Result<DevicePlan> {
         let mut allocs = Vec::new();
         let col = if interk { &p.col_interk } else { &p.col };
+        let st = &p.streams;
+        let pos = |f: fn(&super::plan::Stream) -> usize| st.iter().map(|s| f(s) as u32).collect::<Vec<u32>>();
+        let mut sptr = vec![0u32];
+        sptr.extend(st.iter().scan(0u32, |acc, s| {
+            *acc += s.rows.len() as u32;
+            Some(*acc)
+        }));
+        let srows: Vec<u32> = st.iter().flat_map(|s| s.rows.iter().copied()).collect();
         Ok(DevicePlan {
             rows: upload(ctx, &p.rows, &mut allocs)?,
             ptr: upload(ctx, &p.ptr, &mut allocs)?,
@@ -65,11 +85,20 @@ impl DevicePlan {
             val: upload(ctx, &p.val, &mut allocs)?,
             diag: upload(ctx, &p.diag, &mut allocs)?,
             b: upload(ctx, &p.b, &mut allocs)?,
+            fidx: upload(ctx, &p.fidx, &mut allocs)?,
+            tmul: upload(ctx, &p.tmul, &mut allocs)?,
+            tbase: upload(ctx, &p.tbase, &mut allocs)?,
             cptr: upload(ctx, &p.cptr, &mut allocs)?,
             cons: upload(ctx, &p.cons, &mut allocs)?,
             optr: upload(ctx, &p.optr, &mut allocs)?,
             opos: upload(ctx, &p.opos, &mut allocs)?,
             by_level: upload(ctx, &p.by_level, &mut allocs)?,
+            nstreams: st.len() as u32,
+            speer: upload(ctx, &st.iter().map(|s| s.peer).collect::<Vec<u32>>(), &mut allocs)?,
+            sptr: upload(ctx, &sptr, &mut allocs)?,
+            srows: upload(ctx, &srows, &mut allocs)?,
+            sstage: upload(ctx, &pos(|s| s.stage), &mut allocs)?,
+            sdst: upload(ctx, &pos(|s| s.dst), &mut allocs)?,
             allocs,
         })
     }

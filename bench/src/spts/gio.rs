@@ -23,7 +23,7 @@ use gpulmt::{Context, SymPtr};
 use super::cuda::{self, cuda, DevicePlan};
 use super::matrix::row_value;
 use super::plan::{Dist, RankPlan};
-use super::{wait_signal, Result, Solver};
+use super::{wait_signal, Result, Solver, SptsError};
 use crate::device::watchdog::wait_watched;
 use crate::device::DeviceModule;
 
@@ -31,9 +31,44 @@ use crate::device::DeviceModule;
 pub struct HostGio {
     pub plan: RankPlan,
     pub dist: Dist,
-    /// f64 x by global row (the plan's xbuf), and a u64 flag per global row.
+    /// The plan's xbuf (f64 words), and its flags (a u64 per global row, then per rank).
     pub x: SymPtr,
     pub flags: SymPtr,
+}
+
+impl HostGio {
+    /// Ships each stream's values solved so far (local rows below `solved`) that it has
+    /// not shipped yet: one put_signal of them, the stream's count as the signal. Called
+    /// before every wait, so no rank waits for a value this rank holds back.
+    fn flush(&self, ctx: &Context, epoch: u64, solved: usize, shipped: &mut [usize]) -> Result<()> {
+        let (p, me) = (&self.plan, ctx.rank() as usize);
+        let x = self.x.addr() as *const f64;
+        for (st, cur) in p.streams.iter().zip(shipped) {
+            let end = st.rows.partition_point(|&k| (k as usize) < solved);
+            if end <= *cur {
+                continue;
+            }
+            // SAFETY: sim heaps are host memory of this process; these rows are solved.
+            let vals: Vec<f64> = st.rows[*cur..end]
+                .iter()
+                .map(|&k| unsafe { x.add(p.rows[k as usize] as usize).read_volatile() })
+                .collect();
+            let count = (epoch - 1) * st.rows.len() as u64 + end as u64;
+            let signal = Signal { addr: self.flags.at(8 * (p.n + me)), value: count, op: SignalOp::Set };
+            // SAFETY: `vals` is readable until the call returns complete.
+            unsafe {
+                ctx.sym_put_signal(
+                    self.x.at(8 * (st.dst + *cur)),
+                    vals.as_ptr().cast(),
+                    8 * vals.len(),
+                    signal,
+                    st.peer,
+                )?
+            };
+            *cur = end;
+        }
+        Ok(())
+    }
 }
 
 impl Solver for HostGio {
@@ -41,19 +76,22 @@ impl Solver for HostGio {
         let me = ctx.rank();
         let p = &self.plan;
         let x = self.x.addr() as *mut f64;
+        let mut shipped = vec![0; p.streams.len()];
         for (k, &i) in p.rows.iter().enumerate() {
-            let (cols, _, vals) = p.entries(k);
-            for &j in cols.iter().filter(|&&j| self.dist.owner(j as usize) != me) {
-                wait_signal(
-                    ctx,
-                    self.flags.at(8 * j as usize),
-                    epoch,
-                    &format!("row {j} (rank {me}'s row {i} reads it)"),
-                )?;
+            for e in p.range(k) {
+                let f = p.fidx[e] as usize;
+                if f < p.n && self.dist.owner(f) == me {
+                    continue; // solved earlier in this loop
+                }
+                self.flush(ctx, epoch, k, &mut shipped)?;
+                let need = epoch.wrapping_mul(u64::from(p.tmul[e])).wrapping_add(p.tbase[e]);
+                wait_signal(ctx, self.flags.at(8 * f), need, &format!("flag word {f} (rank {me}'s row {i} reads it)"))?;
             }
-            // SAFETY: sim heaps are host memory of this process; x holds n words. Every
-            // column read is final: a local one solved earlier in this loop, a remote one
-            // flagged after its put (the wait's acquire). Volatile: producers write x.
+            let (cols, _, vals) = p.entries(k);
+            // SAFETY: sim heaps are host memory of this process; xbuf holds every column's
+            // position. Every column read is final: a local one solved earlier in this
+            // loop, a remote one flagged after its put (the wait's acquire). Volatile:
+            // producers write xbuf.
             let v = row_value(p.b[k], vals, cols, p.diag[k], |j| unsafe { x.add(j as usize).read_volatile() });
             // SAFETY: row i is this rank's: nobody else writes x[i] here.
             unsafe { x.add(i as usize).write_volatile(v) };
@@ -63,11 +101,15 @@ impl Solver for HostGio {
                 unsafe { ctx.sym_put_signal(self.x.at(8 * i as usize), (&v as *const f64).cast(), 8, signal, c)? };
             }
         }
-        Ok(())
+        self.flush(ctx, epoch, p.len(), &mut shipped)
     }
 
     fn describe(&self) -> String {
-        "CPU on sim device memory, rows in order, values through the symmetric heap's host put_signal".into()
+        format!(
+            "CPU on sim device memory, rows in order, values through the symmetric heap's host put_signal ({} \
+             batched stream(s) to other nodes)",
+            self.plan.streams.len()
+        )
     }
 
     fn release(self: Box<Self>, _ctx: &mut Context) -> Result<()> {
@@ -89,6 +131,8 @@ pub struct CudaGio {
     nrows: u32,
     x: u64,
     flags: u64,
+    /// This rank's stream word at its consumers: flags[n + rank].
+    self_sig: u32,
     /// Device words, reset before each launch: [0] the row counter, [1] rows solved.
     ctl: usize,
     grid: u32,
@@ -107,10 +151,19 @@ impl CudaGio {
                 ctx.device()
             );
         }
-        // As many warps as rows at most, and no more blocks than stay resident beside the
-        // other ranks' kernels on this GPU (a rank whose kernel cannot start stalls all).
+        // A warp per stream and as many as rows at most, and no more blocks than stay
+        // resident beside the other ranks' kernels on this GPU (a rank whose kernel cannot
+        // start stalls all).
         let resident = m.resident_grid(&f, BLOCK)?;
-        let grid = (plan.len() as u32).div_ceil(BLOCK / 32).clamp(1, resident);
+        let warps = (plan.streams.len() + plan.len()) as u32;
+        let grid = warps.div_ceil(BLOCK / 32).clamp(1, resident);
+        if grid * (BLOCK / 32) <= plan.streams.len() as u32 {
+            return Err(SptsError::Cuda(format!(
+                "the GIO kernel needs more than {} warps for its streams to other nodes, the GPU holds {grid} \
+                 blocks of {BLOCK} per rank",
+                plan.streams.len()
+            )));
+        }
         let dp = DevicePlan::upload(ctx, plan, false)?;
         let ctl = ctx.mem_alloc(16)?;
         let name = m.stream.context().name().unwrap_or_else(|_| "unknown GPU".into());
@@ -123,6 +176,7 @@ impl CudaGio {
             nrows: plan.len() as u32,
             x: x.addr() as u64,
             flags: flags.addr() as u64,
+            self_sig: (plan.n + ctx.rank() as usize) as u32,
             ctl,
             grid,
             resident,
@@ -149,11 +203,14 @@ impl Solver for CudaGio {
         let ctl = self.ctl as u64;
         let mut l = self.m.stream.launch_builder(&self.f);
         l.arg(&self.nrows).arg(&d.rows).arg(&d.ptr).arg(&d.col).arg(&d.val).arg(&d.diag).arg(&d.b);
-        l.arg(&d.cptr).arg(&d.cons).arg(&self.x).arg(&self.flags).arg(&epoch).arg(&ctl);
+        l.arg(&d.fidx).arg(&d.tmul).arg(&d.tbase).arg(&d.cptr).arg(&d.cons);
+        l.arg(&d.nstreams).arg(&d.speer).arg(&d.sptr).arg(&d.srows).arg(&d.sstage).arg(&d.sdst);
+        l.arg(&self.x).arg(&self.flags).arg(&self.self_sig).arg(&epoch).arg(&ctl);
         let cfg = LaunchConfig { grid_dim: (self.grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the arguments match spts_gio's parameters in order and type; the plan's
-        // arrays hold nrows rows (and their entries and consumers), x and flags are the
-        // symmetric allocations of n words every rank made, ctl two words.
+        // arrays hold nrows rows (and their entries, consumers and streams), x is the
+        // symmetric xbuf every rank made (every column and stream position lies in it),
+        // flags its n + ranks words, ctl two words.
         unsafe { l.launch(cfg) }.map_err(cuda("launching spts_gio"))?;
         let done = self.m.stream.record_event(None).map_err(cuda("recording spts_gio's end"))?;
         let (rank, nrows, grid, resident, here) = (ctx.rank(), self.nrows, self.grid, self.resident, self.m.ranks_here);

@@ -9,10 +9,16 @@
 //! The symmetric array `xbuf` of every rank (f64 words, [`RankPlan::xbuf_len`]):
 //! - `[0, n)`: x, by global row. A rank writes its own rows there; in gio mode the
 //!   producers of its remote dependencies put theirs there too;
-//! - `[n, n + inbox)`: inter-k's inbox: the remote values it consumes, in the order of
-//!   (level, source rank, row), each (level, source) chunk one put;
-//! - then inter-k's outbox: its own values that others consume, in the order of
-//!   (level, consumer, row), each (level, consumer) chunk the source of one put.
+//! - `[n, n + inbox)`: the inbox, the remote values it consumes. inter-k: in the order of
+//!   (level, source rank, row), each (level, source) chunk one put. gio, from sources on
+//!   other nodes ([`Stream`]): by source, then row;
+//! - then the outbox, its own values that others consume. inter-k: in the order of
+//!   (level, consumer, row), each (level, consumer) chunk the source of one put. gio, to
+//!   consumers on other nodes: by consumer, then row (the staging of a stream's puts).
+//!
+//! A rank's flags (u64 words): one per global row (gio: `flags[j] >= epoch` when x[j] is
+//! final here), then one per rank (gio: how many values of the current solve the rank's
+//! stream has delivered here, counted on from earlier solves).
 
 use super::matrix::Csr;
 
@@ -45,6 +51,22 @@ pub struct Chunk {
     pub count: usize,
 }
 
+/// gio's values for a consumer on another node (its heap reached through the queues and
+/// the proxies, each put a packet): rather than a put per value, a stream of the rows the
+/// consumer reads, in row order, shipped in batches of whatever is solved: each batch is
+/// staged in the outbox and put with the stream's count (`flags[n + source]` at the
+/// consumer), the puts ordered by a fence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stream {
+    pub peer: u32,
+    /// The local rows (indices into `RankPlan::rows`), increasing.
+    pub rows: Vec<u32>,
+    /// Where the stream's values are staged in this rank's xbuf, and where they land in
+    /// the peer's.
+    pub stage: usize,
+    pub dst: usize,
+}
+
 /// One rank's part of the solve.
 #[derive(Clone, Debug, Default)]
 pub struct RankPlan {
@@ -53,16 +75,24 @@ pub struct RankPlan {
     pub rows: Vec<u32>,
     /// Local row `k`'s off-diagonal entries are `ptr[k]..ptr[k + 1]` of `col` / `val`.
     pub ptr: Vec<u32>,
-    /// Global columns (gio: where x lives in `xbuf`).
+    /// gio: where each column's value is read in `xbuf` (x[j]; from another node the
+    /// stream's slot in the inbox).
     pub col: Vec<u32>,
+    /// gio: the flag word each column waits for (`j`, or `n + source` for a stream), and
+    /// the value it waits for there: `epoch * tmul + tbase` (wrapping).
+    pub fidx: Vec<u32>,
+    pub tmul: Vec<u32>,
+    pub tbase: Vec<u64>,
     /// The same columns as `xbuf` positions for inter-k: remote ones in the inbox.
     pub col_interk: Vec<u32>,
     pub val: Vec<f64>,
     pub diag: Vec<f64>,
     pub b: Vec<f64>,
-    /// gio: local row `k`'s value goes to ranks `cons[cptr[k]..cptr[k + 1]]`.
+    /// gio: local row `k`'s value goes to ranks `cons[cptr[k]..cptr[k + 1]]` (whose heaps
+    /// this rank maps: one put_signal each), and through `streams` to the others.
     pub cptr: Vec<u32>,
     pub cons: Vec<u32>,
+    pub streams: Vec<Stream>,
     /// inter-k: local row `k`'s value is also written to outbox positions
     /// `opos[optr[k]..optr[k + 1]]` (one per consuming rank).
     pub optr: Vec<u32>,
@@ -107,8 +137,14 @@ impl RankPlan {
         (&self.col[r.clone()], &self.col_interk[r.clone()], &self.val[r])
     }
 
-    /// The plan of rank `me` for `m` distributed by `dist`.
-    pub fn new(m: &Csr, b: &[f64], dist: Dist, me: u32) -> RankPlan {
+    /// Entry range of local row `k`.
+    pub fn range(&self, k: usize) -> std::ops::Range<usize> {
+        self.ptr[k] as usize..self.ptr[k + 1] as usize
+    }
+
+    /// The plan of rank `me` for `m` distributed by `dist`; `off_node(rank)`: whether
+    /// `rank`'s heap is out of this rank's reach but through the queues (gio streams).
+    pub fn new(m: &Csr, b: &[f64], dist: Dist, me: u32, off_node: &dyn Fn(u32) -> bool) -> RankPlan {
         let (n, ranks) = (m.n, dist.ranks as usize);
         let level = m.levels();
         let levels = level.iter().max().map_or(0, |&l| l as usize + 1);
@@ -127,6 +163,14 @@ impl RankPlan {
             v.sort_unstable();
             v.dedup();
         }
+        // gio streams: the rows of s that c reads, in row order, at the inbox offset of
+        // every source before s (whatever their node: every rank computes the same).
+        let stream_rows = |c: usize, s: usize| {
+            let mut v: Vec<u32> = needs[c][s].iter().map(|&(_, j)| j).collect();
+            v.sort_unstable();
+            v
+        };
+        let stream_at = |c: usize, s: usize| n + (0..s).map(|q| needs[c][q].len()).sum::<usize>();
         // Inbox positions at consumer c: (level, source, row) order.
         let inbox_of = |c: usize| {
             let mut v: Vec<(u32, usize, u32)> =
@@ -147,12 +191,21 @@ impl RankPlan {
             let key = (level[j as usize], dist.owner(j as usize) as usize, j);
             n + my_inbox.binary_search(&key).expect("every remote column is in the inbox")
         };
+        let streams_in: Vec<(usize, Vec<u32>)> = (0..ranks)
+            .map(|s| {
+                if s != me_u && off_node(s as u32) {
+                    (stream_at(me_u, s), stream_rows(me_u, s))
+                } else {
+                    (0, Vec::new())
+                }
+            })
+            .collect();
         p.ptr.push(0);
         let mut consumers = vec![Vec::<u32>::new(); p.rows.len()];
         for i in 0..n {
             let c = dist.owner(i);
             for &j in m.offdiag(i).0 {
-                if c != me && dist.owner(j as usize) == me {
+                if c != me && dist.owner(j as usize) == me && !off_node(c) {
                     consumers[local_of(j)].push(c);
                 }
             }
@@ -160,8 +213,24 @@ impl RankPlan {
         for (k, &i) in p.rows.iter().enumerate() {
             let (cols, vals) = m.offdiag(i as usize);
             for (&j, &a) in cols.iter().zip(vals) {
-                p.col.push(j);
-                let local = dist.owner(j as usize) == me;
+                let s = dist.owner(j as usize);
+                let (at, rows) = &streams_in[s as usize];
+                match rows.binary_search(&j) {
+                    Ok(q) if s != me => {
+                        let len = rows.len() as u64;
+                        p.col.push((at + q) as u32);
+                        p.fidx.push((n + s as usize) as u32);
+                        p.tmul.push(len as u32);
+                        p.tbase.push((q as u64 + 1).wrapping_sub(len));
+                    }
+                    _ => {
+                        p.col.push(j);
+                        p.fidx.push(j);
+                        p.tmul.push(1);
+                        p.tbase.push(0);
+                    }
+                }
+                let local = s == me;
                 p.col_interk.push(if local { j } else { inbox_pos(j) as u32 });
                 p.val.push(a);
             }
@@ -208,6 +277,15 @@ impl RankPlan {
                 }
             }
         }
+        let mut stage = p.outbox_at();
+        for c in (0..ranks).filter(|&c| c != me_u && off_node(c as u32)) {
+            let rows: Vec<u32> = stream_rows(c, me_u).iter().map(|&j| local_of(j) as u32).collect();
+            let len = rows.len();
+            if len > 0 {
+                p.streams.push(Stream { peer: c as u32, rows, stage, dst: stream_at(c, me_u) });
+            }
+            stage += len;
+        }
         p.optr.push(0);
         for s in &slots {
             p.opos.extend_from_slice(s);
@@ -249,7 +327,7 @@ mod tests {
         let b = rhs(m.n, 3);
         let want = reference(&m, &b);
         for dist in [Dist::new(m.n, 3, None), Dist::new(m.n, 4, Some(16))] {
-            let plans: Vec<RankPlan> = (0..dist.ranks).map(|r| RankPlan::new(&m, &b, dist, r)).collect();
+            let plans: Vec<RankPlan> = (0..dist.ranks).map(|r| RankPlan::new(&m, &b, dist, r, &|_| false)).collect();
             let mut xbuf: Vec<Vec<f64>> = plans.iter().map(|p| vec![f64::NAN; p.xbuf_len()]).collect();
             let levels = plans[0].levels;
             for l in 0..levels {
@@ -296,7 +374,7 @@ mod tests {
         let m = matrix();
         let b = rhs(m.n, 3);
         let dist = Dist::new(m.n, 3, Some(10));
-        let plans: Vec<RankPlan> = (0..3).map(|r| RankPlan::new(&m, &b, dist, r)).collect();
+        let plans: Vec<RankPlan> = (0..3).map(|r| RankPlan::new(&m, &b, dist, r, &|_| false)).collect();
         for p in &plans {
             for (k, &i) in p.rows.iter().enumerate() {
                 let cons = &p.cons[p.cptr[k] as usize..p.cptr[k + 1] as usize];
@@ -305,6 +383,62 @@ mod tests {
                     assert_eq!(cons.contains(&(c as u32)), reads, "row {i} to rank {c}");
                 }
             }
+        }
+    }
+
+    /// gio with ranks on two nodes (even and odd ranks): run the protocol in row order in
+    /// one process, mapped consumers getting each value at x[i] with its flag, streams
+    /// delivering each value at once in stream order. Every wait a column makes is met when
+    /// its row is solved, every read finds the value, and the result is the reference's.
+    #[test]
+    fn gio_streams_deliver_where_off_node_columns_read() {
+        let m = matrix();
+        let b = rhs(m.n, 3);
+        let want = reference(&m, &b);
+        let node = |r: u32| r % 2;
+        for dist in [Dist::new(m.n, 4, None), Dist::new(m.n, 4, Some(8))] {
+            let plans: Vec<RankPlan> =
+                (0..4).map(|r| RankPlan::new(&m, &b, dist, r, &|c| node(c) != node(r))).collect();
+            let mut xbuf: Vec<Vec<f64>> = plans.iter().map(|p| vec![f64::NAN; p.xbuf_len()]).collect();
+            let mut flags: Vec<Vec<u64>> = plans.iter().map(|_| vec![0; m.n + 4]).collect();
+            let epoch = 1u64;
+            for i in 0..m.n {
+                let r = dist.owner(i) as usize;
+                let p = &plans[r];
+                let k = p.rows.binary_search(&(i as u32)).unwrap();
+                for e in p.range(k) {
+                    let need = epoch.wrapping_mul(p.tmul[e] as u64).wrapping_add(p.tbase[e]);
+                    assert!(flags[r][p.fidx[e] as usize] >= need, "row {i} entry {e} waits for nothing that came");
+                }
+                let (cols, _, vals) = p.entries(k);
+                let v = row_value(p.b[k], vals, cols, p.diag[k], |j| xbuf[r][j as usize]);
+                xbuf[r][i] = v;
+                flags[r][i] = epoch;
+                for &c in &p.cons[p.cptr[k] as usize..p.cptr[k + 1] as usize] {
+                    assert_eq!(node(c), node(r as u32), "per-value puts go to mapped ranks only");
+                    xbuf[c as usize][i] = v;
+                    flags[c as usize][i] = epoch;
+                }
+                for st in &p.streams {
+                    if let Ok(q) = st.rows.binary_search(&(k as u32)) {
+                        xbuf[st.peer as usize][st.dst + q] = v;
+                        flags[st.peer as usize][m.n + r] = q as u64 + 1;
+                    }
+                }
+            }
+            let mut streamed = 0;
+            for (r, p) in plans.iter().enumerate() {
+                for &i in &p.rows {
+                    assert_eq!(xbuf[r][i as usize].to_bits(), want[i as usize].to_bits(), "row {i}");
+                }
+                for st in &p.streams {
+                    assert_ne!(node(st.peer), node(r as u32));
+                    assert!(st.stage >= p.outbox_at() && st.stage + st.rows.len() <= p.xbuf_len());
+                    assert!(st.dst >= p.n && st.dst + st.rows.len() <= p.outbox_at());
+                    streamed += st.rows.len();
+                }
+            }
+            assert!(streamed > 100, "{streamed} values streamed across the nodes");
         }
     }
 }
