@@ -63,11 +63,13 @@
 #            persistent kernels) and inter-k (a kernel per level); first both modes checked
 #            bit-identical to the serial CPU reference, contiguous and block-cyclic rows, on
 #            1, 2 and 4 ranks of one node (gpulmt-run) and 2 and 4 ranks across 2
-#            pseudo-nodes (mpirun) (check.csv, spts_check.csv), then the table gio against
+#            pseudo-nodes (mpirun; gio also with --unbatched, a put per value instead of
+#            streams) (check.csv, spts_check.csv), then the table gio against
 #            inter-k for SPTS_SIZES rows (default "50000 200000"), SPTS_ITERS timed solves
 #            (default 3), on 2 and 4 ranks of one node and 2 across the pseudo-nodes
 #            (spts_nodes1.csv, spts_nodes2.csv: mode,ranks,n,nnz,levels,time_ms;
-#            spts_summary.txt). About 2 minutes on one H200. Not part of full.
+#            spts_summary.txt; mode gio-unbatched: --unbatched). About 2 minutes on one
+#            H200. Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
 #
@@ -657,6 +659,10 @@ spts() {
   local tmp="$out/spts_last.txt"
   # One run: ranks, pseudo-nodes, spts's options (app_run).
   spts_one() { app_run spts spts.txt "$@"; }
+  # The modes on $1 pseudo-nodes (across nodes gio also with a put per value, not streams),
+  # and a mode's options.
+  spts_modes() { if [ "$1" = 1 ]; then echo gio inter-k; else echo gio gio-unbatched inter-k; fi; }
+  spts_mode() { case $1 in gio-unbatched) echo --mode gio --unbatched ;; *) echo --mode "$1" ;; esac; }
   export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-1G}
   # Every rank shares the GPU: MPS, so that the persistent kernels run at once.
   MPS=1 start_mps
@@ -664,9 +670,9 @@ spts() {
   log spts: bit-identical to the serial CPU reference, 1, 2, 4 ranks of one node, 2 and 4 across 2 pseudo-nodes
   for n_nodes in "1 1" "2 1" "4 1" "2 2" "4 2"; do
     set -- $n_nodes
-    for m in gio inter-k; do for d in contiguous 64; do
+    for m in $(spts_modes "$2"); do for d in contiguous 64; do
       if [ "$d" = contiguous ]; then set -- "$1" "$2"; else set -- "$1" "$2" --cyclic "$d"; fi
-      spts_one "$@" --n 20000 --iters 2 --mode "$m" --check --csv "$out/spts_check.csv"
+      spts_one "$@" --n 20000 --iters 2 $(spts_mode "$m") --check --csv "$out/spts_check.csv"
       grep -q '^check: PASS' "$tmp" && echo "spts_check_n${n}_nodes${nodes}_${m}_$d,ok" >> "$out/check.csv" \
         || echo "spts_check_n${n}_nodes${nodes}_${m}_$d,FAIL,$(grep '^check:' "$tmp" | head -1)" >> "$out/check.csv"
     done; done
@@ -674,8 +680,8 @@ spts() {
   log spts table: gio against inter-k, $sizes rows
   for n_nodes in "2 1" "4 1" "2 2"; do
     set -- $n_nodes
-    for s in $sizes; do for m in gio inter-k; do
-      spts_one "$1" "$2" --n "$s" --iters "$iters" --mode "$m" --csv "$out/spts_nodes$2.csv"
+    for s in $sizes; do for m in $(spts_modes "$2"); do
+      spts_one "$1" "$2" --n "$s" --iters "$iters" $(spts_mode "$m") --csv "$out/spts_nodes$2.csv"
       grep '^summary:' "$tmp" | head -1 | sed "s|^|nodes=$2 |" | tee -a "$out/spts_summary.txt"
     done; done
   done

@@ -34,6 +34,16 @@ impl Mode {
     }
 }
 
+impl SptsOptions {
+    /// The mode as the report and the CSV name it: `gio-unbatched` with `--unbatched`.
+    pub fn mode_label(&self) -> &'static str {
+        match (self.mode, self.unbatched) {
+            (Mode::Gio, true) => "gio-unbatched",
+            (m, _) => m.name(),
+        }
+    }
+}
+
 /// SpTS: a distributed sparse lower-triangular solve L x = b over gpulmt's symmetric heap.
 ///
 /// Run: `gpulmt-run -n 4 target/release/spts --n 200000 --mode gio --check`.
@@ -311,7 +321,7 @@ fn conclude(
         }
     };
     println!("# gpulmt SpTS (sparse lower-triangular solve) v{}", env!("CARGO_PKG_VERSION"));
-    println!("# backend {}: {describe} | mode {} | {} ranks, {dist}", ctx.backend_kind(), o.mode.name(), ctx.size());
+    println!("# backend {}: {describe} | mode {} | {} ranks, {dist}", ctx.backend_kind(), o.mode_label(), ctx.size());
     println!(
         "# matrix {source}: n {} nnz {} levels {} | {} timed solves after {} warm-up",
         m.n,
@@ -326,7 +336,7 @@ fn conclude(
     }
     println!(
         "summary: mode {} ranks {} n {} nnz {} levels {} time_ms {time_ms:.3} | rank 0 sends {remote} a solve",
-        o.mode.name(),
+        o.mode_label(),
         ctx.size(),
         m.n,
         m.nnz(),
@@ -335,7 +345,7 @@ fn conclude(
     if let Some(path) = &o.csv {
         let record = [
             "spts".to_string(),
-            o.mode.name().to_string(),
+            o.mode_label().to_string(),
             ctx.size().to_string(),
             m.n.to_string(),
             m.nnz().to_string(),

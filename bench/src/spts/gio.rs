@@ -2,7 +2,9 @@
 //! communication). Each solved row sets its ready flag; a row waits for its columns'
 //! flags. Flags and x live in the symmetric heap: a local column's flag is set by the
 //! local producer, a remote one's by its producer's put_signal (the value into
-//! `xbuf[j]`, then `flags[j] = epoch`), one per consuming rank.
+//! `xbuf[j]`, then `flags[j] = epoch`), one per consuming rank of the same node. A rank of
+//! another node gets a stream ([`super::plan::Stream`]): batches of the rows it reads, in
+//! row order, each put with the stream's count as its signal (docs/spts.md).
 //!
 //! - On CUDA one persistent kernel per rank (`spts_gio` in kernels.cu) solves every row
 //!   of the rank, a warp per row, rows taken in increasing order (why that progresses:

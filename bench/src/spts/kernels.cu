@@ -9,9 +9,12 @@
 // serial CPU reference.
 //
 // Arrays of a rank's plan (plan.rs, RankPlan), indexed by local row k: rowg (global row),
-// ptr / col / val (off-diagonal entries), diag, b; gio: cptr / cons (consuming ranks);
-// inter-k: optr / opos (outbox slots). x: the rank's symmetric xbuf (x by global row, then
-// inter-k's inbox and outbox).
+// ptr / col / val (off-diagonal entries: col is where the value is read in x), diag, b;
+// gio: fidx / tmul / tbase per entry (the flag word it waits for and the value awaited),
+// cptr / cons (consuming ranks on this node), the streams to other nodes (speer, sptr /
+// srows, sstage, sdst); inter-k: optr / opos (outbox slots). x: the rank's symmetric
+// xbuf (x by global row, then the inbox and the outbox); flags: a word per global row,
+// then one per rank (streams' counts).
 
 #define SPTS_FULL 0xffffffffu
 
