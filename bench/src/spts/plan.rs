@@ -16,7 +16,7 @@
 //!   (level, consumer, row), each (level, consumer) chunk the source of one put. gio, to
 //!   consumers on other nodes: by consumer, then row (the staging of a stream's puts).
 //!
-//! A rank's flags (u64 words): one per global row (gio: `flags[j] >= epoch` when x[j] is
+//! A rank's flags (u64 words): one per global row (gio: `flags[j] >= epoch` when `x[j]` is
 //! final here), then one per rank (gio: how many values of the current solve the rank's
 //! stream has delivered here, counted on from earlier solves).
 
@@ -75,7 +75,7 @@ pub struct RankPlan {
     pub rows: Vec<u32>,
     /// Local row `k`'s off-diagonal entries are `ptr[k]..ptr[k + 1]` of `col` / `val`.
     pub ptr: Vec<u32>,
-    /// gio: where each column's value is read in `xbuf` (x[j]; from another node the
+    /// gio: where each column's value is read in `xbuf` (`x[j]`; from another node the
     /// stream's slot in the inbox).
     pub col: Vec<u32>,
     /// gio: the flag word each column waits for (`j`, or `n + source` for a stream), and
