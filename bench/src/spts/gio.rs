@@ -12,9 +12,11 @@
 //!   the same GPU ([`DeviceModule::resident_grid`]), and the host waits for it with the
 //!   watchdog ([`wait_watched`]).
 //! - On sim the same protocol runs on the host: rows in increasing order, a wait for
-//!   each remote column's flag, the value computed in CSR order, one host put_signal per
-//!   consuming rank. The smallest unsolved row of the job always has its columns solved
-//!   and is the next row of its owner, so the ranks progress.
+//!   each remote column's flag word, the value computed in CSR order, one host put_signal
+//!   per consuming rank of the node, the streams flushed before every wait and at the
+//!   end. The smallest unsolved row of the job always has its columns solved (and
+//!   shipped: its producer flushed before it waited, or finished) and is the next row of
+//!   its owner, so the ranks progress.
 
 use std::time::Duration;
 
