@@ -9,13 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release --workspace --bins --quiet
 cargo build --release -p gpulmt-shim -p gpulmt-ffi --quiet
-# device_check and stencil2d with MPI (device_check --offnode and Stencil2D across pseudo-nodes
+# device_check, stencil2d and spts with MPI (device_check --offnode, Stencil2D and SpTS across pseudo-nodes
 # under mpirun; under gpulmt-run they are the same as without).
-cargo build --release -p gpulmt-bench --features mpi --bin device_check --bin stencil2d --quiet
+cargo build --release -p gpulmt-bench --features mpi --bin device_check --bin stencil2d --bin spts --quiet
 unit=$(cargo test --release -p gpulmt --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep -v null | head -1)
 rm -rf .gpu && mkdir -p .gpu/bin
-for b in gpulmt-run gpulmt-check gpulmt-info osu_latency osu_bw osu_bibw stencil2d device_check bench-report \
+for b in gpulmt-run gpulmt-check gpulmt-info osu_latency osu_bw osu_bibw stencil2d spts device_check bench-report \
   copy_probe copy_pingpong hostpath_cost window_probe server_probe ga_bench gpulmt-ga-check; do
   cp "target/release/$b" .gpu/bin/
 done

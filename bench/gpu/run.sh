@@ -3,7 +3,7 @@
 # that every number is reported as a ratio to a ceiling measured beside it.
 #
 # Usage (repository root, binaries built by bench/gpu/prepare.sh and carried in .gpu/):
-#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga OUTDIR
+#   bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga|spts OUTDIR
 # Modes:
 #   osu      the host's ceilings (../shared/device anchors: raw copy engine, NCCL, host-staged
 #            MPI; Open MPI shared memory; copy_pingpong, the floor of a copy-engine
@@ -60,6 +60,17 @@
 #            scenarios across 2 pseudo-nodes under mpirun, then ga_bench on 2 and 4 ranks
 #            (ga_bench.csv: put/get bandwidth against section shape, short-message latency,
 #            SpMV, each beside the raw heap transfer of the same bytes). Not part of full.
+#   spts     SpTS (issue 28, docs/spts.md): the sparse triangular solve, gio (sync-free
+#            persistent kernels) and inter-k (a kernel per level); first both modes checked
+#            bit-identical to the serial CPU reference, contiguous and block-cyclic rows, on
+#            1, 2 and 4 ranks of one node (gpulmt-run) and 2 and 4 ranks across 2
+#            pseudo-nodes (mpirun; gio also with --unbatched, a put per value instead of
+#            streams) (check.csv, spts_check.csv), then the table gio against
+#            inter-k for SPTS_SIZES rows (default "50000 200000"), SPTS_ITERS timed solves
+#            (default 3), on 2 and 4 ranks of one node and 2 across the pseudo-nodes
+#            (spts_nodes1.csv, spts_nodes2.csv: mode,ranks,n,nnz,levels,time_ms;
+#            spts_summary.txt; mode gio-unbatched: --unbatched). About 2 minutes on one
+#            H200. Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
 #
@@ -71,9 +82,9 @@
 # STENCIL_SIZES (default "2048 4096 8192"), STENCIL_ITERS (default 200), INTERNODE_OSU_ARGS
 # (extra options of the internode mode's osu runs, e.g. "-i 20 -x 2" for a quick sim run).
 set -uo pipefail
-mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga OUTDIR}
-case $mode in full | osu | stencil | shim | checks | device | gio | coll | internode | ga) ;; *)
-  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, gio, coll, internode or ga" >&2
+mode=${1:?usage: bash bench/gpu/run.sh full|osu|stencil|shim|checks|device|gio|coll|internode|ga|spts OUTDIR}
+case $mode in full | osu | stencil | shim | checks | device | gio | coll | internode | ga | spts) ;; *)
+  echo "bench/gpu/run.sh: unknown mode '$mode': full, osu, stencil, shim, checks, device, gio, coll, internode, ga or spts" >&2
   exit 2
   ;;
 esac
@@ -198,31 +209,37 @@ stencil() {
   [ "$(gpu_count)" -ge 2 ] && stop_mps
 }
 
+# One run of the application benchmark $1 ($bin/$1) on $3 ranks in $4 pseudo-nodes (1: one
+# node, gpulmt-run; more: mpirun with GPULMT_PSEUDO_NODES, which the program's `mpi` build
+# from prepare.sh joins through MPI), the rest its options. Its output goes to $tmp and is
+# appended to $out/$2; a failed run is a FAIL row of check.csv. Sets n, nodes and rc.
+app_run() {
+  local prog=$1 file=$2
+  n=$3 nodes=$4
+  shift 4
+  if [ "$nodes" = 1 ]; then
+    $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/$prog "$@" > "$tmp" 2>&1
+  else
+    timeout 120 $mpirun -np "$n" -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES="$nodes" -x GPULMT_SYM_HEAP \
+      $bin/$prog "$@" > "$tmp" 2>&1
+  fi
+  rc=$?
+  cat "$tmp" >> "$out/$file"
+  if [ $rc -ne 0 ]; then
+    log "$prog FAILED (rc=$rc): -n $n nodes=$nodes $*"
+    echo "${file%.txt}_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
+    tail -3 "$tmp" >&2
+  fi
+}
+
 # Stencil2D's GIO mode across pseudo-nodes and on 4 ranks (see the mode's line at the top).
 # stencil2d is the `mpi`-feature build (prepare.sh): under mpirun with GPULMT_PSEUDO_NODES=2
 # its job spans two nodes, under gpulmt-run it is one node as before.
 stencil_gio() {
   local iters=${STENCIL_ITERS:-200} sizes=${GIO_SIZES:-2048 4096} precisions=${GIO_PRECISIONS:-single} n m mh p s h nodes rc
   local tmp="$out/stencil_gio_last.txt"
-  # One run: ranks, pseudo-nodes (1: gpulmt-run), stencil2d's options. A failed run is a
-  # FAIL row of check.csv.
-  gio_one() {
-    n=$1 nodes=$2
-    shift 2
-    if [ "$nodes" = 1 ]; then
-      $bin/gpulmt-run -n "$n" --timeout 120 -- $bin/stencil2d "$@" > "$tmp" 2>&1
-    else
-      timeout 120 $mpirun -np "$n" -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES="$nodes" -x GPULMT_SYM_HEAP \
-        $bin/stencil2d "$@" > "$tmp" 2>&1
-    fi
-    rc=$?
-    cat "$tmp" >> "$out/stencil_gio.txt"
-    if [ $rc -ne 0 ]; then
-      log "stencil2d FAILED (rc=$rc): -n $n nodes=$nodes $*"
-      echo "stencil_gio_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
-      tail -3 "$tmp" >&2
-    fi
-  }
+  # One run: ranks, pseudo-nodes, stencil2d's options (app_run).
+  gio_one() { app_run stencil2d stencil_gio.txt "$@"; }
   export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-1G}
   # Every rank shares the GPU: MPS, so that the persistent kernels run at once.
   MPS=1 start_mps
@@ -640,6 +657,41 @@ ga() {
   done
 }
 
+# SpTS (see the mode's line at the top). spts is the `mpi`-feature build (prepare.sh): under
+# mpirun with GPULMT_PSEUDO_NODES=2 its job spans two nodes, under gpulmt-run it is one.
+spts() {
+  local sizes=${SPTS_SIZES:-50000 200000} iters=${SPTS_ITERS:-3} n nodes m d s rc
+  local tmp="$out/spts_last.txt"
+  # One run: ranks, pseudo-nodes, spts's options (app_run).
+  spts_one() { app_run spts spts.txt "$@"; }
+  # The modes on $1 pseudo-nodes (across nodes gio also with a put per value, not streams),
+  # and a mode's options.
+  spts_modes() { if [ "$1" = 1 ]; then echo gio inter-k; else echo gio gio-unbatched inter-k; fi; }
+  spts_mode() { case $1 in gio-unbatched) echo --mode gio --unbatched ;; *) echo --mode "$1" ;; esac; }
+  export GPULMT_SYM_HEAP=${GPULMT_SYM_HEAP:-1G}
+  # Every rank shares the GPU: MPS, so that the persistent kernels run at once.
+  MPS=1 start_mps
+  echo "mps=$mps device=$GPULMT_DEVICE iters=$iters sizes=$sizes" > "$out/spts_env.txt"
+  log spts: bit-identical to the serial CPU reference, 1, 2, 4 ranks of one node, 2 and 4 across 2 pseudo-nodes
+  for n_nodes in "1 1" "2 1" "4 1" "2 2" "4 2"; do
+    set -- $n_nodes
+    for m in $(spts_modes "$2"); do for d in contiguous 64; do
+      if [ "$d" = contiguous ]; then set -- "$1" "$2"; else set -- "$1" "$2" --cyclic "$d"; fi
+      spts_one "$@" --n 20000 --iters 2 $(spts_mode "$m") --check --csv "$out/spts_check.csv"
+      grep -q '^check: PASS' "$tmp" && echo "spts_check_n${n}_nodes${nodes}_${m}_$d,ok" >> "$out/check.csv" \
+        || echo "spts_check_n${n}_nodes${nodes}_${m}_$d,FAIL,$(grep '^check:' "$tmp" | head -1)" >> "$out/check.csv"
+    done; done
+  done
+  log spts table: gio against inter-k, $sizes rows
+  for n_nodes in "2 1" "4 1" "2 2"; do
+    set -- $n_nodes
+    for s in $sizes; do for m in $(spts_modes "$2"); do
+      spts_one "$1" "$2" --n "$s" --iters "$iters" $(spts_mode "$m") --csv "$out/spts_nodes$2.csv"
+      grep '^summary:' "$tmp" | head -1 | sed "s|^|nodes=$2 |" | tee -a "$out/spts_summary.txt"
+    done; done
+  done
+}
+
 report() {
   if [ -f "$out/gpulmt.csv" ] || [ -f "$out/stencil.csv" ]; then
     log report
@@ -666,6 +718,9 @@ case $mode in
   ga)
     ga
     ;;
+  spts)
+    spts
+    ;;
   checks)
     log checks
     checks | tee "$out/check.csv"
@@ -682,7 +737,7 @@ esac
 if [ -f "$out/check.csv" ]; then
   echo "checks: $(grep -c ',ok' "$out/check.csv") ok, $(grep -c ',FAIL' "$out/check.csv") failed" | tee -a "$out/log.txt"
 fi
-[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = gio ] || [ "$mode" = coll ] || [ "$mode" = internode ] || [ "$mode" = ga ] || report
+[ "$mode" = checks ] || [ "$mode" = device ] || [ "$mode" = gio ] || [ "$mode" = coll ] || [ "$mode" = internode ] || [ "$mode" = ga ] || [ "$mode" = spts ] || report
 stop_mps
 if [ "$mode" = full ]; then tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
 log done

@@ -6,7 +6,9 @@ use std::fs::OpenOptions;
 
 pub mod device;
 pub mod pair;
+pub mod program;
 pub mod report;
+pub mod spts;
 pub mod stencil;
 pub mod window;
 

@@ -14,6 +14,7 @@
 
 pub mod checks;
 pub mod perf;
+pub mod watchdog;
 
 use std::sync::Arc;
 

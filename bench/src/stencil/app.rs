@@ -167,36 +167,10 @@ pub fn main() -> i32 {
     }
     // Under mpirun (built with the `mpi` feature) the job comes from MPI, so that it can
     // span (pseudo-)nodes: GPULMT_PSEUDO_NODES=2 puts neighbours on other nodes.
-    let mut ctx = match crate::pair::join() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("stencil2d: init: {e}");
-            return 1;
-        }
-    };
-    let outcome = match o.precision {
-        Precision::Single => run::<f32>(&mut ctx, &o),
-        Precision::Double => run::<f64>(&mut ctx, &o),
-    };
-    match outcome {
-        Ok(passed) => {
-            if let Err(e) = ctx.finalize() {
-                eprintln!("stencil2d: finalize: {e}");
-                return 1;
-            }
-            crate::pair::finalize_mpi();
-            i32::from(!passed)
-        }
-        Err(e) => {
-            // Dropping the context marks this rank failed, so peers stop waiting.
-            eprintln!("stencil2d: rank {}: {e}", ctx.rank());
-            if matches!(e, StencilError::Config(_)) {
-                2
-            } else {
-                1
-            }
-        }
-    }
+    crate::program::run_rank("stencil2d", |ctx| match o.precision {
+        Precision::Single => run::<f32>(ctx, &o),
+        Precision::Double => run::<f64>(ctx, &o),
+    })
 }
 
 /// What one rank measured and saw, sent to rank 0 for the report.

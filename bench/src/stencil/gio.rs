@@ -44,6 +44,7 @@ use gpulmt::{Context, SymPtr};
 use super::grid::{Decomp, Side};
 use super::kernel::{self, Real, Weights, CUDA_SOURCE};
 use super::{Result, StencilError};
+use crate::device::watchdog::wait_watched;
 use crate::device::DeviceModule;
 
 /// The persistent kernel, compiled behind the device header, `real` and kernels.cu.
@@ -466,9 +467,6 @@ const PROGRESS_WORDS: usize = 2;
 /// changing, before the watchdog reports where it stopped and ends the process.
 const GIO_STALL: Duration = Duration::from_secs(10);
 
-/// Polls of the kernel's completion between two reads of the clock.
-const POLLS_PER_CLOCK: u32 = 256;
-
 fn cuda(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> StencilError {
     move |e| StencilError::Cuda(format!("{what}: {e}"))
 }
@@ -618,33 +616,18 @@ impl<T: Real> Engine for CudaEngine<T> {
         Ok(())
     }
 
-    /// Waits for the kernel, as a watchdog: a kernel that passes no exchange and sees
-    /// none of its signal words change for [`GIO_STALL`] is reported (where it stopped,
-    /// what it waits for) and the process exits, rather than hanging the job: the
-    /// kernel would still spin, so an error return would only hang again in the
-    /// teardown (the context's, MPI's) that waits for it and for the peers.
+    /// Waits for the kernel, as a watchdog ([`wait_watched`]): a kernel that passes no
+    /// exchange and sees none of its signal words change for [`GIO_STALL`] is reported
+    /// and the process exits.
     fn sync(&mut self, ctx: &Context) -> Result<()> {
         let Some((done, exchange0, exchanges)) = self.launched.take() else { return Ok(()) };
-        // No read of the kernel's words in the first second (timed runs shorter than
-        // that pay only the polls), then one a second.
-        let (mut last, mut changed, mut checked) = (None, Instant::now(), Instant::now());
-        let mut polls = 0u32;
-        while !done.try_is_complete().map_err(cuda("running stencil_gio"))? {
-            polls = polls.wrapping_add(1);
-            if !polls.is_multiple_of(POLLS_PER_CLOCK) || checked.elapsed() < GIO_STALL / 10 {
-                std::hint::spin_loop();
-                continue;
-            }
-            checked = Instant::now();
-            let now = self.progress(ctx)?;
-            if last.as_ref() != Some(&now) {
-                (last, changed) = (Some(now), checked);
-            } else if changed.elapsed() >= GIO_STALL {
-                eprintln!("{}", self.stall_report(ctx.rank(), &now, exchange0, exchanges));
-                std::process::exit(3);
-            }
-        }
-        Ok(())
+        wait_watched(
+            &done,
+            GIO_STALL,
+            || self.progress(ctx),
+            |now| self.stall_report(ctx.rank(), now, exchange0, exchanges),
+            cuda("running stencil_gio"),
+        )
     }
 
     fn exchange_seconds(&mut self, ctx: &Context) -> Result<f64> {

@@ -39,19 +39,7 @@ pub mod kernel;
 
 pub use app::{Mode, Precision, StencilOptions};
 
-/// What can go wrong in a Stencil2D run.
-#[derive(Debug, thiserror::Error)]
-pub enum StencilError {
-    #[error(transparent)]
-    Transport(#[from] gpulmt::Error),
-    #[error("CUDA: {0}")]
-    Cuda(String),
-    /// A problem the options describe that cannot run (exit status 2).
-    #[error("{0}")]
-    Config(String),
-    /// A peer sent something the decomposition does not expect.
-    #[error("{0}")]
-    Protocol(String),
-}
+/// What can go wrong in a Stencil2D run (the application benchmarks' error).
+pub type StencilError = crate::program::AppError;
 
 pub type Result<T> = std::result::Result<T, StencilError>;
