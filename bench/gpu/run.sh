@@ -67,9 +67,9 @@
 #            pseudo-nodes (mpirun; gio also with --unbatched, a put per value instead of
 #            streams) (check.csv, spts_check.csv), then the table gio against
 #            inter-k for SPTS_SIZES rows (default "50000 200000"), SPTS_ITERS timed solves
-#            (default 3), on 2 and 4 ranks of one node and 2 across the pseudo-nodes
+#            (default 3), on 2 and 4 ranks of one node and across the pseudo-nodes
 #            (spts_nodes1.csv, spts_nodes2.csv: mode,ranks,n,nnz,levels,time_ms;
-#            spts_summary.txt; mode gio-unbatched: --unbatched). About 2 minutes on one
+#            spts_summary.txt; gio-unbatched only with SPTS_UNBATCHED=1). About 2 minutes on one
 #            H200. Not part of full.
 #   full     all five, then bench-report and OUTDIR.tgz (about 9 minutes on 2x H200)
 # Every mode but checks ends with bench-report (OUTDIR/report.md, summary.csv, plots).
@@ -229,6 +229,13 @@ app_run() {
     log "$prog FAILED (rc=$rc): -n $n nodes=$nodes $*"
     echo "${file%.txt}_n${n}_nodes${nodes},FAIL,rc=$rc $*" >> "$out/check.csv"
     tail -3 "$tmp" >&2
+    # A CUDA job killed by the timeout leaves the MPS server unusable for the next one
+    # (spts1: cuDevicePrimaryCtxRetain failed with CUDA_ERROR_LAUNCH_FAILED after it).
+    if [ $rc -eq 124 ] && [ "${mps:-0}" = 1 ]; then
+      log "restarting MPS after the timeout"
+      stop_mps
+      MPS=1 start_mps
+    fi
   fi
 }
 
@@ -682,10 +689,13 @@ spts() {
         || echo "spts_check_n${n}_nodes${nodes}_${m}_$d,FAIL,$(grep '^check:' "$tmp" | head -1)" >> "$out/check.csv"
     done; done
   done
+  # A put per value across nodes (gio-unbatched) is checked above but timed only with
+  # SPTS_UNBATCHED=1: each value is a proxy round trip, seconds per solve at these sizes.
   log spts table: gio against inter-k, $sizes rows
-  for n_nodes in "2 1" "4 1" "2 2"; do
+  for n_nodes in "2 1" "4 1" "2 2" "4 2"; do
     set -- $n_nodes
     for s in $sizes; do for m in $(spts_modes "$2"); do
+      [ "$m" = gio-unbatched ] && [ "${SPTS_UNBATCHED:-0}" != 1 ] && continue
       spts_one "$1" "$2" --n "$s" --iters "$iters" $(spts_mode "$m") --csv "$out/spts_nodes$2.csv"
       grep '^summary:' "$tmp" | head -1 | sed "s|^|nodes=$2 |" | tee -a "$out/spts_summary.txt"
     done; done
