@@ -199,17 +199,6 @@ GPULMT_DEV void gpulmt_st_release_sys(gpulmt_u64 *p, gpulmt_u64 v)
     asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-/* Backs off between polls of a queue word in pinned host memory (the proxy's head and
- * completion counters): each poll is a read across PCIe, and thousands of warps polling
- * back to back saturated the link and starved the copy engine's DMA that the proxy needs
- * to make progress (SpTS with a queue packet per value: staging copies took 0.3-0.7 s
- * each). Sleeps 32 ns, doubling up to 1 us: at most about a microsecond added to a wait. */
-GPULMT_DEV void gpulmt_poll_backoff(unsigned *ns)
-{
-    __nanosleep(*ns);
-    *ns = *ns < 1024u ? *ns * 2u : 1024u;
-}
-
 /* A release store at GPU scope: for words only this GPU's threads share. */
 GPULMT_DEV void gpulmt_st_release_gpu(gpulmt_u64 *p, gpulmt_u64 v)
 {
@@ -409,9 +398,7 @@ GPULMT_DEV gpulmt_u64 gpulmt_gio_post(const gpulmt_gio_sq *q, int pe, gpulmt_u32
     gpulmt_u64 pos = atomicAdd((unsigned long long *)q->reserve, 1ull);
     /* Credits: the slot is free once the proxy took the packet of the previous lap. The
      * acquire orders our writes to the slot after the proxy's reads of the old packet. */
-    unsigned ns = 32u;
     while (pos >= gpulmt_ld_acquire_sys((const gpulmt_u64 *)q->head) + q->slots) {
-        gpulmt_poll_backoff(&ns);
     }
     /* The slot's result word is this lap's once the previous lap's op released it (a
      * fetching AMO after reading its result, any other op at once): ring slots are
@@ -446,9 +433,7 @@ GPULMT_DEV gpulmt_u64 gpulmt_gio_post(const gpulmt_gio_sq *q, int pe, gpulmt_u32
  * data, an AMO's result) is visible after. */
 GPULMT_DEV void gpulmt_gio_wait(const gpulmt_gio_sq *q, gpulmt_u64 pos)
 {
-    unsigned ns = 32u;
     while (gpulmt_ld_acquire_sys((const gpulmt_u64 *)q->cq_done) <= pos) {
-        gpulmt_poll_backoff(&ns);
     }
 }
 
@@ -507,9 +492,7 @@ GPULMT_DEV void gpulmt_quiet(void)
     const gpulmt_gio_sq *q = gpulmt_gio_my_sq();
     if (q) {
         gpulmt_u64 until = *(volatile const gpulmt_u64 *)q->reserve;
-        unsigned ns = 32u;
         while (gpulmt_ld_acquire_sys((const gpulmt_u64 *)q->cq_done) < until) {
-            gpulmt_poll_backoff(&ns);
         }
     }
 }
@@ -889,9 +872,7 @@ GPULMT_DEV void gpulmt_barrier_all_block(void)
         for (gpulmt_u32 i = 0; qs && i < qs->n_sq; i++) {
             const gpulmt_gio_sq *q = (const gpulmt_gio_sq *)qs->sq + i;
             gpulmt_u64 until = *(volatile const gpulmt_u64 *)q->reserve;
-            unsigned ns = 32u;
             while (gpulmt_ld_acquire_sys((const gpulmt_u64 *)q->cq_done) < until) {
-                gpulmt_poll_backoff(&ns);
             }
         }
         gpulmt_u64 *epoch = gpulmt_ctrl(GPULMT_CTRL_BARRIER_EPOCH);
