@@ -179,17 +179,49 @@ impl Proxy {
             Ok(p) => p,
             Err(bad) => return Start::Failed(OpFailure::bad_packet(&bad), bad.to_string()),
         };
-        let inline = size as usize <= AM_INLINE && mem == MemoryKind::Host;
+        // Small data travels inside the request, from device memory too: staged as a
+        // transfer of its own, each put of a few bytes took a 1 MiB bounce buffer at both
+        // ends (pools past their cap grow for transfers that hold none: SpTS's put per
+        // value grew them to about 1400 buffers a rank, each a pinned allocation) and a
+        // data message of its own.
+        let inline = size as usize <= AM_INLINE;
         let window = held.template.window.expect("the template check gives one-sided ops a window");
         let data_tag = self.net.tags.one_sided(self.one_sided_next);
         let key = self.new_key();
         let am = AmRequest { kind, op: key, window: window.id, offset, size, data_tag, inline };
         let mut msg = Vec::new();
-        let data: &[u8] = match (inline, size) {
-            (true, 1..) => {
+        let from_device;
+        let data: &[u8] = match (inline, size, mem) {
+            (true, 1.., MemoryKind::Host) => {
                 // SAFETY: the producer's post keeps src..src+size readable host memory
                 // (checked host just above) until the op completes.
                 unsafe { std::slice::from_raw_parts(src as *const u8, size as usize) }
+            }
+            (true, 1.., MemoryKind::Device(dev)) => {
+                // One small copy, waited for here (a few microseconds of this thread), on
+                // the net lane: not ordered after the application's default stream, where
+                // the kernel that posted this packet may still run.
+                let mut buf = vec![0u8; size as usize];
+                // SAFETY: src..src+size is device memory the producer keeps readable until
+                // the op completes (checked device just above); `buf` is this function's,
+                // held until the copy is seen finished below.
+                let copied = unsafe {
+                    self.net.backend.copy_async(dev, NET_LANE, buf.as_mut_ptr() as usize, src as usize, buf.len())
+                }
+                .and_then(|t| loop {
+                    match self.net.backend.copy_poll(t) {
+                        Ok(false) => std::hint::spin_loop(),
+                        done => break done.map(|_| ()),
+                    }
+                });
+                if let Err(e) = copied {
+                    return Start::Failed(
+                        OpFailure::net(-1),
+                        format!("copying a put's {size} bytes from the device: {e}"),
+                    );
+                }
+                from_device = buf;
+                &from_device
             }
             _ => &[],
         };
