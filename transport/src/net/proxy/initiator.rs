@@ -198,29 +198,17 @@ impl Proxy {
                 unsafe { std::slice::from_raw_parts(src as *const u8, size as usize) }
             }
             (true, 1.., MemoryKind::Device(dev)) => {
-                // One small copy, waited for here (a few microseconds of this thread), on
-                // the net lane: not ordered after the application's default stream, where
-                // the kernel that posted this packet may still run.
-                let mut buf = vec![0u8; size as usize];
                 // SAFETY: src..src+size is device memory the producer keeps readable until
-                // the op completes (checked device just above); `buf` is this function's,
-                // held until the copy is seen finished below.
-                let copied = unsafe {
-                    self.net.backend.copy_async(dev, NET_LANE, buf.as_mut_ptr() as usize, src as usize, buf.len())
-                }
-                .and_then(|t| loop {
-                    match self.net.backend.copy_poll(t) {
-                        Ok(false) => std::hint::spin_loop(),
-                        done => break done.map(|_| ()),
+                // the op completes (checked device just above); the call waits for its copy.
+                match unsafe { self.net.bounce.copy_out_small(dev, src as usize, size as usize) } {
+                    Ok(bytes) => from_device = bytes,
+                    Err(e) => {
+                        return Start::Failed(
+                            OpFailure::net(-1),
+                            format!("copying a put's {size} bytes from the device: {e}"),
+                        )
                     }
-                });
-                if let Err(e) = copied {
-                    return Start::Failed(
-                        OpFailure::net(-1),
-                        format!("copying a put's {size} bytes from the device: {e}"),
-                    );
                 }
-                from_device = buf;
                 &from_device
             }
             _ => &[],
