@@ -133,6 +133,7 @@ impl BouncePool {
         });
         // SAFETY: the copy finished (or never started): `buf` holds `len` bytes for us.
         let bytes = copied.map(|()| unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec());
+        // After a failed copy or poll the engine may still write the buffer: not lent again.
         if bytes.is_ok() {
             self.give(buf);
         }

@@ -408,6 +408,12 @@ impl CopyServer {
         Ok(())
     }
 
+    /// Whether a declined copy or atomic asked for a launch
+    /// ([`launch_if_wanted`](Self::launch_if_wanted) would launch).
+    pub fn launch_wanted(&self) -> bool {
+        self.launch_wanted
+    }
+
     /// Launches a server if a declined copy asked for one; call once that copy is issued
     /// (with the device's context current), so the launch's 3 us of CPU overlap it.
     pub fn launch_if_wanted(&mut self) -> Result<(), DeviceError> {

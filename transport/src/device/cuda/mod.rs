@@ -550,8 +550,12 @@ impl DeviceBackend for CudaBackend {
         match unsafe { server.post_atomic(addr, op, || self.enter(dev))? } {
             Some(seq) => Ok(Some(AtomicTicket(AtomicState::Served { dev, seq }))),
             None => {
-                let _current = self.enter(dev)?;
-                server.launch_if_wanted()?;
+                // The context only for a launch: the caller retries every proxy round
+                // while a launched server starts.
+                if server.launch_wanted() {
+                    let _current = self.enter(dev)?;
+                    server.launch_if_wanted()?;
+                }
                 Ok(None)
             }
         }

@@ -382,48 +382,40 @@ impl TargetOp {
     /// Moves the AMO on (see the module docs); true once there is nothing (more) to do,
     /// its old value then in `reply_inline`.
     fn amo_step(&mut self, backend: &Backend) -> bool {
-        match std::mem::replace(&mut self.amo, Amo::None) {
-            Amo::None => true,
+        // A polled atomic stays Running until the device reports its old value.
+        let polled = |ticket| match backend.word_atomic_poll(ticket) {
+            Ok(None) => (Amo::Running(ticket), Ok(None)),
+            done => (Amo::None, done),
+        };
+        let (next, outcome) = match std::mem::replace(&mut self.amo, Amo::None) {
+            Amo::None => return true,
             Amo::Ready { addr, kind: MemoryKind::Host, op } => {
                 // SAFETY: an aligned word inside this rank's host window (checked when the
                 // request arrived), valid while exposed, shared with the application and
                 // touched atomically only.
-                let old = op.apply(unsafe { AtomicU64::from_ptr(addr as *mut u64) });
-                self.reply_inline = Some(old.to_le_bytes().to_vec());
-                true
+                let word = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+                (Amo::None, Ok(Some(op.apply(word))))
             }
             Amo::Ready { addr, kind: MemoryKind::Device(dev), op } => {
                 // SAFETY: an aligned word inside this rank's device window (checked when
-                // the request arrived), valid while the window is exposed; the host
-                // touches it through word atomics only.
+                // the request arrived), valid while the window is exposed; the host touches
+                // it through word atomics only.
                 match unsafe { backend.word_atomic_start(dev, addr, op) } {
-                    Ok(Some(ticket)) => self.amo = Amo::Running(ticket),
-                    Ok(None) => self.amo = Amo::Ready { addr, kind: MemoryKind::Device(dev), op },
-                    Err(e) => {
-                        self.fail(format!("applying an atomic: {e}"));
-                        return true;
-                    }
+                    Ok(Some(ticket)) => polled(ticket),
+                    Ok(None) => (Amo::Ready { addr, kind: MemoryKind::Device(dev), op }, Ok(None)),
+                    Err(e) => (Amo::None, Err(e)),
                 }
-                self.amo_step_running(backend)
             }
-            running => {
-                self.amo = running;
-                self.amo_step_running(backend)
-            }
-        }
-    }
-
-    fn amo_step_running(&mut self, backend: &Backend) -> bool {
-        let Amo::Running(ticket) = self.amo else { return matches!(self.amo, Amo::None) };
-        match backend.word_atomic_poll(ticket) {
+            Amo::Running(ticket) => polled(ticket),
+        };
+        self.amo = next;
+        match outcome {
             Ok(None) => false,
             Ok(Some(old)) => {
-                self.amo = Amo::None;
                 self.reply_inline = Some(old.to_le_bytes().to_vec());
                 true
             }
             Err(e) => {
-                self.amo = Amo::None;
                 self.fail(format!("applying an atomic: {e}"));
                 true
             }
