@@ -55,6 +55,11 @@ pub mod probe {
     /// isend: the wait for an RTR offer is over; the engine posted the send.
     pub const SEND_OFFER_WAITED: u8 = 4;
     pub const SEND_POSTED: u8 = 5;
+    /// isend: an eager payload in device memory was copied out to the host.
+    pub const SEND_PAYLOAD_STAGED: u8 = 6;
+    /// An eager payload for a device buffer: its copy in starts; it has landed.
+    pub const RECV_PAYLOAD_COPY: u8 = 7;
+    pub const RECV_PAYLOAD_WRITTEN: u8 = 8;
     /// A packet taken from a ring was handled (engine and actions).
     pub const PACKET_HANDLED: u8 = 100;
 }

@@ -564,8 +564,12 @@ impl Context {
                 // SAFETY: `buf..buf+len` is valid and unmodified until the request
                 // completes (this function's contract); the bytes are copied out here.
                 MemoryKind::Host => unsafe { std::slice::from_raw_parts(buf, len) }.to_vec(),
-                // SAFETY: the source as above, in device memory of this backend.
-                MemoryKind::Device(_) => unsafe { self.eager_bounce.read_device(ptr, len)? },
+                MemoryKind::Device(dev) => {
+                    // SAFETY: the source as above, in device memory of this backend.
+                    let v = unsafe { self.eager_bounce.read_device(dev, ptr, len)? };
+                    anatomy::mark(Point::Probe, probe::SEND_PAYLOAD_STAGED);
+                    v
+                }
             })
         } else {
             None

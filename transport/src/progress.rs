@@ -361,9 +361,14 @@ impl Context {
                 std::ptr::copy_nonoverlapping(payload.as_ptr(), st.ptr as *mut u8, payload.len());
                 Ok(())
             },
-            // SAFETY: as above, in device memory of this backend; irecv's contract keeps the
-            // buffer valid and unused until the request completes, which it has not yet.
-            MemoryKind::Device(_) => unsafe { self.eager_bounce.write_device(st.ptr, payload) },
+            MemoryKind::Device(dev) => {
+                anatomy::mark(Point::Probe, anatomy::probe::RECV_PAYLOAD_COPY);
+                // SAFETY: as above, in device memory of this backend; irecv's contract keeps
+                // the buffer valid and unused until the request completes, which it has not.
+                let r = unsafe { self.eager_bounce.write_device(dev, st.ptr, payload) };
+                anatomy::mark(Point::Probe, anatomy::probe::RECV_PAYLOAD_WRITTEN);
+                r
+            }
         };
         if let Err(e) = res {
             tracing::error!(error = %e, "writing an eager payload to device memory");

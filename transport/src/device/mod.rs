@@ -289,6 +289,36 @@ pub trait DeviceBackend: Send + Sync {
     /// polled again). Never blocks.
     fn copy_poll(&self, ticket: CopyTicket) -> Result<bool, DeviceError>;
 
+    /// [`copy_async`](Self::copy_async) on `lane` of `engine`, then spins on
+    /// [`copy_poll`](Self::copy_poll) until it finished. Unlike
+    /// [`copy_sync`](Self::copy_sync) it is not ordered after the application's work on its
+    /// legacy default stream (the same contract as the rendezvous copies': the data is final
+    /// when the request is posted); on CUDA that wait is a stream query of 1.4-1.8 us once a
+    /// copy has run in the context (`docs/performance.md`). A small copy to or from pinned
+    /// memory that the copy server may take makes no driver call at all.
+    ///
+    /// On an error from the poll the copy may still run: the caller must not reuse a
+    /// buffer of its own that the copy writes.
+    ///
+    /// # Safety
+    /// As [`copy_async`](Self::copy_async)'s, until this returns.
+    unsafe fn copy_wait(
+        &self,
+        engine: DevId,
+        lane: u32,
+        dst: usize,
+        src: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: this function's contract is copy_async's, and it returns only once the copy
+        // was seen finished (or its poll failed, which the caller is told about).
+        let t = unsafe { self.copy_async(engine, lane, dst, src, len)? };
+        while !self.copy_poll(t)? {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
     /// Copies and waits, in any direction (host or device at either end).
     ///
     /// # Safety

@@ -125,12 +125,7 @@ impl BouncePool {
         let buf = self.take(0)?.expect("a transfer that holds no buffer always gets one");
         // SAFETY: `buf` is a pinned buffer of `chunk >= len` bytes lent to this call until
         // the copy is seen finished below; `src` is the caller's.
-        let copied = unsafe { self.backend.copy_async(dev, NET_LANE, buf, src, len) }.and_then(|t| loop {
-            match self.backend.copy_poll(t) {
-                Ok(false) => std::hint::spin_loop(),
-                done => break done.map(|_| ()),
-            }
-        });
+        let copied = unsafe { self.backend.copy_wait(dev, NET_LANE, buf, src, len) };
         // SAFETY: the copy finished (or never started): `buf` holds `len` bytes for us.
         let bytes = copied.map(|()| unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec());
         // After a failed copy or poll the engine may still write the buffer: not lent again.

@@ -473,12 +473,8 @@ impl DeviceBackend for CudaBackend {
                 // (when the server declines, copy_async queues it on the engine).
                 self.wait_app_default_stream(dev)?;
                 // SAFETY: copy_sync's contract keeps both ranges valid for the whole call,
-                // and the copy is waited for before it returns.
-                let t = unsafe { self.copy_async(dev, 0, dst, src, len)? };
-                while !self.copy_poll(t)? {
-                    std::hint::spin_loop();
-                }
-                return Ok(());
+                // and copy_wait waits for the copy.
+                return unsafe { self.copy_wait(dev, 0, dst, src, len) };
             }
             let _current = self.enter(dev)?;
             return Ok(cu!(cuMemcpy(dst as CUdeviceptr, src as CUdeviceptr, len))?);
