@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Where the internode path's small-message latency goes beyond MPI's own, across 2
+# pseudo-nodes on one GPU: osu_latency 8 B H H and D D (copy server on) under variants of
+# the proxy's settings, each with the proxies' profiles, beside Open MPI's own H H and the
+# host-staged anchor.
+# Usage: bash lab/gpu/net_latency.sh OUTDIR
+#   VARIANTS (default "base nosleep pinned"): base = the defaults; nosleep =
+#   GPULMT_NET_IDLE_SLEEP=0 (the idle proxy spins and yields, never sleeps); pinned = each
+#   rank on a core of its own and its proxy on another (GPULMT_NET_PROXY_CPU).
+source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_latency.sh OUTDIR}"
+variants=${VARIANTS:-base nosleep pinned}
+mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+pn="$mpirun -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2 -x GPULMT_COPY_SERVER_MAX=64K -x GPULMT_LOG"
+export GPULMT_LOG=warn,gpulmt_net_profile=info
+{ cat /sys/devices/system/clocksource/clocksource0/current_clocksource; cc -O2 lab/gpu/clock_cost.c -o /tmp/clock_cost \
+  && /tmp/clock_cost; } > "$out/clock.txt" 2>&1
+MPS=1 start_mps
+have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh 64 host > "$out/host_mpi.csv" 2>> "$out/log.txt"
+have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh 64 > "$out/staged_mpi.csv" 2>> "$out/log.txt"
+for v in $variants; do
+  for pl in "H H" "D D"; do
+    log "variant $v, $pl"
+    tag="${v}_${pl// /}"
+    case $v in
+      base) env=() ; wrap=() ;;
+      nosleep) env=(-x GPULMT_NET_IDLE_SLEEP=0) ; wrap=() ;;
+      pinned)
+        env=()
+        wrap=(bash -c 'r=$OMPI_COMM_WORLD_RANK; GPULMT_NET_PROXY_CPU=$((8 + r)) exec taskset -c $((2 + r)) "$@"' pin)
+        ;;
+    esac
+    timeout 120 $pn "${env[@]}" -np 2 "${wrap[@]}" "$bin/osu_latency_mpi" -m 8:8 -i 20000 --csv "$out/lat_$tag.csv" $pl \
+      > /dev/null 2> "$out/profile_$tag.txt"
+  done
+done
+stop_mps
+log "done"
