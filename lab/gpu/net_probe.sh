@@ -4,7 +4,8 @@
 # anchor, and why D D bandwidth stays below Open MPI H H over vader (Open MPI alone against
 # how many distinct buffers a window cycles through; osu_bw D D against its window).
 # Usage: bash lab/gpu/net_probe.sh OUTDIR   (PARTS="anatomy lat buffers bw" by default; "cma": the
-# same under Open MPI's CMA single copy)
+# same under Open MPI's CMA single copy; "tcp": osu_bw D D over TCP against the piece size and
+# depth, TCP_SETTINGS="CHUNK/DEPTH ..."; "vaderbw": the same over vader, VADER_SETTINGS)
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_probe.sh OUTDIR}"
 parts=${PARTS:-anatomy lat buffers bw}
 # The anatomy runs log each copy server's tally (copies served, declined, launches) at exit.
@@ -58,6 +59,25 @@ if has bw; then
   log "osu_bw H H, window 64"
   GPULMT_COPY_SERVER_MAX=0 timeout 150 $pn -np 2 "$bin/osu_bw_mpi" -m 1048576:67108864 --csv "$out/bw_HH.csv" H H \
     > /dev/null 2>> "$out/log.txt"
+fi
+if has tcp; then
+  # The pipeline's piece size and depth over Open MPI's TCP transport (the real network's
+  # stand-in): osu_bw D D 4-64 MiB per setting.
+  for cd in ${TCP_SETTINGS:-1M/4 1M/8 1M/16 512K/8 2M/8}; do
+    c=${cd%/*} d=${cd#*/}
+    log "osu_bw D D over tcp, GPULMT_NET_CHUNK=$c GPULMT_NET_DEPTH=$d"
+    GPULMT_COPY_SERVER_MAX=0 timeout 150 $pn --mca btl tcp,self -x GPULMT_NET_CHUNK=$c -x GPULMT_NET_DEPTH=$d -np 2 "$bin/osu_bw_mpi" \
+      -m 4194304:67108864 --csv "$out/tcp_bw_${c}_$d.csv" D D > /dev/null 2>> "$out/log.txt"
+  done
+fi
+if has vaderbw; then
+  # The same settings over vader (shared memory).
+  for cd in ${VADER_SETTINGS:-1M/4 512K/8}; do
+    c=${cd%/*} d=${cd#*/}
+    log "osu_bw D D over vader, GPULMT_NET_CHUNK=$c GPULMT_NET_DEPTH=$d"
+    GPULMT_COPY_SERVER_MAX=0 timeout 150 $pn -x GPULMT_NET_CHUNK=$c -x GPULMT_NET_DEPTH=$d -np 2 "$bin/osu_bw_mpi" \
+      -m 4194304:67108864 --csv "$out/vader_bw_${c}_$d.csv" D D > /dev/null 2>> "$out/log.txt"
+  done
 fi
 if has cma && have_nvcc; then
   # Open MPI's single-copy mechanism (this host's environment sets none): both the H H

@@ -341,16 +341,18 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "GPULMT_NET_CHUNK",
         kind: Kind::Size { min: 4 << 10, max: 1 << 30, multiple_of: 4 << 10, zero_is_off: false, never: false },
-        default: Text("1M"),
+        default: Text("512K"),
         class: Normal,
         meaning: "Internode path: data travels in MPI messages of at most this size, and device data is staged \
                   through pinned host buffers of this size (copy of one piece overlaps the wire of the next). \
-                  Every rank of a job must use the same value; the path checks at start.",
+                  Every rank of a job must use the same value; the path checks at start. 512K with a depth \
+                  of 8 moved D D 1.2-1.4x Open MPI's own H H bandwidth over TCP across pseudo-nodes on one \
+                  H200, where 1M x 4 moved 0.86-1.31x, and the same as 1M x 4 over shared memory.",
     },
     Variable {
         name: "GPULMT_NET_DEPTH",
         kind: Kind::Count { min: 1, max: 256, power_of_two: false },
-        default: Text("4"),
+        default: Text("8"),
         class: Normal,
         meaning: "Internode path: pieces of one transfer in flight at once (staging copies and MPI messages).",
     },
