@@ -5,12 +5,6 @@
 //! buffer), which does not fit a proxy whose requests outlive any call; so this calls
 //! `MPI_Isend`, `MPI_Irecv`, `MPI_Testsome` and `MPI_Cancel` through `mpi::ffi` and keeps
 //! the requests in one dense array that `MPI_Testsome` scans.
-//!
-//! It calls their `PMPI_` names: the proxy's traffic is the library's own. In the PMPI
-//! shim (`ffi/shim`) the `MPI_` names resolve to the shim's wrappers, which check buffers
-//! and run the shim's progress under its lock: the proxy thread's every `MPI_Testsome`
-//! went through that, and waited on the lock whenever the application's thread held it;
-//! a profiling tool's wrappers would count the proxy's traffic as the application's.
 
 use std::ffi::{c_int, c_void};
 
@@ -140,7 +134,7 @@ impl NetIface for MpiIface {
         // SAFETY: ep_send's contract keeps buf..buf+len readable until the request is
         // reported; the communicator is live (new's contract) and the datatype a constant.
         let rc = unsafe {
-            ffi::PMPI_Isend(buf as *const c_void, count, ffi::RSMPI_UINT8_T, to as c_int, tag, self.comm, &mut r)
+            ffi::MPI_Isend(buf as *const c_void, count, ffi::RSMPI_UINT8_T, to as c_int, tag, self.comm, &mut r)
         };
         check("MPI_Isend", rc)?;
         self.push(r, req, false);
@@ -166,7 +160,7 @@ impl NetIface for MpiIface {
         // SAFETY: ep_recv's contract keeps buf..buf+len writable and unused by others
         // until the request is reported; the communicator is live.
         let rc =
-            unsafe { ffi::PMPI_Irecv(buf as *mut c_void, count, ffi::RSMPI_UINT8_T, source, tag, self.comm, &mut r) };
+            unsafe { ffi::MPI_Irecv(buf as *mut c_void, count, ffi::RSMPI_UINT8_T, source, tag, self.comm, &mut r) };
         check("MPI_Irecv", rc)?;
         self.push(r, req, true);
         Ok(Status::InProgress)
@@ -176,7 +170,7 @@ impl NetIface for MpiIface {
         if let Some(i) = self.pending.iter().position(|p| p.id == req) {
             // SAFETY: a live request of this iface; it stays in the array and completes
             // (cancelled or not) through MPI_Testsome.
-            let rc = unsafe { ffi::PMPI_Cancel(&mut self.reqs[i]) };
+            let rc = unsafe { ffi::MPI_Cancel(&mut self.reqs[i]) };
             if let Err(e) = check("MPI_Cancel", rc) {
                 tracing::warn!(error = %e, "MPI_Cancel failed; the operation completes as it would have");
             }
@@ -195,7 +189,7 @@ impl NetIface for MpiIface {
         // SAFETY: the arrays hold n entries each; the requests are live handles of this
         // iface (completed ones MPI sets to MPI_REQUEST_NULL, removed below).
         let rc = unsafe {
-            ffi::PMPI_Testsome(
+            ffi::MPI_Testsome(
                 n as c_int,
                 self.reqs.as_mut_ptr(),
                 &mut outcount,
@@ -219,7 +213,7 @@ impl NetIface for MpiIface {
             let p = &self.pending[i];
             let mut cancelled: c_int = 0;
             // SAFETY: a status MPI_Testsome filled in.
-            unsafe { ffi::PMPI_Test_cancelled(status, &mut cancelled) };
+            unsafe { ffi::MPI_Test_cancelled(status, &mut cancelled) };
             let result = if cancelled != 0 {
                 Err(NetFail::Cancelled)
             } else if in_status && status.MPI_ERROR != ffi::MPI_SUCCESS as c_int {
@@ -228,7 +222,7 @@ impl NetIface for MpiIface {
             } else if p.recv {
                 let mut count: c_int = 0;
                 // SAFETY: a status MPI_Testsome filled in for a receive of bytes.
-                unsafe { ffi::PMPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut count) };
+                unsafe { ffi::MPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut count) };
                 Ok(Arrival { source: status.MPI_SOURCE as Rank, len: count.max(0) as usize })
             } else {
                 Ok(Arrival { source: self.rank, len: 0 })
@@ -256,7 +250,7 @@ impl NetIface for MpiIface {
         self.closed = true;
         // SAFETY: the iface owns the communicator (new's contract); requests still in
         // flight keep it alive inside MPI until they end, as MPI_Comm_free specifies.
-        if let Err(e) = check("MPI_Comm_free", unsafe { ffi::PMPI_Comm_free(&mut self.comm) }) {
+        if let Err(e) = check("MPI_Comm_free", unsafe { ffi::MPI_Comm_free(&mut self.comm) }) {
             tracing::warn!(error = %e, "freeing the proxy's communicator");
         }
     }
