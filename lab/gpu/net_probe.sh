@@ -5,7 +5,8 @@
 # how many distinct buffers a window cycles through; osu_bw D D against its window).
 # Usage: bash lab/gpu/net_probe.sh OUTDIR   (PARTS="anatomy lat buffers bw" by default; "cma": the
 # same under Open MPI's CMA single copy; "tcp": osu_bw D D over TCP against the piece size and
-# depth, TCP_SETTINGS="CHUNK/DEPTH ..."; "vaderbw": the same over vader, VADER_SETTINGS)
+# depth, TCP_SETTINGS="CHUNK/DEPTH ..."; "vaderbw": the same over vader, VADER_SETTINGS; "pipelat": osu_latency 64K-16M per
+# PIPE_SETTINGS over both transports)
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_probe.sh OUTDIR}"
 parts=${PARTS:-anatomy lat buffers bw}
 # The anatomy runs log each copy server's tally (copies served, declined, launches) at exit.
@@ -77,6 +78,21 @@ if has vaderbw; then
     log "osu_bw D D over vader, GPULMT_NET_CHUNK=$c GPULMT_NET_DEPTH=$d"
     GPULMT_COPY_SERVER_MAX=0 timeout 150 $pn -x GPULMT_NET_CHUNK=$c -x GPULMT_NET_DEPTH=$d -np 2 "$bin/osu_bw_mpi" \
       -m 4194304:67108864 --csv "$out/vader_bw_${c}_$d.csv" D D > /dev/null 2>> "$out/log.txt"
+  done
+fi
+if has pipelat; then
+  # Large-message latency against the pipeline's settings, in one call (A/B).
+  for cd in ${PIPE_SETTINGS:-1M/4 512K/8}; do
+    c=${cd%/*} d=${cd#*/}
+    for t in vader tcp; do
+      mca=$([ $t = tcp ] && echo "--mca btl tcp,self")
+      log "osu_latency D D and H H 64K-16M over $t, GPULMT_NET_CHUNK=$c GPULMT_NET_DEPTH=$d"
+      for pl in "D D" "H H"; do
+        GPULMT_COPY_SERVER_MAX=0 timeout 100 $pn $mca -x GPULMT_NET_CHUNK=$c -x GPULMT_NET_DEPTH=$d -np 2 \
+          "$bin/osu_latency_mpi" -m 65536:16777216 --csv "$out/pipelat_${t}_${c}_${d}_${pl// /}.csv" $pl \
+          > /dev/null 2>> "$out/log.txt"
+      done
+    done
   done
 fi
 if has cma && have_nvcc; then
