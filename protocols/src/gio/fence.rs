@@ -124,6 +124,10 @@ impl<T> FenceGate<T> {
     /// [`issue_held`](Self::issue_held); if MPI refuses it, it stays held.
     #[must_use]
     pub fn poll_op(&self) -> Option<(u32, &T)> {
+        // The proxy asks every queue's gate every round; most hold nothing.
+        if self.held == 0 {
+            return None;
+        }
         let startable = self.gates.iter().filter_map(|(&t, g)| match g.held.front() {
             Some((stamp, fenced, op)) if !fenced || g.in_flight == 0 => Some((*stamp, t, op)),
             _ => None,

@@ -127,6 +127,8 @@ pub(crate) struct Proxy {
     /// Ops the context cancelled before the proxy took (or started) them: (queue, seq).
     cancels: rustc_hash::FxHashSet<(usize, u64)>,
     pools: [Pool; 3],
+    /// A pool may have receives to post (one arrived, or a post was refused).
+    pools_short: bool,
     stopping: Stopping,
 }
 
@@ -175,6 +177,7 @@ impl Proxy {
             one_sided_next: 0,
             cancels: Default::default(),
             pools,
+            pools_short: true,
             stopping: Stopping::Running,
         }
     }
@@ -216,7 +219,7 @@ impl Proxy {
         let mut profile = ProxyProfile::default();
         loop {
             let now = Instant::now();
-            profile.enter(Phase::Take);
+            profile.begin_round(now);
             let mut work = self.apply_commands();
             work |= self.drain_queues(now);
             work |= self.start_held();
@@ -229,7 +232,8 @@ impl Proxy {
             work |= self.advance();
             profile.enter(Phase::Publish);
             // Peers are served until the end: a peer may still send while this rank drains.
-            if !matches!(self.stopping, Stopping::Cancelling(_)) {
+            // Only after an arrival (or a refused repost) is a pool short of receives.
+            if self.pools_short && !matches!(self.stopping, Stopping::Cancelling(_)) {
                 self.refill_pools();
             }
             self.publish();
@@ -277,9 +281,14 @@ impl Proxy {
     }
 
     fn refill_pools(&mut self) {
+        self.pools_short = false;
         for (i, pool) in self.pools.iter_mut().enumerate() {
-            if let Err(e) = pool.refill(i, &mut self.net) {
-                tracing::error!(error = %e, tag = pool.tag, "GIO proxy: posting a receive of its pool failed; retrying next round");
+            match pool.refill(i, &mut self.net) {
+                Ok(full) => self.pools_short |= !full,
+                Err(e) => {
+                    self.pools_short = true;
+                    tracing::error!(error = %e, tag = pool.tag, "GIO proxy: posting a receive of its pool failed; retrying next round");
+                }
             }
         }
     }
@@ -391,6 +400,7 @@ fn pin_to(cpu: u32) {
 impl Proxy {
     /// A pool slot's arrival (or failure): dispatches it and frees the slot.
     fn on_pool(&mut self, pool: usize, slot: usize, result: Result<super::iface::Arrival, super::iface::NetFail>) {
+        self.pools_short = true;
         let arrival = match result {
             Ok(a) => a,
             Err(super::iface::NetFail::Cancelled) => {

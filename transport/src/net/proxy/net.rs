@@ -202,9 +202,9 @@ impl Pool {
         }
     }
 
-    /// Posts every slot not posted; stops at the first refusal. Returns an error the
-    /// proxy logs (the slot is retried next round).
-    pub fn refill(&mut self, pool: usize, net: &mut Net) -> Result<(), NetFail> {
+    /// Posts every slot not posted; stops at the first refusal. Returns whether every slot
+    /// is posted now, or an error the proxy logs (the slot is retried next round).
+    pub fn refill(&mut self, pool: usize, net: &mut Net) -> Result<bool, NetFail> {
         for slot in 0..self.bufs.len() {
             if self.posted[slot].is_some() {
                 continue;
@@ -214,10 +214,10 @@ impl Pool {
             // reported (the pool is dropped only after its requests ended, or leaked).
             match unsafe { net.recv(Owner::Pool { pool, slot }, None, self.tag, buf, POOL_BUFFER) }? {
                 Some(req) => self.posted[slot] = Some(req),
-                None => break,
+                None => return Ok(false),
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The bytes of slot `slot`'s arrival; the slot counts as free again.
