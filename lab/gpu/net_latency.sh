@@ -7,6 +7,9 @@
 #   VARIANTS (default "base nosleep pinned"): base = the defaults; nosleep =
 #   GPULMT_NET_IDLE_SLEEP=0 (the idle proxy spins and yields, never sleeps); pinned = each
 #   rank on a core of its own and its proxy on another (GPULMT_NET_PROXY_CPU).
+#   AB_BINS="a b" (binaries in $bin) instead compares builds: ROUNDS (default 3) rounds of
+#   each binary's 8 B H H and D D in alternation, defaults only (lat_ab_<bin>_<r>_<pl>.csv);
+#   a name bin@VAR=VALUE runs bin with that setting.
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_latency.sh OUTDIR}"
 variants=${VARIANTS:-base nosleep pinned}
 mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
@@ -17,6 +20,21 @@ export GPULMT_LOG=warn,gpulmt_net_profile=info
 MPS=1 start_mps
 have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh 64 host > "$out/host_mpi.csv" 2>> "$out/log.txt"
 have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh 64 > "$out/staged_mpi.csv" 2>> "$out/log.txt"
+if [ -n "${AB_BINS:-}" ]; then
+  variants=""
+  for r in $(seq "${ROUNDS:-3}"); do
+    for b in $AB_BINS; do
+      for pl in "H H" "D D"; do
+        log "A/B round $r, $b, $pl"
+        # A name b@VAR=VALUE runs binary b with that setting.
+        b_env=() bname=$b
+        if [[ $b == *@* ]]; then b_env=(-x "${b#*@}"); bname=${b%@*}; fi
+        timeout 120 $pn "${b_env[@]}" -np 2 "$bin/$bname" -m 8:8 -i 20000 --csv "$out/lat_ab_${b}_${r}_${pl// /}.csv" $pl \
+          > /dev/null 2> "$out/profile_ab_${b}_${r}_${pl// /}.txt"
+      done
+    done
+  done
+fi
 for v in $variants; do
   for pl in "H H" "D D"; do
     log "variant $v, $pl"

@@ -50,8 +50,14 @@ impl Proxy {
             if self.queues[qi].dead {
                 continue;
             }
+            let tail = self.queues[qi].mem.load_tail();
+            // Nothing reserved since the last packet taken: every producer rings the
+            // doorbell once it committed (a committed packet whose ring is still to come
+            // waits a round), so an idle queue costs the proxy one load a round.
+            if tail == self.queues[qi].consumer.head() {
+                continue;
+            }
             let mem = self.queues[qi].mem.clone();
-            let tail = mem.load_tail();
             // The consumer is worked on outside its queue's entry so the closure may use
             // the whole proxy; it is put back below.
             let mut consumer = self.queues[qi].consumer.clone();
