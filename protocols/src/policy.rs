@@ -148,7 +148,7 @@ pub fn choose(
     let (s, d) = match (src, dst_device) {
         // Before the override: forcing an LMT protocol cannot make another node's
         // memory reachable.
-        (MemDesc::Net, _) => return pick(Protocol::Net, "peer on another node: the network moves it"),
+        (MemDesc::Net { .. }, _) => return pick(Protocol::Net, "peer on another node: the network moves it"),
         (MemDesc::Device(r), Some(d)) => (r.device, d),
         (MemDesc::Host, _) => return pick(Protocol::Shm, "sender buffer is host memory"),
         (_, None) => return pick(Protocol::Shm, "receiver buffer is host memory"),
@@ -308,7 +308,7 @@ mod tests {
         ] {
             let c = PolicyConfig { mode, coop_min: 0, put_min: 0, balance_max: u64::MAX, ..Default::default() };
             for dst in [None, Some(0), Some(1)] {
-                let r = choose(&c, &MemDesc::Net, dst, true, 1 << 20, idle(), |_, _| true);
+                let r = choose(&c, &MemDesc::Net { pushed: false }, dst, true, 1 << 20, idle(), |_, _| true);
                 assert_eq!(r.protocol, Protocol::Net, "{mode:?} into {dst:?}");
                 assert!(r.reason.contains("another node"), "{}", r.reason);
             }

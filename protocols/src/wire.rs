@@ -182,6 +182,7 @@ const LEARN_TAG_BYTES: usize = 8;
 /// The form bytes of an RTS's source that carry no region.
 const SRC_HOST: u8 = 0;
 const SRC_NET: u8 = 3;
+const SRC_NET_PUSHED: u8 = 5;
 
 /// Where a message's buffer lives, as told to the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,7 +195,11 @@ pub enum MemDesc {
     /// can be mapped by the receiver (no IPC region crosses nodes), and only the
     /// network rendezvous ([`crate::Protocol::Net`]) moves it. Every RTS between ranks
     /// of different nodes says this, and only those RTSs do.
-    Net,
+    ///
+    /// `pushed`: the sender's data left with the RTS, without waiting for a CTS (the
+    /// network holds it until the receiver's receive matches), so the receiver sends no
+    /// CTS, and drains the data it does not want (`engine::net`).
+    Net { pushed: bool },
 }
 
 /// Why a receiver refused a rendezvous, or a side gave up on it.
@@ -410,7 +415,8 @@ impl Packet {
                 w.u64(*len);
                 match src {
                     MemDesc::Host => w.u8(SRC_HOST),
-                    MemDesc::Net => w.u8(SRC_NET),
+                    MemDesc::Net { pushed: false } => w.u8(SRC_NET),
+                    MemDesc::Net { pushed: true } => w.u8(SRC_NET_PUSHED),
                     MemDesc::Device(r) => w.region(r),
                 }
             }
@@ -552,7 +558,8 @@ impl Packet {
                 let len = r.u64()?;
                 let src = match r.u8()? {
                     SRC_HOST => MemDesc::Host,
-                    SRC_NET => MemDesc::Net,
+                    SRC_NET => MemDesc::Net { pushed: false },
+                    SRC_NET_PUSHED => MemDesc::Net { pushed: true },
                     form => MemDesc::Device(r.region(form)?),
                 };
                 Packet::Rts { msg, tag, len, src }
@@ -831,7 +838,8 @@ mod tests {
             Packet::Eager { msg: 2, tag: 0, payload: vec![] },
             Packet::Rts { msg: 3, tag: 7, len: 1 << 30, src: MemDesc::Host },
             Packet::Rts { msg: 4, tag: 7, len: 10, src: MemDesc::Device(region(5)) },
-            Packet::Rts { msg: 5, tag: -2, len: 1 << 40, src: MemDesc::Net },
+            Packet::Rts { msg: 5, tag: -2, len: 1 << 40, src: MemDesc::Net { pushed: false } },
+            Packet::Rts { msg: 6, tag: -2, len: 1 << 20, src: MemDesc::Net { pushed: true } },
             Packet::Cts { msg: 5, mode: CtsMode::Net, dst: None, split: 0 },
             Packet::Cts { msg: 4, mode: CtsMode::Put, dst: Some(region(6)), split: 0 },
             Packet::Cts { msg: 4, mode: CtsMode::Shm, dst: None, split: 0 },
@@ -863,11 +871,15 @@ mod tests {
     fn network_rendezvous_fields_round_trip_without_a_region() {
         // The RTS to a rank on another node names no region: one form byte, whatever the
         // sender's memory; the CTS of the network rendezvous carries none either.
-        let rts = Packet::Rts { msg: 9, tag: 4, len: 1 << 33, src: MemDesc::Net };
+        for (pushed, form) in [(true, SRC_NET_PUSHED), (false, SRC_NET)] {
+            let rts = Packet::Rts { msg: 9, tag: 4, len: 1 << 33, src: MemDesc::Net { pushed } };
+            let v = rts.to_vec();
+            assert_eq!(v.len(), HEADER + 8 + 4 + 8 + 1);
+            assert_eq!(v[v.len() - 1], form);
+            assert_eq!(Packet::decode(&v), Ok(rts));
+        }
+        let rts = Packet::Rts { msg: 9, tag: 4, len: 1 << 33, src: MemDesc::Net { pushed: false } };
         let v = rts.to_vec();
-        assert_eq!(v.len(), HEADER + 8 + 4 + 8 + 1);
-        assert_eq!(v[v.len() - 1], SRC_NET);
-        assert_eq!(Packet::decode(&v), Ok(rts.clone()));
         // The memo of an ordered channel is neither used nor changed by it.
         let (mut tx, mut rx) = (RegionMemo::default(), RegionMemo::default());
         assert_eq!(hop(&rts, &mut tx, &mut rx), (v.len() + SEAL_BYTES, Ok(rts)));

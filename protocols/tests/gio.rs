@@ -429,6 +429,19 @@ fn bad_packets_rejected() {
     let null = Op::Send { src: 0, size: 1, tag: 1 };
     assert_eq!(check(raw(null, Flags::NONE, 0)), Err(BadPacket::BadAddress { op: OpCode::Send, addr: 0, size: 1 }));
     assert!(check(raw(Op::Send { src: 0, size: 0, tag: 1 }, Flags::NONE, 0)).is_ok());
+    // A drain (RECV with DISCARD) names no local range, and only a RECV may drain.
+    let drain = Op::Recv { dst: 0, size: 1 << 20, tag: 1 };
+    assert_eq!(
+        check(raw(drain, Flags::NONE, 0)),
+        Err(BadPacket::BadAddress { op: OpCode::Recv, addr: 0, size: 1 << 20 })
+    );
+    assert!(check(raw(drain, Flags::DISCARD, 0)).is_ok());
+    assert_eq!(
+        check(raw(Op::Recv { dst: 0, size: (1 << 20) + 1, tag: 1 }, Flags::DISCARD, 0)),
+        Err(BadPacket::TooLarge { op: OpCode::Recv, size: (1 << 20) + 1, limit: 1 << 20 })
+    );
+    let send = Op::Send { src: 64, size: 1, tag: 1 };
+    assert_eq!(check(raw(send, Flags::DISCARD, 0)), Err(BadPacket::FlagsNotAllowed { op: OpCode::Send, flags: 8 }));
     let tag = Op::Recv { dst: 64, size: 1, tag: 1001 };
     assert_eq!(check(raw(tag, Flags::NONE, 0)), Err(BadPacket::TagTooLarge { tag: 1001, limit: 1000 }));
     assert_eq!(check(raw(Op::Ctrl { src: 64, size: 0 }, Flags::NONE, 0)), Err(BadPacket::EmptyControl));

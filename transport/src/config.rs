@@ -258,6 +258,17 @@ impl Config {
                 ),
             });
         }
+        let window = crate::net::ops_in_flight(u64::from(c.net.queue_slots));
+        if u64::from(c.net.push_sends) > window {
+            return Err(ConfigError {
+                var: "GPULMT_NET_PUSH_SENDS",
+                value: c.net.push_sends.to_string(),
+                why: format!(
+                    "pushed sends have a GIO queue of their own, which keeps at most {window} ops in flight \
+                     (4 x GPULMT_NET_QUEUE_SLOTS): lower it, or raise GPULMT_NET_QUEUE_SLOTS"
+                ),
+            });
+        }
         // The eager limit fits in u32: the table bounds it to 1 MiB.
         let need_slot = c.eager_limit as u32 + SLOT_OVERHEAD;
         if !r.is_set("GPULMT_SLOT_SIZE") {
@@ -297,6 +308,8 @@ impl Config {
         e.eager_limit = self.eager_limit;
         e.device_eager_limit = self.device_eager_limit;
         e.net_eager_limit = self.net.eager_limit;
+        e.net_push_max = self.net.push_max;
+        e.net_push_sends = self.net.push_sends;
         e.policy = self.policy();
         // A forced protocol is the one that runs: no RTR offers then.
         e.rtr_put_max = if self.protocol == ProtocolOverride::Auto { self.rtr_put_max } else { 0 };

@@ -61,12 +61,16 @@ pub trait OffNodePath: Send {
     fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError>;
 
     /// Posts the sending side of rendezvous `xfer` (the sender's message id) to `to`:
-    /// `len` bytes at `buf`, host or device memory as `mem` says. Reported by
+    /// `len` bytes at `buf`, host or device memory as `mem` says; `pushed` when it goes
+    /// before `to` has posted the receive (its end then waits for `to`'s application, so
+    /// nothing else posted may wait behind it). Reported by
     /// [`poll_done`](Self::poll_done) under `id`.
     ///
     /// # Safety
     /// `buf..buf + len` is valid for reads, in memory of the kind `mem` names, and stays
     /// valid and unmodified until `id` is reported done.
+    // Every field a SEND packet carries, each a plain value: a struct would only repack them.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn post_send(
         &mut self,
         id: NetId,
@@ -75,6 +79,7 @@ pub trait OffNodePath: Send {
         buf: usize,
         len: usize,
         mem: MemoryKind,
+        pushed: bool,
     ) -> Result<(), PostError>;
 
     /// Posts the receiving side of rendezvous `xfer` from `from` into `len` bytes at `buf`.
@@ -91,6 +96,11 @@ pub trait OffNodePath: Send {
         len: usize,
         mem: MemoryKind,
     ) -> Result<(), PostError>;
+
+    /// Posts a receive of rendezvous `xfer` from `from` that drops its `len` bytes: the
+    /// data of a pushed message that no receive takes, which the sender's send waits to
+    /// hand over.
+    fn post_drain(&mut self, id: NetId, from: Rank, xfer: u64, len: usize) -> Result<(), PostError>;
 
     /// Asks for `id` to end soon; it is still reported done (with an error if it was cut
     /// short), and its buffer is in use until then.

@@ -308,8 +308,11 @@ impl Context {
                     tracing::warn!(peer, "protocol violation: {what}");
                 }
                 Action::MapPeer { peer, region } => self.map_offered(peer, region),
-                Action::NetSend { id, req, to, xfer, len } => self.post_net_send(id, req, to, xfer, len),
+                Action::NetSend { id, req, to, xfer, len, pushed } => {
+                    self.post_net_send(id, req, to, xfer, len, pushed)
+                }
                 Action::NetRecv { id, req, from, xfer, len } => self.post_net_recv(id, req, from, xfer, len),
+                Action::NetDrain { id, from, xfer, len } => self.post_net_drain(id, from, xfer, len),
                 Action::NetCancel { id } => self.cancel_net(id),
             }
         }

@@ -33,17 +33,20 @@ const NO_PATH: &str = "this context was started without an internode path";
 enum NetPost {
     /// An encoded control packet.
     Ctrl(Vec<u8>),
-    /// The sending side of a NET rendezvous: the first `len` bytes of `req`'s buffer.
-    Send { id: NetId, req: ReqId, xfer: MsgId, len: u64 },
+    /// The sending side of a NET rendezvous: the first `len` bytes of `req`'s buffer,
+    /// `pushed` with its RTS or on the receiver's CTS.
+    Send { id: NetId, req: ReqId, xfer: MsgId, len: u64, pushed: bool },
     /// The receiving side: into the first `len` bytes of `req`'s buffer.
     Recv { id: NetId, req: ReqId, xfer: MsgId, len: u64 },
+    /// A receiving side that drops the data (a pushed message no receive takes).
+    Drain { id: NetId, xfer: MsgId, len: u64 },
 }
 
 impl NetPost {
     fn transfer(&self) -> Option<NetId> {
         match self {
             NetPost::Ctrl(_) => None,
-            NetPost::Send { id, .. } | NetPost::Recv { id, .. } => Some(*id),
+            NetPost::Send { id, .. } | NetPost::Recv { id, .. } | NetPost::Drain { id, .. } => Some(*id),
         }
     }
 }
@@ -171,13 +174,18 @@ impl Context {
     }
 
     /// The engine's [`NetSend`](gpulmt_protocols::engine::Action::NetSend).
-    pub(crate) fn post_net_send(&mut self, id: NetId, req: ReqId, to: Rank, xfer: MsgId, len: u64) {
-        self.post_offnode(to, NetPost::Send { id, req, xfer, len });
+    pub(crate) fn post_net_send(&mut self, id: NetId, req: ReqId, to: Rank, xfer: MsgId, len: u64, pushed: bool) {
+        self.post_offnode(to, NetPost::Send { id, req, xfer, len, pushed });
     }
 
     /// The engine's [`NetRecv`](gpulmt_protocols::engine::Action::NetRecv).
     pub(crate) fn post_net_recv(&mut self, id: NetId, req: ReqId, from: Rank, xfer: MsgId, len: u64) {
         self.post_offnode(from, NetPost::Recv { id, req, xfer, len });
+    }
+
+    /// The engine's [`NetDrain`](gpulmt_protocols::engine::Action::NetDrain).
+    pub(crate) fn post_net_drain(&mut self, id: NetId, from: Rank, xfer: MsgId, len: u64) {
+        self.post_offnode(from, NetPost::Drain { id, xfer, len });
     }
 
     /// Posts to the path, or queues behind what waits for `peer` already.
@@ -205,7 +213,7 @@ impl Context {
                 anatomy::mark(Point::PacketOut, bytes.get(1).copied().unwrap_or(0));
                 Ok(())
             }
-            NetPost::Send { id, req, xfer, len } => {
+            NetPost::Send { id, req, xfer, len, pushed } => {
                 let (buf, len, mem) = transfer_buffer(&self.reqs, req, len)?;
                 // SAFETY: `buf..buf + len` lies in the buffer of request `req` (checked just
                 // above), of the memory kind `classify` found, which isend's contract (and
@@ -213,7 +221,7 @@ impl Context {
                 // engine completes it only after this transfer is reported done
                 // (`on_net_done`), and the context waits for that or shuts the path down
                 // (which ends it) before it goes.
-                unsafe { path.post_send(id, peer, xfer, buf, len, mem) }
+                unsafe { path.post_send(id, peer, xfer, buf, len, mem, pushed) }
             }
             NetPost::Recv { id, req, xfer, len } => {
                 let (buf, len, mem) = transfer_buffer(&self.reqs, req, len)?;
@@ -221,6 +229,10 @@ impl Context {
                 // request's buffer valid for writes and unused until the request completes,
                 // which is after this transfer is reported done.
                 unsafe { path.post_recv(id, peer, xfer, buf, len, mem) }
+            }
+            NetPost::Drain { id, xfer, len } => {
+                let len = usize::try_from(len).map_err(|_| NetError::Rejected(format!("a {len}-byte drain")))?;
+                path.post_drain(id, peer, xfer, len)
             }
         }
     }
@@ -236,7 +248,7 @@ impl Context {
                 tracing::error!(peer, error = %e, "the internode path refused a control packet: failing the rank's transfers");
                 self.peer_failed(peer);
             }
-            NetPost::Send { id, .. } | NetPost::Recv { id, .. } => {
+            NetPost::Send { id, .. } | NetPost::Recv { id, .. } | NetPost::Drain { id, .. } => {
                 self.engine.on_net_done(id, Err(e.to_string()));
                 self.run_actions();
             }
@@ -302,6 +314,10 @@ impl Context {
             self.on_offnode_packet(from, p);
         }
         for (id, result) in done.drain(..) {
+            if let Err(e) = &result {
+                // Its request fails with it, if it has one (a drain has none).
+                tracing::info!(transfer = id.0, error = %e, "a network transfer failed");
+            }
             self.engine.on_net_done(id, result.map_err(|e| e.to_string()));
             self.run_actions();
         }

@@ -66,14 +66,22 @@ pub enum Action {
     /// NET rendezvous, receiver's side: post the receive of `len` bytes into the buffer
     /// of request `req` (from its start) from rank `from`, on another node, for the
     /// sender's transfer `xfer` (its message id: unique per sender, so (`from`, `xfer`)
-    /// names the transfer). Emitted before the CTS that lets the sender start; report
+    /// names the transfer). Emitted before the CTS that lets the sender start (or, for
+    /// a pushed message, after its data may have arrived: the network holds it); report
     /// it with [`Engine::on_net_done`](super::Engine::on_net_done).
     NetRecv { id: NetId, req: ReqId, from: Rank, xfer: MsgId, len: u64 },
-    /// NET rendezvous, sender's side (on the receiver's CTS): send the first `len`
-    /// bytes of request `req`'s buffer to rank `to`, on another node, as transfer
-    /// `xfer`, which `to` has posted the receive of; report it with
+    /// NET rendezvous, sender's side (on the receiver's CTS, or right after the RTS of
+    /// a pushed message): send the first `len` bytes of request `req`'s buffer to rank
+    /// `to`, on another node, as transfer `xfer`, which `to` has posted the receive of
+    /// or will (`pushed`: the network holds the data until then, however long `to`'s
+    /// application takes to post the receive); report it with
     /// [`Engine::on_net_done`](super::Engine::on_net_done).
-    NetSend { id: NetId, req: ReqId, to: Rank, xfer: MsgId, len: u64 },
+    NetSend { id: NetId, req: ReqId, to: Rank, xfer: MsgId, len: u64, pushed: bool },
+    /// NET rendezvous, receiver's side of a pushed message no receive takes (it was
+    /// truncated): receive the `len` bytes of `from`'s transfer `xfer` and drop them, so
+    /// the sender's send completes and the network holds nothing of it. No request
+    /// waits for it; report it with [`Engine::on_net_done`](super::Engine::on_net_done).
+    NetDrain { id: NetId, from: Rank, xfer: MsgId, len: u64 },
     /// End network transfer `id` soon: its request failed (the peer gave up, failed or
     /// died), so it may never be matched. Cancel it if it has not completed; either way
     /// report it done, once, as for every transfer (an error if cancelled). The

@@ -26,6 +26,14 @@ pub struct EngineConfig {
     /// device payload to the host before [`post_send`](super::Engine::post_send), as
     /// for device eager messages on the node); larger ones take the network rendezvous.
     pub net_eager_limit: u64,
+    /// Network rendezvous of at most this many bytes are *pushed*: the sender's data
+    /// leaves right after the RTS instead of on the receiver's CTS, which saves a trip
+    /// between the nodes' proxies (the network holds the data until the receiver's
+    /// receive matches it). 0: never.
+    pub net_push_max: u64,
+    /// At most this many pushed sends of this engine in flight at once (each may hold
+    /// staging buffers before its receiver matches it); past it a send waits for its CTS.
+    pub net_push_sends: u32,
     /// Host messages of at most this many bytes travel inline in the control packet.
     pub eager_limit: u64,
     /// The same for messages from device memory, whose payload must first be staged
@@ -61,6 +69,8 @@ impl EngineConfig {
             node: 0,
             on_node: vec![true; size as usize],
             net_eager_limit: 8192,
+            net_push_max: u64::MAX,
+            net_push_sends: 16,
             eager_limit: 8192,
             device_eager_limit: 8192,
             policy: PolicyConfig::default(),

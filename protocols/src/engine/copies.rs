@@ -17,8 +17,21 @@ use crate::{CopyId, MsgId, Rank};
 /// network transfer.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum OpOwner {
-    Send { msg: MsgId, chunk: Option<StagedChunk> },
-    Recv { from: Rank, msg: MsgId, chunk: Option<u32> },
+    Send {
+        msg: MsgId,
+        chunk: Option<StagedChunk>,
+    },
+    Recv {
+        from: Rank,
+        msg: MsgId,
+        chunk: Option<u32>,
+    },
+    /// A network receive that drops a pushed message's data no receive wants
+    /// ([`Action::NetDrain`](super::Action::NetDrain)); never a copy.
+    Drain {
+        from: Rank,
+        msg: MsgId,
+    },
 }
 
 /// The copies (or network transfers) in flight, by id. Ids are issued in sequence and
@@ -102,6 +115,9 @@ impl Engine {
         match owner {
             OpOwner::Send { msg, chunk } => self.on_send_copy_done(msg, chunk, result),
             OpOwner::Recv { from, msg, chunk } => self.on_recv_copy_done((from, msg), chunk, result),
+            OpOwner::Drain { from, msg } => {
+                self.violation(self.cfg.rank, format!("copy {id:?} reported for the drain of message {msg} of {from}"))
+            }
         }
     }
 }

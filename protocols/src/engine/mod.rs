@@ -11,7 +11,8 @@
 //!   sender DONE when both parts are.
 //! - NET (a peer on another node): RTS → the receiver posts the data receive (NetRecv)
 //!   → CTS(net) → the sender sends the data (NetSend); the transport's MPI completes
-//!   both sides.
+//!   both sides. Pushed (most messages): RTS and NetSend at once, the receiver's
+//!   NetRecv on the match, no CTS.
 //! - SHM: RTS → CTS(shm); the sender fills the slots of the directed pair's staging
 //!   ring while the receiver drains them; CHUNK says which slot holds chunk k of a
 //!   message, CHUNK_ACK that the chunk was copied out and its slot is free. SHM sends
@@ -132,6 +133,8 @@ pub struct Engine {
     /// Network transfers (NET rendezvous) in flight, by [`NetId`](crate::NetId).
     nets: OpWindow,
     next_net: u64,
+    /// Pushed NET sends not finished (at most `net_push_sends`).
+    pushed_sends: u32,
     /// Per destination: the staging ring and the SHM sends that use it.
     shm_rings: HashMap<Rank, ShmRing>,
     /// The latest SHM receives that failed while their sender lived: CHUNKs it sent
@@ -175,6 +178,7 @@ impl Engine {
             copies: OpWindow::default(),
             nets: OpWindow::default(),
             next_net: 1,
+            pushed_sends: 0,
             shm_rings: HashMap::default(),
             failed_shm_recvs: RecentXfers::default(),
             ended_net_sends: RecentXfers::default(),

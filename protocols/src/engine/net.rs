@@ -11,15 +11,27 @@
 //!   ([`Engine::is_eager_to`]).
 //! - **Rendezvous** above it, with an RTS whose source is [`MemDesc::Net`]: no IPC region
 //!   ever goes to another node (nothing there could map it, and with pseudo-nodes it must
-//!   not), so a sender's buffer needs no export. The receiver matches it, refuses it if
-//!   it does not fit (ABORT, truncation as on the node), else chooses [`Protocol::Net`]
-//!   (whatever `GPULMT_PROTOCOL` forces: see `policy`) and emits, in this order,
-//!   [`Action::NetRecv`] and the CTS (`CtsMode::Net`). Posting the data receive first
-//!   means the sender's data never arrives at an MPI library that has no receive for it
-//!   (which would buffer a large message or hold it back). The sender answers the CTS
-//!   with [`Action::NetSend`]. The transfer is named by the sender's message id (`xfer`),
-//!   which both sides know from the RTS and which is unique per sender for the job's
-//!   life, so (sender, `xfer`) can select the MPI message.
+//!   not), so a sender's buffer needs no export. The transfer is named by the sender's
+//!   message id (`xfer`), which both sides know from the RTS and which is unique per
+//!   sender for the job's life, so (sender, `xfer`) can select the MPI message. Two forms,
+//!   chosen by the sender and told by the RTS (`MemDesc::Net { pushed }`):
+//!   - **Pushed** (up to `net_push_max` bytes, at most `net_push_sends` at once): the
+//!     sender emits [`Action::NetSend`] right after the RTS, and the network holds the
+//!     data until the receive matches it (MPI's own rendezvous does that for large
+//!     pieces, its eager buffers for small ones). The receiver matches the RTS and
+//!     emits [`Action::NetRecv`], no CTS: one trip between the nodes' proxies less than
+//!     the other form, and the sender's staging copies overlap the RTS's trip. A
+//!     pushed message that does not fit is drained ([`Action::NetDrain`]: received and
+//!     dropped) and the receive fails with truncation; the sender is told nothing and
+//!     its send completes when the drain took the data, as MPI's does. The cap on
+//!     pushed sends bounds what waits in the network (and the sender's staging buffers
+//!     it holds) before receivers match.
+//!   - **Asked for**: the receiver matches it, refuses it if it does not fit (ABORT,
+//!     truncation as on the node), else chooses [`Protocol::Net`] (whatever
+//!     `GPULMT_PROTOCOL` forces: see `policy`) and emits, in this order,
+//!     [`Action::NetRecv`] and the CTS (`CtsMode::Net`). Posting the data receive first
+//!     means the sender's data never arrives at an MPI library that has no receive for
+//!     it. The sender answers the CTS with [`Action::NetSend`].
 //! - **Completion**: each side's request completes when the transport reports its own
 //!   transfer done ([`Engine::on_net_done`]). MPI completes both sides, so no DONE packet.
 //!
@@ -44,7 +56,7 @@
 //! packet of another node's rank to it (the engine reports one as a violation, as ever).
 
 use crate::policy::Protocol;
-use crate::wire::{CtsMode, Packet};
+use crate::wire::{AbortReason, CtsMode, Dir, Packet};
 use crate::{MsgId, NetId, Rank, ReqId};
 
 use super::copies::OpOwner;
@@ -76,15 +88,22 @@ impl Engine {
         id
     }
 
-    /// Sender, on the receiver's CTS for send `msg` (checked by the caller): sends the data.
+    /// Receiver, on a matched pushed RTS it refuses (truncated): drops the data.
+    pub(super) fn post_net_drain(&mut self, from: Rank, msg: MsgId, len: u64) {
+        let id = self.new_net(OpOwner::Drain { from, msg });
+        self.emit(Action::NetDrain { id, from, xfer: msg, len });
+    }
+
+    /// Sender, on the receiver's CTS for send `msg` (checked by the caller), or right
+    /// after the RTS of a pushed send: sends the data.
     pub(super) fn post_net_send(&mut self, msg: MsgId) {
         let id = self.new_net(OpOwner::Send { msg, chunk: None });
         let s = self.sends.get_mut(&msg).expect("live send");
         s.proto = Some(Protocol::Net);
         s.pending += 1;
         s.net = Some(id);
-        let (req, to, len) = (s.req, s.to, s.buf.len);
-        self.emit(Action::NetSend { id, req, to, xfer: msg, len });
+        let (req, to, len, pushed) = (s.req, s.to, s.buf.len, s.pushed);
+        self.emit(Action::NetSend { id, req, to, xfer: msg, len, pushed });
     }
 
     fn new_net(&mut self, owner: OpOwner) -> NetId {
@@ -114,6 +133,13 @@ impl Engine {
                 r.net = None;
                 let result = result.map_err(|e| format!("network transfer of message {msg} from rank {from}: {e}"));
                 self.on_recv_copy_done((from, msg), None, result);
+            }
+            // No request waits for a drain. One that failed leaves the sender's data in the
+            // network, and its send waiting for it: tell the sender to give up.
+            OpOwner::Drain { from, msg } => {
+                if result.is_err() {
+                    self.send(from, Packet::Abort { msg, reason: AbortReason::CopyFailed, dir: Dir::ToSender });
+                }
             }
         }
     }

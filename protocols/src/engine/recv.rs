@@ -155,7 +155,7 @@ impl Engine {
             false
         };
         match (src, self.cfg.is_on_node(from)) {
-            (MemDesc::Net, true) => {
+            (MemDesc::Net { .. }, true) => {
                 let what = format!("RTS {msg}: a network rendezvous from rank {from}, which shares this node");
                 return refuse(self, AbortReason::Unsupported, what);
             }

@@ -33,8 +33,15 @@ impl Engine {
         src: MemDesc,
         buf: BufDesc,
     ) {
+        let pushed = matches!(src, MemDesc::Net { pushed: true });
         if len > buf.len {
-            self.send(from, Packet::Abort { msg, reason: AbortReason::Truncated, dir: Dir::ToSender });
+            if pushed {
+                // The data is on its way: drop it here, and the sender's send completes
+                // once it is (MPI: a truncated message's send succeeds).
+                self.post_net_drain(from, msg, len);
+            } else {
+                self.send(from, Packet::Abort { msg, reason: AbortReason::Truncated, dir: Dir::ToSender });
+            }
             return self.complete(req, Err(ProtoError::Truncated { msg_len: len, buf_len: buf.len }));
         }
         let choice = if from == self.cfg.rank {
@@ -118,10 +125,13 @@ impl Engine {
                 x.shm = Some(ShmState::new(len, self.cfg.chunk_size));
             }
             Protocol::Net => {
-                // The data receive first: the sender starts sending on the CTS.
+                // The data receive first: the sender starts sending on the CTS, unless
+                // it pushed the data already.
                 x.net = Some(self.post_net_recv(req, from, msg, len));
                 x.pending = 1;
-                self.send(from, Packet::Cts { msg, mode: CtsMode::Net, dst: None, split: 0 });
+                if !pushed {
+                    self.send(from, Packet::Cts { msg, mode: CtsMode::Net, dst: None, split: 0 });
+                }
             }
         }
         self.insert_recv((from, msg), x);

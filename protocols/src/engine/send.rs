@@ -32,13 +32,16 @@ pub(super) struct SendXfer {
     pub(super) shm: Option<ShmState>,
     /// NET: the network send, while outstanding (also counted in `pending`).
     pub(super) net: Option<NetId>,
+    /// NET: the data left with the RTS, without a CTS (counted in `pushed_sends`).
+    pub(super) pushed: bool,
     pub(super) error: Option<ProtoError>,
 }
 
 impl SendXfer {
     /// A rendezvous send of `buf`, its protocol `proto` when already known.
     pub(super) fn new(req: ReqId, to: Rank, tag: Tag, buf: BufDesc, proto: Option<Protocol>, pending: u32) -> Self {
-        Self { req, to, tag, buf, proto, pending, cookie: false, completed: false, shm: None, net: None, error: None }
+        let (cookie, completed, shm, net, pushed, error) = (false, false, None, None, false, None);
+        Self { req, to, tag, buf, proto, pending, cookie, completed, shm, net, pushed, error }
     }
 }
 
@@ -86,9 +89,11 @@ impl Engine {
             let what = "a rendezvous needs a non-empty buffer: send empty messages eagerly".into();
             return self.complete(req, Err(ProtoError::Unsupported { what }));
         }
+        let off_node = !self.cfg.is_on_node(to);
+        let push = off_node && buf.len <= self.cfg.net_push_max && self.pushed_sends < self.cfg.net_push_sends;
         let src = match (buf.device, buf.region) {
             // Nothing of this rank is mapped on another node: the network moves the data.
-            _ if !self.cfg.is_on_node(to) => MemDesc::Net,
+            _ if off_node => MemDesc::Net { pushed: push },
             (None, _) => MemDesc::Host,
             (Some(_), Some(r)) => MemDesc::Device(r),
             (Some(d), None) => {
@@ -108,6 +113,12 @@ impl Engine {
         self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
         self.sends_to[to as usize] += 1;
         self.sends.insert(msg, SendXfer::new(req, to, tag, buf, None, 0));
+        if push {
+            // After the RTS: the transport posts both, in this order, to the same rank.
+            self.pushed_sends += 1;
+            self.sends.get_mut(&msg).expect("inserted above").pushed = true;
+            self.post_net_send(msg);
+        }
     }
 
     /// The receiver chose PUT, COOPERATE, SHM or NET for `msg` (CTS): start this side's part.
@@ -298,6 +309,9 @@ impl Engine {
         self.complete_send_request(msg);
         let s = self.sends.remove(&msg).expect("live send");
         self.sends_to[s.to as usize] -= 1;
+        if s.pushed {
+            self.pushed_sends -= 1;
+        }
         if s.proto == Some(Protocol::Net) && !self.dead[s.to as usize] {
             // MPI may complete our side before the receiver's fails; it then says so.
             self.ended_net_sends.remember((s.to, msg));

@@ -7,7 +7,7 @@
 //! | bits   | field   | meaning                                                        |
 //! |--------|---------|----------------------------------------------------------------|
 //! | 0..8   | op      | [`OpCode`]                                                     |
-//! | 8..16  | flags   | [`Flags`]: `SRC_DEVICE`, `DST_DEVICE`, `FENCE`                 |
+//! | 8..16  | flags   | [`Flags`]: `SRC_DEVICE`, `DST_DEVICE`, `FENCE`, `DISCARD`      |
 //! | 16..24 | variant | [`SignalOp`] of a `PUT_SIGNAL`, [`AmoOp`] of an `AMO`, else 0  |
 //! | 24..32 | reserved| zero                                                           |
 //! | 32..63 | target  | index into the queue's template table (31 bits)                |
@@ -184,7 +184,8 @@ impl OpCode {
             OpCode::Nop => 0,
             OpCode::Ctrl => Flags::FENCE.0,
             OpCode::Send | OpCode::Put | OpCode::PutSignal => Flags::SRC_DEVICE.0 | Flags::FENCE.0,
-            OpCode::Recv | OpCode::Get | OpCode::Amo => Flags::DST_DEVICE.0 | Flags::FENCE.0,
+            OpCode::Recv => Flags::DST_DEVICE.0 | Flags::FENCE.0 | Flags::DISCARD.0,
+            OpCode::Get | OpCode::Amo => Flags::DST_DEVICE.0 | Flags::FENCE.0,
         })
     }
 }
@@ -201,6 +202,9 @@ impl Flags {
     /// Do not start this op before every earlier op of this queue to the same target
     /// has completed ([`super::FenceGate`]).
     pub const FENCE: Flags = Flags(4);
+    /// RECV only: receive the data and drop it (a pushed message no receive takes);
+    /// the local address is unused (0). Host producers only.
+    pub const DISCARD: Flags = Flags(8);
     /// No flag.
     pub const NONE: Flags = Flags(0);
 

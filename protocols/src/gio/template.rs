@@ -15,7 +15,7 @@
 //! business, as they are for `MPI_Isend`. Windows are the target's memory, which a
 //! producer must never reach outside of.
 
-use super::{AmoOp, Op, OpCode, Packet, RawPacket, MAX_TARGET};
+use super::{AmoOp, Flags, Op, OpCode, Packet, RawPacket, MAX_TARGET};
 use crate::Rank;
 
 /// A target's registered window: the memory that one-sided ops address by offset.
@@ -235,7 +235,10 @@ impl TemplateTable {
             Op::Send { src: addr, size, tag: t } | Op::Recv { dst: addr, size, tag: t } => {
                 data_size(size)?;
                 tag(t)?;
-                local(addr, size)?;
+                // A drain (RECV with DISCARD) writes nowhere: it names no local range.
+                if !(op == OpCode::Recv && packet.flags.contains(Flags::DISCARD)) {
+                    local(addr, size)?;
+                }
             }
             Op::Put { src: addr, dst_offset: offset, size } | Op::Get { dst: addr, src_offset: offset, size } => {
                 data_size(size)?;

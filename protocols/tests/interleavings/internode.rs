@@ -12,7 +12,7 @@ use gpulmt_protocols::wire::{AbortReason, CtsMode, Dir, MemDesc, Packet};
 use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 use proptest::prelude::*;
 
-use crate::world::{config, pattern, placement, region, schedule, Schedule, World, NET_EAGER_LIMIT};
+use crate::world::{config, pattern, placement, region, schedule, Schedule, World, DRAIN_REQ, NET_EAGER_LIMIT};
 use crate::{transfer_and_check, MODES};
 
 /// Two ranks on different nodes, under `mode`.
@@ -25,23 +25,105 @@ fn take_actions(w: &mut World, rank: Rank) -> Vec<Action> {
     std::iter::from_fn(|| w.engines[rank as usize].poll_action()).collect()
 }
 
+/// The two forms of the network rendezvous: (`net_push_max`, pushed) — every message
+/// pushed, and none (the receiver's CTS asks for each).
+const PUSH_FORMS: [(u64, bool); 2] = [(u64::MAX, true), (0, false)];
+
 #[test]
 fn every_placement_and_size_across_nodes() {
     for (mi, mode) in MODES.iter().enumerate() {
         for place in 0..4 {
             for len in [0usize, 1, 16, 17, 48, 49, 64, 65, 4097, 65537] {
                 for recv_first in [true, false] {
-                    let seed = len as u64 + mi as u64 * 7 + place as u64;
-                    let w = transfer_and_check(two_nodes(seed, *mode), seed, len, place, recv_first);
-                    // Eager up to the network's limit whatever the memory (GPULMT_PROTOCOL
-                    // forces nothing between nodes), NET above it.
-                    let net = len as u64 > NET_EAGER_LIMIT;
-                    assert_eq!(w.chosen.get(&(1, ReqId(1))).copied(), net.then_some(Protocol::Net));
-                    assert_eq!(w.net_recvs_posted.len(), usize::from(net));
+                    for (push_max, pushed) in PUSH_FORMS {
+                        let seed = len as u64 + mi as u64 * 7 + place as u64;
+                        let w = two_nodes(seed, *mode).net_push(push_max, 16);
+                        let w = transfer_and_check(w, seed, len, place, recv_first);
+                        // Eager up to the network's limit whatever the memory (GPULMT_PROTOCOL
+                        // forces nothing between nodes), NET above it, with a CTS unless pushed.
+                        let net = len as u64 > NET_EAGER_LIMIT;
+                        assert_eq!(w.chosen.get(&(1, ReqId(1))).copied(), net.then_some(Protocol::Net));
+                        assert_eq!(w.net_recvs_posted.len(), usize::from(net));
+                        assert_eq!(w.net_cts, usize::from(net && !pushed));
+                        assert_eq!(w.pushed.len(), usize::from(net && pushed));
+                    }
                 }
             }
         }
     }
+}
+
+#[test]
+fn sends_are_pushed_up_to_the_size_and_count_limits() {
+    // Pushed up to 10_000 bytes, two at a time: of three small sends the third waits for
+    // its CTS, as does the large one; once the first two end, the next small one pushes.
+    let mut w = two_nodes(11, ProtocolOverride::Auto).net_push(10_000, 2);
+    let lens = [5000usize, 6000, 7000, 20_000];
+    for (i, len) in lens.iter().enumerate() {
+        w.send(0, ReqId(i as u64 + 1), 1, 0, pattern(i as u64, *len), Some(0));
+    }
+    let sent: Vec<_> = take_sent(&mut w, 0, 1);
+    let forms: Vec<_> =
+        sent.iter().map(|p| matches!(p, Packet::Rts { src: MemDesc::Net { pushed: true }, .. })).collect();
+    assert_eq!(forms, [true, true, false, false], "{sent:?}");
+    let sends = w.nets.iter().filter(|o| o.rank == 0 && o.send).count();
+    assert_eq!(sends, 2, "the pushed sends' data left with their RTS");
+    for (i, len) in lens.iter().enumerate() {
+        w.recv(1, ReqId(i as u64 + 1), Some(0), Some(0), *len, None);
+    }
+    w.run();
+    w.assert_quiet();
+    assert_eq!(w.net_cts, 2, "one CTS for each send not pushed");
+    w.send(0, ReqId(9), 1, 0, pattern(9, 9000), None);
+    assert!(matches!(&take_sent(&mut w, 0, 1)[..], [Packet::Rts { src: MemDesc::Net { pushed: true }, .. }]));
+    w.recv(1, ReqId(9), Some(0), Some(0), 9000, Some(1));
+    w.run();
+    w.assert_quiet();
+    for (i, len) in lens.iter().chain([&9000]).enumerate() {
+        let req = ReqId(if i < 4 { i as u64 + 1 } else { 9 });
+        let id = if i < 4 { i as u64 } else { 9 };
+        assert!(w.done[&(0, req)].is_ok() && w.done[&(1, req)].is_ok(), "{req:?}");
+        assert!(w.user(1, req)[..*len] == pattern(id, *len)[..], "{req:?}");
+    }
+}
+
+/// Packets rank `from` queued for `to` and not delivered, taken off the wire (the model
+/// has seen them already: they count as sent).
+fn take_sent(w: &mut World, from: Rank, to: Rank) -> Vec<Packet> {
+    let q = w.wires.get_mut(&(from, to)).map(std::mem::take).unwrap_or_default();
+    let sent: Vec<Packet> = q.iter().cloned().collect();
+    w.wires.insert((from, to), q);
+    sent
+}
+
+#[test]
+fn a_failed_drain_tells_the_sender_to_give_up() {
+    // A pushed message too long for its receive is drained; the drain fails (the data
+    // stays in the network): the sender is told, and its send fails instead of waiting.
+    let mut w = two_nodes(13, ProtocolOverride::Auto);
+    w.net_faults.insert((1, DRAIN_REQ));
+    w.recv(1, ReqId(1), Some(0), Some(0), 100, None);
+    w.send(0, ReqId(1), 1, 0, pattern(1, 20_000), Some(0));
+    w.run();
+    w.assert_quiet();
+    assert_eq!(w.done[&(1, ReqId(1))], Err(ProtoError::Truncated { msg_len: 20_000, buf_len: 100 }));
+    // Unless MPI had handed the data over before the drain failed, the send was aborted.
+    let send = &w.done[&(0, ReqId(1))];
+    assert!(matches!(send, Ok(_) | Err(ProtoError::Aborted { rank: 1, .. })), "{send:?}");
+}
+
+#[test]
+fn a_cts_for_a_pushed_send_is_refused_and_changes_nothing() {
+    let mut w = two_nodes(12, ProtocolOverride::Auto);
+    w.send(0, ReqId(1), 1, 0, pattern(1, 20_000), Some(0));
+    w.engines[0].on_packet(1, Packet::Cts { msg: 1, mode: CtsMode::Net, dst: None, split: 0 });
+    let acts = take_actions(&mut w, 0);
+    assert!(matches!(&acts[..], [Action::Violation { peer: 1, .. }]), "{acts:?}");
+    w.recv(1, ReqId(1), Some(0), Some(0), 20_000, None);
+    w.run();
+    w.assert_quiet();
+    assert!(w.done[&(0, ReqId(1))].is_ok() && w.done[&(1, ReqId(1))].is_ok());
+    assert!(w.user(1, ReqId(1))[..20_000] == pattern(1, 20_000)[..]);
 }
 
 #[test]
@@ -70,7 +152,7 @@ fn a_device_buffer_to_another_node_needs_no_region_and_none_is_sent() {
         w.engines[0].post_send(ReqId(1), 1, 7, b, None);
         w.drain(0);
         let rts = w.wires[&(0, 1)].front().cloned();
-        assert!(matches!(rts, Some(Packet::Rts { src: MemDesc::Net, len: 20_000, .. })), "{rts:?}");
+        assert!(matches!(rts, Some(Packet::Rts { src: MemDesc::Net { .. }, len: 20_000, .. })), "{rts:?}");
         w.recv(1, ReqId(1), Some(0), Some(7), 20_000, Some(1));
         w.run();
         w.assert_quiet();
@@ -136,8 +218,8 @@ fn probe_and_cancel_see_messages_from_another_node_as_from_this_one() {
 fn truncation_from_another_node_is_reported_and_nothing_overflows() {
     for len in [30usize, 100, 50_000] {
         for place in 0..4 {
-            for recv_first in [true, false] {
-                let mut w = two_nodes(9, ProtocolOverride::Auto);
+            for (recv_first, (push_max, pushed)) in [true, false].into_iter().flat_map(|r| PUSH_FORMS.map(|f| (r, f))) {
+                let mut w = two_nodes(9, ProtocolOverride::Auto).net_push(push_max, 16);
                 let (s, d) = placement(place);
                 if recv_first {
                     w.recv(1, ReqId(1), Some(0), Some(1), len / 2, d);
@@ -152,7 +234,14 @@ fn truncation_from_another_node_is_reported_and_nothing_overflows() {
                 let (msg_len, buf_len) = (len as u64, len as u64 / 2);
                 assert_eq!(w.done[&(1, ReqId(1))], Err(ProtoError::Truncated { msg_len, buf_len }));
                 assert!(w.done[&(0, ReqId(1))].is_ok(), "MPI: the sender of a truncated message succeeds");
-                assert!(w.net_recvs_posted.is_empty(), "a truncated message moves nothing through the network");
+                if pushed && len as u64 > NET_EAGER_LIMIT {
+                    // Its data left with the RTS: the receiver drained it (assert_quiet: the
+                    // sender's transfer ended), writing nothing.
+                    assert_eq!(w.net_recvs_posted.len(), 1, "the pushed data is drained");
+                    assert!(w.user(1, ReqId(1))[..len / 2].iter().all(|b| *b == 0), "nothing written");
+                } else {
+                    assert!(w.net_recvs_posted.is_empty(), "a truncated message moves nothing through the network");
+                }
                 assert_eq!(&w.user(1, ReqId(1))[len / 2..], &[0xEE; 3]);
                 if len as u64 <= NET_EAGER_LIMIT {
                     // Eager: the part that fits is delivered, as within a node.
@@ -205,7 +294,8 @@ fn rts_naming_the_wrong_path_is_refused() {
     for (nodes, src, reason) in [
         (vec![0, 1], dev, AbortReason::BadRequest),
         (vec![0, 1], MemDesc::Host, AbortReason::BadRequest),
-        (vec![0, 0], MemDesc::Net, AbortReason::Unsupported),
+        (vec![0, 0], MemDesc::Net { pushed: false }, AbortReason::Unsupported),
+        (vec![0, 0], MemDesc::Net { pushed: true }, AbortReason::Unsupported),
     ] {
         let mut w = World::with_nodes(nodes, Schedule::seeded(7), ProtocolOverride::Auto, u64::MAX, 2, true);
         w.recv(1, ReqId(1), Some(0), None, 1 << 20, Some(1));
@@ -227,7 +317,9 @@ fn cts_naming_the_wrong_path_fails_the_send() {
         (vec![0, 1], CtsMode::Net, Some(r)),
         (vec![0, 0], CtsMode::Net, None),
     ] {
-        let mut w = World::with_nodes(nodes, Schedule::seeded(8), ProtocolOverride::Auto, u64::MAX, 2, true);
+        // A send that waits for its CTS (a pushed one wants none: the test above).
+        let w = World::with_nodes(nodes, Schedule::seeded(8), ProtocolOverride::Auto, u64::MAX, 2, true);
+        let mut w = w.net_push(0, 16);
         w.send(0, ReqId(1), 1, 0, pattern(1, 20_000), Some(0));
         w.wires.clear();
         w.engines[0].on_packet(1, Packet::Cts { msg: 1, mode, dst, split: 8192 });
@@ -255,7 +347,8 @@ proptest! {
     /// messages of random size, placement and tag, eager and rendezvous, the network
     /// transfers completing in any order relative to packets and copies: each message
     /// is received exactly once, in per-sender order, with its status and bytes, and
-    /// each probe names the message the next receive gets.
+    /// each probe names the message the next receive gets. Senders push 0-2 messages at
+    /// a time (the rest wait for their CTS).
     #[test]
     fn any_source_races_senders_on_and_off_the_node(
         schedule in schedule(),
@@ -266,8 +359,10 @@ proptest! {
         ),
         early in 0usize..10,
         recv_device in any::<bool>(),
+        push_sends in 0u32..3,
     ) {
-        let mut w = World::with_nodes(vec![0, 0, 1, node3], schedule, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let w = World::with_nodes(vec![0, 0, 1, node3], schedule, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let mut w = w.net_push(u64::MAX, push_sends);
         let n = msgs.len();
         let early = early.min(n);
         let dev = recv_device.then_some(0);
@@ -322,8 +417,10 @@ proptest! {
         send_device in any::<bool>(),
         recv_device in any::<bool>(),
         recv_first in any::<bool>(),
+        push in any::<bool>(),
     ) {
-        let mut w = World::with_nodes(vec![0, 1], schedule, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let w = World::with_nodes(vec![0, 1], schedule, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let mut w = w.net_push(if push { u64::MAX } else { 0 }, 16);
         if recv_first {
             w.recv(1, ReqId(1), Some(0), Some(0), len, recv_device.then_some(1));
         }
@@ -357,7 +454,7 @@ proptest! {
         prop_assert_eq!(&w.done[&(survivor, ReqId(2))], &Err(ProtoError::PeerFailed { rank: victim }));
     }
 
-    /// One side's network transfer fails, at any moment: that side fails with the
+    /// One side's network transfer fails, at any moment (pushed or not): that side fails with the
     /// transport's error, and the other is told (ABORT) and has its transfer cancelled,
     /// so it fails too, unless MPI had completed it first (a send then succeeded, and the
     /// receiver's late ABORT is no violation). A second message behind it goes through.
@@ -366,8 +463,10 @@ proptest! {
         schedule in schedule(),
         failing in 0u32..2,
         recv_first in any::<bool>(),
+        push in any::<bool>(),
     ) {
-        let mut w = World::with_nodes(vec![0, 1], schedule, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let w = World::with_nodes(vec![0, 1], schedule, ProtocolOverride::Auto, u64::MAX, 2, true);
+        let mut w = w.net_push(if push { u64::MAX } else { 0 }, 16);
         w.net_faults.insert((failing, ReqId(1)));
         let (a, b) = (pattern(1, 30_000), pattern(2, 10_000));
         if recv_first {

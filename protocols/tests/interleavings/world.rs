@@ -104,6 +104,10 @@ pub struct World {
     pub net_recvs_posted: HashSet<(Rank, Rank, MsgId)>,
     /// Requests whose network transfer fails (at any time; a send then moves nothing).
     pub net_faults: HashSet<(Rank, ReqId)>,
+    /// Pushed messages, (sender, message), from their RTS on: none may get a CTS.
+    pub pushed: HashSet<(Rank, MsgId)>,
+    /// CTS(net) packets sent.
+    pub net_cts: usize,
 }
 
 /// A network transfer (one side's) in flight.
@@ -120,7 +124,12 @@ pub struct NetOp {
     pub cancelled: bool,
     /// A receive: the data is in its buffer.
     pub landed: bool,
+    /// A receive that drops its data (NetDrain); its `req` is [`DRAIN_REQ`].
+    pub drain: bool,
 }
+
+/// The request of a drain, which has none.
+pub const DRAIN_REQ: ReqId = ReqId(u64::MAX);
 
 /// The eager limit between nodes in the model: between the on-node limits (16 for
 /// device memory, 64 for host), so each size class shows which limit applies.
@@ -191,7 +200,22 @@ impl World {
             nets: Vec::new(),
             net_recvs_posted: HashSet::new(),
             net_faults: HashSet::new(),
+            pushed: HashSet::new(),
+            net_cts: 0,
         }
+    }
+
+    /// The same world with every engine pushing network rendezvous of at most `max`
+    /// bytes, `sends` at a time (`EngineConfig::net_push_max`, `net_push_sends`); before
+    /// any traffic.
+    pub fn net_push(mut self, max: u64, sends: u32) -> Self {
+        assert!(self.wires.is_empty() && self.nets.is_empty(), "set before any traffic");
+        for e in &mut self.engines {
+            let mut c = e.config().clone();
+            (c.net_push_max, c.net_push_sends) = (max, sends);
+            *e = Engine::new(c);
+        }
+        self
     }
 
     pub fn on_node(&self, a: Rank, b: Rank) -> bool {
@@ -262,14 +286,23 @@ impl World {
                     assert!(!self.on_node(rank, from), "rank {rank}: network receive from {from}, on its node");
                     assert!(len <= self.buf_len(rank, req), "rank {rank}: network receive past {req:?}'s buffer");
                     assert!(self.net_recvs_posted.insert((rank, from, xfer)), "transfer {xfer} received twice");
-                    let op =
-                        NetOp { rank, id, req, peer: from, xfer, len, send: false, cancelled: false, landed: false };
+                    let (send, cancelled, landed, drain) = (false, false, false, false);
+                    let op = NetOp { rank, id, req, peer: from, xfer, len, send, cancelled, landed, drain };
                     self.nets.push(op);
                 }
-                Action::NetSend { id, req, to, xfer, len } => {
+                Action::NetDrain { id, from, xfer, len } => {
+                    assert!(!self.on_node(rank, from), "rank {rank}: network drain from {from}, on its node");
+                    assert!(self.net_recvs_posted.insert((rank, from, xfer)), "transfer {xfer} received twice");
+                    let (send, cancelled, landed, drain) = (false, false, false, true);
+                    let op = NetOp { rank, id, req: DRAIN_REQ, peer: from, xfer, len, send, cancelled, landed, drain };
+                    self.nets.push(op);
+                }
+                Action::NetSend { id, req, to, xfer, len, pushed } => {
+                    assert_eq!(pushed, self.pushed.contains(&(rank, xfer)), "rank {rank}: send {xfer}'s form");
                     assert!(!self.on_node(rank, to), "rank {rank}: network send to {to}, on its node");
                     assert_eq!(len, self.buf_len(rank, req), "rank {rank}: network send of part of {req:?}");
-                    let op = NetOp { rank, id, req, peer: to, xfer, len, send: true, cancelled: false, landed: false };
+                    let (send, cancelled, landed, drain) = (true, false, false, false);
+                    let op = NetOp { rank, id, req, peer: to, xfer, len, send, cancelled, landed, drain };
                     self.nets.push(op);
                 }
                 Action::NetCancel { id } => {
@@ -336,13 +369,20 @@ impl World {
     }
 
     /// Between nodes only what the NET rendezvous exchanges, and never a region: eager,
-    /// RTS(net), CTS(net) after its network receive was posted, ABORT. Within a node,
-    /// never RTS(net) or CTS(net).
-    fn check_packet_fits_the_path(&self, rank: Rank, to: Rank, p: &Packet) {
+    /// RTS(net), CTS(net) after its network receive was posted and never for a pushed
+    /// message, ABORT. Within a node, never RTS(net) or CTS(net).
+    fn check_packet_fits_the_path(&mut self, rank: Rank, to: Rank, p: &Packet) {
         let net = match p {
-            Packet::Rts { src: MemDesc::Net, .. } => true,
+            Packet::Rts { src: MemDesc::Net { pushed }, msg, .. } => {
+                if *pushed {
+                    self.pushed.insert((rank, *msg));
+                }
+                true
+            }
             Packet::Cts { mode: CtsMode::Net, dst, msg, .. } => {
                 assert!(dst.is_none(), "rank {rank}: region in a CTS(net)");
+                assert!(!self.pushed.contains(&(to, *msg)), "rank {rank}: CTS(net) for message {msg} of {to}, pushed");
+                self.net_cts += 1;
                 assert!(
                     self.net_recvs_posted.contains(&(rank, to, *msg)),
                     "rank {rank}: CTS(net) for message {msg} of {to} before its network receive"
@@ -393,6 +433,11 @@ impl World {
                 Some(j) if !op.cancelled || self.schedule.pick(2) == 1 => {
                     let r = self.nets[j].clone();
                     assert_eq!(r.len, op.len, "transfer {} sent and received with different lengths", op.xfer);
+                    if r.drain {
+                        self.nets[j].landed = true;
+                        self.engines[op.rank as usize].on_net_done(op.id, Ok(()));
+                        return self.drain(op.rank);
+                    }
                     assert!(
                         !self.done.contains_key(&(r.rank, r.req)),
                         "rank {} sends into rank {}'s {:?}, which has completed",

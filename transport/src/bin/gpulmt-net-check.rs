@@ -200,7 +200,9 @@ impl Rank_ {
                 unsafe {
                     let (d, s) = ((dst.addr, dst.mem()), (src.addr, src.mem()));
                     retry(&mut self.path, |p| p.post_recv(NetId(2 * xfer), prev, xfer, d.0, len, d.1));
-                    retry(&mut self.path, |p| p.post_send(NetId(2 * xfer + 1), next, xfer, s.0, len, s.1));
+                    // Every other one pushed: on the path's queue for pushed sends.
+                    let pushed = xfer % 2 == 1;
+                    retry(&mut self.path, |p| p.post_send(NetId(2 * xfer + 1), next, xfer, s.0, len, s.1, pushed));
                 }
                 let mut done = wait_done(&mut self.path, 2);
                 done.sort_by_key(|(id, _)| id.0);
@@ -233,7 +235,7 @@ impl Rank_ {
                 });
                 retry(&mut self.path, |p| {
                     p.poll_done(&mut |id, r| done.push((id, r)));
-                    p.post_send(NetId(20_000 + i), next, 5000 + i, s.addr, len, s.mem())
+                    p.post_send(NetId(20_000 + i), next, 5000 + i, s.addr, len, s.mem(), i % 4 == 0)
                 });
             }
         }

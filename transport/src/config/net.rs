@@ -12,6 +12,11 @@ pub struct NetConfig {
     /// `GPULMT_NET_EAGER_LIMIT`: largest message to another node sent inside its control
     /// packet (the engine's `net_eager_limit`).
     pub eager_limit: u64,
+    /// `GPULMT_NET_PUSH_MAX`: largest rendezvous message pushed (the engine's
+    /// `net_push_max`; 0: none).
+    pub push_max: u64,
+    /// `GPULMT_NET_PUSH_SENDS`: pushed sends in flight at once (`net_push_sends`).
+    pub push_sends: u32,
     /// `GPULMT_NET_QUEUES`: send queues set up at start.
     pub queues: u32,
     /// `GPULMT_NET_QUEUE_SLOTS`: slots per send queue (a power of two).
@@ -46,6 +51,8 @@ impl NetConfig {
     pub(super) fn read(r: &Reader<'_>) -> Result<NetConfig, ConfigError> {
         Ok(NetConfig {
             eager_limit: r.size("GPULMT_NET_EAGER_LIMIT")?,
+            push_max: r.size("GPULMT_NET_PUSH_MAX")?,
+            push_sends: r.count("GPULMT_NET_PUSH_SENDS")?,
             queues: r.count("GPULMT_NET_QUEUES")?,
             queue_slots: r.count("GPULMT_NET_QUEUE_SLOTS")?,
             batch: r.count("GPULMT_NET_BATCH")?,

@@ -314,13 +314,33 @@ pub const VARIABLES: &[Variable] = &[
                   (16370 bytes).",
     },
     Variable {
+        name: "GPULMT_NET_PUSH_MAX",
+        kind: Kind::Size { min: 0, max: u64::MAX, multiple_of: 1, zero_is_off: true, never: false },
+        default: Text("1T"),
+        class: Normal,
+        meaning: "Internode path: a rendezvous message up to this size is pushed: the sender's data leaves right \
+                  after its RTS, and MPI holds it until the receiver's receive matches, instead of waiting for \
+                  the receiver's CTS (a trip between the two proxies less; the sender's staging copies overlap \
+                  the RTS's way). `0` waits for the CTS always. The default pushes every message.",
+    },
+    Variable {
+        name: "GPULMT_NET_PUSH_SENDS",
+        kind: Kind::Count { min: 0, max: 1 << 16, power_of_two: false },
+        default: Text("16"),
+        class: Normal,
+        meaning: "Internode path: pushed sends of a rank in flight at once (each may hold staging buffers, and \
+                  MPI memory at the receiver, before its receive matches); past it a send waits for its CTS. \
+                  `0` pushes none. At most 4 x GPULMT_NET_QUEUE_SLOTS: pushed sends have a queue of their \
+                  own, whose ops in flight the proxy bounds so.",
+    },
+    Variable {
         name: "GPULMT_NET_QUEUES",
-        kind: Kind::Count { min: 1, max: 4096, power_of_two: false },
+        kind: Kind::Count { min: 2, max: 4096, power_of_two: false },
         default: Text("8"),
         class: Normal,
         meaning: "Internode path: GIO send queues this rank sets up at start, one per producer (the context's \
-                  thread takes the first, each other posting thread or thread block one more). The proxy polls \
-                  every queue in use; raise it for more producers.",
+                  thread takes the first two, one of them for pushed sends; each other posting thread or thread \
+                  block one more). The proxy polls every queue in use; raise it for more producers.",
     },
     Variable {
         name: "GPULMT_NET_QUEUE_SLOTS",

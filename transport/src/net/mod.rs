@@ -29,7 +29,8 @@
 //! # Decisions beyond `docs/internode.md`
 //! - **The queue set is sized at start** (`GPULMT_NET_QUEUES`) and never grows: a
 //!   producer claims a free queue and gives it back; device producers (issue 28) claim
-//!   theirs the same way. The proxy's list of queues needs no lock, and every queue's
+//!   theirs the same way. The context's thread holds two: one for pushed sends, whose
+//!   ops wait for the peer's application (`path`, which says why). The proxy's list of queues needs no lock, and every queue's
 //!   memory exists before a kernel could see it.
 //! - **Control bytes are copied out** of the slot's control slab when the proxy takes the
 //!   packet (at most 16 KiB), so a slot's credit frees its slab entry too, and the bytes
@@ -70,6 +71,7 @@ pub mod wire;
 pub use mpi::{register_window, start};
 pub use path::NetPath;
 pub use producer::{HostQueue, QuietError, Targets, WindowId};
+pub(crate) use proxy::ops_in_flight;
 pub use shared::LocalWindow;
 
 #[cfg(test)]

@@ -1,11 +1,21 @@
 //! [`NetPath`]: the internode path as a context drives it ([`OffNodePath`]), and the
 //! host's one-sided API (windows, producer handles) over the same proxy.
 //!
-//! The context's thread holds the set's first queue: a control packet becomes a CTRL
-//! packet (its bytes in the slot's control slab), a rendezvous side a SEND or RECV packet
-//! whose tag word is the transfer's `xfer`. Completions come back through the queue's
-//! counters: ops complete in queue order as far as the context sees (`done` is the
-//! contiguous prefix), each failure with the text the proxy recorded.
+//! The context's thread holds the set's first two queues ([`Lane`]s): a control packet
+//! becomes a CTRL packet (its bytes in the slot's control slab), a rendezvous side a SEND
+//! or RECV packet whose tag word is the transfer's `xfer`. Completions come back through
+//! each queue's counters: ops complete in queue order as far as the context sees (`done`
+//! is the contiguous prefix), each failure with the text the proxy recorded.
+//!
+//! **Why pushed sends have a queue of their own.** The proxy keeps at most a window of a
+//! queue's ops in flight past its oldest unfinished one (`CompletionTracker::admits`).
+//! Every op of the first queue ends without waiting for the peer's application: a CTRL
+//! once MPI took it, a SEND answering a CTS into a receive already posted, a RECV once the
+//! peer's proxy sends. A pushed SEND ends only when the peer's application has posted the
+//! matching receive, which may wait for a message this rank posts later: behind a pushed
+//! SEND, such a message could stay outside the window for good. On their own queue pushed
+//! SENDs hold back only each other, and the engine never has more in flight than that
+//! queue's window (`GPULMT_NET_PUSH_SENDS`, checked against the slots at start).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -32,22 +42,31 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// proxy that takes nothing.
 const POST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// What an op of the context's queue was, to report it.
+/// What an op of the context's queues was, to report it.
 #[derive(Clone, Copy, Debug)]
 enum Posted {
     Ctrl { to: Rank },
     Data(NetId),
 }
 
-/// The internode path: the proxy thread, the queues, and the context's producer handle.
+/// One of the context thread's queues and its ops not yet reported, in sequence order.
+struct Lane {
+    queue: HostQueue,
+    posted: VecDeque<(u64, Posted)>,
+}
+
+/// The context's lanes: everything but pushed sends, and pushed sends.
+const MAIN: usize = 0;
+const PUSHED: usize = 1;
+
+/// The internode path: the proxy thread, the queues, and the context's producer handles.
 pub struct NetPath {
     shared: Arc<Shared>,
     targets: Arc<Targets>,
-    /// The context thread's queue.
-    queue: HostQueue,
-    /// Ops of `queue` not yet reported, in sequence order.
-    posted: VecDeque<(u64, Posted)>,
-    ids: FxHashMap<NetId, u64>,
+    /// The context thread's queues ([`MAIN`], [`PUSHED`]).
+    lanes: [Lane; 2],
+    /// Where each data op was posted: (lane, sequence number).
+    ids: FxHashMap<NetId, (usize, u64)>,
     thread: Option<JoinHandle<()>>,
     post_timeout: Duration,
     drain: Duration,
@@ -107,7 +126,11 @@ impl NetPath {
         let thread = Proxy::new(pcfg, iface, backend, shared.clone(), Arc::new(table))
             .spawn()
             .map_err(|e| NetError::Down(format!("starting the proxy thread: {e}")))?;
-        let queue = HostQueue::claim(&shared, &targets, POST_TIMEOUT).expect("a fresh set has its first queue free");
+        let lane = || {
+            let queue = HostQueue::claim(&shared, &targets, POST_TIMEOUT);
+            Lane { queue: queue.expect("a fresh set has its first two queues free (checked)"), posted: VecDeque::new() }
+        };
+        let lanes = [lane(), lane()];
         tracing::info!(
             rank = me,
             peers = peers.len(),
@@ -118,8 +141,7 @@ impl NetPath {
         Ok(NetPath {
             shared,
             targets,
-            queue,
-            posted: VecDeque::new(),
+            lanes,
             ids: FxHashMap::default(),
             thread: Some(thread),
             post_timeout: POST_TIMEOUT,
@@ -203,28 +225,45 @@ impl NetPath {
         Ok(())
     }
 
-    fn post(&mut self, op: Op, flags: Flags, to: Rank, ctrl: Option<&[u8]>, what: Posted) -> Result<u64, PostError> {
+    fn post(
+        &mut self,
+        lane: usize,
+        op: Op,
+        flags: Flags,
+        to: Rank,
+        ctrl: Option<&[u8]>,
+        what: Posted,
+    ) -> Result<(), PostError> {
         self.check_up()?;
         let t = self.targets.two_sided(to).ok_or_else(|| {
             PostError::Failed(NetError::Rejected(format!(
                 "rank {to} is not on another node: the internode path does not reach it"
             )))
         })?;
-        let seq = self.queue.try_post(op, flags, t, ctrl)?;
-        self.posted.push_back((seq, what));
-        Ok(seq)
+        let l = &mut self.lanes[lane];
+        let seq = l.queue.try_post(op, flags, t, ctrl)?;
+        l.posted.push_back((seq, what));
+        if let Posted::Data(id) = what {
+            self.ids.insert(id, (lane, seq));
+        }
+        Ok(())
     }
 
-    /// Reports the ops of the context's queue below the CQ's `done`.
+    /// Reports the ops of the context's queues below their CQs' `done`.
     fn report_completed(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
-        let cq = self.queue.cq();
-        if self.posted.front().is_none_or(|&(seq, _)| seq >= cq.done) {
+        (0..self.lanes.len()).map(|lane| self.report_lane(lane, done)).sum()
+    }
+
+    fn report_lane(&mut self, lane: usize, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
+        let l = &mut self.lanes[lane];
+        let cq = l.queue.cq();
+        if l.posted.front().is_none_or(|&(seq, _)| seq >= cq.done) {
             return 0;
         }
-        let details: FxHashMap<u64, FailureDetail> = self.queue.take_failures(cq.done).into_iter().collect();
+        let details: FxHashMap<u64, FailureDetail> = l.queue.take_failures(cq.done).into_iter().collect();
         let mut n = 0;
-        while let Some(&(seq, what)) = self.posted.front().filter(|&&(seq, _)| seq < cq.done) {
-            self.posted.pop_front();
+        while let Some(&(seq, what)) = l.posted.front().filter(|&&(seq, _)| seq < cq.done) {
+            l.posted.pop_front();
             let result = details.get(&seq).map_or(Ok(()), |d| Err(failure_error(d)));
             match what {
                 Posted::Data(id) => {
@@ -252,7 +291,7 @@ impl NetPath {
     fn fail_all(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
         let why = self.down.clone().unwrap_or_default();
         let mut n = 0;
-        for (_, what) in self.posted.drain(..) {
+        for (_, what) in self.lanes.iter_mut().flat_map(|l| l.posted.drain(..)) {
             if let Posted::Data(id) = what {
                 let text = format!("{why}; MPI may still hold this transfer's buffer: do not reuse it");
                 done(id, Err(NetError::Down(text)));
@@ -273,9 +312,11 @@ impl NetPath {
 
 impl OffNodePath for NetPath {
     fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError> {
-        self.post(Op::Ctrl { src: 0, size: 0 }, Flags::NONE, to, Some(packet), Posted::Ctrl { to }).map(|_| ())
+        self.post(MAIN, Op::Ctrl { src: 0, size: 0 }, Flags::NONE, to, Some(packet), Posted::Ctrl { to })
     }
 
+    // The trait's signature (`offnode`): every field of the transfer, as its packet has.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn post_send(
         &mut self,
         id: NetId,
@@ -284,11 +325,11 @@ impl OffNodePath for NetPath {
         buf: usize,
         len: usize,
         mem: MemoryKind,
+        pushed: bool,
     ) -> Result<(), PostError> {
         let op = Op::Send { src: buf as u64, size: len as u64, tag: xfer };
-        let seq = self.post(op, Self::device_flag(mem, Flags::SRC_DEVICE), to, None, Posted::Data(id))?;
-        self.ids.insert(id, seq);
-        Ok(())
+        let lane = if pushed { PUSHED } else { MAIN };
+        self.post(lane, op, Self::device_flag(mem, Flags::SRC_DEVICE), to, None, Posted::Data(id))
     }
 
     unsafe fn post_recv(
@@ -301,14 +342,18 @@ impl OffNodePath for NetPath {
         mem: MemoryKind,
     ) -> Result<(), PostError> {
         let op = Op::Recv { dst: buf as u64, size: len as u64, tag: xfer };
-        let seq = self.post(op, Self::device_flag(mem, Flags::DST_DEVICE), from, None, Posted::Data(id))?;
-        self.ids.insert(id, seq);
-        Ok(())
+        self.post(MAIN, op, Self::device_flag(mem, Flags::DST_DEVICE), from, None, Posted::Data(id))
+    }
+
+    fn post_drain(&mut self, id: NetId, from: Rank, xfer: u64, len: usize) -> Result<(), PostError> {
+        let op = Op::Recv { dst: 0, size: len as u64, tag: xfer };
+        self.post(MAIN, op, Flags::DISCARD, from, None, Posted::Data(id))
     }
 
     fn cancel(&mut self, id: NetId) {
-        if let Some(&seq) = self.ids.get(&id) {
-            self.shared.post_command(Command::Cancel { queue: self.queue.index() as u32, seq });
+        if let Some(&(lane, seq)) = self.ids.get(&id) {
+            let queue = self.lanes[lane].queue.index() as u32;
+            self.shared.post_command(Command::Cancel { queue, seq });
         }
     }
 
@@ -323,7 +368,8 @@ impl OffNodePath for NetPath {
 
     fn poll_done(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
         let n = self.report_completed(done);
-        if self.thread.is_some() && !self.posted.is_empty() && self.check_up().is_err() {
+        let posted = self.lanes.iter().any(|l| !l.posted.is_empty());
+        if self.thread.is_some() && posted && self.check_up().is_err() {
             return n + self.fail_all(done);
         }
         n

@@ -31,6 +31,8 @@ struct Posted {
     buf: usize,
     len: usize,
     mem: MemoryKind,
+    /// A send that went with its RTS (false for every receive).
+    pushed: bool,
 }
 
 /// What the path took, in order.
@@ -39,6 +41,7 @@ enum Took {
     Ctrl(Rank, Packet),
     Send(Posted),
     Recv(Posted),
+    Drain(Posted),
     Cancel(NetId),
 }
 
@@ -74,11 +77,16 @@ impl Script {
         self.inbound.push_back((1, Packet::Eager { msg, tag, payload: payload.to_vec() }.to_vec()));
     }
 
-    /// Rank 1 announces a rendezvous; returns its message id.
+    /// Rank 1 announces a rendezvous that waits for a CTS; returns its message id.
     fn rts_from_peer(&mut self, tag: i32, len: u64) -> u64 {
+        self.rts_from_peer_as(tag, len, false)
+    }
+
+    /// The same, its data `pushed` (sent with the RTS) or not.
+    fn rts_from_peer_as(&mut self, tag: i32, len: u64, pushed: bool) -> u64 {
         let msg = self.next_msg;
         self.next_msg += 1;
-        self.inbound.push_back((1, Packet::Rts { msg, tag, len, src: MemDesc::Net }.to_vec()));
+        self.inbound.push_back((1, Packet::Rts { msg, tag, len, src: MemDesc::Net { pushed } }.to_vec()));
         msg
     }
 
@@ -107,6 +115,7 @@ impl OffNodePath for ScriptedPath {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn post_send(
         &mut self,
         id: NetId,
@@ -115,10 +124,11 @@ impl OffNodePath for ScriptedPath {
         buf: usize,
         len: usize,
         mem: MemoryKind,
+        pushed: bool,
     ) -> Result<(), PostError> {
         self.0.with(|s| {
             s.answer()?;
-            s.took.push(Took::Send(Posted { id, peer: to, xfer, buf, len, mem }));
+            s.took.push(Took::Send(Posted { id, peer: to, xfer, buf, len, mem, pushed }));
             Ok(())
         })
     }
@@ -134,7 +144,16 @@ impl OffNodePath for ScriptedPath {
     ) -> Result<(), PostError> {
         self.0.with(|s| {
             s.answer()?;
-            s.took.push(Took::Recv(Posted { id, peer: from, xfer, buf, len, mem }));
+            s.took.push(Took::Recv(Posted { id, peer: from, xfer, buf, len, mem, pushed: false }));
+            Ok(())
+        })
+    }
+
+    fn post_drain(&mut self, id: NetId, from: Rank, xfer: u64, len: usize) -> Result<(), PostError> {
+        self.0.with(|s| {
+            s.answer()?;
+            let mem = MemoryKind::Host;
+            s.took.push(Took::Drain(Posted { id, peer: from, xfer, buf: 0, len, mem, pushed: false }));
             Ok(())
         })
     }
@@ -188,8 +207,16 @@ pub(super) fn two_nodes(me: Rank, path: Option<Box<dyn OffNodePath>>) -> Context
 
 /// Rank 0 with a scripted rank 1 on another node.
 fn scripted() -> (Context, Shared) {
+    scripted_with(sim_config())
+}
+
+/// The same under `cfg`.
+fn scripted_with(cfg: Config) -> (Context, Shared) {
     let script = Shared::default();
-    let ctx = two_nodes(0, Some(Box::new(ScriptedPath(script.clone()))));
+    let hosts = [HostSlot { host: 0, local: 0 }, HostSlot { host: 0, local: 1 }];
+    let topo = Topology::from_hosts(0, &hosts, 2).unwrap();
+    let job = JobInfo { job: unique_job("ctx"), rank: 0, size: 1 };
+    let ctx = Context::init_world(cfg, job, topo, Some(Box::new(ScriptedPath(script.clone())))).unwrap();
     (ctx, script)
 }
 
@@ -330,22 +357,78 @@ fn a_rendezvous_from_another_node_posts_the_receive_before_the_cts() {
 }
 
 #[test]
-fn a_rendezvous_to_another_node_sends_the_request_buffer_without_a_region() {
+fn a_pushed_rendezvous_to_another_node_sends_its_data_with_the_rts() {
     let (mut ctx, script) = scripted();
+    let len = 256 << 10;
+    let dev = ctx.mem_alloc(len).unwrap();
+    // SAFETY: the buffer is this test's and outlives the request (waited for below).
+    let s = unsafe { ctx.isend(dev as *const u8, len, 1, 8) }.unwrap();
+    ctx.progress().unwrap();
+    let took = script.with(|s| s.took.clone());
+    let [Took::Ctrl(1, Packet::Rts { msg, tag: 8, src: MemDesc::Net { pushed: true }, .. }), Took::Send(send)] =
+        &took[..]
+    else {
+        panic!("expected a pushed RTS, then the send of its data: {took:?}")
+    };
+    assert_eq!((send.peer, send.xfer, send.buf, send.len, send.pushed), (1, *msg, dev, len, true));
+    assert!(ctx.exports.is_empty(), "no IPC region was exported for another node");
+    assert_eq!(ctx.test(&s).unwrap(), None, "not complete before the path reports the transfer");
+    script.with(|s| s.done.push_back((send.id, Ok(()))));
+    assert_eq!(ctx.wait(s).unwrap().len, len as u64);
+    finish(ctx);
+}
+
+#[test]
+fn a_pushed_rendezvous_from_another_node_is_received_without_a_cts_or_drained_when_truncated() {
+    let (mut ctx, script) = scripted();
+    let len = 100_000;
+    let mut buf = vec![0u8; len];
+    let msg = script.with(|s| s.rts_from_peer_as(3, len as u64, true));
+    // SAFETY: the buffer is this test's and outlives the request (waited for below).
+    let r = unsafe { ctx.irecv(buf.as_mut_ptr(), len, Some(1), Some(3)) }.unwrap();
+    ctx.progress().unwrap();
+    let took = script.with(|s| std::mem::take(&mut s.took));
+    let [Took::Recv(recv)] = &took[..] else { panic!("expected the data receive alone, no CTS: {took:?}") };
+    assert_eq!((recv.peer, recv.xfer, recv.buf, recv.len), (1, msg, buf.as_ptr() as usize, len));
+    script.with(|s| s.done.push_back((recv.id, Ok(()))));
+    assert_eq!(ctx.wait(r).unwrap().len, len as u64);
+
+    // Too long for the receive: its data is drained, the receive truncated, nothing sent back.
+    let msg = script.with(|s| s.rts_from_peer_as(3, len as u64 + 1, true));
+    // SAFETY: as above.
+    let r = unsafe { ctx.irecv(buf.as_mut_ptr(), len, Some(1), Some(3)) }.unwrap();
+    let e = ctx.wait(r).unwrap_err();
+    assert!(matches!(e.as_transfer(), Some(ProtoError::Truncated { .. })), "{e}");
+    let took = script.with(|s| s.took.clone());
+    let [Took::Drain(drain)] = &took[..] else { panic!("expected a drain alone: {took:?}") };
+    assert_eq!((drain.peer, drain.xfer, drain.len), (1, msg, len + 1));
+    script.with(|s| s.done.push_back((drain.id, Ok(()))));
+    ctx.progress().unwrap();
+    assert!(ctx.engine.is_idle(), "the drain ended");
+    finish(ctx);
+}
+
+#[test]
+fn a_rendezvous_to_another_node_sends_the_request_buffer_without_a_region() {
+    // Not pushed: the data waits for the receiver's CTS.
+    let mut cfg = sim_config();
+    cfg.net.push_max = 0;
+    let (mut ctx, script) = scripted_with(cfg);
     let len = 256 << 10;
     let dev = ctx.mem_alloc(len).unwrap();
     // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
     let s = unsafe { ctx.isend(dev as *const u8, len, 1, 8) }.unwrap();
     ctx.progress().unwrap();
-    let Some(Packet::Rts { msg, tag: 8, len: l, src: MemDesc::Net }) = script.with(|s| s.ctrl()).pop() else {
-        panic!("expected an RTS without a region: {:?}", script.with(|s| s.took.clone()))
+    let took = script.with(|s| s.took.clone());
+    let [Took::Ctrl(1, Packet::Rts { msg, tag: 8, len: l, src: MemDesc::Net { pushed: false } })] = took[..] else {
+        panic!("expected an RTS without a region, and nothing else: {took:?}")
     };
     assert_eq!(l, len as u64);
     assert!(ctx.exports.is_empty(), "no IPC region was exported for another node");
     script.with(|s| s.inbound.push_back((1, Packet::Cts { msg, mode: CtsMode::Net, dst: None, split: 0 }.to_vec())));
     ctx.progress().unwrap();
     let Some(Took::Send(send)) = script.with(|s| s.took.last().cloned()) else { panic!("no send posted") };
-    assert_eq!((send.peer, send.xfer, send.buf, send.len), (1, msg, dev, len));
+    assert_eq!((send.peer, send.xfer, send.buf, send.len, send.pushed), (1, msg, dev, len, false));
     assert!(matches!(send.mem, MemoryKind::Device(_)), "{:?}", send.mem);
     assert_eq!(ctx.test(&s).unwrap(), None);
     script.with(|s| s.done.push_back((send.id, Ok(()))));

@@ -9,6 +9,9 @@
 //!   order (data still goes to the receive it matched, as in MPI);
 //! - **backpressure**: at most `max_in_flight` operations per endpoint, then
 //!   [`Status::NoResource`];
+//! - **rendezvous** ([`LoopbackFabric::rendezvous_above`]): a send longer than a bound
+//!   finishes only once a receive matched it, as MPI's rendezvous protocol does (by
+//!   default every send finishes by itself, as an eager one);
 //! - **faults**: the next sends fail ([`LoopbackFabric::fail_sends`]), a rank dies
 //!   ([`LoopbackFabric::kill`]).
 //!
@@ -31,6 +34,8 @@ struct Message {
     data: Vec<u8>,
     /// The sender's operation, for cancelling it while unmatched.
     send: ReqId,
+    /// The send finishes only once this message is matched (rendezvous).
+    waits_for_match: bool,
 }
 
 /// A receive posted and not yet matched.
@@ -59,8 +64,8 @@ struct Endpoint {
     /// Receives of this endpoint not matched yet, in post order.
     posted: VecDeque<Posted>,
     landing: Vec<Landing>,
-    /// Sends of this endpoint and when they report finished.
-    sending: Vec<(ReqId, Instant)>,
+    /// Sends of this endpoint and when they report finished (None: once matched).
+    sending: Vec<(ReqId, Option<Instant>)>,
     /// Operations of this endpoint finished with an error, to report.
     failed: Vec<(ReqId, NetFail)>,
     in_flight: usize,
@@ -73,6 +78,8 @@ struct Fabric {
     max_in_flight: usize,
     /// The next this many sends fail.
     fail_sends: usize,
+    /// Sends longer than this finish only once matched.
+    eager_max: usize,
     rng: u64,
 }
 
@@ -116,6 +123,7 @@ impl LoopbackFabric {
             max_delay,
             max_in_flight,
             fail_sends: 0,
+            eager_max: usize::MAX,
             rng: seed | 1,
         };
         LoopbackFabric { inner: Arc::new(Mutex::new(fabric)) }
@@ -132,6 +140,12 @@ impl LoopbackFabric {
         LoopbackIface { fabric: self.clone(), rank, size }
     }
 
+    /// From now on a send of more than `len` bytes finishes only once a receive matched
+    /// it, as under MPI's rendezvous protocol.
+    pub fn rendezvous_above(&self, len: usize) {
+        self.lock().eager_max = len;
+    }
+
     /// The next `n` sends (of any endpoint) fail with an error, as an MPI error would.
     pub fn fail_sends(&self, n: usize) {
         self.lock().fail_sends = n;
@@ -146,6 +160,13 @@ impl LoopbackFabric {
             let (gone, keep): (Vec<Posted>, Vec<Posted>) = ep.posted.drain(..).partition(|p| p.from == Some(rank));
             ep.posted = keep.into();
             ep.failed.extend(gone.into_iter().map(|p| (p.req, NetFail::PeerGone { rank })));
+        }
+        // Rendezvous sends to it that no receive matched will never be.
+        let stranded: Vec<Message> = f.endpoints[rank as usize].unexpected.drain(..).collect();
+        for m in stranded.into_iter().filter(|m| m.waits_for_match) {
+            let sender = &mut f.endpoints[m.source as usize];
+            sender.sending.retain(|&(r, _)| r != m.send);
+            sender.failed.push((m.send, NetFail::PeerGone { rank }));
         }
     }
 
@@ -202,7 +223,9 @@ impl NetIface for LoopbackIface {
         };
         let (land_delay, send_delay) = (f.delay(), f.delay());
         let now = Instant::now();
+        let waits_for_match = len > f.eager_max;
         let dst = &mut f.endpoints[to as usize];
+        let mut finish = Some(now + send_delay);
         match dst.posted.iter().position(|p| matches(p.from, p.tag, self.rank, tag)) {
             Some(i) => {
                 let p = dst.posted.remove(i).expect("position found");
@@ -215,11 +238,16 @@ impl NetIface for LoopbackIface {
                     at: now + land_delay,
                 });
             }
-            None => dst.unexpected.push_back(Message { source: self.rank, tag, data, send: req }),
+            None => {
+                dst.unexpected.push_back(Message { source: self.rank, tag, data, send: req, waits_for_match });
+                if waits_for_match {
+                    finish = None;
+                }
+            }
         }
         let me = &mut f.endpoints[self.rank as usize];
         me.in_flight += 1;
-        me.sending.push((req, now + send_delay));
+        me.sending.push((req, finish));
         Ok(Status::InProgress)
     }
 
@@ -238,14 +266,22 @@ impl NetIface for LoopbackIface {
         if f.endpoints[self.rank as usize].in_flight >= f.max_in_flight {
             return Ok(Status::NoResource);
         }
-        let delay = f.delay();
+        let (delay, send_delay) = (f.delay(), f.delay());
         let me = &mut f.endpoints[self.rank as usize];
         me.in_flight += 1;
         match me.unexpected.iter().position(|m| matches(from, tag, m.source, m.tag)) {
             Some(i) => {
                 let m = me.unexpected.remove(i).expect("position found");
                 let at = Instant::now() + delay;
-                me.landing.push(Landing { req, buf, len, source: m.source, data: m.data, at });
+                let (source, send, waits) = (m.source, m.send, m.waits_for_match);
+                me.landing.push(Landing { req, buf, len, source, data: m.data, at });
+                if waits {
+                    // Matched at last: the sender's operation may finish now.
+                    let sender = &mut f.endpoints[source as usize];
+                    if let Some(s) = sender.sending.iter_mut().find(|(r, _)| *r == send) {
+                        s.1 = Some(Instant::now() + send_delay);
+                    }
+                }
             }
             None => me.posted.push_back(Posted { req, from, tag, buf, len }),
         }
@@ -303,7 +339,7 @@ impl NetIface for LoopbackIface {
                 report.push((l.req, result));
             }
             let rank = self.rank;
-            me.sending.retain(|&(req, at)| match at <= now {
+            me.sending.retain(|&(req, at)| match at.is_some_and(|at| at <= now) {
                 true => {
                     report.push((req, Ok(Arrival { source: rank, len: 0 })));
                     false

@@ -11,7 +11,7 @@
 //! the packet's result address (if any) as a small GET's data would, before the op
 //! completes.
 
-use gpulmt_protocols::gio::{FailureKind, Op as PacketOp, OpFailure};
+use gpulmt_protocols::gio::{FailureKind, Flags, Op as PacketOp, OpFailure};
 use gpulmt_protocols::Rank;
 
 use super::net::Owner;
@@ -21,7 +21,7 @@ use super::Proxy;
 use crate::device::{CopyTicket, MemoryKind};
 use crate::net::iface::{Arrival, NetFail};
 use crate::net::shared::lock;
-use crate::net::stream::{Dir, Stream, StreamError, NET_LANE};
+use crate::net::stream::{Dir, Place, Stream, StreamError, NET_LANE};
 use crate::net::wire::{self, AmKind, AmReply, AmRequest, AM_INLINE};
 
 /// A GET whose data comes inline in the reply.
@@ -143,9 +143,14 @@ impl Proxy {
             PacketOp::Recv { dst, size, tag } => (Dir::Recv, dst, size, tag),
             _ => unreachable!("start_data takes SEND and RECV"),
         };
-        let (place, _) = match self.net.place(held.packet.op.code(), addr, size) {
-            Ok(p) => p,
-            Err(bad) => return Start::Failed(OpFailure::bad_packet(&bad), bad.to_string()),
+        // A drain's data goes nowhere: no address to check.
+        let place = if held.packet.flags.contains(Flags::DISCARD) {
+            Place::Discard
+        } else {
+            match self.net.place(held.packet.op.code(), addr, size) {
+                Ok((p, _)) => p,
+                Err(bad) => return Start::Failed(OpFailure::bad_packet(&bad), bad.to_string()),
+            }
         };
         let (rank, tag) = (held.template.rank, self.net.tags.rendezvous(tag));
         // SAFETY: the producer's post (OffNodePath::post_send / post_recv) keeps the range

@@ -148,8 +148,7 @@ impl Proxy {
             .map(|mem| QueueRun {
                 mem: mem.clone(),
                 consumer: Consumer::new(mem.slots(), cfg.stall).expect("queue slots are a power of two"),
-                // Room for ops still in flight after their slots were reused.
-                tracker: CompletionTracker::new(4 * mem.slots()),
+                tracker: CompletionTracker::new(ops_in_flight(mem.slots())),
                 gate: FenceGate::new(mem.slots() as usize),
                 dead: false,
                 dirty: false,
@@ -215,6 +214,7 @@ impl Proxy {
         if let Some(cpu) = self.cfg.cpu {
             pin_to(cpu);
         }
+        tight_timer_slack();
         let mut idle = 0u32;
         let mut profile = ProxyProfile::default();
         loop {
@@ -367,6 +367,12 @@ impl Proxy {
     }
 }
 
+/// How many ops of a queue of `slots` slots the proxy keeps in flight, counted from its
+/// oldest unfinished one: room for ops still in flight after their slots were reused.
+pub const fn ops_in_flight(slots: u64) -> u64 {
+    4 * slots
+}
+
 /// Sleeps, yields or spins after `idle` rounds without work.
 fn back_off(idle: u32, max_sleep: Duration) {
     match idle {
@@ -377,6 +383,22 @@ fn back_off(idle: u32, max_sleep: Duration) {
             let sleep = Duration::from_micros(1u64 << ((n - 128) / 16).min(20));
             std::thread::sleep(sleep.min(max_sleep));
         }
+    }
+}
+
+/// Makes the calling thread's sleeps as short as asked: Linux lets a sleep of a normal
+/// thread overrun by its timer slack, 50 us by default, so the idle back-off's first
+/// sleeps of 1-2 us could each last 50 us and more (a 1 us sleep took 49-94 us on the CI
+/// host, 16-22 us with a slack of 1 us: `lab/gpu/sleep_cost.c`), and a message that
+/// arrived meanwhile waited for the proxy that long. A failure is logged, not fatal.
+fn tight_timer_slack() {
+    const SLACK_NS: libc::c_ulong = 1_000;
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and changes only this thread's
+    // timer slack.
+    let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, SLACK_NS, 0, 0, 0) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(error = %e, "the proxy thread's timer slack could not be set: its idle sleeps may overrun");
     }
 }
 

@@ -148,7 +148,7 @@ fn network_errors_and_a_dead_rank_end_in_error_completions() {
     let src = Buf::new(&backend, Some(0), 10_000);
     fabric.fail_sends(1);
     // SAFETY: src lives until the op is reported done.
-    unsafe { paths[0].post_send(NetId(1), 1, 77, src.addr, 10_000, src.mem()) }.expect("post");
+    unsafe { paths[0].post_send(NetId(1), 1, 77, src.addr, 10_000, src.mem(), false) }.expect("post");
     let done = wait_done(&mut paths, 0, 1);
     assert!(matches!(&done[..], [(NetId(1), Err(NetError::Mpi { .. }))]), "{done:?}");
     fabric.kill(2);
@@ -191,10 +191,10 @@ fn cancel_and_teardown_with_ops_in_flight() {
     // SAFETY: the buffers live until their ops are reported done.
     unsafe {
         paths[1].post_recv(NetId(7), 0, 9, d.addr, 10, d.mem()).expect("post");
-        paths[0].post_send(NetId(8), 1, 9, c.addr, 10, c.mem()).expect("post");
+        paths[0].post_send(NetId(8), 1, 9, c.addr, 10, c.mem(), false).expect("post");
         // Nobody matches these.
         paths[0].post_recv(NetId(2), 1, 6, a.addr, 50_000, a.mem()).expect("post");
-        paths[0].post_send(NetId(3), 1, 7, b.addr, 50_000, b.mem()).expect("post");
+        paths[0].post_send(NetId(3), 1, 7, b.addr, 50_000, b.mem(), true).expect("post");
     }
     let started = Instant::now();
     paths[0].shutdown(Instant::now() + Duration::from_millis(300)).expect("every op released");

@@ -42,7 +42,10 @@ fn sim() -> Backend {
 fn small_cfg(slots: u32) -> NetConfig {
     NetConfig {
         eager_limit: 8192,
-        queues: 3,
+        // The engine's settings: the path alone never reads them.
+        push_max: 0,
+        push_sends: 0,
+        queues: 4,
         queue_slots: slots,
         batch: 4,
         chunk: 4096,

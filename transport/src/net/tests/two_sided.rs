@@ -72,7 +72,7 @@ fn rendezvous_data_every_placement_and_size() {
             // SAFETY: both buffers live until their ops are reported done below.
             unsafe {
                 retry(|| paths[1].post_recv(recv_id, 0, xfer, dst.addr, len, dst.mem()));
-                retry(|| paths[0].post_send(send_id, 1, xfer, src.addr, len, src.mem()));
+                retry(|| paths[0].post_send(send_id, 1, xfer, src.addr, len, src.mem(), xfer.is_multiple_of(2)));
             }
             let done = wait_done(&mut paths, 0, 1);
             assert_eq!(done, vec![(send_id, Ok(()))], "send of {len} bytes {src_dev:?} -> {dst_dev:?}");
@@ -115,7 +115,7 @@ fn four_slot_queue_under_backpressure_loses_nothing() {
             });
             retry(|| {
                 paths[0].poll_done(&mut |id, r| sent.push((id, r)));
-                paths[0].post_send(NetId(i), 1, 1000 + i, s.addr, len, s.mem())
+                paths[0].post_send(NetId(i), 1, 1000 + i, s.addr, len, s.mem(), false)
             });
         }
     }
@@ -131,6 +131,89 @@ fn four_slot_queue_under_backpressure_loses_nothing() {
     let ctrl = wait_inbound(&mut paths[1], N as usize);
     let order: Vec<u64> = ctrl.iter().map(|(_, b)| u64::from_le_bytes(b[..8].try_into().unwrap())).collect();
     assert_eq!(order, (0..N).collect::<Vec<_>>());
+    shutdown_all(&mut paths);
+    assert_eq!(fabric.pending(), (0, 0), "nothing left on the network");
+}
+
+/// A pushed send whose receive comes late holds back nothing else of its rank: with
+/// 4-slot queues (16 ops in flight a queue), 40 control packets and 40 transfers (each
+/// receive posted first, as after a CTS) posted after it all complete while it waits;
+/// then its receive comes and it completes too. On the same queue as the rest, the
+/// pushed send would keep the 17th op behind it out until that receive.
+#[test]
+fn a_pushed_send_waiting_for_its_receive_holds_back_nothing_else() {
+    let fabric = LoopbackFabric::with_delays(2, 64, Duration::from_micros(50), 5);
+    // Its pieces wait for their receive, as MPI's rendezvous does; the rest is eager.
+    fabric.rendezvous_above(1024);
+    let backend = sim();
+    let mut paths = world(&fabric, 2, &small_cfg(4), &backend);
+    let len = 100_000;
+    let (src, dst) = (Buf::new(&backend, Some(0), len), Buf::new(&backend, None, len));
+    src.fill(9);
+    // SAFETY: the buffers live until their ops are reported done below.
+    unsafe { retry(|| paths[0].post_send(NetId(1000), 1, 77, src.addr, len, src.mem(), true)) };
+    const N: u64 = 40;
+    let small: Vec<(Buf, Buf)> =
+        (0..N).map(|_| (Buf::new(&backend, None, 300), Buf::new(&backend, None, 300))).collect();
+    let (mut sent, mut received) = (Vec::new(), Vec::new());
+    for (i, (s, d)) in small.iter().enumerate() {
+        let i = i as u64;
+        s.fill(i as u8);
+        retry(|| paths[0].post_ctrl(1, &i.to_le_bytes()));
+        // SAFETY: as above.
+        unsafe {
+            retry(|| {
+                paths[1].poll_done(&mut |id, r| received.push((id, r)));
+                paths[1].post_recv(NetId(i), 0, i, d.addr, 300, d.mem())
+            });
+            retry(|| {
+                paths[0].poll_done(&mut |id, r| sent.push((id, r)));
+                paths[0].post_send(NetId(i), 1, i, s.addr, 300, s.mem(), false)
+            });
+        }
+    }
+    sent.extend(wait_done(&mut paths, 0, N as usize - sent.len()));
+    received.extend(wait_done(&mut paths, 1, N as usize - received.len()));
+    assert!(sent.iter().all(|(id, r)| id.0 < N && r.is_ok()), "{sent:?}");
+    assert!(received.iter().all(|(id, r)| id.0 < N && r.is_ok()), "{received:?}");
+    assert_eq!(wait_inbound(&mut paths[1], N as usize).len(), N as usize);
+    // The late receive: the pushed data was waiting for it.
+    // SAFETY: as above.
+    unsafe { retry(|| paths[1].post_recv(NetId(1000), 0, 77, dst.addr, len, dst.mem())) };
+    assert_eq!(wait_done(&mut paths, 1, 1), vec![(NetId(1000), Ok(()))]);
+    assert_eq!(wait_done(&mut paths, 0, 1), vec![(NetId(1000), Ok(()))]);
+    assert!(dst.read() == pattern(len, 9), "the pushed data differs");
+    for (i, (_, d)) in small.iter().enumerate() {
+        assert!(d.read() == pattern(300, i as u8), "transfer {i} differs");
+    }
+    shutdown_all(&mut paths);
+}
+
+/// A drain takes a pushed transfer's pieces and drops them: the send completes, the
+/// drain too, and a transfer behind it lands whole.
+#[test]
+fn a_drain_takes_a_pushed_transfer_and_writes_nothing() {
+    let fabric = LoopbackFabric::with_delays(2, 32, Duration::from_micros(100), 9);
+    let backend = sim();
+    let mut paths = world(&fabric, 2, &small_cfg(8), &backend);
+    let len = 50_001;
+    let (src, next, dst) =
+        (Buf::new(&backend, Some(0), len), Buf::new(&backend, None, 10), Buf::new(&backend, None, 10));
+    src.fill(4);
+    next.fill(5);
+    // SAFETY: the buffers live until their ops are reported done below.
+    unsafe {
+        retry(|| paths[0].post_send(NetId(1), 1, 1, src.addr, len, src.mem(), true));
+        retry(|| paths[1].post_drain(NetId(1), 0, 1, len));
+        retry(|| paths[0].post_send(NetId(2), 1, 2, next.addr, 10, next.mem(), true));
+        retry(|| paths[1].post_recv(NetId(2), 0, 2, dst.addr, 10, dst.mem()));
+    }
+    let mut sent = wait_done(&mut paths, 0, 2);
+    sent.sort_by_key(|(id, _)| id.0);
+    assert_eq!(sent, vec![(NetId(1), Ok(())), (NetId(2), Ok(()))]);
+    assert_eq!(wait_done(&mut paths, 1, 2), vec![(NetId(1), Ok(())), (NetId(2), Ok(()))]);
+    assert!(dst.read() == pattern(10, 5));
+    assert_eq!(dst.guards(), (vec![0; OFFSET], vec![0; 5]), "bytes around the receive buffer were touched");
     shutdown_all(&mut paths);
     assert_eq!(fabric.pending(), (0, 0), "nothing left on the network");
 }

@@ -26,6 +26,8 @@ struct Half {
     xfer: u64,
     buf: usize,
     len: usize,
+    /// A receive that drops the data (`buf` is unused).
+    drain: bool,
 }
 
 #[derive(Default)]
@@ -47,11 +49,13 @@ impl Wire {
         }) {
             let (send, recv) = (self.sends.swap_remove(s), self.recvs.swap_remove(r));
             assert!(send.len <= recv.len, "the engine posts receives that fit");
-            // SAFETY: both buffers are valid until their transfers are reported done (the
-            // post_* contracts), which is below; they belong to different requests. Sim
-            // device memory is shared memory mapped into this process, so host copies reach it.
-            // SAFETY: the buffer is this test's and outlives the request (waited for, or failed at post).
-            unsafe { std::ptr::copy_nonoverlapping(send.buf as *const u8, recv.buf as *mut u8, send.len) };
+            if !recv.drain {
+                // SAFETY: both buffers are valid until their transfers are reported done (the
+                // post_* contracts), which is below; they belong to different requests. Sim
+                // device memory is shared memory mapped into this process, so host copies
+                // reach it.
+                unsafe { std::ptr::copy_nonoverlapping(send.buf as *const u8, recv.buf as *mut u8, send.len) };
+            }
             self.done[send.at as usize].push((send.id, Ok(())));
             self.done[recv.at as usize].push((recv.id, Ok(())));
         }
@@ -83,6 +87,7 @@ impl OffNodePath for LoopbackPath {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn post_send(
         &mut self,
         id: NetId,
@@ -91,10 +96,11 @@ impl OffNodePath for LoopbackPath {
         buf: usize,
         len: usize,
         _mem: MemoryKind,
+        _pushed: bool,
     ) -> Result<(), PostError> {
         assert_eq!(to, 1 - self.me);
         let mut w = self.wire();
-        w.sends.push(Half { id, at: self.me, sender: self.me, xfer, buf, len });
+        w.sends.push(Half { id, at: self.me, sender: self.me, xfer, buf, len, drain: false });
         w.match_halves();
         Ok(())
     }
@@ -109,7 +115,14 @@ impl OffNodePath for LoopbackPath {
         _mem: MemoryKind,
     ) -> Result<(), PostError> {
         let mut w = self.wire();
-        w.recvs.push(Half { id, at: self.me, sender: from, xfer, buf, len });
+        w.recvs.push(Half { id, at: self.me, sender: from, xfer, buf, len, drain: false });
+        w.match_halves();
+        Ok(())
+    }
+
+    fn post_drain(&mut self, id: NetId, from: Rank, xfer: u64, len: usize) -> Result<(), PostError> {
+        let mut w = self.wire();
+        w.recvs.push(Half { id, at: self.me, sender: from, xfer, buf: 0, len, drain: true });
         w.match_halves();
         Ok(())
     }
