@@ -10,7 +10,8 @@
 # - osu_latency D D 8 B-64 KiB with the copy server (GPULMT_COPY_SERVER_MAX=64K), push
 #   and cts (lat_server_<variant>.csv);
 # - osu_bw D D and H H at 4-64 MiB, push and cts (bw_<variant>_<placement>.csv);
-# - what a 1 us sleep costs with the default timer slack and with 1 us (sleep_cost.txt).
+# - what a 1 us sleep costs with the default timer slack and with 1 us (sleep_cost.txt);
+# - device_check --offnode (device_offnode.txt); the table in summary.txt.
 # Usage: bash lab/gpu/net_push.sh OUTDIR    (binaries in .gpu/bin, anchors in .gpu/tools)
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_push.sh OUTDIR}"
 pn="mpirun --allow-run-as-root --oversubscribe --bind-to none -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2"
@@ -40,14 +41,14 @@ for r in $(seq "${ROUNDS:-2}"); do
     for pl in "D D" "H H"; do
       log "latency round $r, $v, $pl"
       # shellcheck disable=SC2086 # the placement is two words
-      run_variant $v -m 8:64M --csv "$out/lat_${v}_${r}_${pl// /}.csv" $pl
+      run_variant $v -i 2000 -m 8:64M --csv "$out/lat_${v}_${r}_${pl// /}.csv" $pl
     done
   done
 done
 extra=(-x GPULMT_COPY_SERVER_MAX=64K)
 for v in cts push; do
   log "latency with the copy server, $v"
-  run_variant $v -m 8:64K --csv "$out/lat_server_$v.csv" D D
+  run_variant $v -i 2000 -m 8:64K --csv "$out/lat_server_$v.csv" D D
 done
 extra=()
 for v in cts push; do
@@ -58,5 +59,11 @@ for v in cts push; do
       -m 4M:64M --csv "$out/bw_${v}_${pl// /}.csv" $pl > /dev/null 2>> "$out/log.txt" || log "FAILED: bw $v $pl"
   done
 done
+# The device API across the pseudo-nodes (its queues are one fewer now that the
+# context's thread holds two): device_check's 7 checks.
+log "device_check --offnode"
+timeout 120 $pn -np 2 "$bin/device_check" --offnode --csv "$out/device_offnode.csv" > "$out/device_offnode.txt" 2>&1 \
+  || log "FAILED: device_check --offnode"
 stop_mps
+python3 lab/gpu/net_push_summary.py "$out" > "$out/summary.txt" 2>&1
 log done
