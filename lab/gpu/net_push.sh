@@ -11,9 +11,18 @@
 #   and cts (lat_server_<variant>.csv);
 # - osu_bw D D and H H at 4-64 MiB, push and cts (bw_<variant>_<placement>.csv);
 # - what a 1 us sleep costs with the default timer slack and with 1 us (sleep_cost.txt);
-# - device_check --offnode (device_offnode.txt); the table in summary.txt.
+# the table in summary.txt. After each step everything so far is packed into OUTDIR.tgz,
+# one file: a call that runs out of time still brings back what was measured (a call
+# returns at most 8 files, and the first run of this script lost all of its own so).
+# About 2.5 minutes on one H200 (the steps' times are in log.txt).
 # Usage: bash lab/gpu/net_push.sh OUTDIR    (binaries in .gpu/bin, anchors in .gpu/tools)
+# The binaries: gpulmt-mpi-nodes, osu_latency_mpi, osu_bw_mpi (bench/gpu/prepare.sh), and
+# osu_latency_mpi_old, the same osu_latency built at 4993c1c (the commit before the pushed
+# rendezvous): git worktree add /tmp/old 4993c1c && (cd /tmp/old && cargo build --release
+# -p gpulmt-bench --features mpi --bin osu_latency) && cp /tmp/old/target/release/osu_latency
+# .gpu/bin/osu_latency_mpi_old && strip .gpu/bin/osu_latency_mpi_old.
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_push.sh OUTDIR}"
+pack() { tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; }
 pn="mpirun --allow-run-as-root --oversubscribe --bind-to none -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2"
 cc -O2 lab/gpu/sleep_cost.c -o /tmp/sleep_cost && /tmp/sleep_cost > "$out/sleep_cost.txt" 2>&1
 MPS=1 start_mps
@@ -21,6 +30,7 @@ if have_nvcc; then
   timeout 90 bash .gpu/tools/staged_mpi.sh 67108864 host > "$out/host_mpi.csv" 2>> "$out/log.txt"
   timeout 90 bash .gpu/tools/staged_mpi.sh 67108864 > "$out/staged_mpi.csv" 2>> "$out/log.txt"
 fi
+pack
 # osu_latency as variant $1 (old, cts, push) with the arguments that follow, and the
 # mpirun options in the array `extra`.
 extra=()
@@ -44,6 +54,7 @@ for r in $(seq "${ROUNDS:-2}"); do
       run_variant $v -i 2000 -m 8:64M --csv "$out/lat_${v}_${r}_${pl// /}.csv" $pl
     done
   done
+  pack
 done
 extra=(-x GPULMT_COPY_SERVER_MAX=64K)
 for v in cts push; do
@@ -51,6 +62,7 @@ for v in cts push; do
   run_variant $v -i 2000 -m 8:64K --csv "$out/lat_server_$v.csv" D D
 done
 extra=()
+pack
 for v in cts push; do
   for pl in "D D" "H H"; do
     log "bandwidth, $v, $pl"
@@ -59,11 +71,7 @@ for v in cts push; do
       -m 4M:64M --csv "$out/bw_${v}_${pl// /}.csv" $pl > /dev/null 2>> "$out/log.txt" || log "FAILED: bw $v $pl"
   done
 done
-# The device API across the pseudo-nodes (its queues are one fewer now that the
-# context's thread holds two): device_check's 7 checks.
-log "device_check --offnode"
-timeout 120 $pn -np 2 "$bin/device_check" --offnode --csv "$out/device_offnode.csv" > "$out/device_offnode.txt" 2>&1 \
-  || log "FAILED: device_check --offnode"
 stop_mps
 python3 lab/gpu/net_push_summary.py "$out" > "$out/summary.txt" 2>&1
 log done
+pack
