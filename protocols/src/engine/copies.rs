@@ -58,6 +58,11 @@ impl OpWindow {
         self.live += 1;
     }
 
+    /// The operations in flight, with their ids, oldest first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &OpOwner)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(i, o)| o.as_ref().map(|o| (self.base + i as u64, o)))
+    }
+
     pub(super) fn remove(&mut self, id: u64) -> Option<OpOwner> {
         let i = usize::try_from(id.checked_sub(self.base)?).ok()?;
         let owner = self.slots.get_mut(i)?.take()?;

@@ -1,12 +1,14 @@
 //! What a peer's death does to this rank's engine: its transfers fail once their copies
-//! stop, receives that only it could match fail at once, and its offers and unmatched
-//! RTSs are dropped (its eager messages, which arrived whole, stay receivable).
+//! stop, receives that only it could match fail at once, drains of its pushed data are
+//! asked to end, and its offers and unmatched RTSs are dropped (its eager messages, which
+//! arrived whole, stay receivable).
 
-use crate::{MsgId, ProtoError, Rank};
+use crate::{MsgId, NetId, ProtoError, Rank};
 
+use super::copies::OpOwner;
 use super::recv::Unexpected;
 use super::rtr::RtrPeer;
-use super::Engine;
+use super::{Action, Engine};
 
 impl Engine {
     /// Rank `peer` died or exited: its transfers fail (once their copies stop), and
@@ -32,6 +34,14 @@ impl Engine {
         let recvs: Vec<(Rank, MsgId)> = self.recvs.keys().filter(|(f, _)| *f == peer).copied().collect();
         for key in recvs {
             self.fail_recv(key, err.clone(), false);
+        }
+        // Its pushed data being drained will not come: the drains end now.
+        let drains: Vec<NetId> = (self.nets.iter())
+            .filter(|(_, o)| matches!(o, OpOwner::Drain { from, .. } if *from == peer))
+            .map(|(id, _)| NetId(id))
+            .collect();
+        for id in drains {
+            self.emit(Action::NetCancel { id });
         }
         for req in self.matcher.drain_posted_from(peer) {
             self.posted.remove(&req);

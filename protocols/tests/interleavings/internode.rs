@@ -113,6 +113,22 @@ fn a_failed_drain_tells_the_sender_to_give_up() {
 }
 
 #[test]
+fn a_drain_whose_sender_dies_is_asked_to_end() {
+    let mut w = two_nodes(14, ProtocolOverride::Auto);
+    w.recv(1, ReqId(1), Some(0), Some(0), 100, None);
+    w.send(0, ReqId(1), 1, 0, pattern(1, 20_000), None);
+    w.deliver(0, 1);
+    let drain = w.nets.iter().find(|o| o.rank == 1 && o.drain).map(|o| o.id);
+    assert!(drain.is_some(), "the truncated pushed message is being drained: {:?}", w.nets);
+    w.kill(0);
+    let op = w.nets.iter().find(|o| o.rank == 1 && Some(o.id) == drain).expect("still outstanding");
+    assert!(op.cancelled, "the drain of a dead sender's data is asked to end");
+    w.run();
+    w.assert_quiet();
+    assert_eq!(w.done[&(1, ReqId(1))], Err(ProtoError::Truncated { msg_len: 20_000, buf_len: 100 }));
+}
+
+#[test]
 fn a_cts_for_a_pushed_send_is_refused_and_changes_nothing() {
     let mut w = two_nodes(12, ProtocolOverride::Auto);
     w.send(0, ReqId(1), 1, 0, pattern(1, 20_000), Some(0));
