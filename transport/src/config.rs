@@ -264,8 +264,9 @@ impl Config {
                 var: "GPULMT_NET_PUSH_SENDS",
                 value: c.net.push_sends.to_string(),
                 why: format!(
-                    "pushed sends have a GIO queue of their own, which keeps at most {window} ops in flight \
-                     (4 x GPULMT_NET_QUEUE_SLOTS): lower it, or raise GPULMT_NET_QUEUE_SLOTS"
+                    "pushed sends have a GIO queue of their own, which keeps at most {window} ops in flight with \
+                     GPULMT_NET_QUEUE_SLOTS={}: lower it, or raise GPULMT_NET_QUEUE_SLOTS",
+                    c.net.queue_slots
                 ),
             });
         }

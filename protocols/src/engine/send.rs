@@ -40,8 +40,20 @@ pub(super) struct SendXfer {
 impl SendXfer {
     /// A rendezvous send of `buf`, its protocol `proto` when already known.
     pub(super) fn new(req: ReqId, to: Rank, tag: Tag, buf: BufDesc, proto: Option<Protocol>, pending: u32) -> Self {
-        let (cookie, completed, shm, net, pushed, error) = (false, false, None, None, false, None);
-        Self { req, to, tag, buf, proto, pending, cookie, completed, shm, net, pushed, error }
+        Self {
+            req,
+            to,
+            tag,
+            buf,
+            proto,
+            pending,
+            cookie: false,
+            completed: false,
+            shm: None,
+            net: None,
+            pushed: false,
+            error: None,
+        }
     }
 }
 

@@ -235,8 +235,9 @@ impl TemplateTable {
             Op::Send { src: addr, size, tag: t } | Op::Recv { dst: addr, size, tag: t } => {
                 data_size(size)?;
                 tag(t)?;
-                // A drain (RECV with DISCARD) writes nowhere: it names no local range.
-                if !(op == OpCode::Recv && packet.flags.contains(Flags::DISCARD)) {
+                // A drain (DISCARD, which only a RECV may carry) writes nowhere: it names no
+                // local range.
+                if !packet.flags.contains(Flags::DISCARD) {
                     local(addr, size)?;
                 }
             }
