@@ -22,10 +22,14 @@ NET_TAKEN, NET_ISSUED, NET_ARRIVED, NET_PUBLISHED, NET_PACKET_IN = range(10, 15)
 
 # Probe args (transport/src/anatomy.rs, `probe`), as points of their own: PROBE * 1000 + arg.
 SEND_PAYLOAD_STAGED, RECV_PAYLOAD_COPY, RECV_PAYLOAD_WRITTEN = (PROBE * 1000 + a for a in (6, 7, 8))
+SEND_CLASSIFIED, COPY_WAIT_ISSUED, COPY_WAIT_DONE = (PROBE * 1000 + a for a in (9, 10, 11))
 
 # (name, whose: 'x' = the sender, 'y' = the receiver, point)
 STEPS = [
     ("x: isend entered (leg starts)", "x", SEND_POST),
+    ("x: buffer classified, eager decided", "x", SEND_CLASSIFIED),
+    ("x: payload's copy to the host issued", "x", COPY_WAIT_ISSUED),
+    ("x: payload's copy seen finished", "x", COPY_WAIT_DONE),
     ("x: device payload copied out to the host", "x", SEND_PAYLOAD_STAGED),
     ("x: control packet committed to the GIO queue", "x", PACKET_OUT),
     ("x proxy: packet taken from the queue", "x", NET_TAKEN),
@@ -33,6 +37,8 @@ STEPS = [
     ("y proxy: control message arrived from MPI", "y", NET_ARRIVED),
     ("y: packet taken by the context", "y", NET_PACKET_IN),
     ("y: payload copy into device memory starts", "y", RECV_PAYLOAD_COPY),
+    ("y: payload's copy to the device issued", "y", COPY_WAIT_ISSUED),
+    ("y: payload's copy seen finished", "y", COPY_WAIT_DONE),
     ("y: payload landed in device memory", "y", RECV_PAYLOAD_WRITTEN),
     ("y: receive completed", "y", COMPLETED),
     ("x proxy: send completion published", "x", NET_PUBLISHED),

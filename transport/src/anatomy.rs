@@ -60,6 +60,12 @@ pub mod probe {
     /// An eager payload for a device buffer: its copy in starts; it has landed.
     pub const RECV_PAYLOAD_COPY: u8 = 7;
     pub const RECV_PAYLOAD_WRITTEN: u8 = 8;
+    /// isend: the buffer classified and the eager decision taken.
+    pub const SEND_CLASSIFIED: u8 = 9;
+    /// A copy that is waited for (`copy_wait`: the eager payload's either way) was
+    /// issued; it was seen finished.
+    pub const COPY_WAIT_ISSUED: u8 = 10;
+    pub const COPY_WAIT_DONE: u8 = 11;
     /// A packet taken from a ring was handled (engine and actions).
     pub const PACKET_HANDLED: u8 = 100;
 }

@@ -539,6 +539,7 @@ impl Context {
         let info = self.classify(ptr, len)?;
         let kind = info.kind;
         let eager = self.engine.is_eager_to(dst, len as u64, matches!(kind, MemoryKind::Device(_)));
+        anatomy::mark(Point::Probe, probe::SEND_CLASSIFIED);
         if eager && kind == MemoryKind::Host && dst != self.rank() {
             // Fast path: the payload goes from the user's buffer straight into the
             // ring slot, and the send is complete (the bytes are in the ring).

@@ -32,6 +32,8 @@ pub use word_atomic::{wait_word_atomic, AtomicTicket, WordAtomic, WORD_ATOMIC_TI
 use std::fmt;
 use std::sync::Arc;
 
+use crate::anatomy::{self, probe, Point};
+
 /// Ordinal of a device as the backend numbers them on this node.
 pub type DevId = u32;
 
@@ -313,9 +315,11 @@ pub trait DeviceBackend: Send + Sync {
         // SAFETY: this function's contract is copy_async's, and it returns only once the copy
         // was seen finished (or its poll failed, which the caller is told about).
         let t = unsafe { self.copy_async(engine, lane, dst, src, len)? };
+        anatomy::mark(Point::Probe, probe::COPY_WAIT_ISSUED);
         while !self.copy_poll(t)? {
             std::hint::spin_loop();
         }
+        anatomy::mark(Point::Probe, probe::COPY_WAIT_DONE);
         Ok(())
     }
 
