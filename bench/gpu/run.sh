@@ -52,7 +52,7 @@
 #            shared memory (vader) and TCP, beside Open MPI H H and the host-staged anchor on
 #            the same transport (staged_mpi.sh); the anatomy of one 8 B D D leg
 #            (anatomy_net.csv); the ratios in internode_summary.txt. Not part of full.
-#            7.5-8.5 minutes on one H200 (the TCP anchors at 16-64 MiB take about a minute):
+#            8-9 minutes on one H200 (internode5 was still in the TCP anchors after 8):
 #            give the call 600 s. INTERNODE_PARTS=checks runs the checks only (about a minute).
 #   ga       global arrays (ga/, issue 29): gpulmt-ga-check's scenarios (random sections
 #            against a serial reference, order, exact accumulate totals, non-blocking under
