@@ -238,6 +238,12 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
     if dctx.queues == 0 || ctx.sym_device_queues() == 0 {
         fail(me, "the device context has no queue table although PEs live on other nodes".into());
     }
+    // The default leaves kernels 6 queues (of 9: the context's two, the heap's host calls'
+    // one): with 5, device_check's quiet_busy put a flooding block on the queue of the
+    // block that quiets, and took 1.25 s a round instead of under 20 ms (docs/device-api.md).
+    if std::env::var_os("GPULMT_NET_QUEUES").is_none() && ctx.sym_device_queues() != 6 {
+        fail(me, format!("kernels got {} GIO queues by default, not 6", ctx.sym_device_queues()));
+    }
     if ctx.backend_kind() != gpulmt::device::BackendKind::Sim {
         return 0;
     }
