@@ -127,12 +127,7 @@ fn print_rows(ctx: &Context, o: &Options, rows: &[String]) {
 /// The conformance checks; whether all passed.
 fn run_checks(ctx: &mut Context, o: &Options) -> gpulmt_bench::device::Result<bool> {
     let co = checks::CheckOptions { iters: o.iters, rounds: o.rounds };
-    checks::run(ctx, &co, o.only.as_deref()).map(|verdicts| {
-        for v in &verdicts {
-            println!("{}", v.line());
-        }
-        verdicts.iter().all(|v| v.ok)
-    })
+    checks::run(ctx, &co, o.only.as_deref(), |v| println!("{}", v.line())).map(|verdicts| verdicts.iter().all(|v| v.ok))
 }
 
 /// `--offnode`: the job from MPI (pseudo-nodes), the checks on GPUs, the queue path's

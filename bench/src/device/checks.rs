@@ -48,8 +48,15 @@ impl Verdict {
 pub const CHECKS: [&str; 7] =
     ["fence_flag", "quiet_all", "put_signal_race", "atomics", "quiet_busy", "out_of_heap", "barrier_rounds"];
 
-/// Runs the checks (`only`: just that one) on every rank; rank 0 returns the verdicts.
-pub fn run(ctx: &mut Context, o: &CheckOptions, only: Option<&str>) -> Result<Vec<Verdict>> {
+/// Runs the checks (`only`: just that one) on every rank; rank 0 returns the verdicts and
+/// hands each to `each` as soon as it is known (a check that hangs or crawls is then
+/// named by the last line printed, not hidden behind the others).
+pub fn run(
+    ctx: &mut Context,
+    o: &CheckOptions,
+    only: Option<&str>,
+    mut each: impl FnMut(&Verdict),
+) -> Result<Vec<Verdict>> {
     // The heap exists before the module is loaded: loading sets the device context.
     let res = ctx.sym_alloc(RES_WORDS * 8)?;
     let m = DeviceModule::load(ctx, super::KERNELS, "device_checks.cu", &[])?;
@@ -58,6 +65,7 @@ pub fn run(ctx: &mut Context, o: &CheckOptions, only: Option<&str>) -> Result<Ve
         zero(ctx, res, RES_WORDS * 8)?;
         ctx.sym_device_errors_clear()?;
         if let Some(v) = one(ctx, &m, res, name, o)? {
+            each(&v);
             verdicts.push(v);
         }
     }
