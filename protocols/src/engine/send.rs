@@ -124,11 +124,12 @@ impl Engine {
         self.rtr[to as usize].sent += 1;
         self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
         self.sends_to[to as usize] += 1;
-        self.sends.insert(msg, SendXfer::new(req, to, tag, buf, None, 0));
+        let mut x = SendXfer::new(req, to, tag, buf, None, 0);
+        x.pushed = push;
+        self.sends.insert(msg, x);
         if push {
             // After the RTS: the transport posts both, in this order, to the same rank.
             self.pushed_sends += 1;
-            self.sends.get_mut(&msg).expect("inserted above").pushed = true;
             self.post_net_send(msg);
         }
     }
