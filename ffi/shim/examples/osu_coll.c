@@ -16,6 +16,7 @@
  *           it (cudaMemcpy; the copies are timed with the call);
  *   host    host buffers.
  * Without OSU_COLL_CUDA device buffers come from gpulmt_mpi_alloc (sim devices: the shim
+ * With CUDA each rank takes device (its rank on the host) modulo the devices, as OSU does.
  * must be preloaded in every mode). Sizes are powers of two from MIN to MAX bytes
  * (default 8:64M); iterations 200 up to 8 KiB, 100 up to 1 MiB, 20 above (-i sets all),
  * after a tenth as many warm-up calls. With -c every size is checked once after timing.
@@ -51,7 +52,17 @@ static void *pinned_alloc(size_t n) {
 }
 static void pinned_free(void *p) { cudaFreeHost(p); }
 static void copy(void *dst, const void *src, size_t n) { CK(cudaMemcpy(dst, src, n, cudaMemcpyDefault)); }
+// As OSU's -d cuda: the rank's device is its index on the host modulo the devices, so
+// ranks spread over a host's GPUs as NCCL's anchor places them (and as gpulmt does).
+static void select_device(int rank) {
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (!local) local = getenv("MPI_LOCALRANKID");
+  int ndev = 0, r = local ? atoi(local) : rank;
+  CK(cudaGetDeviceCount(&ndev));
+  if (ndev > 0) CK(cudaSetDevice(r % ndev));
+}
 #else
+static void select_device(int rank) { (void)rank; }
 #define GPULMT_MPI_WEAK
 #include "gpulmt_mpi.h"
 static void *dev_alloc(size_t n) {
@@ -164,6 +175,7 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  select_device(rank);
   const char *colls[] = {"allreduce", "bcast", "allgather", "alltoall"}, *modes[] = {"device", "staged", "host"};
   coll = mode = -1;
   for (int i = 0; i < 4 && argc > 2; i++)
