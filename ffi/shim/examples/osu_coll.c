@@ -16,8 +16,8 @@
  *           it (cudaMemcpy; the copies are timed with the call);
  *   host    host buffers.
  * Without OSU_COLL_CUDA device buffers come from gpulmt_mpi_alloc (sim devices: the shim
- * With CUDA each rank takes device (its rank on the host) modulo the devices, as OSU does.
- * must be preloaded in every mode). Sizes are powers of two from MIN to MAX bytes
+ * must be preloaded in every mode); with it each rank takes device (its rank on the host)
+ * modulo the devices, as OSU does. Sizes are powers of two from MIN to MAX bytes
  * (default 8:64M); iterations 200 up to 8 KiB, 100 up to 1 MiB, 20 above (-i sets all),
  * after a tenth as many warm-up calls. With -c every size is checked once after timing.
  * Rank 0 prints "# Size Avg(us) Min(us) Max(us)" rows (the ranks' mean per-call times)
