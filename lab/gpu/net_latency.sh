@@ -10,16 +10,24 @@
 #   AB_BINS="a b" (binaries in $bin) instead compares builds: ROUNDS (default 3) rounds of
 #   each binary's 8 B H H and D D in alternation, defaults only (lat_ab_<bin>_<r>_<pl>.csv);
 #   a name bin@VAR=VALUE runs bin with that setting.
+#   ANATOMY_BINS="a b" (osu_latency builds with the `anatomy` feature, in $bin): then one
+#   8 B D D leg's steps per build (anatomy_<bin>.csv, bench/gpu/anatomy_net.py).
+#   SIZES (default 8:8): the osu -m range; the anchors run up to its top.
+#   COPY_SERVER_MAX (default 64K): GPULMT_COPY_SERVER_MAX for every run (0: copy engine).
+#   MPS runs where the ranks share a GPU (one GPU); with two, each rank has its own.
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_latency.sh OUTDIR}"
 variants=${VARIANTS:-base nosleep pinned}
 mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
-pn="$mpirun -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2 -x GPULMT_COPY_SERVER_MAX=64K -x GPULMT_LOG"
-export GPULMT_LOG=warn,gpulmt_net_profile=info
+pn="$mpirun -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2 -x GPULMT_COPY_SERVER_MAX -x GPULMT_LOG"
+export GPULMT_LOG=warn,gpulmt_net_profile=info GPULMT_COPY_SERVER_MAX=${COPY_SERVER_MAX:-64K}
+sizes=${SIZES:-8:8}
+top=${sizes#*:}
+case $top in *K) top=$((${top%K} << 10)) ;; *M) top=$((${top%M} << 20)) ;; esac
 { cat /sys/devices/system/clocksource/clocksource0/current_clocksource; cc -O2 lab/gpu/clock_cost.c -o /tmp/clock_cost \
   && /tmp/clock_cost; } > "$out/clock.txt" 2>&1
-MPS=1 start_mps
-have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh 64 host > "$out/host_mpi.csv" 2>> "$out/log.txt"
-have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh 64 > "$out/staged_mpi.csv" 2>> "$out/log.txt"
+[ "$(gpu_count)" -lt 2 ] && MPS=1 start_mps
+have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh "$top" host > "$out/host_mpi.csv" 2>> "$out/log.txt"
+have_nvcc && timeout 120 bash .gpu/tools/staged_mpi.sh "$top" > "$out/staged_mpi.csv" 2>> "$out/log.txt"
 if [ -n "${AB_BINS:-}" ]; then
   variants=""
   for r in $(seq "${ROUNDS:-3}"); do
@@ -29,7 +37,7 @@ if [ -n "${AB_BINS:-}" ]; then
         # A name b@VAR=VALUE runs binary b with that setting.
         b_env=() bname=$b
         if [[ $b == *@* ]]; then b_env=(-x "${b#*@}"); bname=${b%@*}; fi
-        timeout 120 $pn "${b_env[@]}" -np 2 "$bin/$bname" -m 8:8 -i 20000 --csv "$out/lat_ab_${b}_${r}_${pl// /}.csv" $pl \
+        timeout 120 $pn "${b_env[@]}" -np 2 "$bin/$bname" -m "$sizes" -i 20000 --csv "$out/lat_ab_${b}_${r}_${pl// /}.csv" $pl \
           > /dev/null 2> "$out/profile_ab_${b}_${r}_${pl// /}.txt"
       done
     done
@@ -50,6 +58,14 @@ for v in $variants; do
     timeout 120 $pn "${env[@]}" -np 2 "${wrap[@]}" "$bin/osu_latency_mpi" -m 8:8 -i 20000 --csv "$out/lat_$tag.csv" $pl \
       > /dev/null 2> "$out/profile_$tag.txt"
   done
+done
+for b in ${ANATOMY_BINS:-}; do
+  log "anatomy, $b"
+  mkdir -p "$out/raw"
+  GPULMT_ANATOMY_OUT="$out/raw/net" timeout 60 $pn -np 2 -x GPULMT_ANATOMY_OUT "$bin/$b" -m 8:8 -i 5000 D D \
+    > /dev/null 2>> "$out/log.txt"
+  python3 bench/gpu/anatomy_net.py "$out/raw/net" > "$out/anatomy_$b.csv" 2>> "$out/log.txt"
+  rm -rf "$out/raw"
 done
 stop_mps
 log "done"

@@ -75,6 +75,11 @@ pub struct NetPath {
     next_window: WindowId,
     /// Why the path is down, once it is.
     down: Option<String>,
+    /// The hand-over counts of the shared inbound and failed-rank mailboxes taken so far.
+    inbound_seen: u64,
+    failed_seen: u64,
+    /// The proxy was told that one-sided traffic comes ([`Command::OneSided`]).
+    one_sided_told: bool,
 }
 
 fn failure_error(d: &FailureDetail) -> NetError {
@@ -149,6 +154,9 @@ impl NetPath {
             templates,
             next_window: 0,
             down: None,
+            inbound_seen: 0,
+            failed_seen: 0,
+            one_sided_told: false,
         })
     }
 
@@ -180,6 +188,7 @@ impl NetPath {
     /// the initiators, signals).
     pub unsafe fn expose_window(&mut self, base: usize, size: u64, mem: MemoryKind) -> Result<WindowId, NetError> {
         self.check_up()?;
+        self.one_sided();
         let id = self.next_window;
         let cmd = Command::Expose { id, window: LocalWindow { base, size, mem } };
         self.shared.command(cmd, COMMAND_TIMEOUT).map_err(NetError::Down)?;
@@ -187,11 +196,22 @@ impl NetPath {
         Ok(id)
     }
 
+    /// Tells the proxy, once, that one-sided requests and replies will come (its pools for
+    /// them start small: `proxy::net::Pool`). Posted ahead of the window's own command,
+    /// which waits for the proxy, so both are in place when that returns.
+    fn one_sided(&mut self) {
+        if !self.one_sided_told {
+            self.one_sided_told = true;
+            self.shared.post_command(Command::OneSided);
+        }
+    }
+
     /// Lets this rank's ops reach `rank`'s window `id`, of `size` bytes at `base` there
     /// (what that rank's [`expose_window`](Self::expose_window) named). The initiator's
     /// proxy checks each op against it, and the target checks again.
     pub fn add_peer_window(&mut self, rank: Rank, id: WindowId, base: u64, size: u64) -> Result<(), NetError> {
         self.check_up()?;
+        self.one_sided();
         let t = self.targets.window(rank, id).ok_or_else(|| {
             NetError::Rejected(format!("rank {rank} is not reached by the internode path, or window {id} is too many"))
         })? as usize;
@@ -274,10 +294,7 @@ impl NetPath {
                 Posted::Ctrl { to } => {
                     if let Err(e) = result {
                         tracing::error!(rank = to, error = %e, "a control packet to another node failed; the rank counts as failed");
-                        let mut f = lock(&self.shared.failed_ranks);
-                        if !f.contains(&to) {
-                            f.push(to);
-                        }
+                        self.shared.failed_ranks.put_unique(to);
                     }
                 }
             }
@@ -358,7 +375,7 @@ impl OffNodePath for NetPath {
     }
 
     fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, &[u8])) -> usize {
-        let arrived = std::mem::take(&mut *lock(&self.shared.inbound));
+        let arrived = self.shared.inbound.take_new(&mut self.inbound_seen);
         let n = arrived.len();
         for (from, packet) in arrived {
             deliver(from, &packet);
@@ -376,7 +393,7 @@ impl OffNodePath for NetPath {
     }
 
     fn poll_failed(&mut self, failed: &mut dyn FnMut(Rank)) {
-        let ranks = std::mem::take(&mut *lock(&self.shared.failed_ranks));
+        let ranks = self.shared.failed_ranks.take_new(&mut self.failed_seen);
         for r in ranks {
             failed(r);
         }

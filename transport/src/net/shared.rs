@@ -2,12 +2,14 @@
 //! set, the inbound control packets, failed ranks, commands to the proxy, and its stop.
 //!
 //! The hot path (packets, completions) goes through queue memory only; these are for
-//! rare events and for the context's inbound packets, behind plain mutexes.
+//! rare events and for the context's inbound packets, behind plain mutexes that a
+//! [`Mailbox`]'s count keeps the polling side from touching while nothing is there.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
 
 use gpulmt_protocols::gio::{FenceMarks, Producer, TemplateTable};
 use gpulmt_protocols::Rank;
@@ -69,6 +71,66 @@ impl QueueSet {
     }
 }
 
+/// Items one thread hands to another that polls for them: a list behind a mutex, and a
+/// count of the hand-overs on a cache line of its own.
+///
+/// The poller reads only the count while nothing came, so its spinning writes no line the
+/// other thread uses: locking the mutex on every poll (as the context's progress loop did
+/// for inbound packets) made each hand-over and each proxy round pay for that line's trips
+/// between the two cores.
+pub(crate) struct Mailbox<T> {
+    items: CachePadded<Mutex<Vec<T>>>,
+    /// Hand-overs so far; bumped after the items are in (under the lock).
+    puts: CachePadded<AtomicU64>,
+}
+
+impl<T> Default for Mailbox<T> {
+    fn default() -> Self {
+        Mailbox { items: CachePadded::new(Mutex::new(Vec::new())), puts: CachePadded::new(AtomicU64::new(0)) }
+    }
+}
+
+impl<T> Mailbox<T> {
+    /// Hands `items` over (nothing when empty).
+    pub fn put_all(&self, items: impl IntoIterator<Item = T>) {
+        let mut list = lock(&self.items);
+        let before = list.len();
+        list.extend(items);
+        if list.len() > before {
+            // Release, pairs with take_new's acquire; the lock orders the items anyway, the
+            // count only tells the poller to take it. Scope: host.
+            self.puts.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Hands `item` over unless an equal one waits already.
+    pub fn put_unique(&self, item: T)
+    where
+        T: PartialEq,
+    {
+        let mut list = lock(&self.items);
+        if !list.contains(&item) {
+            list.push(item);
+            // Release, as in put_all. Scope: host.
+            self.puts.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Everything handed over since the poller last took, if the count moved past `seen`
+    /// (the poller's own copy of it, updated here); empty without locking otherwise.
+    pub fn take_new(&self, seen: &mut u64) -> Vec<T> {
+        // Acquire, pairs with the puts' release (see put_all). Scope: host.
+        let puts = self.puts.load(Ordering::Acquire);
+        if puts == *seen {
+            return Vec::new();
+        }
+        // A put between the load and the lock is taken now and its bump seen next time,
+        // which then finds the list empty: nothing is ever left behind.
+        *seen = puts;
+        std::mem::take(&mut *lock(&self.items))
+    }
+}
+
 /// A window this rank exposes to one-sided ops: the target side's table entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalWindow {
@@ -86,24 +148,28 @@ pub(crate) enum Command {
     Expose { id: u32, window: LocalWindow },
     /// End op `seq` of queue `queue` soon (it still completes, with an error if cut short).
     Cancel { queue: u32, seq: u64 },
+    /// One-sided traffic may come and go (this rank exposes or reaches a window): keep the
+    /// pools of one-sided requests and replies full.
+    OneSided,
 }
 
 /// State shared by the proxy thread and the path.
 pub(crate) struct Shared {
     pub set: QueueSet,
     /// Control packets from other nodes, in per-sender order, for the context.
-    pub inbound: Mutex<VecDeque<(Rank, Vec<u8>)>>,
+    pub inbound: Mailbox<(Rank, Vec<u8>)>,
     /// Ranks found failed, not yet reported.
-    pub failed_ranks: Mutex<Vec<Rank>>,
+    pub failed_ranks: Mailbox<Rank>,
     commands: Mutex<Vec<Command>>,
-    /// Commands posted so far, and applied so far by the proxy.
-    posted: AtomicU64,
-    applied: AtomicU64,
+    /// Commands posted so far, and applied so far by the proxy: the proxy reads both every
+    /// round, so they sit apart from lines the context writes.
+    posted: CachePadded<AtomicU64>,
+    applied: CachePadded<AtomicU64>,
     /// Set once shutdown is asked for; `deadline` says until when ops may drain.
-    stop: AtomicBool,
+    stop: CachePadded<AtomicBool>,
     deadline: Mutex<Option<Instant>>,
     /// The proxy thread runs (cleared when it exits, for any reason).
-    pub running: AtomicBool,
+    pub running: CachePadded<AtomicBool>,
     /// Why the proxy ended, once it has: Ok, or what it could not clean up.
     pub exit: Mutex<Option<Result<(), String>>>,
 }
@@ -112,14 +178,14 @@ impl Shared {
     pub fn new(set: QueueSet) -> Shared {
         Shared {
             set,
-            inbound: Mutex::new(VecDeque::new()),
-            failed_ranks: Mutex::new(Vec::new()),
+            inbound: Mailbox::default(),
+            failed_ranks: Mailbox::default(),
             commands: Mutex::new(Vec::new()),
-            posted: AtomicU64::new(0),
-            applied: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
+            posted: CachePadded::new(AtomicU64::new(0)),
+            applied: CachePadded::new(AtomicU64::new(0)),
+            stop: CachePadded::new(AtomicBool::new(false)),
             deadline: Mutex::new(None),
-            running: AtomicBool::new(true),
+            running: CachePadded::new(AtomicBool::new(true)),
             exit: Mutex::new(None),
         }
     }
@@ -187,5 +253,49 @@ impl Shared {
             true => *lock(&self.deadline),
             false => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mailbox;
+
+    #[test]
+    fn a_mailbox_hands_over_each_item_once_in_order() {
+        let m = Mailbox::default();
+        let mut seen = 0;
+        assert!(m.take_new(&mut seen).is_empty());
+        m.put_all([1, 2]);
+        m.put_all(std::iter::empty());
+        m.put_all([3]);
+        assert_eq!(m.take_new(&mut seen), vec![1, 2, 3]);
+        assert!(m.take_new(&mut seen).is_empty());
+        m.put_unique(4);
+        m.put_unique(4);
+        assert_eq!(m.take_new(&mut seen), vec![4]);
+        m.put_unique(4);
+        assert_eq!(m.take_new(&mut seen), vec![4], "an item taken may come again");
+    }
+
+    #[test]
+    fn a_mailbox_loses_nothing_between_two_threads() {
+        const N: u64 = 100_000;
+        let m = std::sync::Arc::new(Mailbox::default());
+        let producer = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    m.put_all([i]);
+                }
+            })
+        };
+        let (mut seen, mut got) = (0, Vec::new());
+        while got.len() < N as usize {
+            got.extend(m.take_new(&mut seen));
+            std::hint::spin_loop();
+        }
+        producer.join().unwrap();
+        assert!(m.take_new(&mut seen).is_empty());
+        assert_eq!(got, (0..N).collect::<Vec<_>>());
     }
 }

@@ -20,7 +20,6 @@ use super::target::REPLY_TARGET_FAILED;
 use super::Proxy;
 use crate::device::{CopyTicket, MemoryKind};
 use crate::net::iface::{Arrival, NetFail};
-use crate::net::shared::lock;
 use crate::net::stream::{Dir, Place, Stream, StreamError, NET_LANE};
 use crate::net::wire::{self, AmKind, AmReply, AmRequest, AM_INLINE};
 
@@ -109,10 +108,7 @@ impl Proxy {
     }
 
     fn rank_failed(&self, rank: Rank) {
-        let mut f = lock(&self.shared.failed_ranks);
-        if !f.contains(&rank) {
-            f.push(rank);
-        }
+        self.shared.failed_ranks.put_unique(rank);
     }
 
     /// A control packet: enveloped with its sequence number to that rank, sent.

@@ -186,26 +186,49 @@ pub(super) const POOL_AM: usize = 1;
 pub(super) const POOL_REPLY: usize = 2;
 
 /// Receives kept posted for messages from any rank under one tag.
+///
+/// A pool may start **small**: one receive posted instead of all its slots, until
+/// [`grow`](Self::grow). Every posted receive is tested in every proxy round (one
+/// `MPI_Testsome` over them all), and 96 of them cost an 8 B hand-off 0.25-0.35 us more
+/// than one did (`lab/gpu/proxy_floor.c` on 2x H200's host), so the one-sided pools stay
+/// at one receive while the rank uses no windows. One is enough for correctness: a message
+/// is never lost for want of a posted receive, MPI holds it until one is.
 pub(super) struct Pool {
     pub tag: i32,
     bufs: Vec<Box<[u8]>>,
     /// The request of each slot while posted.
     posted: Vec<Option<ReqId>>,
+    /// Slots kept posted: the first `active` (all of them once grown).
+    active: usize,
 }
 
 impl Pool {
+    /// A pool of `slots` receives, all kept posted.
     pub fn new(tag: i32, slots: usize) -> Pool {
         Pool {
             tag,
             bufs: (0..slots).map(|_| vec![0u8; POOL_BUFFER].into_boxed_slice()).collect(),
             posted: vec![None; slots],
+            active: slots,
         }
+    }
+
+    /// A pool of `slots` receives of which one is kept posted until [`grow`](Self::grow).
+    pub fn small(tag: i32, slots: usize) -> Pool {
+        Pool { active: slots.min(1), ..Pool::new(tag, slots) }
+    }
+
+    /// Keeps every slot posted from the next refill on; whether it was small.
+    pub fn grow(&mut self) -> bool {
+        let was_small = self.active < self.bufs.len();
+        self.active = self.bufs.len();
+        was_small
     }
 
     /// Posts every slot not posted; stops at the first refusal. Returns whether every slot
     /// is posted now, or an error the proxy logs (the slot is retried next round).
     pub fn refill(&mut self, pool: usize, net: &mut Net) -> Result<bool, NetFail> {
-        for slot in 0..self.bufs.len() {
+        for slot in 0..self.active {
             if self.posted[slot].is_some() {
                 continue;
             }

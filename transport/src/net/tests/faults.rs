@@ -104,6 +104,39 @@ fn bad_packets_complete_with_errors_and_touch_nothing() {
     shutdown_all(&mut paths);
 }
 
+/// A rank that exposes no window keeps one receive posted for one-sided requests, not a
+/// pool (`proxy::net::Pool::small`): a burst of requests to it still gets an answer each,
+/// an error completion at the initiator, none lost or left hanging.
+#[test]
+fn requests_to_a_rank_without_windows_are_refused_not_lost() {
+    let fabric = LoopbackFabric::with_delays(2, 64, Duration::from_micros(100), 3);
+    let backend = sim();
+    let mut paths = world(&fabric, 2, &small_cfg(8), &backend);
+    // Rank 0 believes in a window 0 of rank 1 that rank 1 never exposed.
+    paths[0].add_peer_window(1, 0, 4096, 4096).expect("peer window");
+    let src = Buf::new(&backend, None, 64);
+    src.fill(3);
+    let mut q = paths[0].queue().expect("a free queue");
+    let before = q.cq();
+    const BURST: u64 = 20;
+    for i in 0..BURST {
+        let posted = match i % 2 {
+            // SAFETY: src lives until the quiet below.
+            0 => unsafe { q.put_nbi(1, 0, 8 * i, src.addr, 8, src.mem()) },
+            // SAFETY: as above.
+            _ => unsafe { q.get_nbi(1, 0, 8 * i, src.addr, 8, src.mem()) },
+        };
+        posted.expect("post");
+    }
+    let e = quiet_err(&mut q);
+    assert!(matches!(&e, QuietError::Failed { text, .. } if text.contains("refused")), "{e}");
+    let cq = q.cq();
+    assert_eq!(cq.failed - before.failed, BURST, "every request answered with an error: {cq:?}");
+    assert!(src.read() == pattern(64, 3), "a refused get wrote its destination");
+    drop(q);
+    shutdown_all(&mut paths);
+}
+
 /// A producer that reserved a slot and never committed it: after the stall timeout its
 /// queue fails with an error completion (the ops before it completed normally), and the
 /// queue takes no more posts; other queues go on.
