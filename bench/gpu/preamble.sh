@@ -7,6 +7,8 @@ set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
 bin=${BIN:-.gpu/bin}
+# prepare.sh packs the binaries (a call carries 64 MiB); unpacked here once.
+if [ ! -d .gpu/bin ] && [ -f .gpu/bin.tar.xz ]; then tar xJf .gpu/bin.tar.xz -C .gpu; fi
 export GPULMT_DEVICE=${GPULMT_DEVICE:-cuda} NCCL_NVLS_ENABLE=0
 if [ -f .gpu/commit ]; then cat .gpu/commit > "$out/commit.txt"; fi
 log() { echo "== $(date +%T) $*" | tee -a "$out/log.txt" >&2; }

@@ -5,13 +5,9 @@
 # MPI_THREAD_SINGLE and MULTIPLE and pools of 1 and 96 (gpulmt's 3 pools of 32), then
 # gpulmt's osu_latency across 2 pseudo-nodes (H H, D D) and the host-staged anchor.
 # Usage: bash lab/gpu/proxy_floor.sh OUTDIR   (after bench/gpu/prepare.sh; .gpu carried)
-set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: proxy_floor.sh OUTDIR}
-mkdir -p "$out"
-bin=.gpu/bin
+source bench/gpu/preamble.sh "${1:?usage: proxy_floor.sh OUTDIR}"
 mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
-export GPULMT_DEVICE=${GPULMT_DEVICE:-cuda}
 mpicc -O2 -pthread lab/gpu/proxy_floor.c -o /tmp/proxy_floor || exit 1
 csv=$out/proxy_floor.csv
 echo "mode,level,pool,iters,half_round_trip_us,round" > "$csv"
