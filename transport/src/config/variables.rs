@@ -385,7 +385,8 @@ pub const VARIABLES: &[Variable] = &[
         default: Text("32"),
         class: Normal,
         meaning: "Internode path: receives the proxy keeps posted for control packets and one-sided requests \
-                  from any rank (each of them, 16 KiB apiece). Raise it where many ranks send at once.",
+                  from any rank (each of them, 16 KiB apiece; the one-sided pools keep one until the rank \
+                  exposes or reaches a window). Raise it where many ranks send at once.",
     },
     Variable {
         name: "GPULMT_NET_STALL_MS",
