@@ -68,7 +68,7 @@ impl EngineConfig {
             size,
             node: 0,
             on_node: vec![true; size as usize],
-            net_eager_limit: 8192,
+            net_eager_limit: 4096,
             net_push_max: u64::MAX,
             net_push_sends: 16,
             eager_limit: 8192,

@@ -209,7 +209,8 @@ fn every_placement_and_size_crosses_the_loopback_path_byte_for_byte() {
     // Pseudo-nodes of one host: separate LMT jobs, and node ids that no region matches.
     assert_ne!(ctxs[0].node_job().job, ctxs[1].node_job().job);
     assert_ne!(ctxs[0].node, ctxs[1].node);
-    let sizes = [0usize, 1, 4095, 8192, 8193, 65537, 1 << 20];
+    // Around GPULMT_NET_EAGER_LIMIT's default (4 KiB): the last eager size and the first rendezvous one.
+    let sizes = [0usize, 1, 4095, 4096, 4097, 65537, 1 << 20];
     for (send_dev, recv_dev) in [(false, false), (true, false), (false, true), (true, true)] {
         for (k, &len) in sizes.iter().enumerate() {
             let data = pattern(len, k as u8);
@@ -237,7 +238,7 @@ fn every_placement_and_size_crosses_the_loopback_path_byte_for_byte() {
             assert_eq!((back[0], back[len + 1]), (0xee, 0xee), "{where_}: bytes outside the message were written");
         }
     }
-    // 8193 bytes and up took the NET rendezvous, four placements each; nothing was exported.
+    // 4097 bytes and up took the NET rendezvous, four placements each; nothing was exported.
     assert_eq!(ctxs[1].stats().protocol_count(Protocol::Net), 4 * 3);
     assert!(ctxs.iter().all(|c| c.exports.is_empty()), "an IPC region was exported for another node");
     {
