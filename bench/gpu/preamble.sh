@@ -2,7 +2,7 @@
 # as `source preamble.sh OUTDIR`: strict mode, $out from the first argument (created, with
 # the commit of the carried binaries), $bin (BIN, default .gpu/bin), the device backend
 # for every gpulmt run (GPULMT_DEVICE, default cuda), `log` (to stderr and $out/log.txt),
-# `on_gpu`, `gpu_count`, `have_nvcc`, `start_mps`/`stop_mps` and `build_cuda_osu`.
+# `on_gpu`, `gpu_count`, `have_nvcc`, `start_mps`/`stop_mps`, `build_cuda_osu` and `net_anatomy`.
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
@@ -40,4 +40,20 @@ stop_mps() {
 build_cuda_osu() {
   local cuda=${CUDA_HOME:-/usr/local/cuda}
   mpicc -O2 -I$cuda/include ffi/shim/examples/cuda_osu.c -L$cuda/lib64 -lcudart -Wl,-rpath,$cuda/lib64 -o /tmp/cuda_osu
+}
+
+# Where one D D leg across 2 pseudo-nodes goes, step by step: runs PROG (osu_latency built
+# with the transport's `anatomy` feature) for ITERS legs of BYTES under LAUNCH (mpirun and
+# its options, one string; it must pass GPULMT_ANATOMY_OUT on), and writes the steps'
+# medians (bench/gpu/anatomy_net.py) to CSV; the raw logs go. Fails if either step does.
+# Usage: net_anatomy PROG BYTES ITERS "LAUNCH" CSV
+net_anatomy() {
+  local prog=$1 bytes=$2 iters=$3 launch=$4 csv=$5 raw rc
+  raw=$(mktemp -d /tmp/gpulmt-anatomy.XXXXXX)
+  # shellcheck disable=SC2086 # LAUNCH is a command line
+  GPULMT_ANATOMY_OUT="$raw/net" timeout 300 $launch -np 2 -x GPULMT_ANATOMY_OUT "$prog" -m "$bytes:$bytes" -i "$iters" D D \
+    > /dev/null 2>> "$out/log.txt" && python3 bench/gpu/anatomy_net.py "$raw/net" > "$csv" 2>> "$out/log.txt"
+  rc=$?
+  rm -rf "$raw"
+  return $rc
 }

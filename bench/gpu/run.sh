@@ -598,11 +598,8 @@ CASES
 
   log internode anatomy: one 8 B D D leg, post to completion
   if [ -x "$bin/osu_latency_anatomy_mpi" ]; then
-    mkdir -p "$out/anatomy"
-    GPULMT_ANATOMY_OUT="$out/anatomy/net" timeout 300 $pn -np 2 -x GPULMT_ANATOMY_OUT "$bin/osu_latency_anatomy_mpi" \
-      -m 8:8 -i 5000 D D > /dev/null 2>> "$out/log.txt" || failed "osu_latency_anatomy_mpi"
-    python3 bench/gpu/anatomy_net.py "$out/anatomy/net" > "$out/anatomy_net.csv" 2>> "$out/log.txt" \
-      || failed "anatomy_net.py (its error is in log.txt)"
+    net_anatomy "$bin/osu_latency_anatomy_mpi" 8 5000 "$pn" "$out/anatomy_net.csv" \
+      || failed "osu_latency_anatomy_mpi or anatomy_net.py (their errors are in log.txt)"
   else
     log "internode FAILED: $bin/osu_latency_anatomy_mpi missing (prepare.sh builds it)"
     echo "internode_anatomy,FAIL,osu_latency_anatomy_mpi missing" >> "$out/check.csv"

@@ -8,10 +8,7 @@ pn="mpirun --allow-run-as-root --oversubscribe --bind-to none -x GPULMT_DEVICE -
 MPS=1 start_mps
 for s in 0 64K; do
  for b in 8 4096; do
-  mkdir -p "$out/raw"
-  GPULMT_COPY_SERVER_MAX=$s GPULMT_ANATOMY_OUT="$out/raw/net" timeout 60 $pn -np 2 -x GPULMT_ANATOMY_OUT "$bin/osu_latency_anatomy_mpi" -m $b:$b -i 5000 D D > /dev/null 2>> "$out/log.txt"
-  python3 bench/gpu/anatomy_net.py "$out/raw/net" > "$out/anatomy_${b}_server$s.csv" 2>> "$out/log.txt"
-  rm -rf "$out/raw"
+  GPULMT_COPY_SERVER_MAX=$s net_anatomy "$bin/osu_latency_anatomy_mpi" $b 5000 "$pn" "$out/anatomy_${b}_server$s.csv"
  done
 done
 stop_mps

@@ -61,11 +61,7 @@ for v in $variants; do
 done
 for b in ${ANATOMY_BINS:-}; do
   log "anatomy, $b"
-  mkdir -p "$out/raw"
-  GPULMT_ANATOMY_OUT="$out/raw/net" timeout 60 $pn -np 2 -x GPULMT_ANATOMY_OUT "$bin/$b" -m 8:8 -i 5000 D D \
-    > /dev/null 2>> "$out/log.txt"
-  python3 bench/gpu/anatomy_net.py "$out/raw/net" > "$out/anatomy_$b.csv" 2>> "$out/log.txt"
-  rm -rf "$out/raw"
+  net_anatomy "$bin/$b" 8 5000 "$pn" "$out/anatomy_$b.csv" || log "FAILED: anatomy, $b"
 done
 stop_mps
 log "done"

@@ -22,11 +22,7 @@ MPS=1 start_mps
 if has anatomy; then
   for s in 64K 0; do
     log "anatomy, GPULMT_COPY_SERVER_MAX=$s"
-    mkdir -p "$out/anatomy_$s"
-    GPULMT_COPY_SERVER_MAX=$s GPULMT_ANATOMY_OUT="$out/anatomy_$s/net" timeout 120 $pn -np 2 -x GPULMT_ANATOMY_OUT \
-      -x GPULMT_LOG "$bin/osu_latency_anatomy_mpi" -m 8:8 -i 5000 D D > /dev/null 2>> "$out/log.txt"
-    python3 bench/gpu/anatomy_net.py "$out/anatomy_$s/net" > "$out/anatomy_$s.csv" 2>> "$out/log.txt"
-    rm -rf "$out/anatomy_$s"
+    GPULMT_COPY_SERVER_MAX=$s net_anatomy "$bin/osu_latency_anatomy_mpi" 8 5000 "$pn -x GPULMT_LOG" "$out/anatomy_$s.csv"
   done
 fi
 if has lat; then

@@ -36,11 +36,7 @@ done
 unset OMPI_MCA_btl_vader_eager_limit
 for s in 8 4096; do
   log "anatomy, $s B D D"
-  mkdir -p "$out/anatomy_raw"
-  GPULMT_ANATOMY_OUT="$out/anatomy_raw/net" timeout 90 $pn -np 2 -x GPULMT_ANATOMY_OUT \
-    "$bin/osu_latency_anatomy_mpi" -m $s:$s -i 5000 D D > /dev/null 2>> "$out/log.txt" || log "FAILED: anatomy $s"
-  python3 bench/gpu/anatomy_net.py "$out/anatomy_raw/net" > "$out/anatomy_$s.csv" 2>> "$out/log.txt"
-  rm -rf "$out/anatomy_raw"
+  net_anatomy "$bin/osu_latency_anatomy_mpi" $s 5000 "$pn" "$out/anatomy_$s.csv" || log "FAILED: anatomy $s"
 done
 pack
 for pl in "D H" "H D" "D D"; do
