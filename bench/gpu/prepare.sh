@@ -4,7 +4,8 @@
 # the lab's), the transport's unit tests (for their GPU-only cases, as gpulmt-unit), the
 # C ABI examples, the PMPI shim, the internode mode's MPI programs, and the host's anchor programs (../shared/device, or
 # ANCHORS=DIR, as .gpu/tools). The binaries are packed as .gpu/bin.tar.xz (unpacked into .gpu/bin by
-# bench/gpu/preamble.sh). Fails if .gpu and the tracked tree outgrow what a call may carry (64 MiB).
+# bench/gpu/preamble.sh; a script run here unpacks them here too: `rm -rf .gpu/bin` before the next call, which would
+# carry them unpacked). Fails if .gpu and the tracked tree outgrow what a call may carry (64 MiB).
 # Usage: bash bench/gpu/prepare.sh   then: bash bench/gpu/run.sh MODE OUTDIR there, carry [".gpu"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
