@@ -55,6 +55,7 @@
 //! - **The symmetric heap** (`crate::sym`) is a window of the path: its host calls to
 //!   off-node PEs take one claimed queue, device code every queue left over.
 
+mod idle;
 pub mod iface;
 #[cfg(feature = "mpi")]
 mod mpi;

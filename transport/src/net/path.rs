@@ -196,6 +196,12 @@ impl NetPath {
         Ok(id)
     }
 
+    /// How many times a post of this process unparked its sleeping proxy (`net::idle`).
+    #[cfg(test)]
+    pub(crate) fn proxy_wakes(&self) -> u64 {
+        self.shared.idle.wakes()
+    }
+
     /// Tells the proxy, once, that one-sided requests and replies will come (its pools for
     /// them start small: `proxy::net::Pool`). Posted ahead of the window's own command,
     /// which waits for the proxy, so both are in place when that returns.

@@ -178,6 +178,7 @@ impl HostQueue {
         mem.write_body(idx, &body);
         mem.commit(idx, raw.words[0]);
         mem.ring_doorbell(st.producer.tail());
+        self.shared.idle.wake();
         Ok(pos)
     }
 
@@ -385,6 +386,7 @@ impl HostQueue {
         mem.write_body(idx, &body);
         mem.commit(idx, words[0]);
         mem.ring_doorbell(st.producer.tail());
+        self.shared.idle.wake();
         pos
     }
 
@@ -394,6 +396,7 @@ impl HostQueue {
         let pos = retry_reserve(self);
         let mem = self.mem.clone();
         mem.ring_doorbell(self.st().producer.tail());
+        self.shared.idle.wake();
         pos
     }
 }

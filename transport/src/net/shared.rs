@@ -14,6 +14,7 @@ use crossbeam_utils::CachePadded;
 use gpulmt_protocols::gio::{FenceMarks, Producer, TemplateTable};
 use gpulmt_protocols::Rank;
 
+use super::idle::IdleGate;
 use super::queue::QueueMem;
 use crate::device::MemoryKind;
 
@@ -172,6 +173,8 @@ pub(crate) struct Shared {
     pub running: CachePadded<AtomicBool>,
     /// Why the proxy ended, once it has: Ok, or what it could not clean up.
     pub exit: Mutex<Option<Result<(), String>>>,
+    /// The proxy's idle sleep, which host posts and commands cut short.
+    pub idle: IdleGate,
 }
 
 impl Shared {
@@ -187,6 +190,7 @@ impl Shared {
             deadline: Mutex::new(None),
             running: CachePadded::new(AtomicBool::new(true)),
             exit: Mutex::new(None),
+            idle: IdleGate::default(),
         }
     }
 
@@ -196,7 +200,10 @@ impl Shared {
         c.push(cmd);
         // Relaxed, pairs with take_commands: the lock orders the count with the command
         // (the proxy reads both under it). Scope: host.
-        self.posted.fetch_add(1, Ordering::Relaxed) + 1
+        let seq = self.posted.fetch_add(1, Ordering::Relaxed) + 1;
+        drop(c);
+        self.idle.wake();
+        seq
     }
 
     /// Posts `cmd` and waits until the proxy applied it, for at most `timeout`.

@@ -20,7 +20,8 @@
 //! 8. check the stop flag.
 //!
 //! Nothing in a round blocks. Idle rounds back off: spin, then yield, then sleep longer
-//! and longer up to `GPULMT_NET_IDLE_SLEEP`. `GPULMT_NET_PROXY_CPU` pins the thread.
+//! and longer up to `GPULMT_NET_IDLE_SLEEP`, a sleep a host post cuts short (`super::idle`).
+//! `GPULMT_NET_PROXY_CPU` pins the thread.
 //!
 //! # Teardown
 //! Once stop is asked for, rounds go on until nothing is in flight (every queue taken up
@@ -84,6 +85,8 @@ struct QueueRun {
     gate: FenceGate<Held>,
     /// No more packets are taken (stalled, corrupt, closed).
     dead: bool,
+    /// The doorbell as last read: a different one means a producer posted since.
+    seen_tail: u64,
     /// The counters changed since they were last published.
     dirty: bool,
 }
@@ -152,6 +155,7 @@ impl Proxy {
                 gate: FenceGate::new(mem.slots() as usize),
                 dead: false,
                 dirty: false,
+                seen_tail: 0,
             })
             .collect();
         // The one-sided pools grow when the rank takes part in one-sided traffic
@@ -217,6 +221,7 @@ impl Proxy {
             pin_to(cpu);
         }
         tight_timer_slack();
+        self.shared.idle.register();
         let mut idle = 0u32;
         let mut profile = ProxyProfile::default();
         loop {
@@ -248,7 +253,9 @@ impl Proxy {
             profile.rounds += 1;
             profile.idle_rounds += u64::from(!work);
             profile.enter(Phase::Idle);
-            back_off(idle, self.cfg.idle_sleep);
+            if let Some(sleep) = back_off(idle, self.cfg.idle_sleep) {
+                self.shared.idle.sleep(sleep, || self.work_came());
+            }
         }
         profile.enter(Phase::Publish);
         tracing::info!(
@@ -380,16 +387,27 @@ pub const fn ops_in_flight(slots: u64) -> u64 {
     4 * slots
 }
 
-/// Sleeps, yields or spins after `idle` rounds without work.
-fn back_off(idle: u32, max_sleep: Duration) {
+/// Spins or yields after `idle` rounds without work, or says how long to sleep.
+fn back_off(idle: u32, max_sleep: Duration) -> Option<Duration> {
     match idle {
-        0 => {}
-        1..=64 => std::hint::spin_loop(),
-        65..=128 => std::thread::yield_now(),
-        n => {
-            let sleep = Duration::from_micros(1u64 << ((n - 128) / 16).min(20));
-            std::thread::sleep(sleep.min(max_sleep));
+        0 => None,
+        1..=64 => {
+            std::hint::spin_loop();
+            None
         }
+        65..=128 => {
+            std::thread::yield_now();
+            None
+        }
+        n => Some(Duration::from_micros(1u64 << ((n - 128) / 16).min(20)).min(max_sleep)),
+    }
+}
+
+impl Proxy {
+    /// Whether a host producer rang a doorbell or posted a command since the round read
+    /// them: the proxy's last look before it sleeps (`net::idle`).
+    fn work_came(&self) -> bool {
+        self.shared.has_commands() || self.queues.iter().any(|q| !q.dead && q.mem.load_tail() != q.seen_tail)
     }
 }
 

@@ -51,6 +51,7 @@ impl Proxy {
                 continue;
             }
             let tail = self.queues[qi].mem.load_tail();
+            self.queues[qi].seen_tail = tail;
             // Nothing reserved since the last packet taken: every producer rings the
             // doorbell once it committed (a committed packet whose ring is still to come
             // waits a round), so an idle queue costs the proxy one load a round.

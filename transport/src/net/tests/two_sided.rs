@@ -217,3 +217,24 @@ fn a_drain_takes_a_pushed_transfer_and_writes_nothing() {
     shutdown_all(&mut paths);
     assert_eq!(fabric.pending(), (0, 0), "nothing left on the network");
 }
+
+/// Control packets posted after the proxy went idle: each gets through, and the posts
+/// found the proxy asleep and woke it (`net::idle`) instead of leaving their packets to
+/// wait out its sleep.
+#[test]
+fn a_post_wakes_an_idle_proxy() {
+    let fabric = LoopbackFabric::new(2, 64);
+    let backend = sim();
+    let mut cfg = small_cfg(8);
+    cfg.idle_sleep = Duration::from_millis(50);
+    let mut paths = world(&fabric, 2, &cfg, &backend);
+    const POSTS: usize = 10;
+    for i in 0..POSTS {
+        // Idle long enough for the proxy to be sleeping most of the time.
+        std::thread::sleep(Duration::from_millis(30));
+        retry(|| paths[0].post_ctrl(1, &[i as u8; 16]));
+        assert_eq!(wait_inbound(&mut paths[1], 1), vec![(0, vec![i as u8; 16])]);
+    }
+    assert!(paths[0].proxy_wakes() > 0, "no post found its proxy asleep in {POSTS} tries");
+    shutdown_all(&mut paths);
+}

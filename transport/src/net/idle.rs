@@ -1,0 +1,121 @@
+//! The proxy's idle sleep, which a host producer cuts short.
+//!
+//! An idle proxy backs off to sleeps of up to `GPULMT_NET_IDLE_SLEEP` (50 us by default).
+//! A packet a host thread posts meanwhile used to wait out the sleep: the first message
+//! after an application's compute phase paid up to 50 us. Now the proxy marks itself
+//! asleep before it parks, and a host producer that rings a doorbell (or posts a command)
+//! unparks it when the mark is set. A GPU producer cannot unpark a thread; its packets, and
+//! messages arriving from the network, are still seen at the end of the sleep, whose cap
+//! bounds them as before.
+//!
+//! No wake-up is lost. The proxy stores the mark, fences, then looks at the doorbells one
+//! last time before it parks; a producer stores its doorbell, fences, then loads the mark.
+//! With both fences sequentially consistent, either the proxy sees the doorbell (and does
+//! not park) or the producer sees the mark (and unparks: an unpark before the park makes
+//! the park return at once). A spurious or missed wake-up costs at most the sleep's length.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::thread::Thread;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+/// The mark and the thread to unpark.
+#[derive(Default)]
+pub(crate) struct IdleGate {
+    /// Set while the proxy is about to park or parked; read by every host post.
+    asleep: CachePadded<AtomicBool>,
+    proxy: OnceLock<Thread>,
+    /// Unparks made (for tests and the profile).
+    wakes: AtomicU64,
+}
+
+impl IdleGate {
+    /// The proxy thread, from inside it, before its first sleep.
+    pub fn register(&self) {
+        let _ = self.proxy.set(std::thread::current());
+    }
+
+    /// The proxy: sleeps up to `d` unless `work_came` (asked after the mark is set) says
+    /// a doorbell or command arrived since the proxy last looked; or until a producer
+    /// wakes it.
+    pub fn sleep(&self, d: Duration, work_came: impl FnOnce() -> bool) {
+        self.asleep.store(true, Ordering::Relaxed);
+        // SeqCst, pairs with wake's: the mark is visible before the doorbells are read
+        // below (see the module's comment). Scope: host.
+        fence(Ordering::SeqCst);
+        if !work_came() {
+            std::thread::park_timeout(d);
+        }
+        self.asleep.store(false, Ordering::Relaxed);
+    }
+
+    /// A host producer, after its doorbell or command is stored: unparks a sleeping proxy.
+    pub fn wake(&self) {
+        // SeqCst, pairs with sleep's: the doorbell is visible before the mark is read.
+        // Scope: host.
+        fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) {
+            if let Some(t) = self.proxy.get() {
+                self.wakes.fetch_add(1, Ordering::Relaxed);
+                t.unpark();
+            }
+        }
+    }
+
+    /// Unparks made so far.
+    #[cfg(test)]
+    pub fn wakes(&self) -> u64 {
+        self.wakes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::IdleGate;
+
+    /// Posts while the proxy parks (for up to 20 s) or is about to: each is seen at once,
+    /// none waits out the sleep, and the gate unparked the sleeper for some of them.
+    #[test]
+    fn a_post_cuts_the_sleep_short_and_none_is_lost() {
+        const ROUNDS: u64 = 300;
+        let gate = Arc::new(IdleGate::default());
+        let (doorbell, acked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let sleeper = {
+            let (gate, doorbell, acked) = (gate.clone(), doorbell.clone(), acked.clone());
+            std::thread::spawn(move || {
+                gate.register();
+                let (mut seen, mut longest) = (0, Duration::ZERO);
+                while seen < ROUNDS {
+                    let start = Instant::now();
+                    gate.sleep(Duration::from_secs(20), || doorbell.load(Ordering::Relaxed) != seen);
+                    longest = longest.max(start.elapsed());
+                    seen = doorbell.load(Ordering::Relaxed);
+                    acked.store(seen, Ordering::Relaxed);
+                }
+                longest
+            })
+        };
+        for i in 1..=ROUNDS {
+            // Every other post comes once the sleeper has surely parked.
+            if i % 2 == 0 {
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            doorbell.store(i, Ordering::Relaxed);
+            gate.wake();
+            let posted = Instant::now();
+            while acked.load(Ordering::Relaxed) < i {
+                assert!(posted.elapsed() < Duration::from_secs(5), "post {i} was lost: the sleeper did not see it");
+                std::hint::spin_loop();
+            }
+        }
+        let longest = sleeper.join().expect("the sleeper ends");
+        assert!(longest < Duration::from_secs(5), "a post was lost: the sleeper slept {longest:?}");
+        assert!(gate.wakes() > 0, "no post found the sleeper parked");
+    }
+}
