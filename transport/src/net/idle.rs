@@ -27,7 +27,7 @@ pub(crate) struct IdleGate {
     /// Set while the proxy is about to park or parked; read by every host post.
     asleep: CachePadded<AtomicBool>,
     proxy: OnceLock<Thread>,
-    /// Unparks made (for tests and the profile).
+    /// Unparks made (the tests read it: a post found the proxy asleep).
     wakes: AtomicU64,
 }
 

@@ -339,6 +339,12 @@ impl Proxy {
         }
     }
 
+    /// Whether a host producer rang a doorbell or posted a command since the round read
+    /// them: the proxy's last look before it sleeps (`net::idle`).
+    fn work_came(&self) -> bool {
+        self.shared.has_commands() || self.queues.iter().any(|q| !q.dead && q.mem.load_tail() != q.seen_tail)
+    }
+
     /// Nothing left to do: every queue taken to its tail, nothing in flight.
     fn quiescent(&self) -> bool {
         self.ops.is_empty()
@@ -400,14 +406,6 @@ fn back_off(idle: u32, max_sleep: Duration) -> Option<Duration> {
             None
         }
         n => Some(Duration::from_micros(1u64 << ((n - 128) / 16).min(20)).min(max_sleep)),
-    }
-}
-
-impl Proxy {
-    /// Whether a host producer rang a doorbell or posted a command since the round read
-    /// them: the proxy's last look before it sleeps (`net::idle`).
-    fn work_came(&self) -> bool {
-        self.shared.has_commands() || self.queues.iter().any(|q| !q.dead && q.mem.load_tail() != q.seen_tail)
     }
 }
 
