@@ -49,8 +49,9 @@
 #            (GPULMT_PSEUDO_NODES=2) with MPS: gpulmt-mpi-nodes' byte checks with 1 and 2 ranks
 #            per node, 4-slot queues over TCP, a rank killed mid-transfer (check.csv);
 #            osu_latency / osu_bw / osu_bibw D D and H H across the nodes over Open MPI's
-#            shared memory (vader) and TCP, beside Open MPI H H and the host-staged anchor on
-#            the same transport (staged_mpi.sh); the anatomy of one 8 B D D leg
+#            shared memory (vader) and TCP, beside Open MPI H H, the host-staged anchor
+#            (staged_mpi.sh) and a hand-written staging pipeline's D D bandwidth at 4 and
+#            16 MiB (bench/gpu/staging_ceiling.cu) on the same transport; the anatomy of one 8 B D D leg
 #            (anatomy_net.csv); the ratios in internode_summary.txt. Not part of full.
 #            8-9 minutes on one H200 (internode5 was still in the TCP anchors after 8):
 #            give the call 600 s. INTERNODE_PARTS=checks runs the checks only (about a minute).
@@ -586,6 +587,19 @@ CASES
         || failed "staged_mpi.sh host ($transport)"
       MPIRUN_ARGS="$mca" bash $tools/staged_mpi.sh "$(upto 64M)" > "$out/staged_mpi_$transport.csv" 2>> "$out/log.txt" \
         || failed "staged_mpi.sh ($transport)"
+      # The ceiling of any staging pipeline on this transport: a hand-written one without
+      # gpulmt, osu_bw's window of 64, gpulmt's pieces (512 KiB), 16 bounce buffers a side.
+      local ceiling="$out/staging_ceiling_$transport.csv"
+      echo "mode,size,window,chunk,nbuf,threads,GBps" > "$ceiling"
+      if [ -x /tmp/staging_ceiling ] || build_staging_ceiling; then
+        for n in $(upto 4M) $(upto 16M); do
+          # shellcheck disable=SC2086
+          timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none $mca -np 2 /tmp/staging_ceiling dd "$n" 64 524288 16 1 \
+            < /dev/null >> "$ceiling" 2>> "$out/log.txt" || failed "staging_ceiling $transport $n"
+        done
+      else
+        failed "staging_ceiling.cu did not build (log.txt)"
+      fi
     fi
   done
 
