@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The floor of the internode path's design for an 8 B D D message (lab/gpu/proxy_floor_dd.cu:
+# the copies and a proxy thread's hand-offs, nothing else) against the host-staged anchor's
+# way in the same program and gpulmt's osu_latency D D across 2 pseudo-nodes, ROUNDS rounds
+# in alternation, both ranks on GPU 0 (under MPS where the host has one GPU).
+# Usage: bash lab/gpu/proxy_floor_dd.sh OUTDIR   (ROUNDS, default 3) -> floor.csv, gpulmt_*.csv
+source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: proxy_floor_dd.sh OUTDIR}"
+mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+have_nvcc || { log "no nvcc"; exit 1; }
+[ "$(gpu_count)" -lt 2 ] && MPS=1 start_mps
+inc=$(mpicc --showme:incdirs | tr ' ' '\n' | sed 's/^/-I/' | tr '\n' ' ')
+libs=$(mpicc --showme:libdirs | tr ' ' '\n' | sed 's/^/-L/' | tr '\n' ' ')
+# shellcheck disable=SC2086 # lists of options
+nvcc -O2 -std=c++17 $inc lab/gpu/proxy_floor_dd.cu -o /tmp/proxy_floor_dd $libs -lmpi 2>> "$out/log.txt" \
+  || { log "build failed (log.txt)"; exit 1; }
+echo "round,mode,pool,iters,half_round_trip_us" > "$out/floor.csv"
+for r in $(seq "${ROUNDS:-3}"); do
+  for mode in staged proxy; do
+    log "round $r: $mode"
+    timeout 60 $mpirun -np 2 /tmp/proxy_floor_dd $mode 20000 34 < /dev/null 2>> "$out/log.txt" | sed "s/^/$r,/" >> "$out/floor.csv"
+  done
+  log "round $r: gpulmt osu_latency D D"
+  timeout 60 $mpirun -x GPULMT_DEVICE -x GPULMT_PSEUDO_NODES=2 -np 2 "$bin/osu_latency_mpi" -m 8:8 \
+    --csv "$out/gpulmt_$r.csv" D D < /dev/null > /dev/null 2>> "$out/log.txt"
+done
+stop_mps
