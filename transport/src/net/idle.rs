@@ -69,6 +69,12 @@ impl IdleGate {
     pub fn wakes(&self) -> u64 {
         self.wakes.load(Ordering::Relaxed)
     }
+
+    /// Whether the proxy is about to park or parked now.
+    #[cfg(test)]
+    pub fn asleep(&self) -> bool {
+        self.asleep.load(Ordering::Relaxed)
+    }
 }
 
 #[cfg(test)]

@@ -202,6 +202,12 @@ impl NetPath {
         self.shared.idle.wakes()
     }
 
+    /// Whether this process's proxy is asleep now (`net::idle`).
+    #[cfg(test)]
+    pub(crate) fn proxy_asleep(&self) -> bool {
+        self.shared.idle.asleep()
+    }
+
     /// Tells the proxy, once, that one-sided requests and replies will come (its pools for
     /// them start small: `proxy::net::Pool`). Posted ahead of the window's own command,
     /// which waits for the proxy, so both are in place when that returns.

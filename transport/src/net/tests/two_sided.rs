@@ -218,9 +218,11 @@ fn a_drain_takes_a_pushed_transfer_and_writes_nothing() {
     assert_eq!(fabric.pending(), (0, 0), "nothing left on the network");
 }
 
-/// Control packets posted after the proxy went idle: each gets through, and the posts
-/// found the proxy asleep and woke it (`net::idle`) instead of leaving their packets to
-/// wait out its sleep.
+/// Control packets posted while the proxy sleeps: each gets through, and a post found the
+/// proxy asleep and woke it (`net::idle`) instead of leaving its packet to wait out the
+/// sleep. Each post waits until the proxy is asleep, which on a loaded host can take long
+/// (its back-off yields 64 times first, each yield a time slice): a fixed pause did not
+/// always reach it beside a build. Fails if posts never wake the proxy.
 #[test]
 fn a_post_wakes_an_idle_proxy() {
     let fabric = LoopbackFabric::new(2, 64);
@@ -228,13 +230,18 @@ fn a_post_wakes_an_idle_proxy() {
     let mut cfg = small_cfg(8);
     cfg.idle_sleep = Duration::from_millis(50);
     let mut paths = world(&fabric, 2, &cfg, &backend);
-    const POSTS: usize = 10;
-    for i in 0..POSTS {
-        // Idle long enough for the proxy to be sleeping most of the time.
-        std::thread::sleep(Duration::from_millis(30));
-        retry(|| paths[0].post_ctrl(1, &[i as u8; 16]));
-        assert_eq!(wait_inbound(&mut paths[1], 1), vec![(0, vec![i as u8; 16])]);
+    let deadline = Instant::now() + PATIENCE;
+    let mut posts = 0u8;
+    // The proxy may wake on its own between the look and the post: a few posts may miss.
+    while paths[0].proxy_wakes() == 0 {
+        assert!(Instant::now() < deadline, "no post found its proxy asleep in {posts} tries within {PATIENCE:?}");
+        while !paths[0].proxy_asleep() {
+            assert!(Instant::now() < deadline, "the idle proxy never went to sleep within {PATIENCE:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        retry(|| paths[0].post_ctrl(1, &[posts; 16]));
+        assert_eq!(wait_inbound(&mut paths[1], 1), vec![(0, vec![posts; 16])]);
+        posts = posts.wrapping_add(1);
     }
-    assert!(paths[0].proxy_wakes() > 0, "no post found its proxy asleep in {POSTS} tries");
     shutdown_all(&mut paths);
 }
