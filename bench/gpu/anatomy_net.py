@@ -23,6 +23,7 @@ NET_TAKEN, NET_ISSUED, NET_ARRIVED, NET_PUBLISHED, NET_PACKET_IN = range(10, 15)
 # Probe args (transport/src/anatomy.rs, `probe`), as points of their own: PROBE * 1000 + arg.
 SEND_PAYLOAD_STAGED, RECV_PAYLOAD_COPY, RECV_PAYLOAD_WRITTEN = (PROBE * 1000 + a for a in (6, 7, 8))
 SEND_CLASSIFIED, COPY_WAIT_ISSUED, COPY_WAIT_DONE = (PROBE * 1000 + a for a in (9, 10, 11))
+NET_SEND_CALL, NET_HANDED_OVER = (PROBE * 1000 + a for a in (12, 13))
 
 # (name, whose: 'x' = the sender, 'y' = the receiver, point)
 STEPS = [
@@ -33,8 +34,10 @@ STEPS = [
     ("x: device payload copied out to the host", "x", SEND_PAYLOAD_STAGED),
     ("x: control packet committed to the GIO queue", "x", PACKET_OUT),
     ("x proxy: packet taken from the queue", "x", NET_TAKEN),
+    ("x proxy: MPI_Isend called", "x", NET_SEND_CALL),
     ("x proxy: MPI_Isend accepted", "x", NET_ISSUED),
     ("y proxy: control message arrived from MPI", "y", NET_ARRIVED),
+    ("y proxy: arrivals handed to the context", "y", NET_HANDED_OVER),
     ("y: packet taken by the context", "y", NET_PACKET_IN),
     ("y: payload copy into device memory starts", "y", RECV_PAYLOAD_COPY),
     ("y: payload's copy to the device issued", "y", COPY_WAIT_ISSUED),

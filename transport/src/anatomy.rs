@@ -66,6 +66,10 @@ pub mod probe {
     /// issued; it was seen finished.
     pub const COPY_WAIT_ISSUED: u8 = 10;
     pub const COPY_WAIT_DONE: u8 = 11;
+    /// The proxy calls the network to send a control message (after its checks and
+    /// envelope); it handed the control messages that arrived to the context.
+    pub const NET_SEND_CALL: u8 = 12;
+    pub const NET_HANDED_OVER: u8 = 13;
     /// A packet taken from a ring was handled (engine and actions).
     pub const PACKET_HANDLED: u8 = 100;
 }

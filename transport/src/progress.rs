@@ -131,11 +131,8 @@ impl Context {
                     Ok(body) => body,
                     Err(e) => return Some(Err(e)),
                 };
-                if let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) {
-                    if let Some((req, buf, result)) = self.engine.take_eager_match(from, tag, payload.len() as u64) {
-                        self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
-                        return None;
-                    }
+                if self.take_eager(from, bytes) {
+                    return None;
                 }
                 Some(Packet::decode_opened(bytes, Some(&mut self.rx_memo[local])))
             });
@@ -382,6 +379,19 @@ impl Context {
     }
 
     /// Eager fast path: writes the payload and completes the request.
+    /// The eager receive fast path: if `bytes` are an eager packet from `from` that a
+    /// posted receive takes, its payload goes from them straight into the receive's buffer
+    /// and the receive completes, without decoding the packet for the engine (a payload
+    /// allocation and the action queue less). False: not eager, or no receive waits for it.
+    pub(crate) fn take_eager(&mut self, from: Rank, bytes: &[u8]) -> bool {
+        let Some((_, tag, payload)) = gpulmt_protocols::wire::peek_eager(bytes) else { return false };
+        let Some((req, buf, result)) = self.engine.take_eager_match(from, tag, payload.len() as u64) else {
+            return false;
+        };
+        self.deliver_eager(req.0, &payload[..payload.len().min(buf.len as usize)], result);
+        true
+    }
+
     fn deliver_eager(
         &mut self,
         req: u64,

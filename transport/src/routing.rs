@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use gpulmt_protocols::wire::{DecodeError, Packet};
+use gpulmt_protocols::wire::Packet;
 use gpulmt_protocols::{MsgId, NetId, ProtoError, Rank, ReqId};
 
 use crate::anatomy::{self, Point};
@@ -62,8 +62,8 @@ pub(crate) struct OffNode {
     /// Per job rank: posts waiting for the path, oldest first.
     queues: Vec<VecDeque<NetPost>>,
     queued: usize,
-    /// Scratch of the polls, kept for their allocations.
-    inbound: Vec<(Rank, Result<Packet, DecodeError>)>,
+    /// Scratch of the polls, kept for their allocations (control packets as they came).
+    inbound: Vec<(Rank, Vec<u8>)>,
     done: Vec<(NetId, Result<(), NetError>)>,
     failed: Vec<Rank>,
 }
@@ -305,13 +305,13 @@ impl Context {
         let mut failed = std::mem::take(&mut self.offnode.failed);
         path.poll_inbound(&mut |from, bytes| {
             anatomy::mark(Point::NetPacketIn, bytes.get(1).copied().unwrap_or(0));
-            inbound.push((from, Packet::decode(bytes)))
+            inbound.push((from, bytes.to_vec()))
         });
         path.poll_done(&mut |id, result| done.push((id, result)));
         path.poll_failed(&mut |r| failed.push(r));
         let mut did = !(inbound.is_empty() && done.is_empty() && failed.is_empty());
-        for (from, p) in inbound.drain(..) {
-            self.on_offnode_packet(from, p);
+        for (from, bytes) in inbound.drain(..) {
+            self.on_offnode_packet(from, &bytes);
         }
         for (id, result) in done.drain(..) {
             if let Err(e) = &result {
@@ -335,8 +335,10 @@ impl Context {
         did
     }
 
-    /// A control packet from `from` that the path delivered.
-    fn on_offnode_packet(&mut self, from: Rank, p: std::result::Result<Packet, DecodeError>) {
+    /// A control packet from `from` that the path delivered: an eager message a receive
+    /// waits for goes straight into its buffer, as from a ring (`take_eager`); the rest is
+    /// decoded for the engine.
+    fn on_offnode_packet(&mut self, from: Rank, bytes: &[u8]) {
         if from >= self.size() || self.topo.on_node(from) {
             self.stats.violations += 1;
             tracing::warn!(
@@ -345,7 +347,11 @@ impl Context {
             );
             return;
         }
-        match p {
+        if self.take_eager(from, bytes) {
+            self.stats.packets_received += 1;
+            return;
+        }
+        match Packet::decode(bytes) {
             Ok(p) => self.on_control(from, p),
             Err(e) => {
                 self.stats.violations += 1;

@@ -325,6 +325,45 @@ fn inbound_packets_reach_the_engine_as_the_peer_rank() {
     finish(ctx);
 }
 
+/// Eager messages from another node that receives wait for go straight into their buffers
+/// (device or host; truncated where too long), and one that no receive waits for stays
+/// unexpected for a later receive, in its sender's order.
+#[test]
+fn eager_messages_from_another_node_fill_the_receives_that_wait_for_them() {
+    let (mut ctx, script) = scripted();
+    let dev = ctx.mem_alloc(64).unwrap();
+    let mut short = [0u8; 4];
+    // SAFETY: both buffers are this test's and outlive their requests, which are waited for.
+    let on_dev = unsafe { ctx.irecv(dev as *mut u8, 64, Some(1), Some(5)) }.unwrap();
+    // SAFETY: as above.
+    let truncated = unsafe { ctx.irecv(short.as_mut_ptr(), short.len(), Some(1), Some(6)) }.unwrap();
+    ctx.progress().unwrap();
+    let before = ctx.stats().packets_received;
+    script.with(|s| {
+        s.eager_from_peer(7, b"nobody waits yet");
+        s.eager_from_peer(6, b"longer than four");
+        s.eager_from_peer(5, &[3u8; 64]);
+        s.eager_from_peer(7, b"second");
+    });
+    let st = ctx.wait(on_dev).unwrap();
+    assert_eq!((st.source, st.tag, st.len), (1, 5, 64));
+    let mut back = [0u8; 64];
+    // SAFETY: both ranges lie in this test's live allocations of at least that length.
+    unsafe { ctx.copy_sync(back.as_mut_ptr() as usize, dev, 64) }.unwrap();
+    assert_eq!(back, [3u8; 64]);
+    let e = ctx.wait(truncated).unwrap_err();
+    assert!(matches!(e.as_transfer(), Some(ProtoError::Truncated { .. })), "{e}");
+    assert_eq!(&short, b"long", "a truncated receive gets what fits");
+    // The two that found no receive wait, in their order, for the receives posted now.
+    let mut first = [0u8; 32];
+    let st = ctx.recv(&mut first, Some(1), Some(7)).unwrap();
+    assert_eq!(&first[..st.len as usize], b"nobody waits yet");
+    let st = ctx.recv(&mut first, Some(1), Some(7)).unwrap();
+    assert_eq!(&first[..st.len as usize], b"second");
+    assert_eq!(ctx.stats().packets_received, before + 4);
+    finish(ctx);
+}
+
 #[test]
 fn a_rendezvous_from_another_node_posts_the_receive_before_the_cts() {
     let (mut ctx, script) = scripted();

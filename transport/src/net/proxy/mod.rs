@@ -234,6 +234,7 @@ impl Proxy {
             work |= self.test_network();
             if !self.inbound.is_empty() {
                 self.shared.inbound.put_all(self.inbound.drain(..));
+                crate::anatomy::mark(crate::anatomy::Point::Probe, crate::anatomy::probe::NET_HANDED_OVER);
             }
             profile.enter(Phase::Advance);
             work |= self.advance();

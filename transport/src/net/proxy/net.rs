@@ -107,6 +107,7 @@ impl Net {
     /// `Done` answers are queued for the next progress, so the owner sees one path.
     pub fn send(&mut self, owner: Owner, to: Rank, tag: i32, msg: &[u8]) -> Result<Option<ReqId>, NetFail> {
         let req = self.register(owner);
+        crate::anatomy::mark(crate::anatomy::Point::Probe, crate::anatomy::probe::NET_SEND_CALL);
         // SAFETY: `msg` is owned by the op (or `replies`) that `owner` names, which keeps
         // it unmoved and unmodified until this request is reported.
         let status = unsafe { self.iface.ep_send(req, to, tag, msg.as_ptr() as usize, msg.len()) };
