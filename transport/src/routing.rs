@@ -307,12 +307,16 @@ impl Context {
             anatomy::mark(Point::NetPacketIn, bytes.get(1).copied().unwrap_or(0));
             inbound.push((from, bytes.to_vec()))
         });
-        path.poll_done(&mut |id, result| done.push((id, result)));
-        path.poll_failed(&mut |r| failed.push(r));
-        let mut did = !(inbound.is_empty() && done.is_empty() && failed.is_empty());
+        // Packets first: a receive may be spinning on one (an eager message's copy starts
+        // here), and the completions' polls read lines the proxy writes.
+        let mut did = !inbound.is_empty();
         for (from, bytes) in inbound.drain(..) {
             self.on_offnode_packet(from, &bytes);
         }
+        let path = self.offnode.path.as_mut().expect("packets do not take the path away");
+        path.poll_done(&mut |id, result| done.push((id, result)));
+        path.poll_failed(&mut |r| failed.push(r));
+        did |= !(done.is_empty() && failed.is_empty());
         for (id, result) in done.drain(..) {
             if let Err(e) = &result {
                 // Its request fails with it, if it has one (a drain has none).

@@ -75,8 +75,7 @@ pub struct NetPath {
     next_window: WindowId,
     /// Why the path is down, once it is.
     down: Option<String>,
-    /// The hand-over counts of the shared inbound and failed-rank mailboxes taken so far.
-    inbound_seen: u64,
+    /// The hand-over count of the shared failed-rank mailbox taken so far.
     failed_seen: u64,
     /// The proxy was told that one-sided traffic comes ([`Command::OneSided`]).
     one_sided_told: bool,
@@ -154,7 +153,6 @@ impl NetPath {
             templates,
             next_window: 0,
             down: None,
-            inbound_seen: 0,
             failed_seen: 0,
             one_sided_told: false,
         })
@@ -200,6 +198,12 @@ impl NetPath {
     #[cfg(test)]
     pub(crate) fn proxy_wakes(&self) -> u64 {
         self.shared.idle.wakes()
+    }
+
+    /// Control packets waiting in the inbound queue for the context.
+    #[cfg(test)]
+    pub(crate) fn inbound_waiting(&self) -> usize {
+        self.shared.inbound.len()
     }
 
     /// Whether this process's proxy is asleep now (`net::idle`).
@@ -387,10 +391,10 @@ impl OffNodePath for NetPath {
     }
 
     fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, &[u8])) -> usize {
-        let arrived = self.shared.inbound.take_new(&mut self.inbound_seen);
-        let n = arrived.len();
-        for (from, packet) in arrived {
+        let mut n = 0;
+        while let Some((from, packet)) = self.shared.inbound.pop() {
             deliver(from, &packet);
+            n += 1;
         }
         n
     }

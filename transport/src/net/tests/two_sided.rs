@@ -218,6 +218,36 @@ fn a_drain_takes_a_pushed_transfer_and_writes_nothing() {
     assert_eq!(fabric.pending(), (0, 0), "nothing left on the network");
 }
 
+/// More control packets than the inbound queue holds arrive before the context polls: the
+/// proxy keeps the rest and hands them over as the queue drains, none lost and each
+/// sender's order kept.
+#[test]
+fn control_packets_beyond_the_inbound_queue_wait_in_order() {
+    let fabric = LoopbackFabric::new(2, 64);
+    let backend = sim();
+    let cfg = small_cfg(8);
+    let mut paths = world(&fabric, 2, &cfg, &backend);
+    let n = crate::net::shared::INBOUND_SLOTS + 100;
+    for i in 0..n {
+        retry(|| paths[0].post_ctrl(1, &(i as u32).to_le_bytes()));
+    }
+    // Nothing polls rank 1 until its queue is full: the rest must wait in its proxy.
+    let deadline = Instant::now() + PATIENCE;
+    while paths[1].inbound_waiting() < crate::net::shared::INBOUND_SLOTS {
+        assert!(Instant::now() < deadline, "the inbound queue never filled within {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let got = wait_inbound(&mut paths[1], n);
+    let want: Vec<(Rank, Vec<u8>)> = (0..n).map(|i| (0, (i as u32).to_le_bytes().to_vec())).collect();
+    assert!(
+        got == want,
+        "{} packets arrived, first out of order at {:?}",
+        got.len(),
+        got.iter().zip(&want).position(|(a, b)| a != b)
+    );
+    shutdown_all(&mut paths);
+}
+
 /// Control packets posted while the proxy sleeps: each gets through, and a post found the
 /// proxy asleep and woke it (`net::idle`) instead of leaving its packet to wait out the
 /// sleep. Each post waits until the proxy is asleep, which on a loaded host can take long
