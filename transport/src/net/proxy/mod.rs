@@ -11,10 +11,11 @@
 //! 3. **start** the ops the fence gates release;
 //! 4. **test** the network (`iface_progress`): finished sends and receives, arrivals in the
 //!    receive pools (control packets, one-sided requests and replies);
-//! 5. hand the control packets that arrived to the context's inbound queue at once: the
-//!    context may be spinning on one (an eager message's receive), and the rest of the
-//!    round (advance, reposting the pools' receives, publish) took 1.4-1.6 us of an 8 B
-//!    D D leg while they waited (`bench/gpu/anatomy_net.py` on one H200);
+//! 5. each control packet that arrived goes to the context's inbound queue as it is
+//!    found, in its sender's order: the context may be spinning on one (an eager message's
+//!    receive), and handing them over after the rest of the round cost an 8 B D D leg up
+//!    to 1.6 us (`bench/gpu/anatomy_net.py` on one H200); packets a full queue held back
+//!    are retried here;
 //! 6. **advance** staging pipelines and one-sided work at this rank (as target);
 //! 7. **publish** completions: each changed CQ's counters, `done` last with release;
 //! 8. check the stop flag.
