@@ -378,7 +378,6 @@ impl Context {
         }
     }
 
-    /// Eager fast path: writes the payload and completes the request.
     /// The eager receive fast path: if `bytes` are an eager packet from `from` that a
     /// posted receive takes, its payload goes from them straight into the receive's buffer
     /// and the receive completes, without decoding the packet for the engine (a payload
@@ -392,6 +391,7 @@ impl Context {
         true
     }
 
+    /// Eager fast path: writes the payload and completes the request.
     fn deliver_eager(
         &mut self,
         req: u64,
