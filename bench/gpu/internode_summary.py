@@ -5,7 +5,7 @@ two pseudo-nodes, D D and H H, beside Open MPI H H (`host_mpi`) and the host-sta
 (`staged_mpi`) measured in the same call, as the issue's ratios:
 - D D bandwidth / Open MPI H H bandwidth on the same transport (target >= 0.9 at >= 4 MiB),
   beside the ceiling of any staging pipeline there: a hand-written one's D D bandwidth
-  (`staging_ceiling`, bench/gpu/staging_ceiling.cu, at 4 and 16 MiB) and its own ratio;
+  (`staging_ceiling`, bench/gpu/staging_ceiling.cu, at 4 MiB) and its own ratio;
 - D D latency / host-staged latency (target <= 1 at every size), and D D latency with the
   proxy never sleeping when idle (GPULMT_NET_IDLE_SLEEP=0; shared memory only);
 then the checks (check.csv's internode_ lines) and the 8 B D D leg's anatomy.
