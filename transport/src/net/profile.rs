@@ -186,7 +186,7 @@ mod tests {
         // Round 1 is not: its phases add nothing, however long; it closes round 0's idle.
         p.begin_round(Instant::now());
         assert!(p.phases[Phase::Network as usize] >= Duration::from_millis(5));
-        assert!(p.phases[Phase::Idle as usize] < Duration::from_millis(5));
+        assert!(p.phases[Phase::Idle as usize] > Duration::ZERO, "round 0's idle is closed by round 1");
         let timed = p.phases;
         p.enter(Phase::Network);
         std::thread::sleep(Duration::from_millis(5));
@@ -201,7 +201,11 @@ mod tests {
         let s = p.summary(&stage, 3);
         assert!(s.contains("copies out 2 (20.0 us mean"), "{s}");
         assert!(s.contains("(3 buffers)"), "{s}");
-        // Shares are of the timed time: the timed round was nearly all network.
-        assert!(s.contains("network 9") || s.contains("network 100"), "{s}");
+        // Shares are of the timed time, round 0's (a loaded host may stretch any phase, so
+        // the shares are computed from what was recorded, not assumed).
+        let share =
+            |ph: Phase| 100.0 * timed[ph as usize].as_secs_f64() / timed.iter().map(Duration::as_secs_f64).sum::<f64>();
+        let (network, idle) = (share(Phase::Network), share(Phase::Idle));
+        assert!(s.contains(&format!("network {network:.0} %")) && s.contains(&format!("idle {idle:.0} %")), "{s}");
     }
 }
