@@ -196,40 +196,49 @@ pub(super) const POOL_REPLY: usize = 2;
 /// is never lost for want of a posted receive, MPI holds it until one is.
 pub(super) struct Pool {
     pub tag: i32,
+    /// The buffers of the slots kept posted (a small pool has one until it grows).
     bufs: Vec<Box<[u8]>>,
     /// The request of each slot while posted.
     posted: Vec<Option<ReqId>>,
-    /// Slots kept posted: the first `active` (all of them once grown).
-    active: usize,
+    /// Slots once grown.
+    slots: usize,
 }
 
 impl Pool {
     /// A pool of `slots` receives, all kept posted.
     pub fn new(tag: i32, slots: usize) -> Pool {
-        Pool {
-            tag,
-            bufs: (0..slots).map(|_| vec![0u8; POOL_BUFFER].into_boxed_slice()).collect(),
-            posted: vec![None; slots],
-            active: slots,
-        }
+        let mut pool = Pool { tag, bufs: Vec::new(), posted: Vec::new(), slots };
+        pool.grow();
+        pool
     }
 
-    /// A pool of `slots` receives of which one is kept posted until [`grow`](Self::grow).
+    /// A pool of `slots` receives of which one is kept posted until [`grow`](Self::grow),
+    /// with one buffer: a job that never uses a window never pays for the others.
     pub fn small(tag: i32, slots: usize) -> Pool {
-        Pool { active: slots.min(1), ..Pool::new(tag, slots) }
+        let mut pool = Pool { tag, bufs: Vec::new(), posted: Vec::new(), slots };
+        pool.add_slots(slots.min(1));
+        pool
     }
 
     /// Keeps every slot posted from the next refill on; whether it was small.
     pub fn grow(&mut self) -> bool {
-        let was_small = self.active < self.bufs.len();
-        self.active = self.bufs.len();
+        let was_small = self.bufs.len() < self.slots;
+        self.add_slots(self.slots);
         was_small
+    }
+
+    /// Slots (buffers, none posted yet) up to `n`.
+    fn add_slots(&mut self, n: usize) {
+        while self.bufs.len() < n {
+            self.bufs.push(vec![0u8; POOL_BUFFER].into_boxed_slice());
+            self.posted.push(None);
+        }
     }
 
     /// Posts every slot not posted; stops at the first refusal. Returns whether every slot
     /// is posted now, or an error the proxy logs (the slot is retried next round).
     pub fn refill(&mut self, pool: usize, net: &mut Net) -> Result<bool, NetFail> {
-        for slot in 0..self.active {
+        for slot in 0..self.bufs.len() {
             if self.posted[slot].is_some() {
                 continue;
             }
@@ -267,5 +276,25 @@ impl Pool {
         if self.outstanding() > 0 {
             std::mem::forget(self.bufs);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pool;
+
+    /// A small pool holds one buffer until it grows, then every slot's; growing twice is
+    /// growing once.
+    #[test]
+    fn a_small_pool_allocates_its_other_buffers_when_it_grows() {
+        let mut p = Pool::small(2, 32);
+        assert_eq!((p.bufs.len(), p.posted.len(), p.outstanding()), (1, 1, 0));
+        assert!(p.grow(), "it was small");
+        assert_eq!((p.bufs.len(), p.posted.len()), (32, 32));
+        assert!(!p.grow(), "it had grown already");
+        assert_eq!(p.bufs.len(), 32);
+        let full = Pool::new(1, 8);
+        assert_eq!(full.bufs.len(), 8);
+        assert_eq!(Pool::small(3, 0).bufs.len(), 0, "no slots, no buffer");
     }
 }
