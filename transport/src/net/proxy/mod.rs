@@ -235,9 +235,10 @@ impl Proxy {
             profile.enter(Phase::Network);
             work |= self.test_network();
             if !self.inbound.is_empty() {
-                // Held back by a full queue: the context is behind, so no sleep yet.
-                self.retry_hand_over();
-                work = true;
+                // Held back by a full queue. Work only if some went in: a context that does
+                // not poll (a long compute phase) must not keep its proxy from backing off,
+                // and it has a queue full to take before it needs these.
+                work |= self.retry_hand_over();
             }
             profile.enter(Phase::Advance);
             work |= self.advance();
@@ -510,14 +511,18 @@ impl Proxy {
         }
     }
 
-    /// Hands over the packets a full queue held back, oldest first, while it has room.
-    fn retry_hand_over(&mut self) {
+    /// Hands over the packets a full queue held back, oldest first, while it has room;
+    /// whether any went.
+    fn retry_hand_over(&mut self) -> bool {
+        let mut moved = false;
         while let Some(p) = self.inbound.pop_front() {
             if let Err(back) = self.shared.inbound.push(p) {
                 self.inbound.push_front(back);
-                return;
+                break;
             }
+            moved = true;
         }
+        moved
     }
 
     /// Tests the network and dispatches what finished; true if anything did.

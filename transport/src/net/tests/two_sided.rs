@@ -219,8 +219,8 @@ fn a_drain_takes_a_pushed_transfer_and_writes_nothing() {
 }
 
 /// More control packets than the inbound queue holds arrive before the context polls: the
-/// proxy keeps the rest and hands them over as the queue drains, none lost and each
-/// sender's order kept.
+/// proxy keeps the rest, still backs off to sleep while the context does not poll, and
+/// hands them over as the queue drains, none lost and each sender's order kept.
 #[test]
 fn control_packets_beyond_the_inbound_queue_wait_in_order() {
     let fabric = LoopbackFabric::new(2, 64);
@@ -235,6 +235,11 @@ fn control_packets_beyond_the_inbound_queue_wait_in_order() {
     let deadline = Instant::now() + PATIENCE;
     while paths[1].inbound_waiting() < crate::net::shared::INBOUND_SLOTS {
         assert!(Instant::now() < deadline, "the inbound queue never filled within {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Packets held back for a context that does not poll keep no proxy from backing off.
+    while !paths[1].proxy_asleep() {
+        assert!(Instant::now() < deadline, "the proxy holding packets back never slept within {PATIENCE:?}");
         std::thread::sleep(Duration::from_millis(1));
     }
     let got = wait_inbound(&mut paths[1], n);
