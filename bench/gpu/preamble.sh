@@ -3,7 +3,7 @@
 # the commit of the carried binaries), $bin (BIN, default .gpu/bin), the device backend
 # for every gpulmt run (GPULMT_DEVICE, default cuda), `log` (to stderr and $out/log.txt),
 # `on_gpu`, `gpu_count`, `have_nvcc`, `start_mps`/`stop_mps`, `build_cuda_osu`,
-# `build_staging_ceiling` and `net_anatomy`.
+# `build_cuda_mpi`, `build_staging_ceiling` and `net_anatomy`.
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"
@@ -43,17 +43,20 @@ build_cuda_osu() {
   mpicc -O2 -I$cuda/include ffi/shim/examples/cuda_osu.c -L$cuda/lib64 -lcudart -Wl,-rpath,$cuda/lib64 -o /tmp/cuda_osu
 }
 
-# Builds the staging pipeline's ceiling (bench/gpu/staging_ceiling.cu: a hand-written D D
-# pipeline around MPI, without gpulmt) with nvcc and the host's Open MPI into
-# /tmp/staging_ceiling. Usage: build_staging_ceiling (fails without nvcc or mpicc)
-build_staging_ceiling() {
+# Builds a CUDA + MPI program SRC (.cu) with nvcc and the host's Open MPI into OUT; its
+# errors go to log.txt. Usage: build_cuda_mpi SRC OUT (fails without nvcc or mpicc)
+build_cuda_mpi() {
   have_nvcc || return 1
   local inc libs
   inc=$(mpicc --showme:incdirs | tr ' ' '\n' | sed 's/^/-I/' | tr '\n' ' ')
   libs=$(mpicc --showme:libdirs | tr ' ' '\n' | sed 's/^/-L/' | tr '\n' ' ')
   # shellcheck disable=SC2086 # lists of options
-  nvcc -O2 -std=c++17 $inc bench/gpu/staging_ceiling.cu -o /tmp/staging_ceiling $libs -lmpi 2>> "$out/log.txt"
+  nvcc -O2 -std=c++17 $inc "$1" -o "$2" $libs -lmpi 2>> "$out/log.txt"
 }
+
+# Builds the staging pipeline's ceiling (bench/gpu/staging_ceiling.cu: a hand-written D D
+# pipeline around MPI, without gpulmt) into /tmp/staging_ceiling.
+build_staging_ceiling() { build_cuda_mpi bench/gpu/staging_ceiling.cu /tmp/staging_ceiling; }
 
 # Where one D D leg across 2 pseudo-nodes goes, step by step: runs PROG (osu_latency built
 # with the transport's `anatomy` feature) for ITERS legs of BYTES under LAUNCH (mpirun and

@@ -36,9 +36,7 @@ if has lat; then
 fi
 if has buffers && have_nvcc; then
   log "Open MPI H H against the buffers a window cycles through"
-  inc=$(mpicc --showme:incdirs | tr ' ' '\n' | sed 's/^/-I/' | tr '\n' ' ')
-  libs=$(mpicc --showme:libdirs | tr ' ' '\n' | sed 's/^/-L/' | tr '\n' ' ')
-  nvcc -O2 $inc lab/gpu/mpi_buffers.cu -o /tmp/mpi_buffers $libs -lmpi 2>> "$out/log.txt"
+  build_cuda_mpi lab/gpu/mpi_buffers.cu /tmp/mpi_buffers
   echo "size,window,buffers,memory,GBps" > "$out/buffers.csv"
   for sz in 1048576 4194304; do
     for nb in 1 4 16 64; do
@@ -96,8 +94,7 @@ if has cma && have_nvcc; then
   # reference and gpulmt's D D under the same setting.
   log "vader with CMA single copy"
   export OMPI_MCA_btl_vader_single_copy_mechanism=cma
-  [ -x /tmp/mpi_buffers ] || nvcc -O2 $(mpicc --showme:incdirs | tr ' ' '\n' | sed 's/^/-I/' | tr '\n' ' ') \
-    lab/gpu/mpi_buffers.cu -o /tmp/mpi_buffers $(mpicc --showme:libdirs | tr ' ' '\n' | sed 's/^/-L/' | tr '\n' ' ') -lmpi
+  [ -x /tmp/mpi_buffers ] || build_cuda_mpi lab/gpu/mpi_buffers.cu /tmp/mpi_buffers
   echo "size,window,buffers,memory,GBps" > "$out/buffers_cma.csv"
   for nb in 1 16 64; do
     timeout 60 $mpirun -np 2 /tmp/mpi_buffers 4194304 64 $nb pinned >> "$out/buffers_cma.csv" 2>> "$out/log.txt"

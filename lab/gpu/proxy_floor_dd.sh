@@ -6,13 +6,8 @@
 # Usage: bash lab/gpu/proxy_floor_dd.sh OUTDIR   (ROUNDS, default 3) -> floor.csv, gpulmt_*.csv
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: proxy_floor_dd.sh OUTDIR}"
 mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
-have_nvcc || { log "no nvcc"; exit 1; }
 [ "$(gpu_count)" -lt 2 ] && MPS=1 start_mps
-inc=$(mpicc --showme:incdirs | tr ' ' '\n' | sed 's/^/-I/' | tr '\n' ' ')
-libs=$(mpicc --showme:libdirs | tr ' ' '\n' | sed 's/^/-L/' | tr '\n' ' ')
-# shellcheck disable=SC2086 # lists of options
-nvcc -O2 -std=c++17 $inc lab/gpu/proxy_floor_dd.cu -o /tmp/proxy_floor_dd $libs -lmpi 2>> "$out/log.txt" \
-  || { log "build failed (log.txt)"; exit 1; }
+build_cuda_mpi lab/gpu/proxy_floor_dd.cu /tmp/proxy_floor_dd || { log "no nvcc, or the build failed (log.txt)"; exit 1; }
 echo "round,mode,pool,iters,half_round_trip_us" > "$out/floor.csv"
 for r in $(seq "${ROUNDS:-3}"); do
   for mode in staged proxy; do
