@@ -207,7 +207,7 @@ pub(super) struct Pool {
 impl Pool {
     /// A pool of `slots` receives, all kept posted.
     pub fn new(tag: i32, slots: usize) -> Pool {
-        let mut pool = Pool { tag, bufs: Vec::new(), posted: Vec::new(), slots };
+        let mut pool = Pool::small(tag, slots);
         pool.grow();
         pool
     }
@@ -227,7 +227,8 @@ impl Pool {
         was_small
     }
 
-    /// Slots (buffers, none posted yet) up to `n`.
+    /// Slots (buffers, none posted yet) up to `n`. The slots before stay where they are:
+    /// each buffer is an allocation of its own, which a posted receive points into.
     fn add_slots(&mut self, n: usize) {
         while self.bufs.len() < n {
             self.bufs.push(vec![0u8; POOL_BUFFER].into_boxed_slice());

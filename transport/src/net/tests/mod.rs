@@ -103,6 +103,16 @@ fn wait_inbound(path: &mut NetPath, want: usize) -> Vec<(Rank, Vec<u8>)> {
     got
 }
 
+/// Waits until `cond` holds, looking every millisecond, or panics after `PATIENCE` saying
+/// that `what` never happened.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} within {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Retries a post while the path says "no resource", letting completions drain.
 fn retry<T>(mut post: impl FnMut() -> Result<T, PostError>) -> T {
     let deadline = Instant::now() + PATIENCE;

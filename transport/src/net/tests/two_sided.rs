@@ -232,16 +232,9 @@ fn control_packets_beyond_the_inbound_queue_wait_in_order() {
         retry(|| paths[0].post_ctrl(1, &(i as u32).to_le_bytes()));
     }
     // Nothing polls rank 1 until its queue is full: the rest must wait in its proxy.
-    let deadline = Instant::now() + PATIENCE;
-    while paths[1].inbound_waiting() < crate::net::shared::INBOUND_SLOTS {
-        assert!(Instant::now() < deadline, "the inbound queue never filled within {PATIENCE:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until("the inbound queue never filled", || paths[1].inbound_waiting() >= crate::net::shared::INBOUND_SLOTS);
     // Packets held back for a context that does not poll keep no proxy from backing off.
-    while !paths[1].proxy_asleep() {
-        assert!(Instant::now() < deadline, "the proxy holding packets back never slept within {PATIENCE:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until("the proxy holding packets back never slept", || paths[1].proxy_asleep());
     let got = wait_inbound(&mut paths[1], n);
     let want: Vec<(Rank, Vec<u8>)> = (0..n).map(|i| (0, (i as u32).to_le_bytes().to_vec())).collect();
     assert!(
@@ -270,10 +263,7 @@ fn a_post_wakes_an_idle_proxy() {
     // The proxy may wake on its own between the look and the post: a few posts may miss.
     while paths[0].proxy_wakes() == 0 {
         assert!(Instant::now() < deadline, "no post found its proxy asleep in {posts} tries within {PATIENCE:?}");
-        while !paths[0].proxy_asleep() {
-            assert!(Instant::now() < deadline, "the idle proxy never went to sleep within {PATIENCE:?}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until("the idle proxy never went to sleep", || paths[0].proxy_asleep());
         retry(|| paths[0].post_ctrl(1, &[posts; 16]));
         assert_eq!(wait_inbound(&mut paths[1], 1), vec![(0, vec![posts; 16])]);
         posts = posts.wrapping_add(1);
