@@ -70,6 +70,12 @@ pub mod probe {
     /// envelope); it handed the control messages that arrived to the context.
     pub const NET_SEND_CALL: u8 = 12;
     pub const NET_HANDED_OVER: u8 = 13;
+    /// A transfer's staging piece (`net::stream`): its copy issued; seen finished; its
+    /// send or receive handed to the network; its network operation reported.
+    pub const STAGE_COPY_ISSUED: u8 = 14;
+    pub const STAGE_COPY_DONE: u8 = 15;
+    pub const PIECE_ON_WIRE: u8 = 16;
+    pub const PIECE_LANDED: u8 = 17;
     /// A packet taken from a ring was handled (engine and actions).
     pub const PACKET_HANDLED: u8 = 100;
 }

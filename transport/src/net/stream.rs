@@ -33,6 +33,7 @@ use gpulmt_protocols::Rank;
 
 use super::iface::{Arrival, NetFail, NetIface, ReqId, Status};
 use super::profile::StageProfile;
+use crate::anatomy::{mark, probe, Point};
 use crate::device::{Backend, CopyTicket, DevId, DeviceError, HostMapped};
 
 /// The copy-engine lane of the proxy's staging copies: a queue of its own on each device
@@ -327,7 +328,7 @@ impl Stream {
                     io.profile.polls_pending += 1;
                     break;
                 }
-                Ok(true) => {}
+                Ok(true) => mark(Point::Probe, probe::STAGE_COPY_DONE),
                 Err(e) => failed = Some(e),
             }
             let (tally, bytes) = match self.dir {
@@ -365,7 +366,10 @@ impl Stream {
             // contract keeps it readable until the stream finishes, which waits for this
             // send) or in a bounce buffer the piece holds until the send is reported.
             match unsafe { io.iface.ep_send(req, self.peer, self.tag, buf, p.len) } {
-                Ok(Status::InProgress) => p.state = PieceState::Wire(req, Instant::now()),
+                Ok(Status::InProgress) => {
+                    mark(Point::Probe, probe::PIECE_ON_WIRE);
+                    p.state = PieceState::Wire(req, Instant::now())
+                }
                 Ok(Status::Done(())) => {
                     io.reqs.forget(req);
                     p.state = PieceState::Done;
@@ -416,7 +420,10 @@ impl Stream {
                 // destination a bounce buffer of `chunk >= len` bytes this piece holds;
                 // both stay valid until copy_poll reports the copy finished.
                 match unsafe { io.backend.copy_async(dev, NET_LANE, b, at, len) } {
-                    Ok(t) => PieceState::Copying(t, Instant::now()),
+                    Ok(t) => {
+                        mark(Point::Probe, probe::STAGE_COPY_ISSUED);
+                        PieceState::Copying(t, Instant::now())
+                    }
                     Err(e) => {
                         io.bounce.give(b);
                         self.fail(StreamError::Copy(e), io.iface);
@@ -431,7 +438,10 @@ impl Stream {
                 // SAFETY: buf..buf+len is the caller's range (new's contract) or a bounce
                 // buffer this piece holds, until the receive is reported.
                 match unsafe { io.iface.ep_recv(req, Some(self.peer), self.tag, buf, len) } {
-                    Ok(Status::InProgress) => PieceState::Wire(req, Instant::now()),
+                    Ok(Status::InProgress) => {
+                        mark(Point::Probe, probe::PIECE_ON_WIRE);
+                        PieceState::Wire(req, Instant::now())
+                    }
                     Ok(Status::Done(a)) => {
                         io.reqs.forget(req);
                         self.pieces.push_back(Piece { idx, len, bounce, state: PieceState::Wire(req, Instant::now()) });
@@ -468,6 +478,7 @@ impl Stream {
 
     /// The network reported piece `idx`'s operation.
     pub fn on_wire(&mut self, idx: u64, result: Result<Arrival, NetFail>, io: &mut Io<'_>) {
+        mark(Point::Probe, probe::PIECE_LANDED);
         match self.dir {
             Dir::Send => {
                 if let Some(p) = self.pieces.iter_mut().find(|p| p.idx == idx) {
@@ -507,7 +518,10 @@ impl Stream {
             // the piece's until the copy finishes; the destination is the caller's device
             // range (new's contract).
             match unsafe { io.backend.copy_async(dev, NET_LANE, at, b, p.len) } {
-                Ok(t) => p.state = PieceState::Copying(t, Instant::now()),
+                Ok(t) => {
+                    mark(Point::Probe, probe::STAGE_COPY_ISSUED);
+                    p.state = PieceState::Copying(t, Instant::now())
+                }
                 Err(e) => self.fail(StreamError::Copy(e), io.iface),
             }
         }

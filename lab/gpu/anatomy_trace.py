@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Every anatomy point of a ping-pong leg across nodes, in time order, for any protocol
+(eager, pushed rendezvous, staged pieces), where bench/gpu/anatomy_net.py knows only the
+eager leg's fixed steps.
+
+A leg runs from one rank's isend (x) to the other rank's next isend (y answers). Each
+point is named by whose (x or y), its name and its occurrence k within the leg (the 2nd
+STAGE_COPY_ISSUED of x, ...); the table gives the median time after the leg's start and
+in how many legs it occurred, sorted by that median.
+
+Usage: anatomy_trace.py PREFIX [MIN_SHARE]   (PREFIX.0.csv, PREFIX.1.csv from
+GPULMT_ANATOMY_OUT; rows found in fewer than MIN_SHARE of the legs, default 0.5, left out)
+"""
+import bisect
+import csv
+import statistics
+import sys
+from collections import defaultdict
+
+POINTS = {1: "isend entered", 2: "irecv entered", 3: "packet from a ring", 4: "packet out",
+          5: "copy issue", 6: "copy issued", 7: "copy seen done", 8: "request completed",
+          10: "proxy took packet", 11: "proxy: MPI accepted a send", 12: "proxy: ctrl arrived",
+          13: "proxy: completions published", 14: "context took a net packet"}
+PROBES = {1: "irecv classified", 2: "irecv described", 3: "irecv posted", 4: "isend offer waited",
+          5: "isend posted", 6: "isend payload staged", 7: "payload copy-in starts",
+          8: "payload landed", 9: "isend classified", 10: "waited copy issued",
+          11: "waited copy done", 12: "proxy: MPI_Isend called", 13: "proxy: handed over",
+          14: "proxy: staging copy issued", 15: "proxy: staging copy done",
+          16: "proxy: piece to the network", 17: "proxy: piece's net op reported",
+          100: "packet handled"}
+OPS = {1: "CTRL", 2: "SEND", 3: "RECV"}
+
+
+def name(p, a):
+    if p == 9:
+        return PROBES.get(a, f"probe {a}")
+    if p == 10:
+        return f"{POINTS[p]} ({OPS.get(a, a)})"
+    return POINTS.get(p, f"point {p}")
+
+
+def load(path):
+    with open(path) as f:
+        return [(int(r["ns"]), name(int(r["point"]), int(r["arg"]))) for r in csv.DictReader(f)]
+
+
+def main():
+    prefix = sys.argv[1]
+    min_share = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
+    logs = [load(f"{prefix}.{r}.csv") for r in (0, 1)]
+    times_of = [[t for t, _ in log] for log in logs]
+    offsets = defaultdict(list)
+    legs = 0
+    for x in (0, 1):
+        y = 1 - x
+        starts_x = [t for t, n in logs[x] if n == "isend entered"]
+        starts_y = [t for t, n in logs[y] if n == "isend entered"]
+        j = 0
+        for t0 in starts_x:
+            while j < len(starts_y) and starts_y[j] <= t0:
+                j += 1
+            if j == len(starts_y):
+                break
+            t1 = starts_y[j]
+            legs += 1
+            seen = defaultdict(int)
+            for who, log, times in (("x", logs[x], times_of[x]), ("y", logs[y], times_of[y])):
+                for t, n in log[bisect.bisect_left(times, t0):bisect.bisect_left(times, t1)]:
+                    k = seen[(who, n)]
+                    seen[(who, n)] += 1
+                    offsets[(who, n, k)].append((t - t0) / 1000)
+            offsets[("y", "next isend (leg ends)", 0)].append((t1 - t0) / 1000)
+    rows = [(statistics.median(v), who, n, k, len(v)) for (who, n, k), v in offsets.items()
+            if len(v) >= min_share * legs]
+    rows.sort()
+    w = csv.writer(sys.stdout)
+    w.writerow(["median_us", "whose", "point", "occurrence", "legs_with_it", "legs"])
+    for m, who, n, k, c in rows:
+        w.writerow([f"{m:.2f}", who, n, k, c, legs])
+
+
+if __name__ == "__main__":
+    main()
