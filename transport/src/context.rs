@@ -14,6 +14,7 @@
 mod live;
 mod released;
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 // Request ids and buffer ids are ours: a fast hasher is safe on this hot path.
@@ -540,16 +541,16 @@ impl Context {
         let kind = info.kind;
         let eager = self.engine.is_eager_to(dst, len as u64, matches!(kind, MemoryKind::Device(_)));
         anatomy::mark(Point::Probe, probe::SEND_CLASSIFIED);
-        if eager && kind == MemoryKind::Host && dst != self.rank() {
-            // Fast path: the payload goes from the user's buffer straight into the
-            // ring slot, and the send is complete (the bytes are in the ring).
+        if eager && dst != self.rank() {
+            // Fast path: the payload goes from the user's buffer (a device one's through
+            // the eager bounce buffer) straight into the ring slot or the internode
+            // path's queue, and the send is complete (the bytes are on their way).
+            // SAFETY: this function's contract; the request completes here, after the
+            // bytes were copied on. A device payload is copied out before a message id is
+            // taken: a failed copy sends nothing and leaves no gap in the ids.
+            let payload = unsafe { self.eager_payload(buf, len, kind)? };
             let msg = self.engine.send_eager(dst)?;
-            // A zero-length buffer may be null, which from_raw_parts forbids.
-            // SAFETY: host memory the caller keeps valid and unmodified for `len` bytes
-            // until the request completes (this function's contract), and it completes
-            // here, after the bytes were copied into the ring.
-            let payload = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(buf, len) } };
-            self.send_eager_in_place(dst, msg, tag, payload);
+            self.send_eager_in_place(dst, msg, tag, &payload);
             let span = tracing::Span::none();
             let req = self.new_request(ptr, len, kind, span);
             let st = self.reqs.get_mut(req.0).expect("just inserted");
@@ -558,20 +559,10 @@ impl Context {
         }
         // No IPC region ever goes to another node.
         let desc = self.describe(info, ptr, len, !eager && self.topo.on_node(dst))?;
+        // Eager here only to this rank itself.
         let payload = if eager {
-            Some(match kind {
-                // A zero-length buffer may be null, which from_raw_parts forbids.
-                MemoryKind::Host if len == 0 => Vec::new(),
-                // SAFETY: `buf..buf+len` is valid and unmodified until the request
-                // completes (this function's contract); the bytes are copied out here.
-                MemoryKind::Host => unsafe { std::slice::from_raw_parts(buf, len) }.to_vec(),
-                MemoryKind::Device(dev) => {
-                    // SAFETY: the source as above, in device memory of this backend.
-                    let v = unsafe { self.eager_bounce.read_device(dev, ptr, len)? };
-                    anatomy::mark(Point::Probe, probe::SEND_PAYLOAD_STAGED);
-                    v
-                }
-            })
+            // SAFETY: this function's contract; the bytes are copied out here.
+            Some(unsafe { self.eager_payload(buf, len, kind)? }.into_owned())
         } else {
             None
         };
@@ -614,6 +605,28 @@ impl Context {
         self.run_actions();
         self.progress_on_post();
         Ok(Request(req.0))
+    }
+
+    /// An eager send's payload: a host buffer's bytes in place, a device buffer's copied
+    /// out through the eager bounce buffer (and waited for).
+    ///
+    /// # Safety
+    /// `buf..buf+len` is valid memory of the kind `kind` names, unmodified while the
+    /// returned bytes are in use (a host buffer's are borrowed for as long as the caller
+    /// says).
+    unsafe fn eager_payload<'a>(&mut self, buf: *const u8, len: usize, kind: MemoryKind) -> Result<Cow<'a, [u8]>> {
+        Ok(match kind {
+            // A zero-length buffer may be null, which from_raw_parts forbids.
+            MemoryKind::Host if len == 0 => Cow::Borrowed(&[]),
+            // SAFETY: the caller's contract.
+            MemoryKind::Host => Cow::Borrowed(unsafe { std::slice::from_raw_parts(buf, len) }),
+            MemoryKind::Device(dev) => {
+                // SAFETY: the caller's contract, in device memory of this backend.
+                let v = unsafe { self.eager_bounce.read_device(dev, buf as usize, len)? };
+                anatomy::mark(Point::Probe, probe::SEND_PAYLOAD_STAGED);
+                Cow::Owned(v)
+            }
+        })
     }
 
     /// Starts receiving up to `len` bytes into `buf` from `src` (None = any) with

@@ -55,10 +55,17 @@ pub enum PostError {
 
 /// The off-node path as a context drives it.
 pub trait OffNodePath: Send {
-    /// Posts an encoded control packet (eager with its payload, RTS, CTS, ABORT) for the
-    /// off-node job rank `to`. The bytes are copied before this returns. Packets to one
-    /// rank arrive there in the order they were posted.
-    fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError>;
+    /// Posts an encoded control packet (eager with its payload, RTS, CTS, ABORT) of `len`
+    /// bytes for the off-node job rank `to`, which `encode` writes into the path's own
+    /// memory (a queue slot's control entry), all `len` bytes of the slice it gets, before
+    /// this returns: so an eager payload is written once on its way out. Not called when
+    /// the post is refused. Packets to one rank arrive there in the order they were posted.
+    fn post_ctrl_with(&mut self, to: Rank, len: usize, encode: &mut dyn FnMut(&mut [u8])) -> Result<(), PostError>;
+
+    /// [`post_ctrl_with`](Self::post_ctrl_with) of a packet already encoded.
+    fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError> {
+        self.post_ctrl_with(to, packet.len(), &mut |out| out.copy_from_slice(packet))
+    }
 
     /// Posts the sending side of rendezvous `xfer` (the sender's message id) to `to`:
     /// `len` bytes at `buf`, host or device memory as `mem` says; `pushed` when it goes
@@ -107,8 +114,9 @@ pub trait OffNodePath: Send {
     fn cancel(&mut self, id: NetId);
 
     /// Hands every control packet that arrived from off-node ranks to `deliver`, in
-    /// arrival order (per sender, the order it posted them); returns how many.
-    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, &[u8])) -> usize;
+    /// arrival order (per sender, the order it posted them), each packet's bytes moved
+    /// (not copied) to the caller; returns how many.
+    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, Vec<u8>)) -> usize;
 
     /// Hands every data operation that finished since the last call to `done`; returns
     /// how many.

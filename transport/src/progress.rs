@@ -316,8 +316,9 @@ impl Context {
     }
 
     /// Sends an eager packet whose payload is copied from `payload` directly into
-    /// the ring slot (no intermediate buffer), or via the outbox when the ring is
-    /// full or packets are already waiting for it.
+    /// the ring slot or, to another node, the internode path's queue (no intermediate
+    /// buffer), or via the outbox or the path's backlog when the ring is full or
+    /// packets are already waiting for it.
     pub(crate) fn send_eager_in_place(&mut self, to: Rank, msg: u64, tag: i32, payload: &[u8]) {
         use gpulmt_protocols::wire::{eager_overhead, encode_eager_header, SEAL_BYTES};
         let (hdr, end) = (eager_overhead(), eager_overhead() + payload.len());
@@ -338,6 +339,13 @@ impl Context {
             anatomy::mark(Point::PacketOut, 1);
             self.stats.packets_sent += 1;
             return;
+        }
+        if to != self.rank() && self.topo.local_of(to).is_none() {
+            // Another node's: written once, into the internode path's queue.
+            return self.send_offnode_with(to, end, &mut |out| {
+                encode_eager_header(out, msg, tag);
+                out[hdr..].copy_from_slice(payload);
+            });
         }
         self.send_packet(to, Packet::Eager { msg, tag, payload: payload.to_vec() });
     }

@@ -169,8 +169,33 @@ impl Context {
 
     /// Sends control packet `p` to `to`, a rank of another node.
     pub(crate) fn send_offnode(&mut self, to: Rank, p: &Packet) {
+        let len = p.encoded_len();
+        self.send_offnode_with(to, len, &mut |out| {
+            p.encode(out);
+        });
+    }
+
+    /// Sends a control packet of `len` bytes, which `encode` writes, to `to`, a rank of
+    /// another node: encoded straight into the path's queue when nothing waits for `to`
+    /// (no copy in between), else into the backlog, which the general post handles (it
+    /// queues the packet, or fails it with the rank).
+    pub(crate) fn send_offnode_with(&mut self, to: Rank, len: usize, encode: &mut dyn FnMut(&mut [u8])) {
         self.stats.packets_sent += 1;
-        self.post_offnode(to, NetPost::Ctrl(p.to_vec()));
+        let waiting = !self.offnode.queues[to as usize].is_empty();
+        if let Some(path) = self.offnode.path.as_mut().filter(|_| self.offnode.down.is_none() && !waiting) {
+            let mut kind = 0;
+            let mut write = |out: &mut [u8]| {
+                encode(out);
+                kind = out.get(1).copied().unwrap_or(0);
+            };
+            if path.post_ctrl_with(to, len, &mut write).is_ok() {
+                anatomy::mark(Point::PacketOut, kind);
+                return;
+            }
+        }
+        let mut bytes = vec![0; len];
+        encode(&mut bytes);
+        self.post_offnode(to, NetPost::Ctrl(bytes));
     }
 
     /// The engine's [`NetSend`](gpulmt_protocols::engine::Action::NetSend).
@@ -305,7 +330,7 @@ impl Context {
         let mut failed = std::mem::take(&mut self.offnode.failed);
         path.poll_inbound(&mut |from, bytes| {
             anatomy::mark(Point::NetPacketIn, bytes.get(1).copied().unwrap_or(0));
-            inbound.push((from, bytes.to_vec()))
+            inbound.push((from, bytes))
         });
         // Packets first: a receive may be spinning on one (an eager message's copy starts
         // here), and the completions' polls read lines the proxy writes.

@@ -168,7 +168,7 @@ impl Rank_ {
         let mut got: Vec<(Rank, Vec<u8>)> = Vec::new();
         let deadline = Instant::now() + PATIENCE;
         while got.len() < want {
-            self.path.poll_inbound(&mut |from, b| got.push((from, b.to_vec())));
+            self.path.poll_inbound(&mut |from, b| got.push((from, b)));
             self.path.poll_done(&mut |id, r| panic!("no data op posted yet: {id:?} {r:?}"));
             assert!(Instant::now() < deadline, "{} of {want} control packets arrived", got.len());
             std::thread::sleep(Duration::from_micros(50));

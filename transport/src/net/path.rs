@@ -28,7 +28,7 @@ use gpulmt_protocols::{NetId, Rank};
 use rustc_hash::FxHashMap;
 
 use super::iface::NetIface;
-use super::producer::{HostQueue, Targets, WindowId};
+use super::producer::{CtrlBytes, HostQueue, Targets, WindowId};
 use super::proxy::{limits, Proxy, ProxyConfig};
 use super::queue::{FailureDetail, QueueMem};
 use super::shared::{lock, Command, LocalWindow, QueueSet, Shared};
@@ -267,7 +267,7 @@ impl NetPath {
         op: Op,
         flags: Flags,
         to: Rank,
-        ctrl: Option<&[u8]>,
+        ctrl: Option<CtrlBytes<'_>>,
         what: Posted,
     ) -> Result<(), PostError> {
         self.check_up()?;
@@ -344,8 +344,9 @@ impl NetPath {
 }
 
 impl OffNodePath for NetPath {
-    fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError> {
-        self.post(MAIN, Op::Ctrl { src: 0, size: 0 }, Flags::NONE, to, Some(packet), Posted::Ctrl { to })
+    fn post_ctrl_with(&mut self, to: Rank, len: usize, encode: &mut dyn FnMut(&mut [u8])) -> Result<(), PostError> {
+        let ctrl = CtrlBytes { len, encode };
+        self.post(MAIN, Op::Ctrl { src: 0, size: 0 }, Flags::NONE, to, Some(ctrl), Posted::Ctrl { to })
     }
 
     // The trait's signature (`offnode`): every field of the transfer, as its packet has.
@@ -390,10 +391,10 @@ impl OffNodePath for NetPath {
         }
     }
 
-    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, &[u8])) -> usize {
+    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, Vec<u8>)) -> usize {
         let mut n = 0;
         while let Some((from, packet)) = self.shared.inbound.pop() {
-            deliver(from, &packet);
+            deliver(from, packet);
             n += 1;
         }
         n

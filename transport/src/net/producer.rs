@@ -89,6 +89,13 @@ pub struct HostQueue {
     failed_seen: u64,
 }
 
+/// A CTRL packet to post: its length, and the encoder that writes exactly that many
+/// bytes into the slot's control slab entry.
+pub struct CtrlBytes<'a> {
+    pub len: usize,
+    pub encode: &'a mut dyn FnMut(&mut [u8]),
+}
+
 impl HostQueue {
     pub(crate) fn claim(shared: &Arc<Shared>, targets: &Arc<Targets>, post_timeout: Duration) -> Option<HostQueue> {
         let (index, state) = shared.set.claim()?;
@@ -135,10 +142,17 @@ impl HostQueue {
         self.mem.take_details(done)
     }
 
-    /// Posts one packet, or says the ring is full. `ctrl` is a CTRL packet's bytes: they
-    /// go to the slot's control slab entry, and the packet points there. Returns the op's
+    /// Posts one packet, or says the ring is full. `ctrl` makes a CTRL packet: its length
+    /// and its encoder, which writes the bytes straight into the slot's control slab entry
+    /// (only once the slot is reserved); the packet points there. Returns the op's
     /// sequence number.
-    pub fn try_post(&mut self, op: Op, flags: Flags, target: u32, ctrl: Option<&[u8]>) -> Result<u64, PostError> {
+    pub fn try_post(
+        &mut self,
+        op: Op,
+        flags: Flags,
+        target: u32,
+        ctrl: Option<CtrlBytes<'_>>,
+    ) -> Result<u64, PostError> {
         match self.mem.state() {
             QueueState::Open => {}
             state => {
@@ -148,11 +162,10 @@ impl HostQueue {
                 ))))
             }
         }
-        if let Some(bytes) = ctrl {
-            if bytes.is_empty() || bytes.len() > CTRL_MAX {
+        if let Some(CtrlBytes { len, .. }) = ctrl {
+            if len == 0 || len > CTRL_MAX {
                 return Err(PostError::Failed(NetError::Rejected(format!(
-                    "a control packet of {} bytes: the internode path carries 1 to {CTRL_MAX}",
-                    bytes.len()
+                    "a control packet of {len} bytes: the internode path carries 1 to {CTRL_MAX}"
                 ))));
             }
         }
@@ -162,13 +175,14 @@ impl HostQueue {
         let slots = st.producer.slots();
         let idx = slot_index(pos, slots);
         let op = match ctrl {
-            Some(bytes) => {
+            Some(CtrlBytes { len, encode }) => {
                 let at = mem.ctrl_slot(idx);
-                // SAFETY: the slot's control entry is this producer's: the credit covers
-                // position `pos`, so the proxy copied out the previous lap's bytes before
-                // it published the head this producer acquired (load_head).
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
-                Op::Ctrl { src: at as u64, size: bytes.len() as u64 }
+                // SAFETY: the slot's control entry (CTRL_MAX >= len bytes) is this
+                // producer's: the credit covers position `pos`, so the proxy copied out the
+                // previous lap's bytes before it published the head this producer acquired
+                // (load_head); nothing else writes or reads it until the commit below.
+                encode(unsafe { std::slice::from_raw_parts_mut(at as *mut u8, len) });
+                Op::Ctrl { src: at as u64, size: len as u64 }
             }
             None => op,
         };

@@ -72,11 +72,20 @@ impl DataTags {
     }
 }
 
-/// Prepends the control envelope to `packet` in `out`.
-pub fn ctrl_envelope(seq: u64, packet: &[u8], out: &mut Vec<u8>) {
-    out.clear();
-    out.extend_from_slice(&seq.to_le_bytes());
+/// A control message for `packet`: room for the envelope, then the packet, in one
+/// allocation, so the proxy copies a control packet once on its way to MPI; its sequence
+/// number is written in when it is sent ([`ctrl_seal`]), since a packet that MPI refuses
+/// for now must not use one up.
+pub fn ctrl_message(packet: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CTRL_HEADER + packet.len());
+    out.extend_from_slice(&[0; CTRL_HEADER]);
     out.extend_from_slice(packet);
+    out
+}
+
+/// Writes sequence number `seq` into the envelope of `msg` (made by [`ctrl_message`]).
+pub fn ctrl_seal(msg: &mut [u8], seq: u64) {
+    msg[..CTRL_HEADER].copy_from_slice(&seq.to_le_bytes());
 }
 
 /// Splits a control message into its sequence number and packet.
@@ -272,8 +281,8 @@ mod tests {
                 assert!(o >= DATA_BASE + t.span as i32 && o <= max, "{o} > {max}");
             }
         }
-        let mut env = Vec::new();
-        ctrl_envelope(9, b"pkt", &mut env);
+        let mut env = ctrl_message(b"pkt");
+        ctrl_seal(&mut env, 9);
         assert_eq!(ctrl_open(&env), Some((9, &b"pkt"[..])));
         assert_eq!(ctrl_open(&env[..7]), None);
     }

@@ -107,10 +107,12 @@ impl Shared {
 struct ScriptedPath(Shared);
 
 impl OffNodePath for ScriptedPath {
-    fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError> {
+    fn post_ctrl_with(&mut self, to: Rank, len: usize, encode: &mut dyn FnMut(&mut [u8])) -> Result<(), PostError> {
         self.0.with(|s| {
             s.answer()?;
-            s.took.push(Took::Ctrl(to, Packet::decode(packet).expect("the context posts whole packets")));
+            let mut packet = vec![0; len];
+            encode(&mut packet);
+            s.took.push(Took::Ctrl(to, Packet::decode(&packet).expect("the context posts whole packets")));
             Ok(())
         })
     }
@@ -162,10 +164,11 @@ impl OffNodePath for ScriptedPath {
         self.0.with(|s| s.took.push(Took::Cancel(id)));
     }
 
-    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, &[u8])) -> usize {
+    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, Vec<u8>)) -> usize {
         let got: Vec<_> = self.0.with(|s| s.inbound.drain(..).collect());
-        got.iter().for_each(|(from, bytes)| deliver(*from, bytes));
-        got.len()
+        let n = got.len();
+        got.into_iter().for_each(|(from, bytes)| deliver(from, bytes));
+        n
     }
 
     fn poll_done(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {

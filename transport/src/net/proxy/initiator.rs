@@ -111,12 +111,12 @@ impl Proxy {
         self.shared.failed_ranks.put_unique(rank);
     }
 
-    /// A control packet: enveloped with its sequence number to that rank, sent.
-    pub(super) fn start_ctrl(&mut self, qi: usize, held: &Held) -> Start {
+    /// A control packet: enveloped with its sequence number to that rank, sent. The
+    /// message moves into the op (it must outlive the send); a refused one stays held.
+    pub(super) fn start_ctrl(&mut self, qi: usize, held: &mut Held) -> Start {
         let rank = held.template.rank;
-        let bytes = held.ctrl.as_deref().expect("a held CTRL keeps its bytes");
-        let mut msg = Vec::with_capacity(wire::CTRL_HEADER + bytes.len());
-        wire::ctrl_envelope(self.ctrl_out.get(&rank).copied().unwrap_or(0), bytes, &mut msg);
+        let mut msg = held.ctrl.take().expect("a held CTRL keeps its message");
+        wire::ctrl_seal(&mut msg, self.ctrl_out.get(&rank).copied().unwrap_or(0));
         let key = self.new_key();
         match self.net.send(Owner::Message { key }, rank, wire::CTRL_TAG, &msg) {
             Ok(Some(req)) => {
@@ -124,7 +124,10 @@ impl Proxy {
                 *self.ctrl_out.entry(rank).or_default() += 1;
                 self.insert_op(key, qi, held, Body::Ctrl { _msg: msg, req: Some(req) })
             }
-            Ok(None) => Start::Refused,
+            Ok(None) => {
+                held.ctrl = Some(msg);
+                Start::Refused
+            }
             Err(e) => {
                 self.rank_failed(rank);
                 Start::Failed(OpFailure::net(e.code()), format!("sending a control packet to rank {rank}: {e}"))

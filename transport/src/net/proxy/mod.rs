@@ -240,6 +240,11 @@ impl Proxy {
                 // and it has a queue full to take before it needs these.
                 work |= self.retry_hand_over();
             }
+            // The queues again, after the network's test (a round's longest step): a packet
+            // committed meanwhile waits half a round less to be taken. An idle queue costs
+            // one load.
+            profile.enter(Phase::Take);
+            work |= self.drain_queues(now);
             profile.enter(Phase::Advance);
             work |= self.advance();
             profile.enter(Phase::Publish);

@@ -8,7 +8,7 @@ use gpulmt_protocols::gio::{BadPacket, Flags, Limits, Op, OpFailure, Packet, Sto
 
 use super::Proxy;
 use crate::net::queue::{FailureDetail, QueueState};
-use crate::net::wire::CTRL_MAX;
+use crate::net::wire::{self, CTRL_MAX};
 
 /// The limits every template table of the proxy checks: control packets fit the slab and
 /// the receive pools; data sizes are bounded only far from overflow (they travel in
@@ -18,8 +18,8 @@ pub(crate) fn limits() -> Limits {
 }
 
 /// What the proxy keeps of a taken packet until its op starts: the checked packet, its
-/// template, and a CTRL packet's bytes (copied out of the slab when taken, since the slot's
-/// credit frees the slab entry too).
+/// template, and a CTRL packet's message (its bytes copied out of the slab when taken,
+/// since the slot's credit frees the slab entry too, behind room for the envelope).
 #[derive(Clone, Debug)]
 pub(super) struct Held {
     pub seq: u64,
@@ -111,9 +111,12 @@ impl Proxy {
         };
         let ctrl = match packet.op {
             Op::Ctrl { src, size } => match self.queues[qi].mem.ctrl_host_addr(src, size) {
-                // SAFETY: the range lies in this queue's control slab (checked), which the
-                // producer filled before its release commit that load_commit acquired.
-                Some(at) => Some(unsafe { std::slice::from_raw_parts(at as *const u8, size as usize) }.to_vec()),
+                Some(at) => {
+                    // SAFETY: the range lies in this queue's control slab (checked), which
+                    // the producer filled before its release commit that load_commit acquired.
+                    let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, size as usize) };
+                    Some(wire::ctrl_message(bytes))
+                }
                 None => {
                     self.reject(qi, pos, idx, cookie, BadPacket::BadAddress { op: packet.op.code(), addr: src, size });
                     return Take::Taken;
@@ -122,7 +125,7 @@ impl Proxy {
             _ => None,
         };
         let fenced = packet.flags.contains(Flags::FENCE);
-        let held = Held { seq: pos, packet, template, ctrl };
+        let mut held = Held { seq: pos, packet, template, ctrl };
         let gate_key = template.rank;
         if !self.queues[qi].gate.may_issue(gate_key, fenced) {
             return match self.queues[qi].gate.hold(gate_key, fenced, held) {
@@ -130,7 +133,7 @@ impl Proxy {
                 Err(_) => Take::Refused,
             };
         }
-        match self.start(qi, &held) {
+        match self.start(qi, &mut held) {
             Start::Accepted => {
                 self.queues[qi].gate.on_issue(gate_key);
                 Take::Taken
@@ -148,8 +151,8 @@ impl Proxy {
         let mut work = false;
         for qi in 0..self.queues.len() {
             while let Some((t, held)) = self.queues[qi].gate.poll_op() {
-                let held = held.clone();
-                match self.start(qi, &held) {
+                let mut held = held.clone();
+                match self.start(qi, &mut held) {
                     Start::Accepted => {
                         self.queues[qi].gate.issue_held(t);
                     }
@@ -168,7 +171,7 @@ impl Proxy {
     }
 
     /// Starts the op of `held`, taken from queue `qi`.
-    fn start(&mut self, qi: usize, held: &Held) -> Start {
+    fn start(&mut self, qi: usize, held: &mut Held) -> Start {
         if self.cancels.remove(&(qi, held.seq)) {
             return Start::Failed(
                 OpFailure::cancelled(),

@@ -96,7 +96,7 @@ fn wait_inbound(path: &mut NetPath, want: usize) -> Vec<(Rank, Vec<u8>)> {
     let mut got = Vec::new();
     let deadline = Instant::now() + PATIENCE;
     while got.len() < want {
-        path.poll_inbound(&mut |from, bytes| got.push((from, bytes.to_vec())));
+        path.poll_inbound(&mut |from, bytes| got.push((from, bytes)));
         assert!(Instant::now() < deadline, "only {} of {want} control packets arrived", got.len());
         std::thread::sleep(Duration::from_micros(200));
     }

@@ -81,9 +81,11 @@ impl LoopbackPath {
 }
 
 impl OffNodePath for LoopbackPath {
-    fn post_ctrl(&mut self, to: Rank, packet: &[u8]) -> Result<(), PostError> {
+    fn post_ctrl_with(&mut self, to: Rank, len: usize, encode: &mut dyn FnMut(&mut [u8])) -> Result<(), PostError> {
         assert_eq!(to, 1 - self.me, "only the other rank is on another node");
-        self.wire().ctrl[to as usize].push_back(packet.to_vec());
+        let mut packet = vec![0; len];
+        encode(&mut packet);
+        self.wire().ctrl[to as usize].push_back(packet);
         Ok(())
     }
 
@@ -138,10 +140,11 @@ impl OffNodePath for LoopbackPath {
         }
     }
 
-    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, &[u8])) -> usize {
+    fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, Vec<u8>)) -> usize {
         let got: Vec<Vec<u8>> = self.wire().ctrl[self.me as usize].drain(..).collect();
-        got.iter().for_each(|p| deliver(1 - self.me, p));
-        got.len()
+        let (n, from) = (got.len(), 1 - self.me);
+        got.into_iter().for_each(|p| deliver(from, p));
+        n
     }
 
     fn poll_done(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
