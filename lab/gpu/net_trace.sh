@@ -4,9 +4,10 @@
 # in time order (lab/gpu/anatomy_trace.py) at SIZES (default "8 4096 65536 1048576"), for
 # each build of ANATOMY_BINS (default osu_latency_anatomy_mpi; trace_<bin>_<bytes>.csv),
 # beside osu_latency D D and H H 8 B-4 MiB of LAT_BINS (default osu_latency_mpi;
-# lat_<bin>_<round>_<pl>.csv, ROUNDS rounds in alternation, default 1), the host-staged
-# anchor and Open MPI's own H H (staged_mpi.csv, host_mpi.csv); the rounds side by side in
-# summary.txt (lab/gpu/lat_table.py). All in OUTDIR.tgz. About 1.5 minutes for 3 builds.
+# lat_<bin>_<round>_<pl>.csv, ROUNDS rounds in alternation, even ones in reverse order,
+# default 1), the host-staged anchor and Open MPI's own H H (staged_mpi.csv, host_mpi.csv);
+# the rounds side by side in summary.txt (lab/gpu/lat_table.py). All in OUTDIR.tgz. About
+# 1.5 minutes for 3 builds of 3 rounds.
 # Usage: bash lab/gpu/net_trace.sh OUTDIR   (binaries in .gpu/bin, anchors in .gpu/tools)
 source "$(dirname "$0")/../../bench/gpu/preamble.sh" "${1:?usage: net_trace.sh OUTDIR}"
 pack() { tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"; }
@@ -18,7 +19,11 @@ if have_nvcc; then
 fi
 pack
 for r in $(seq "${ROUNDS:-1}"); do
-  for b in ${LAT_BINS:-osu_latency_mpi}; do
+  # Odd rounds in LAT_BINS's order, even rounds reversed (A B, B A, ...): a host whose
+  # speed drifts during the call favours no build.
+  bins=${LAT_BINS:-osu_latency_mpi}
+  [ $((r % 2)) = 0 ] && bins=$(echo "$bins" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for b in $bins; do
     for pl in "D D" "H H"; do
       log "latency round $r $b $pl"
       timeout 120 $pn -np 2 "$bin/$b" -m 8:4M --csv "$out/lat_${b}_${r}_${pl// /}.csv" $pl > /dev/null 2>> "$out/log.txt" \

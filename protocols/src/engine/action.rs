@@ -70,8 +70,8 @@ pub enum Action {
     /// a pushed message, after its data may have arrived: the network holds it); report
     /// it with [`Engine::on_net_done`](super::Engine::on_net_done).
     NetRecv { id: NetId, req: ReqId, from: Rank, xfer: MsgId, len: u64 },
-    /// NET rendezvous, sender's side (on the receiver's CTS, or right after the RTS of
-    /// a pushed message): send the first `len` bytes of request `req`'s buffer to rank
+    /// NET rendezvous, sender's side (on the receiver's CTS, or with the RTS of a pushed
+    /// message: before it for device data, after it for host data): send the first `len` bytes of request `req`'s buffer to rank
     /// `to`, on another node, as transfer `xfer`, which `to` has posted the receive of
     /// or will (`pushed`: the network holds the data until then, however long `to`'s
     /// application takes to post the receive); report it with

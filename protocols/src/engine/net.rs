@@ -16,7 +16,8 @@
 //!   sender for the job's life, so (sender, `xfer`) can select the MPI message. Two forms,
 //!   chosen by the sender and told by the RTS (`MemDesc::Net { pushed }`):
 //!   - **Pushed** (up to `net_push_max` bytes, at most `net_push_sends` at once): the
-//!     sender emits [`Action::NetSend`] right after the RTS, and the network holds the
+//!     sender emits [`Action::NetSend`] with the RTS (before it for device data, whose
+//!     staging copy should start first; after it for host data), and the network holds the
 //!     data until the receive matches it (MPI's own rendezvous does that for large
 //!     pieces, its eager buffers for small ones). The receiver matches the RTS and
 //!     emits [`Action::NetRecv`], no CTS: one trip between the nodes' proxies less than
@@ -94,8 +95,8 @@ impl Engine {
         self.emit(Action::NetDrain { id, from, xfer: msg, len });
     }
 
-    /// Sender, on the receiver's CTS for send `msg` (checked by the caller), or right
-    /// after the RTS of a pushed send: sends the data.
+    /// Sender, on the receiver's CTS for send `msg` (checked by the caller), or with the
+    /// RTS of a pushed send: sends the data.
     pub(super) fn post_net_send(&mut self, msg: MsgId) {
         let id = self.new_net(OpOwner::Send { msg, chunk: None });
         let s = self.sends.get_mut(&msg).expect("live send");

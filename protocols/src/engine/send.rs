@@ -122,14 +122,26 @@ impl Engine {
             return self.put_offered(req, msg, to, tag, buf, offer);
         }
         self.rtr[to as usize].sent += 1;
-        self.send(to, Packet::Rts { msg, tag, len: buf.len, src });
         self.sends_to[to as usize] += 1;
+        let staged = buf.device.is_some();
         let mut x = SendXfer::new(req, to, tag, buf, None, 0);
         x.pushed = push;
         self.sends.insert(msg, x);
-        if push {
-            // After the RTS: the transport posts both, in this order, to the same rank.
-            self.pushed_sends += 1;
+        let rts = Packet::Rts { msg, tag, len: buf.len, src };
+        if !push {
+            return self.send(to, rts);
+        }
+        // The transport posts both to the same rank in this order. Device data before
+        // the RTS: its staging copy (a driver call, then the copy) is the longest step of
+        // the transfer and waits for nothing, while the receiver posts its receive long
+        // before the copied data can arrive. Host data after it: its first piece goes to
+        // the network at once, and ahead of the RTS it would only delay the match.
+        self.pushed_sends += 1;
+        if staged {
+            self.post_net_send(msg);
+            self.send(to, rts);
+        } else {
+            self.send(to, rts);
             self.post_net_send(msg);
         }
     }

@@ -87,6 +87,27 @@ fn sends_are_pushed_up_to_the_size_and_count_limits() {
     }
 }
 
+#[test]
+fn a_pushed_send_posts_device_data_before_its_rts_and_host_data_after() {
+    // Device data's staging copy is the transfer's longest step: its network send goes
+    // first, so the transport starts the copy while the RTS travels. Host data's first
+    // piece leaves at once: behind the RTS, it does not delay the match.
+    for device in [Some(0), None] {
+        let mut w = two_nodes(15, ProtocolOverride::Auto);
+        w.engines[0].post_send(ReqId(1), 1, 0, BufDesc { len: 20_000, device, region: None }, None);
+        let order: Vec<&str> = take_actions(&mut w, 0)
+            .iter()
+            .filter_map(|a| match a {
+                Action::NetSend { pushed: true, .. } => Some("data"),
+                Action::Send { packet: Packet::Rts { src: MemDesc::Net { pushed: true }, .. }, .. } => Some("rts"),
+                _ => None,
+            })
+            .collect();
+        let want = if device.is_some() { ["data", "rts"] } else { ["rts", "data"] };
+        assert_eq!(order, want, "device {device:?}");
+    }
+}
+
 /// Packets rank `from` queued for `to` and not delivered, taken off the wire (the model
 /// has seen them already: they count as sent).
 fn take_sent(w: &mut World, from: Rank, to: Rank) -> Vec<Packet> {

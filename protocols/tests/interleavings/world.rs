@@ -254,6 +254,9 @@ impl World {
 
     /// Executes a rank's actions; copies and packets are queued for the scheduler.
     pub fn drain(&mut self, rank: Rank) {
+        // Each network send's form, checked once the call's actions are in: a pushed
+        // send's RTS and its network send come together, device data's send first.
+        let mut forms = Vec::new();
         while let Some(a) = self.engines[rank as usize].poll_action() {
             match a {
                 Action::Send { to, packet } => {
@@ -298,7 +301,7 @@ impl World {
                     self.nets.push(op);
                 }
                 Action::NetSend { id, req, to, xfer, len, pushed } => {
-                    assert_eq!(pushed, self.pushed.contains(&(rank, xfer)), "rank {rank}: send {xfer}'s form");
+                    forms.push((xfer, pushed));
                     assert!(!self.on_node(rank, to), "rank {rank}: network send to {to}, on its node");
                     assert_eq!(len, self.buf_len(rank, req), "rank {rank}: network send of part of {req:?}");
                     let (send, cancelled, landed, drain) = (true, false, false, false);
@@ -320,6 +323,9 @@ impl World {
                         .contains_key(&ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()))));
                 }
             }
+        }
+        for (xfer, pushed) in forms {
+            assert_eq!(pushed, self.pushed.contains(&(rank, xfer)), "rank {rank}: send {xfer}'s form");
         }
     }
 

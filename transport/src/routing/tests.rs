@@ -407,10 +407,11 @@ fn a_pushed_rendezvous_to_another_node_sends_its_data_with_the_rts() {
     let s = unsafe { ctx.isend(dev as *const u8, len, 1, 8) }.unwrap();
     ctx.progress().unwrap();
     let took = script.with(|s| s.took.clone());
-    let [Took::Ctrl(1, Packet::Rts { msg, tag: 8, src: MemDesc::Net { pushed: true }, .. }), Took::Send(send)] =
+    // Device data's send first: its staging copy starts while the RTS travels.
+    let [Took::Send(send), Took::Ctrl(1, Packet::Rts { msg, tag: 8, src: MemDesc::Net { pushed: true }, .. })] =
         &took[..]
     else {
-        panic!("expected a pushed RTS, then the send of its data: {took:?}")
+        panic!("expected the send of its device data, then a pushed RTS: {took:?}")
     };
     assert_eq!((send.peer, send.xfer, send.buf, send.len, send.pushed), (1, *msg, dev, len, true));
     assert!(ctx.exports.is_empty(), "no IPC region was exported for another node");
