@@ -3,7 +3,7 @@
 # staged pieces), on one GPU under MPS with the copy engine: every anatomy point of a leg
 # in time order (lab/gpu/anatomy_trace.py) at SIZES (default "8 4096 65536 1048576"), for
 # each build of ANATOMY_BINS (default osu_latency_anatomy_mpi; trace_<bin>_<bytes>.csv),
-# beside osu_latency D D and H H 8 B-4 MiB of LAT_BINS (default osu_latency_mpi;
+# beside osu_latency D D and H H (LAT_SIZES, default 8:4M) of LAT_BINS (default osu_latency_mpi;
 # lat_<bin>_<round>_<pl>.csv, ROUNDS rounds in alternation, even ones in reverse order,
 # default 1), the host-staged anchor and Open MPI's own H H (staged_mpi.csv, host_mpi.csv);
 # the rounds side by side in summary.txt (lab/gpu/lat_table.py). All in OUTDIR.tgz. About
@@ -26,7 +26,7 @@ for r in $(seq "${ROUNDS:-1}"); do
   for b in $bins; do
     for pl in "D D" "H H"; do
       log "latency round $r $b $pl"
-      timeout 120 $pn -np 2 "$bin/$b" -m 8:4M --csv "$out/lat_${b}_${r}_${pl// /}.csv" $pl > /dev/null 2>> "$out/log.txt" \
+      timeout 120 $pn -np 2 "$bin/$b" -m "${LAT_SIZES:-8:4M}" --csv "$out/lat_${b}_${r}_${pl// /}.csv" $pl > /dev/null 2>> "$out/log.txt" \
         || log "FAILED: $b $pl"
     done
   done
