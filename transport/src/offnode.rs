@@ -118,6 +118,11 @@ pub trait OffNodePath: Send {
     /// (not copied) to the caller; returns how many.
     fn poll_inbound(&mut self, deliver: &mut dyn FnMut(Rank, Vec<u8>)) -> usize;
 
+    /// A thread of this rank waits on what this path delivers (a `test`/`wait` loop with
+    /// requests outstanding), at each poll: the path's progress thread should not sleep
+    /// meanwhile (`net::idle`). Nothing by default: a path without such a thread.
+    fn waiting(&self) {}
+
     /// Hands every data operation that finished since the last call to `done`; returns
     /// how many.
     fn poll_done(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize;

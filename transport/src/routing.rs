@@ -325,6 +325,12 @@ impl Context {
     /// transfers complete, failed ranks fail; then what waits for room is posted.
     pub(crate) fn progress_offnode(&mut self) -> bool {
         let Some(path) = self.offnode.path.as_mut() else { return false };
+        if !self.reqs.is_empty() {
+            // Someone polls for a request, which the network may complete: keep the proxy
+            // awake while they do (an outstanding request on the node only keeps it
+            // yielding too, which costs a core the waiter spins on anyway).
+            path.waiting();
+        }
         let mut inbound = std::mem::take(&mut self.offnode.inbound);
         let mut done = std::mem::take(&mut self.offnode.done);
         let mut failed = std::mem::take(&mut self.offnode.failed);

@@ -6,9 +6,14 @@
 //! the median of each segment of a round trip per size: where a small message's latency
 //! goes between the two ranks (the posting calls, the time from the later of the two
 //! posts to the completion, the sender's completion after the receiver's).
+//!
+//! `OSU_THINK_US=T` makes rank 0 compute (spin, with no gpulmt call) for T us before each
+//! round trip, while rank 1 waits in its receive: the latency of a message that arrives
+//! after a compute phase, when nothing has kept the transport busy (the think time is
+//! taken out of the reported latency).
 
 use std::mem::size_of;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpulmt::Context;
 use gpulmt_bench::pair::Pair;
@@ -114,6 +119,14 @@ fn main() {
     }
     let mut failed = false;
     let anatomy = std::env::var_os("OSU_ANATOMY").is_some_and(|v| v != "0");
+    let think = match std::env::var("OSU_THINK_US").map(|v| v.parse::<u64>().map_err(|e| (v, e))) {
+        Ok(Ok(us)) => Duration::from_micros(us),
+        Ok(Err((v, e))) => {
+            eprintln!("error: OSU_THINK_US={v}: {e} (a whole number of microseconds)");
+            std::process::exit(2);
+        }
+        Err(_) => Duration::ZERO,
+    };
     for size in o.sizes() {
         let (iters, warm) = o.iterations_for(size, 1);
         or_die(ctx.barrier(), "barrier");
@@ -123,6 +136,13 @@ fn main() {
             for i in 0..iters + warm {
                 if i == warm {
                     t0 = Instant::now();
+                }
+                if me == 0 && !think.is_zero() {
+                    // Compute, as an application does between messages: no gpulmt call.
+                    let until = Instant::now() + think;
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
                 }
                 if anatomy {
                     // SAFETY: the buffers hold the largest size and live until the end.
@@ -136,7 +156,7 @@ fn main() {
                 }
             }
         }
-        let lat = t0.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
+        let lat = t0.elapsed().saturating_sub(think * iters as u32).as_secs_f64() * 1e6 / (2.0 * iters as f64);
         if anatomy && me <= 1 && iters > 0 {
             // Rank 1's stamps travel to rank 0 as host bytes, outside the timing.
             let bytes = iters * size_of::<Stamps>();

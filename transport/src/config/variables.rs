@@ -412,9 +412,12 @@ pub const VARIABLES: &[Variable] = &[
         default: Text("50us"),
         class: Normal,
         meaning: "Internode path: the longest the proxy thread sleeps between rounds when idle (it spins, then \
-                  yields, then sleeps longer and longer up to this). A host thread's post wakes it at once; \
-                  packets from GPU threads and messages from other nodes wait up to this. Lower it for \
-                  latency, raise it to leave the CPU to the application.",
+                  yields, then sleeps longer and longer up to this). A host thread's post wakes it at once, \
+                  and it does not sleep while a thread of the rank waits on the network (a `test`/`wait` \
+                  with requests outstanding, a host quiet); otherwise packets from GPU threads and \
+                  messages from other nodes wait up to this. Lower it for latency (`0`: the proxy never \
+                  sleeps, so even the first message after a compute phase is taken at once), raise it to \
+                  leave the CPU to the application.",
     },
     Variable {
         name: "GPULMT_NET_PROXY_CPU",

@@ -13,6 +13,15 @@
 //! With both fences sequentially consistent, either the proxy sees the doorbell (and does
 //! not park) or the producer sees the mark (and unparks: an unpark before the park makes
 //! the park return at once). A spurious or missed wake-up costs at most the sleep's length.
+//!
+//! A thread of this rank that waits on the network (a `test`/`wait` loop with requests
+//! outstanding, a host quiet) keeps the proxy from sleeping: it bumps a counter each time
+//! it polls, and unparks a sleeping proxy. The proxy, before each sleep, looks whether the
+//! counter moved since its last look, and if so yields instead: a message that a thread
+//! waits for is taken from MPI as soon as it arrives, not at the end of a sleep (a receive
+//! after a compute phase found its proxy in 50 us sleeps, since nothing else had woken it).
+//! No fence on this side: a wait polls again and again, so a proxy that parks just after a
+//! poll looked at the mark is unparked by the next poll.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -29,6 +38,9 @@ pub(crate) struct IdleGate {
     proxy: OnceLock<Thread>,
     /// Unparks made (the tests read it: a post found the proxy asleep).
     wakes: AtomicU64,
+    /// Polls of threads waiting on the network: written by them, read by the proxy only
+    /// when it is about to sleep, so a busy proxy never reads the line.
+    waits: CachePadded<AtomicU64>,
 }
 
 impl IdleGate {
@@ -62,6 +74,32 @@ impl IdleGate {
                 t.unpark();
             }
         }
+    }
+
+    /// A thread of this rank waiting on the network, at each poll: keeps the proxy from
+    /// sleeping (see the module's comment), and unparks it if it sleeps.
+    pub fn waiting(&self) {
+        // A plain increment, not a read-modify-write: the proxy only asks whether the
+        // count moved, which two racing waiters' stores still do; a locked add would stall
+        // this poll on the line the proxy reads. Relaxed: nothing is published with it.
+        let n = self.waits.load(Ordering::Relaxed);
+        self.waits.store(n.wrapping_add(1), Ordering::Relaxed);
+        // Relaxed, no fence: a park just after this load is undone by the next poll's.
+        if self.asleep.load(Ordering::Relaxed) {
+            if let Some(t) = self.proxy.get() {
+                self.wakes.fetch_add(1, Ordering::Relaxed);
+                t.unpark();
+            }
+        }
+    }
+
+    /// The proxy, before it sleeps: whether a thread waited on the network since the last
+    /// call (`seen` holds the count that call saw).
+    pub fn waited_on(&self, seen: &mut u64) -> bool {
+        // Relaxed: only whether the count moved matters; a stale value delays the answer
+        // by one back-off step at most.
+        let n = self.waits.load(Ordering::Relaxed);
+        std::mem::replace(seen, n) != n
     }
 
     /// Unparks made so far.
@@ -123,5 +161,39 @@ mod tests {
         let longest = sleeper.join().expect("the sleeper ends");
         assert!(longest < Duration::from_secs(5), "a post was lost: the sleeper slept {longest:?}");
         assert!(gate.wakes() > 0, "no post found the sleeper parked");
+    }
+
+    /// A waiter's polls move the count the proxy asks about before it sleeps (once per
+    /// move), and a poll unparks a proxy parked for 20 s.
+    #[test]
+    fn a_waiter_is_seen_before_a_sleep_and_unparks_a_sleeping_proxy() {
+        let gate = Arc::new(IdleGate::default());
+        let mut seen = 0;
+        assert!(!gate.waited_on(&mut seen), "nobody waited yet");
+        gate.waiting();
+        assert!(gate.waited_on(&mut seen), "a poll since the last look");
+        assert!(!gate.waited_on(&mut seen), "no poll since the last look");
+        assert_eq!(gate.wakes(), 0, "nothing slept, so nothing was unparked");
+
+        let sleeper = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                gate.register();
+                let start = Instant::now();
+                gate.sleep(Duration::from_secs(20), || false);
+                start.elapsed()
+            })
+        };
+        while !gate.asleep() {
+            std::thread::yield_now();
+        }
+        // The waiter polls, as a wait loop does, until the sleeper is up again.
+        while gate.asleep() {
+            gate.waiting();
+            std::thread::yield_now();
+        }
+        let slept = sleeper.join().expect("the sleeper ends");
+        assert!(gate.wakes() > 0, "the waiter never found the sleeper parked");
+        assert!(slept < Duration::from_secs(10), "the waiter did not cut the sleep short: {slept:?}");
     }
 }

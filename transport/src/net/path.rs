@@ -420,6 +420,10 @@ impl OffNodePath for NetPath {
         Some(self)
     }
 
+    fn waiting(&self) {
+        self.shared.idle.waiting();
+    }
+
     fn shutdown(&mut self, deadline: Instant) -> Result<(), NetError> {
         let Some(thread) = self.thread.take() else { return Ok(()) };
         self.shared.request_stop(deadline);

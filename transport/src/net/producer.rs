@@ -363,7 +363,11 @@ impl HostQueue {
             q.handle_timeout(Instant::now());
             let cq = self.cq();
             match q.poll(&cq) {
-                QuietStatus::Pending => backoff.wait(),
+                QuietStatus::Pending => {
+                    // The proxy takes the completions: it must not sleep while we wait.
+                    self.shared.idle.waiting();
+                    backoff.wait()
+                }
                 QuietStatus::TimedOut { done, until } => return Err(QuietError::TimedOut { done, until }),
                 QuietStatus::Done | QuietStatus::Failed(_) => {
                     // done reached the tail, and nothing else posts on this queue: the

@@ -21,7 +21,8 @@
 //! 8. check the stop flag.
 //!
 //! Nothing in a round blocks. Idle rounds back off: spin, then yield, then sleep longer
-//! and longer up to `GPULMT_NET_IDLE_SLEEP`, a sleep a host post cuts short (`super::idle`).
+//! and longer up to `GPULMT_NET_IDLE_SLEEP`, a sleep a host post cuts short, and none while
+//! a thread of the rank waits on the network: it yields then (`super::idle`).
 //! `GPULMT_NET_PROXY_CPU` pins the thread.
 //!
 //! # Teardown
@@ -225,6 +226,7 @@ impl Proxy {
         tight_timer_slack();
         self.shared.idle.register();
         let mut idle = 0u32;
+        let mut waits_seen = 0u64;
         let mut profile = ProxyProfile::default();
         loop {
             let now = Instant::now();
@@ -260,6 +262,11 @@ impl Proxy {
                 }
             }
             idle = if work { 0 } else { idle.saturating_add(1) };
+            // A thread of this rank waits on the network: yield rather than sleep, so what
+            // it waits for is taken as it arrives (`net::idle`). Asked only before a sleep.
+            if idle > YIELD_UNTIL && self.shared.idle.waited_on(&mut waits_seen) {
+                idle = SPIN_UNTIL + 1;
+            }
             profile.rounds += 1;
             profile.idle_rounds += u64::from(!work);
             profile.enter(Phase::Idle);
@@ -403,19 +410,24 @@ pub const fn ops_in_flight(slots: u64) -> u64 {
     4 * slots
 }
 
+/// Idle rounds the proxy spins through before it yields.
+const SPIN_UNTIL: u32 = 64;
+/// Idle rounds the proxy yields through before it sleeps.
+const YIELD_UNTIL: u32 = 128;
+
 /// Spins or yields after `idle` rounds without work, or says how long to sleep.
 fn back_off(idle: u32, max_sleep: Duration) -> Option<Duration> {
     match idle {
         0 => None,
-        1..=64 => {
+        1..=SPIN_UNTIL => {
             std::hint::spin_loop();
             None
         }
-        65..=128 => {
+        n if n <= YIELD_UNTIL => {
             std::thread::yield_now();
             None
         }
-        n => Some(Duration::from_micros(1u64 << ((n - 128) / 16).min(20)).min(max_sleep)),
+        n => Some(Duration::from_micros(1u64 << ((n - YIELD_UNTIL) / 16).min(20)).min(max_sleep)),
     }
 }
 

@@ -270,3 +270,32 @@ fn a_post_wakes_an_idle_proxy() {
     }
     shutdown_all(&mut paths);
 }
+
+/// A thread of the rank waiting on the network (`OffNodePath::waiting`, which each poll of
+/// a `test`/`wait` with requests outstanding calls) unparks its sleeping proxy, where no
+/// post of its own would, and a packet from another node then reaches it while it polls.
+#[test]
+fn a_waiting_thread_wakes_its_idle_proxy() {
+    let fabric = LoopbackFabric::new(2, 64);
+    let backend = sim();
+    let mut cfg = small_cfg(8);
+    cfg.idle_sleep = Duration::from_millis(50);
+    let mut paths = world(&fabric, 2, &cfg, &backend);
+    let deadline = Instant::now() + PATIENCE;
+    // The proxy may wake on its own between the look and the poll: a few polls may miss.
+    while paths[1].proxy_wakes() == 0 {
+        assert!(Instant::now() < deadline, "no poll of a waiter found its proxy asleep within {PATIENCE:?}");
+        wait_until("the idle proxy never went to sleep", || paths[1].proxy_asleep());
+        paths[1].waiting();
+    }
+    retry(|| paths[0].post_ctrl(1, &[7; 16]));
+    let mut got = Vec::new();
+    while got.is_empty() {
+        assert!(Instant::now() < deadline, "the packet to the waiting rank never arrived");
+        paths[1].waiting();
+        paths[1].poll_inbound(&mut |from, bytes| got.push((from, bytes)));
+        std::thread::yield_now();
+    }
+    assert_eq!(got, vec![(0, vec![7; 16])]);
+    shutdown_all(&mut paths);
+}
