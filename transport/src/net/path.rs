@@ -28,7 +28,7 @@ use gpulmt_protocols::{NetId, Rank};
 use rustc_hash::FxHashMap;
 
 use super::iface::NetIface;
-use super::producer::{CtrlBytes, HostQueue, Targets, WindowId};
+use super::producer::{Body, CtrlBytes, HostQueue, Targets, WindowId};
 use super::proxy::{limits, Proxy, ProxyConfig};
 use super::queue::{FailureDetail, QueueMem};
 use super::shared::{lock, Command, LocalWindow, QueueSet, Shared};
@@ -261,15 +261,7 @@ impl NetPath {
         Ok(())
     }
 
-    fn post(
-        &mut self,
-        lane: usize,
-        op: Op,
-        flags: Flags,
-        to: Rank,
-        ctrl: Option<CtrlBytes<'_>>,
-        what: Posted,
-    ) -> Result<(), PostError> {
+    fn post(&mut self, lane: usize, body: Body<'_>, flags: Flags, to: Rank, what: Posted) -> Result<(), PostError> {
         self.check_up()?;
         let t = self.targets.two_sided(to).ok_or_else(|| {
             PostError::Failed(NetError::Rejected(format!(
@@ -277,7 +269,7 @@ impl NetPath {
             )))
         })?;
         let l = &mut self.lanes[lane];
-        let seq = l.queue.try_post(op, flags, t, ctrl)?;
+        let seq = l.queue.try_post(body, flags, t)?;
         l.posted.push_back((seq, what));
         if let Posted::Data(id) = what {
             self.ids.insert(id, (lane, seq));
@@ -346,7 +338,7 @@ impl NetPath {
 impl OffNodePath for NetPath {
     fn post_ctrl_with(&mut self, to: Rank, len: usize, encode: &mut dyn FnMut(&mut [u8])) -> Result<(), PostError> {
         let ctrl = CtrlBytes { len, encode };
-        self.post(MAIN, Op::Ctrl { src: 0, size: 0 }, Flags::NONE, to, Some(ctrl), Posted::Ctrl { to })
+        self.post(MAIN, Body::Ctrl(ctrl), Flags::NONE, to, Posted::Ctrl { to })
     }
 
     // The trait's signature (`offnode`): every field of the transfer, as its packet has.
@@ -363,7 +355,7 @@ impl OffNodePath for NetPath {
     ) -> Result<(), PostError> {
         let op = Op::Send { src: buf as u64, size: len as u64, tag: xfer };
         let lane = if pushed { PUSHED } else { MAIN };
-        self.post(lane, op, Self::device_flag(mem, Flags::SRC_DEVICE), to, None, Posted::Data(id))
+        self.post(lane, Body::Op(op), Self::device_flag(mem, Flags::SRC_DEVICE), to, Posted::Data(id))
     }
 
     unsafe fn post_recv(
@@ -376,12 +368,12 @@ impl OffNodePath for NetPath {
         mem: MemoryKind,
     ) -> Result<(), PostError> {
         let op = Op::Recv { dst: buf as u64, size: len as u64, tag: xfer };
-        self.post(MAIN, op, Self::device_flag(mem, Flags::DST_DEVICE), from, None, Posted::Data(id))
+        self.post(MAIN, Body::Op(op), Self::device_flag(mem, Flags::DST_DEVICE), from, Posted::Data(id))
     }
 
     fn post_drain(&mut self, id: NetId, from: Rank, xfer: u64, len: usize) -> Result<(), PostError> {
         let op = Op::Recv { dst: 0, size: len as u64, tag: xfer };
-        self.post(MAIN, op, Flags::DISCARD, from, None, Posted::Data(id))
+        self.post(MAIN, Body::Op(op), Flags::DISCARD, from, Posted::Data(id))
     }
 
     fn cancel(&mut self, id: NetId) {

@@ -96,6 +96,15 @@ pub struct CtrlBytes<'a> {
     pub encode: &'a mut dyn FnMut(&mut [u8]),
 }
 
+/// What a posted packet carries.
+pub enum Body<'a> {
+    /// A data or one-sided op, as the caller built it.
+    Op(Op),
+    /// Control bytes, encoded into the slot's control slab entry once the slot is
+    /// reserved; the packet's `CTRL` op then points there.
+    Ctrl(CtrlBytes<'a>),
+}
+
 impl HostQueue {
     pub(crate) fn claim(shared: &Arc<Shared>, targets: &Arc<Targets>, post_timeout: Duration) -> Option<HostQueue> {
         let (index, state) = shared.set.claim()?;
@@ -142,17 +151,10 @@ impl HostQueue {
         self.mem.take_details(done)
     }
 
-    /// Posts one packet, or says the ring is full. `ctrl` makes a CTRL packet: its length
-    /// and its encoder, which writes the bytes straight into the slot's control slab entry
-    /// (only once the slot is reserved); the packet points there. Returns the op's
-    /// sequence number.
-    pub fn try_post(
-        &mut self,
-        op: Op,
-        flags: Flags,
-        target: u32,
-        ctrl: Option<CtrlBytes<'_>>,
-    ) -> Result<u64, PostError> {
+    /// Posts one packet, or says the ring is full. A [`Body::Ctrl`] is encoded straight
+    /// into the slot's control slab entry (only once the slot is reserved), and the packet
+    /// points there. Returns the op's sequence number.
+    pub fn try_post(&mut self, body: Body<'_>, flags: Flags, target: u32) -> Result<u64, PostError> {
         match self.mem.state() {
             QueueState::Open => {}
             state => {
@@ -162,7 +164,7 @@ impl HostQueue {
                 ))))
             }
         }
-        if let Some(CtrlBytes { len, .. }) = ctrl {
+        if let Body::Ctrl(CtrlBytes { len, .. }) = body {
             if len == 0 || len > CTRL_MAX {
                 return Err(PostError::Failed(NetError::Rejected(format!(
                     "a control packet of {len} bytes: the internode path carries 1 to {CTRL_MAX}"
@@ -174,8 +176,8 @@ impl HostQueue {
         let st = self.st();
         let slots = st.producer.slots();
         let idx = slot_index(pos, slots);
-        let op = match ctrl {
-            Some(CtrlBytes { len, encode }) => {
+        let op = match body {
+            Body::Ctrl(CtrlBytes { len, encode }) => {
                 let at = mem.ctrl_slot(idx);
                 // SAFETY: the slot's control entry (CTRL_MAX >= len bytes) is this
                 // producer's: the credit covers position `pos`, so the proxy copied out the
@@ -184,7 +186,7 @@ impl HostQueue {
                 encode(unsafe { std::slice::from_raw_parts_mut(at as *mut u8, len) });
                 Op::Ctrl { src: at as u64, size: len as u64 }
             }
-            None => op,
+            Body::Op(op) => op,
         };
         let raw = Packet { op, flags, target, cookie: pos }.encode(pos, slots);
         let mut body = [0u64; PACKET_WORDS - 1];
@@ -217,7 +219,7 @@ impl HostQueue {
         let deadline = Instant::now() + self.post_timeout;
         let mut backoff = Backoff::default();
         loop {
-            match self.try_post(op, flags, target, None) {
+            match self.try_post(Body::Op(op), flags, target) {
                 Err(PostError::NoResource) if Instant::now() < deadline => backoff.wait(),
                 Err(PostError::NoResource) => {
                     return Err(PostError::Failed(NetError::Down(format!(
