@@ -12,6 +12,7 @@
 //! executes the protocol engine's actions lives in [`crate::progress`].
 
 mod live;
+mod pause;
 mod released;
 
 use std::borrow::Cow;
@@ -43,6 +44,7 @@ use crate::shm::ring::PacketRing;
 use crate::shm::sweep::{self, Evidence};
 pub use crate::topology::JobInfo;
 use crate::topology::Topology;
+use pause::WaitPause;
 
 /// Tags at or above this value are reserved for gpulmt's own collectives.
 pub const TAG_UB: Tag = gpulmt_protocols::matching::RESERVED_TAG_BASE;
@@ -715,13 +717,12 @@ impl Context {
     /// Waits for a request; returns its status or its error. Never hangs on a dead
     /// peer: liveness checks fail requests whose peer exited.
     pub fn wait(&mut self, req: Request) -> Result<Status> {
+        let mut idle = WaitPause::default();
         loop {
             if let Some(s) = self.test(&req)? {
                 return Ok(s);
             }
-            // Polling without this pause made no difference on 2x H200, on the GPUs or on
-            // the host path alone (latab20, hostpath2), so the sibling-friendly loop stays.
-            std::hint::spin_loop();
+            idle.pause();
         }
     }
 
@@ -732,8 +733,11 @@ impl Context {
         let mut first_err = None;
         let mut left = reqs.len();
         let mut done = vec![false; reqs.len()];
+        let mut idle = WaitPause::default();
         while left > 0 {
-            self.progress()?;
+            if !self.progress()? {
+                idle.pause();
+            }
             for (i, r) in reqs.iter().enumerate() {
                 if done[i] {
                     continue;
