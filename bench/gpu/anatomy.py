@@ -14,10 +14,16 @@ shows there, apart from the other.
 import csv
 import sys
 
-SEND_POST, RECV_POST, PACKET_IN, PACKET_OUT, COPY_ISSUE, COPY_ISSUED, COPY_DONE, COMPLETED, PROBE = range(1, 10)
-# Args of PROBE (transport/src/anatomy.rs, mod probe).
-RECV_CLASSIFIED, RECV_DESCRIBED, RECV_POSTED, SEND_OFFER_WAITED, SEND_POSTED = range(1, 6)
-PACKET_HANDLED = 100
+from anatomy_points import POINT, PROBE as PROBE_ARG
+
+SEND_POST, RECV_POST, PACKET_IN, PACKET_OUT = (POINT[n] for n in ("SendPost", "RecvPost", "PacketIn", "PacketOut"))
+COPY_ISSUE, COPY_ISSUED, COPY_DONE = (POINT[n] for n in ("CopyIssue", "CopyIssued", "CopyDone"))
+COMPLETED, PROBE = POINT["Completed"], POINT["Probe"]
+RECV_CLASSIFIED, RECV_DESCRIBED, RECV_POSTED, SEND_OFFER_WAITED, SEND_POSTED, PACKET_HANDLED = (
+    PROBE_ARG[n]
+    for n in ("RECV_CLASSIFIED", "RECV_DESCRIBED", "RECV_POSTED", "SEND_OFFER_WAITED", "SEND_POSTED", "PACKET_HANDLED")
+)
+# Packet kind bytes (protocols/src/wire.rs).
 RTS, DONE, RTR = 2, 5, 11
 
 # (name, whose: 'x' = the rank whose copy just finished, 'y' = the other, point, arg or None)

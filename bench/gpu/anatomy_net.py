@@ -17,13 +17,20 @@ import csv
 import statistics
 import sys
 
-SEND_POST, RECV_POST, PACKET_IN, PACKET_OUT, COPY_ISSUE, COPY_ISSUED, COPY_DONE, COMPLETED, PROBE = range(1, 10)
-NET_TAKEN, NET_ISSUED, NET_ARRIVED, NET_PUBLISHED, NET_PACKET_IN = range(10, 15)
+from anatomy_points import POINT, PROBE as PROBE_ARG
 
-# Probe args (transport/src/anatomy.rs, `probe`), as points of their own: PROBE * 1000 + arg.
-SEND_PAYLOAD_STAGED, RECV_PAYLOAD_COPY, RECV_PAYLOAD_WRITTEN = (PROBE * 1000 + a for a in (6, 7, 8))
-SEND_CLASSIFIED, COPY_WAIT_ISSUED, COPY_WAIT_DONE = (PROBE * 1000 + a for a in (9, 10, 11))
-NET_SEND_CALL, NET_HANDED_OVER = (PROBE * 1000 + a for a in (12, 13))
+SEND_POST, PACKET_OUT, COMPLETED, PROBE = (POINT[n] for n in ("SendPost", "PacketOut", "Completed", "Probe"))
+NET_TAKEN, NET_ISSUED, NET_ARRIVED, NET_PUBLISHED, NET_PACKET_IN = (
+    POINT[n] for n in ("NetTaken", "NetIssued", "NetArrived", "NetPublished", "NetPacketIn")
+)
+
+# Probe args, as points of their own: PROBE * 1000 + arg.
+SEND_PAYLOAD_STAGED, RECV_PAYLOAD_COPY, RECV_PAYLOAD_WRITTEN, SEND_CLASSIFIED, COPY_WAIT_ISSUED, COPY_WAIT_DONE, \
+    NET_SEND_CALL, NET_HANDED_OVER = (
+        PROBE * 1000 + PROBE_ARG[n]
+        for n in ("SEND_PAYLOAD_STAGED", "RECV_PAYLOAD_COPY", "RECV_PAYLOAD_WRITTEN", "SEND_CLASSIFIED",
+                  "COPY_WAIT_ISSUED", "COPY_WAIT_DONE", "NET_SEND_CALL", "NET_HANDED_OVER")
+    )
 
 # (name, whose: 'x' = the sender, 'y' = the receiver, point)
 STEPS = [

@@ -13,28 +13,38 @@ GPULMT_ANATOMY_OUT; rows found in fewer than MIN_SHARE of the legs, default 0.5,
 """
 import bisect
 import csv
+import os
 import statistics
 import sys
 from collections import defaultdict
 
-POINTS = {1: "isend entered", 2: "irecv entered", 3: "packet from a ring", 4: "packet out",
-          5: "copy issue", 6: "copy issued", 7: "copy seen done", 8: "request completed",
-          10: "proxy took packet", 11: "proxy: MPI accepted a send", 12: "proxy: ctrl arrived",
-          13: "proxy: completions published", 14: "context took a net packet"}
-PROBES = {1: "irecv classified", 2: "irecv described", 3: "irecv posted", 4: "isend offer waited",
-          5: "isend posted", 6: "isend payload staged", 7: "payload copy-in starts",
-          8: "payload landed", 9: "isend classified", 10: "waited copy issued",
-          11: "waited copy done", 12: "proxy: MPI_Isend called", 13: "proxy: handed over",
-          14: "proxy: staging copy issued", 15: "proxy: staging copy done",
-          16: "proxy: piece to the network", 17: "proxy: piece's net op reported",
-          100: "packet handled"}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "gpu"))
+from anatomy_points import POINT, PROBE  # noqa: E402  (the numbers, from transport/src/anatomy.rs)
+
+# How the points read in the table, by their names in anatomy.rs; one it adds shows by its name.
+POINT_NAMES = {"SendPost": "isend entered", "RecvPost": "irecv entered", "PacketIn": "packet from a ring",
+               "PacketOut": "packet out", "CopyIssue": "copy issue", "CopyIssued": "copy issued",
+               "CopyDone": "copy seen done", "Completed": "request completed", "NetTaken": "proxy took packet",
+               "NetIssued": "proxy: MPI accepted a send", "NetArrived": "proxy: ctrl arrived",
+               "NetPublished": "proxy: completions published", "NetPacketIn": "context took a net packet"}
+PROBE_NAMES = {"RECV_CLASSIFIED": "irecv classified", "RECV_DESCRIBED": "irecv described",
+               "RECV_POSTED": "irecv posted", "SEND_OFFER_WAITED": "isend offer waited",
+               "SEND_POSTED": "isend posted", "SEND_PAYLOAD_STAGED": "isend payload staged",
+               "RECV_PAYLOAD_COPY": "payload copy-in starts", "RECV_PAYLOAD_WRITTEN": "payload landed",
+               "SEND_CLASSIFIED": "isend classified", "COPY_WAIT_ISSUED": "waited copy issued",
+               "COPY_WAIT_DONE": "waited copy done", "NET_SEND_CALL": "proxy: MPI_Isend called",
+               "NET_HANDED_OVER": "proxy: handed over", "STAGE_COPY_ISSUED": "proxy: staging copy issued",
+               "STAGE_COPY_DONE": "proxy: staging copy done", "PIECE_ON_WIRE": "proxy: piece to the network",
+               "PIECE_LANDED": "proxy: piece's net op reported", "PACKET_HANDLED": "packet handled"}
+POINTS = {n: POINT_NAMES.get(k, k) for k, n in POINT.items()}
+PROBES = {n: PROBE_NAMES.get(k, k) for k, n in PROBE.items()}
 OPS = {1: "CTRL", 2: "SEND", 3: "RECV"}
 
 
 def name(p, a):
-    if p == 9:
+    if p == POINT["Probe"]:
         return PROBES.get(a, f"probe {a}")
-    if p == 10:
+    if p == POINT["NetTaken"]:
         return f"{POINTS[p]} ({OPS.get(a, a)})"
     return POINTS.get(p, f"point {p}")
 
