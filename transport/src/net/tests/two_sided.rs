@@ -253,22 +253,34 @@ fn control_packets_beyond_the_inbound_queue_wait_in_order() {
 /// always reach it beside a build. Fails if posts never wake the proxy.
 #[test]
 fn a_post_wakes_an_idle_proxy() {
-    let fabric = LoopbackFabric::new(2, 64);
-    let backend = sim();
-    let mut cfg = small_cfg(8);
-    cfg.idle_sleep = Duration::from_millis(50);
-    let mut paths = world(&fabric, 2, &cfg, &backend);
-    let deadline = Instant::now() + PATIENCE;
+    let (fabric, backend) = (LoopbackFabric::new(2, 64), sim());
+    let mut paths = sleepy_world(&fabric, &backend);
     let mut posts = 0u8;
-    // The proxy may wake on its own between the look and the post: a few posts may miss.
-    while paths[0].proxy_wakes() == 0 {
-        assert!(Instant::now() < deadline, "no post found its proxy asleep in {posts} tries within {PATIENCE:?}");
-        wait_until("the idle proxy never went to sleep", || paths[0].proxy_asleep());
+    until_woken(&mut paths, 0, "no post found its proxy asleep", |paths| {
         retry(|| paths[0].post_ctrl(1, &[posts; 16]));
         assert_eq!(wait_inbound(&mut paths[1], 1), vec![(0, vec![posts; 16])]);
         posts = posts.wrapping_add(1);
-    }
+    });
     shutdown_all(&mut paths);
+}
+
+/// Two ranks whose proxies back off to sleeps of 50 ms, long enough to be found asleep.
+fn sleepy_world(fabric: &LoopbackFabric, backend: &Backend) -> Vec<NetPath> {
+    let mut cfg = small_cfg(8);
+    cfg.idle_sleep = Duration::from_millis(50);
+    world(fabric, 2, &cfg, backend)
+}
+
+/// Waits for the proxy of `paths[which]` to sleep, then runs `act`, until an act of that
+/// process unparked it; panics saying `none` after [`PATIENCE`]. The proxy may wake on its
+/// own between the look and the act: a few acts may miss.
+fn until_woken(paths: &mut [NetPath], which: usize, none: &str, mut act: impl FnMut(&mut [NetPath])) {
+    let deadline = Instant::now() + PATIENCE;
+    while paths[which].proxy_wakes() == 0 {
+        assert!(Instant::now() < deadline, "{none} within {PATIENCE:?}");
+        wait_until("the idle proxy never went to sleep", || paths[which].proxy_asleep());
+        act(paths);
+    }
 }
 
 /// A thread of the rank waiting on the network (`OffNodePath::waiting`, which each poll of
@@ -276,19 +288,11 @@ fn a_post_wakes_an_idle_proxy() {
 /// post of its own would, and a packet from another node then reaches it while it polls.
 #[test]
 fn a_waiting_thread_wakes_its_idle_proxy() {
-    let fabric = LoopbackFabric::new(2, 64);
-    let backend = sim();
-    let mut cfg = small_cfg(8);
-    cfg.idle_sleep = Duration::from_millis(50);
-    let mut paths = world(&fabric, 2, &cfg, &backend);
-    let deadline = Instant::now() + PATIENCE;
-    // The proxy may wake on its own between the look and the poll: a few polls may miss.
-    while paths[1].proxy_wakes() == 0 {
-        assert!(Instant::now() < deadline, "no poll of a waiter found its proxy asleep within {PATIENCE:?}");
-        wait_until("the idle proxy never went to sleep", || paths[1].proxy_asleep());
-        paths[1].waiting();
-    }
+    let (fabric, backend) = (LoopbackFabric::new(2, 64), sim());
+    let mut paths = sleepy_world(&fabric, &backend);
+    until_woken(&mut paths, 1, "no poll of a waiter found its proxy asleep", |paths| paths[1].waiting());
     retry(|| paths[0].post_ctrl(1, &[7; 16]));
+    let deadline = Instant::now() + PATIENCE;
     let mut got = Vec::new();
     while got.is_empty() {
         assert!(Instant::now() < deadline, "the packet to the waiting rank never arrived");
