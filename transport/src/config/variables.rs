@@ -424,7 +424,10 @@ pub const VARIABLES: &[Variable] = &[
         kind: Kind::Count { min: 0, max: 1 << 16, power_of_two: false },
         default: Unset("not pinned"),
         class: Normal,
-        meaning: "Internode path: pin the proxy thread to this CPU (a core the application does not use).",
+        meaning: "Internode path: pin the proxy thread to this CPU (a core the application does not use). Every \
+                  process that reads it pins its proxy there: where several ranks share a host, give each its \
+                  own, e.g. `mpirun ... sh -c 'GPULMT_NET_PROXY_CPU=$((8 + OMPI_COMM_WORLD_LOCAL_RANK)) exec \
+                  ./app'`.",
     },
     Variable {
         name: "GPULMT_HANDLE_CACHE",
