@@ -68,12 +68,7 @@ impl IdleGate {
         // SeqCst, pairs with sleep's: the doorbell is visible before the mark is read.
         // Scope: host.
         fence(Ordering::SeqCst);
-        if self.asleep.load(Ordering::Relaxed) {
-            if let Some(t) = self.proxy.get() {
-                self.wakes.fetch_add(1, Ordering::Relaxed);
-                t.unpark();
-            }
-        }
+        self.unpark_if_asleep();
     }
 
     /// A thread of this rank waiting on the network, at each poll: keeps the proxy from
@@ -84,7 +79,13 @@ impl IdleGate {
         // this poll on the line the proxy reads. Relaxed: nothing is published with it.
         let n = self.waits.load(Ordering::Relaxed);
         self.waits.store(n.wrapping_add(1), Ordering::Relaxed);
-        // Relaxed, no fence: a park just after this load is undone by the next poll's.
+        // No fence: a park just after this poll's look is undone by the next poll's.
+        self.unpark_if_asleep();
+    }
+
+    /// Unparks the proxy if its mark says it is about to park or parked.
+    fn unpark_if_asleep(&self) {
+        // Relaxed: the callers order the look (wake by its fence, waiting by polling again).
         if self.asleep.load(Ordering::Relaxed) {
             if let Some(t) = self.proxy.get() {
                 self.wakes.fetch_add(1, Ordering::Relaxed);
