@@ -10,10 +10,12 @@
 //! threads' calls), and this state is only used inside the shim's MPI functions, so one
 //! shared copy serves every thread without a lock or a thread-local: `set_serialized`.
 //!
-//! The ranges follow gpulmt's `HostRangeCache`, with its premise: a host range never
-//! becomes device memory, as device allocations come from the driver's own address
-//! range; memory the shim allocates itself (`gpulmt_mpi_alloc`) makes every thread
-//! forget.
+//! The ranges are gpulmt's `HostRangeCache`, which remembers only ranges where no later
+//! device allocation can take the address (below the program break, the main thread's
+//! stack): the driver reuses freed `mmap`ed ranges for device memory, so a large host
+//! buffer freed and a `cudaMalloc` after it share an address. The memo below inherits
+//! that: it is set only for buffers the ranges hold. Memory the shim allocates itself
+//! (`gpulmt_mpi_alloc`) makes every thread forget.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
@@ -291,11 +293,13 @@ pub fn landing() -> Option<*mut u8> {
 mod tests {
     use super::*;
 
+    /// Host memory below the program break, which the ranges remember.
+    static BUF: [u8; 4096] = [0; 4096];
+
     #[test]
     fn remembers_per_thread_and_forgets_everywhere() {
         enable(true);
-        let buf = vec![0u8; 4096];
-        let p = buf.as_ptr() as usize;
+        let p = BUF.as_ptr() as usize;
         assert!(!is_host(p, 16));
         remember(p, 4096);
         assert!(is_host(p + 100, 16));
@@ -306,6 +310,12 @@ mod tests {
         remember(p, 4096);
         enable(false);
         assert!(!is_host(p, 16), "disabled");
+        enable(true);
+        // A mapped buffer (a large Vec) may become device memory once freed: never kept.
+        let big = vec![0u8; 64 << 20];
+        remember(big.as_ptr() as usize, big.len());
+        assert!(!is_host(big.as_ptr() as usize, 16), "an mmap'ed range was remembered");
+        enable(false);
     }
 
     #[test]

@@ -443,7 +443,10 @@ pub const VARIABLES: &[Variable] = &[
         default: Text("1"),
         class: Diagnostic,
         meaning: "Remember recently used host buffers, so that the eager path skips the driver's pointer query. \
-                  `0` asks the driver every time, for comparison.",
+                  Only buffers no later device allocation can take the address of are remembered: in the heap \
+                  below the program break and in the main thread's stack (the driver reuses freed `mmap`ed \
+                  ranges, large `malloc`s among them, for device memory). `0` asks the driver every time, for \
+                  comparison.",
     },
     Variable {
         name: "GPULMT_PROGRESS_ON_POST",
