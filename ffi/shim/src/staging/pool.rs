@@ -137,26 +137,76 @@ impl Drop for HostBlock {
     }
 }
 
+/// Host memory for one message staged whole (a device buffer's point-to-point message
+/// to or from the MPI library): a pool block when the cap leaves room, so that the copy
+/// between it and the device is a DMA of pinned memory and the memory is not mapped and
+/// faulted in again for every message; heap memory past the cap, where the copy is the
+/// driver's pageable one (several times slower: 0.6 GB/s for osu_bw's window of 64 MiB
+/// messages across pseudo-nodes, `lab/gpu/shim_offnode.sh`).
+pub enum MessageBuf {
+    Pool { block: HostBlock, len: usize },
+    Heap(Vec<u8>),
+}
+
+impl MessageBuf {
+    /// `len` bytes of host memory (their content is unspecified: the caller writes them
+    /// before reading).
+    pub fn new(len: usize) -> MessageBuf {
+        // Half the cap at most, so that messages in flight never starve a collective.
+        match take_within(len, 2) {
+            Ok(block) if len > 0 => MessageBuf::Pool { block, len },
+            _ => MessageBuf::Heap(vec![0u8; len]),
+        }
+    }
+
+    /// Start of the memory, for the MPI library or a copy to write.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            MessageBuf::Pool { block, .. } => block.ptr(),
+            MessageBuf::Heap(v) => v.as_mut_ptr(),
+        }
+    }
+}
+
+impl std::ops::Deref for MessageBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            // SAFETY: the block is a mapping of at least `len` bytes that this value owns;
+            // mapped anonymous memory is initialised (zeroes, or an earlier use's bytes).
+            MessageBuf::Pool { block, len } => unsafe { std::slice::from_raw_parts(block.ptr(), *len) },
+            MessageBuf::Heap(v) => v,
+        }
+    }
+}
+
 /// A block of at least `len` bytes (`len` > 0), or [`Exceeded`] when the blocks in use
 /// leave less than that under the cap (or the system has no memory to map).
 pub fn take(len: usize) -> Result<HostBlock, Exceeded> {
+    take_within(len, 1)
+}
+
+/// As [`take`], within `1/share` of the cap: point-to-point messages leave the rest to
+/// the collectives, which fail with `MPI_ERR_NO_MEM` where the pool refuses them.
+fn take_within(len: usize, share: usize) -> Result<HostBlock, Exceeded> {
     let need = len.max(1).div_ceil(PAGE) * PAGE;
     let mut p = pool();
+    let cap = p.cap / share;
     let fits = |b: &Block| b.len >= need && b.len <= need * REUSE_SLACK + PAGE;
     if let Some(i) = p.kept.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.len).map(|(i, _)| i) {
         let b = p.kept.swap_remove(i);
         return Ok(HostBlock { block: Some(b) });
     }
     // Room under the cap: let kept blocks go, largest first, until it fits.
-    while p.held + need > p.cap {
+    while p.held + need > cap {
         let Some(i) = p.kept.iter().enumerate().max_by_key(|(_, b)| b.len).map(|(i, _)| i) else { break };
         let b = p.kept.swap_remove(i);
         p.held -= b.len;
         p.unmap(b);
     }
     let in_use = p.held - p.kept.iter().map(|b| b.len).sum::<usize>();
-    let refused = Exceeded { need: len, cap: p.cap, in_use };
-    if p.held + need > p.cap {
+    let refused = Exceeded { need: len, cap, in_use };
+    if p.held + need > cap {
         return Err(refused);
     }
     // SAFETY: an anonymous private mapping at an address of the kernel's choice.
@@ -215,6 +265,18 @@ mod tests {
         // c's block is kept, but let go for a request it is too small for.
         let d = take(48 << 10).expect("kept blocks make room");
         drop((b, d));
+        // A message takes pool memory up to half the cap, then heap memory.
+        set_cap(64 << 10);
+        let mut m = MessageBuf::new(30 << 10);
+        assert!(matches!(m, MessageBuf::Pool { .. }));
+        assert_eq!(m.len(), 30 << 10);
+        // SAFETY: the message's 30 KiB.
+        unsafe { std::ptr::write_bytes(m.as_mut_ptr(), 9, 30 << 10) };
+        assert!(m.iter().all(|&b| b == 9));
+        let n = MessageBuf::new(8 << 10);
+        assert!(matches!(n, MessageBuf::Heap(ref v) if v.len() == 8 << 10), "past half the cap");
+        let full = take(32 << 10).expect("the collectives keep the other half");
+        drop((m, n, full));
         shut_down();
     }
 }

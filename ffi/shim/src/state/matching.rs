@@ -10,6 +10,7 @@ use super::ops::{Done, RecvSpec, Stashed, State};
 use super::Shim;
 use crate::envelope::{Envelope, ENVELOPE_BYTES};
 use crate::raw::*;
+use crate::staging::pool::MessageBuf;
 
 impl Shim {
     /// Matches posted receives with messages, in post order.
@@ -84,7 +85,7 @@ impl Shim {
             // than the buffer is staged too: the shim truncates it itself, so the library
             // reports no error (MPICH would raise it on MPI_COMM_WORLD's handler, not the
             // receive's) and writes nothing past the count (Open MPI would).
-            let mut staging = vec![0u8; bytes];
+            let mut staging = MessageBuf::new(bytes);
             if spec.device {
                 self.counters.staged_recvs += 1;
             } else {

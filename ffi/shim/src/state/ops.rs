@@ -11,6 +11,7 @@ use super::greq::{cancel_fn, errored, free_fn, query_fn, Errored, GreqState};
 use super::Shim;
 use crate::envelope::{Envelope, ENVELOPE_BYTES};
 use crate::raw::*;
+use crate::staging::pool::MessageBuf;
 use crate::staging::Staged;
 
 /// What a finished operation reports.
@@ -52,7 +53,7 @@ pub(super) enum State {
     Posted,
     /// A receive of data the MPI library moves (`MPI_Imrecv`), into the user's buffer
     /// or, for a device buffer, into host staging copied over at completion.
-    RawRecv { inner: MPI_Request, staging: Option<Vec<u8>> },
+    RawRecv { inner: MPI_Request, staging: Option<MessageBuf> },
     /// A receive of an envelope's payload through gpulmt (into staging for
     /// non-contiguous datatypes, unpacked at completion).
     LmtRecv { req: Request, source: c_int, tag: c_int, staging: Option<Vec<u8>> },
@@ -60,7 +61,7 @@ pub(super) enum State {
     LmtSend { _env: Box<[u8; ENVELOPE_BYTES]>, env_req: MPI_Request, lmt: Option<Request>, error: c_int },
     /// A send the MPI library moves from host memory (device data staged, or a host
     /// buffer of a blocking send while the shim is busy).
-    MpiSend { inner: MPI_Request, _staging: Option<Vec<u8>> },
+    MpiSend { inner: MPI_Request, _staging: Option<MessageBuf> },
     /// A non-blocking call the MPI library runs on staged copies of device buffers (a
     /// collective; `call` names it in errors): copied back when `inner` completes.
     Staged { inner: MPI_Request, staged: Staged, call: &'static str },

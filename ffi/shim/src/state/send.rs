@@ -12,6 +12,7 @@ use super::ops::State;
 use super::Shim;
 use crate::envelope::{Envelope, ENVELOPE_BYTES, KIND_LMT};
 use crate::raw::*;
+use crate::staging::pool::MessageBuf;
 
 impl Shim {
     /// Starts a send of a device buffer of `bytes` contiguous bytes. Returns the
@@ -31,7 +32,7 @@ impl Shim {
         let local = if bytes >= self.lmt_min { self.local_rank_of(comm, dest) } else { None };
         let Some(to) = local else {
             // Another node, or a small message: stage through host memory.
-            let mut staging = vec![0u8; bytes];
+            let mut staging = MessageBuf::new(bytes);
             // SAFETY: `buf` is the application's device buffer of `bytes` bytes for this send,
             // which MPI's rules keep valid and unmodified until the send completes.
             if let Err(e) = unsafe { self.ctx.copy_sync(staging.as_mut_ptr() as usize, buf, bytes) } {
