@@ -26,7 +26,7 @@ fn main() {
     let fabric = LoopbackFabric::new(2, 1024);
     let net = NetConfig { idle_sleep: std::time::Duration::ZERO, ..NetConfig::default() };
     let mut paths: Vec<NetPath> = (0..2)
-        .map(|r| NetPath::start_with(Box::new(fabric.endpoint(r)), &[1 - r], &net, backend.clone()).expect("path"))
+        .map(|r| NetPath::start_with(Box::new(fabric.endpoint(r)), &[1 - r], &net, backend.clone(), r).expect("path"))
         .collect();
     std::thread::sleep(std::time::Duration::from_secs(secs));
     for p in &mut paths {

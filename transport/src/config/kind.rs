@@ -57,6 +57,8 @@ pub enum Kind {
     Choice(&'static [&'static str]),
     /// A device ordinal (checked against the device count when the backend is up).
     Device,
+    /// A list of CPUs as taskset and `/sys` write them: `8`, `8-11`, `0,2,4-7`.
+    CpuList,
     /// Read by another module, which checks it: the text says what it accepts.
     Syntax(&'static str),
 }
@@ -72,8 +74,33 @@ pub enum Value {
     /// The choice as the table spells it.
     Choice(&'static str),
     Device(u32),
+    /// CPUs in the order given, ranges expanded.
+    CpuList(Vec<u32>),
     /// A syntax another module reads, as given.
     Text(String),
+}
+
+/// The most CPUs a [`Kind::CpuList`] may name (and the highest CPU number + 1).
+pub const MAX_CPUS: u32 = 1 << 16;
+
+/// Parses a CPU list (`8`, `8-11`, `0,2,4-7`), ranges expanded in order; `None` for
+/// anything else, a range that runs backwards, or a CPU past [`MAX_CPUS`].
+pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        let (lo, hi) = match part.trim().split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?),
+            None => {
+                let n = part.trim().parse::<u32>().ok()?;
+                (n, n)
+            }
+        };
+        if lo > hi || hi >= MAX_CPUS || cpus.len() + (hi - lo) as usize >= MAX_CPUS as usize {
+            return None;
+        }
+        cpus.extend(lo..=hi);
+    }
+    Some(cpus)
 }
 
 /// Parses a byte size: `4096`, `64K`, `1M`, `2G`, `1MiB`, `1mb` (binary units: K is
@@ -157,6 +184,7 @@ impl Kind {
             Kind::Duration { .. } => "duration",
             Kind::Choice(_) => "choice",
             Kind::Device => "device",
+            Kind::CpuList => "CPU list",
             Kind::Syntax(_) => "text",
         }
     }
@@ -194,6 +222,9 @@ impl Kind {
             }
             Kind::Choice(names) => quoted_list(names),
             Kind::Device => "a device ordinal: 0 to the device count - 1".into(),
+            Kind::CpuList => {
+                format!("CPUs and ranges of CPUs, comma-separated (`8`, `8-11`, `0,2,4-7`), at most {MAX_CPUS}")
+            }
             Kind::Syntax(text) => text.into(),
         }
     }
@@ -237,6 +268,9 @@ impl Kind {
                 }
             }
             Kind::Device => t.parse().map(Value::Device).or_else(|_| expected("a device ordinal")),
+            Kind::CpuList => {
+                parse_cpu_list(t).map(Value::CpuList).ok_or_else(|| format!("expected {}", self.accepted()))
+            }
             Kind::Syntax(_) => Ok(Value::Text(t.to_string())),
         }
     }
@@ -245,6 +279,19 @@ impl Kind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_expand_ranges_in_order() {
+        assert_eq!(parse_cpu_list("8"), Some(vec![8]));
+        assert_eq!(parse_cpu_list("8-11"), Some(vec![8, 9, 10, 11]));
+        assert_eq!(parse_cpu_list(" 0, 2 ,4-5"), Some(vec![0, 2, 4, 5]));
+        assert_eq!(parse_cpu_list("3-1"), None, "backwards");
+        assert_eq!(parse_cpu_list("1,,2"), None);
+        assert_eq!(parse_cpu_list("a"), None);
+        assert_eq!(parse_cpu_list("0-70000"), None, "past MAX_CPUS");
+        let e = Kind::CpuList.parse("8-x").unwrap_err();
+        assert!(e.contains("8-11"), "{e}");
+    }
 
     #[test]
     fn sizes_and_durations_read_their_units() {

@@ -36,8 +36,9 @@ pub struct NetConfig {
     pub drain: Duration,
     /// `GPULMT_NET_IDLE_SLEEP`: the idle proxy's longest sleep.
     pub idle_sleep: Duration,
-    /// `GPULMT_NET_PROXY_CPU`: the CPU to pin the proxy thread to.
-    pub proxy_cpu: Option<u32>,
+    /// `GPULMT_NET_PROXY_CPU`: the CPUs to pin proxy threads to, one per rank of a host
+    /// ([`proxy_cpu`](Self::proxy_cpu)); empty: not pinned.
+    pub proxy_cpus: Vec<u32>,
 }
 
 impl Default for NetConfig {
@@ -62,11 +63,19 @@ impl NetConfig {
             stall: r.duration("GPULMT_NET_STALL_MS")?,
             drain: r.duration("GPULMT_NET_DRAIN_MS")?,
             idle_sleep: r.duration("GPULMT_NET_IDLE_SLEEP")?,
-            proxy_cpu: match r.read("GPULMT_NET_PROXY_CPU")? {
-                None => None,
-                Some(Value::Count(n)) => Some(n as u32),
+            proxy_cpus: match r.read("GPULMT_NET_PROXY_CPU")? {
+                None => Vec::new(),
+                Some(Value::CpuList(cpus)) => cpus,
                 other => Reader::wrong_kind("GPULMT_NET_PROXY_CPU", other),
             },
         })
+    }
+
+    /// The CPU the proxy of the rank with index `host_local` among its host's ranks is
+    /// pinned to: the list's entry of that index, counted round the list where the host
+    /// has more ranks than it names (two proxies then share a CPU, which a warning says).
+    pub fn proxy_cpu(&self, host_local: u32) -> Option<u32> {
+        let n = self.proxy_cpus.len();
+        (n > 0).then(|| self.proxy_cpus[host_local as usize % n])
     }
 }

@@ -421,13 +421,14 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "GPULMT_NET_PROXY_CPU",
-        kind: Kind::Count { min: 0, max: 1 << 16, power_of_two: false },
+        kind: Kind::CpuList,
         default: Unset("not pinned"),
         class: Normal,
-        meaning: "Internode path: pin the proxy thread to this CPU (a core the application does not use). Every \
-                  process that reads it pins its proxy there: where several ranks share a host, give each its \
-                  own, e.g. `mpirun ... sh -c 'GPULMT_NET_PROXY_CPU=$((8 + OMPI_COMM_WORLD_LOCAL_RANK)) exec \
-                  ./app'`.",
+        meaning: "Internode path: pin proxy threads to these CPUs (cores the application does not use), one \
+                  per rank of a host: the rank of index i among its host's ranks (`MPI_Comm_split_type` \
+                  shared) takes the list's i-th CPU, so `mpirun -x GPULMT_NET_PROXY_CPU=8-11` gives the four \
+                  ranks of each host cores 8, 9, 10 and 11. A host with more ranks than CPUs listed counts \
+                  round the list again (proxies then share a core, and the log warns).",
     },
     Variable {
         name: "GPULMT_HANDLE_CACHE",

@@ -123,11 +123,22 @@ where
     let caps = IfaceCaps { device_memory, max_tag };
     let (rank, size) = (comm.rank() as Rank, comm.size() as u32);
     tracing::info!(rank, max_tag, cuda_aware = device_memory, "internode path: MPI endpoint");
+    // The proxy's CPU is picked by the rank's index on its host, pseudo-nodes or not:
+    // they share the host's cores.
+    let host = comm.split_shared(comm.rank());
+    let (host_local, host_size) = (host.rank() as u32, host.size() as usize);
+    if !cfg.proxy_cpus.is_empty() && host_size > cfg.proxy_cpus.len() {
+        tracing::warn!(
+            ranks_on_host = host_size,
+            cpus = cfg.proxy_cpus.len(),
+            "GPULMT_NET_PROXY_CPU names fewer CPUs than this host has ranks: proxies share CPUs (list one per rank)"
+        );
+    }
     let max_requests = MAX_REQUESTS + 3 * cfg.ctrl_pool as usize;
     // SAFETY: `dup` is live, owned by nothing else from here on, and MPI runs with
     // MPI_THREAD_MULTIPLE (checked above).
     let iface = unsafe { MpiIface::new(dup, rank, size, caps, max_requests) };
-    NetPath::start_with(Box::new(iface), peers, cfg, backend)
+    NetPath::start_with(Box::new(iface), peers, cfg, backend, host_local)
 }
 
 /// Exposes `base..base + size` on this rank and learns every peer's window of the same

@@ -94,13 +94,16 @@ fn failure_error(d: &FailureDetail) -> NetError {
 impl NetPath {
     /// Starts the path over `iface` for the job ranks `peers` (those on other nodes):
     /// sets up the queues (`cfg.queues` of `cfg.queue_slots` slots, in memory from
-    /// `backend`), starts the proxy thread, and claims the first queue for the caller's
-    /// thread. `net::start` (feature `mpi`) is the MPI flavour.
+    /// `backend`), starts the proxy thread (pinned to `cfg.proxy_cpu(host_local)`, where
+    /// `host_local` is this rank's index among the ranks of its host), and claims the
+    /// first queue for the caller's thread. `net::start` (feature `mpi`) is the MPI
+    /// flavour.
     pub fn start_with(
         iface: Box<dyn NetIface>,
         peers: &[Rank],
         cfg: &NetConfig,
         backend: Backend,
+        host_local: u32,
     ) -> Result<NetPath, NetError> {
         let (me, size) = (iface.rank(), iface.size());
         if let Some(&bad) = peers.iter().find(|&&r| r == me || r >= size) {
@@ -125,7 +128,7 @@ impl NetPath {
             stall: cfg.stall,
             idle_sleep: cfg.idle_sleep,
             pool: cfg.ctrl_pool as usize,
-            cpu: cfg.proxy_cpu,
+            cpu: cfg.proxy_cpu(host_local),
         };
         let thread = Proxy::new(pcfg, iface, backend, shared.clone(), Arc::new(table))
             .spawn()

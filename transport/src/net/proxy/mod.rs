@@ -461,6 +461,8 @@ fn pin_to(cpu: u32) {
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         tracing::warn!(cpu, error = %e, "GPULMT_NET_PROXY_CPU: the proxy thread could not be pinned");
+    } else {
+        tracing::info!(cpu, "GPULMT_NET_PROXY_CPU: proxy thread pinned");
     }
 }
 

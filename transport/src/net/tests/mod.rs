@@ -5,10 +5,12 @@
 //!
 //! Files: this one (the harness), `two_sided.rs` (control packets, rendezvous data,
 //! backpressure), `one_sided.rs` (windows, put, put-with-signal, get, fence, quiet),
-//! `faults.rs` (bad packets, stalls, network errors, cancel, teardown).
+//! `faults.rs` (bad packets, stalls, network errors, cancel, teardown), `pinning.rs`
+//! (`GPULMT_NET_PROXY_CPU`).
 
 mod faults;
 mod one_sided;
+mod pinning;
 mod two_sided;
 
 use std::sync::Arc;
@@ -54,7 +56,7 @@ fn small_cfg(slots: u32) -> NetConfig {
         stall: Duration::from_secs(20),
         drain: Duration::from_secs(10),
         idle_sleep: Duration::from_micros(20),
-        proxy_cpu: None,
+        proxy_cpus: Vec::new(),
     }
 }
 
@@ -63,7 +65,7 @@ fn world(fabric: &LoopbackFabric, n: u32, cfg: &NetConfig, backend: &Backend) ->
     (0..n)
         .map(|r| {
             let peers: Vec<Rank> = (0..n).filter(|&p| p != r).collect();
-            NetPath::start_with(Box::new(fabric.endpoint(r)), &peers, cfg, backend.clone()).expect("start a path")
+            NetPath::start_with(Box::new(fabric.endpoint(r)), &peers, cfg, backend.clone(), r).expect("start a path")
         })
         .collect()
 }
