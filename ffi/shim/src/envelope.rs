@@ -9,9 +9,9 @@
 //!  16  kind        u32       KIND_LMT
 //!  20  cookie_len  u32       bytes of cookie used (at most COOKIE_CAP)
 //!  24  total       u64       bytes of the message
-//!  32  job_hash    u64       FNV-1a of the gpulmt job id (the node's job)
+//!  32  job_hash    u64       FNV-1a of world rank 0's gpulmt job id (one for the job)
 //!  40  world_rank  i32       sender's rank in MPI_COMM_WORLD
-//!  44  local_rank  u32       sender's rank in the gpulmt job (node-local rank)
+//!  44  sender      u32       sender's rank in the shim's gpulmt context (its world rank)
 //!  48  cookie      128 bytes gpulmt's RTS
 //! ```
 //!
@@ -36,7 +36,7 @@ pub struct Envelope {
     pub total: u64,
     pub job_hash: u64,
     pub world_rank: i32,
-    pub local_rank: u32,
+    pub sender: u32,
     pub cookie: Vec<u8>,
 }
 
@@ -53,7 +53,7 @@ impl Envelope {
         b[24..32].copy_from_slice(&self.total.to_le_bytes());
         b[32..40].copy_from_slice(&self.job_hash.to_le_bytes());
         b[40..44].copy_from_slice(&self.world_rank.to_le_bytes());
-        b[44..48].copy_from_slice(&self.local_rank.to_le_bytes());
+        b[44..48].copy_from_slice(&self.sender.to_le_bytes());
         b[48..48 + self.cookie.len()].copy_from_slice(&self.cookie);
         Some(b)
     }
@@ -71,7 +71,7 @@ impl Envelope {
             total: u64_at(24),
             job_hash: u64_at(32),
             world_rank: u32_at(40) as i32,
-            local_rank: u32_at(44),
+            sender: u32_at(44),
             cookie: bytes.get(48..48 + cookie_len.min(COOKIE_CAP + 1))?.to_vec(),
         };
         (e.kind == KIND_LMT && cookie_len <= COOKIE_CAP && e.job_hash == job_hash).then_some(e)
@@ -93,7 +93,7 @@ mod tests {
             total: 1 << 24,
             job_hash: job_hash("mpi1x2"),
             world_rank: 3,
-            local_rank: 1,
+            sender: 1,
             cookie: (0..123).collect(),
         }
     }

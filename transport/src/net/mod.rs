@@ -69,7 +69,7 @@ pub mod stream;
 pub mod wire;
 
 #[cfg(feature = "mpi")]
-pub use mpi::{register_window, start};
+pub use mpi::{register_window, start, start_raw};
 pub use path::NetPath;
 pub use producer::{HostQueue, QuietError, Targets, WindowId};
 pub(crate) use proxy::ops_in_flight;

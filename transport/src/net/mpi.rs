@@ -58,9 +58,24 @@ pub fn start<C>(comm: &C, peers: &[Rank], cfg: &NetConfig, backend: Backend) -> 
 where
     C: Communicator + AsRaw<Raw = ffi::MPI_Comm>,
 {
+    // SAFETY: rsmpi's handle of a live communicator.
+    unsafe { start_raw(comm.as_raw(), peers, cfg, backend) }
+}
+
+/// [`start`] on a raw communicator handle, for a caller that holds no rsmpi communicator
+/// (the PMPI shim). Every MPI call it makes is a `PMPI_*` one (`iface::mpi`).
+///
+/// # Safety
+/// `comm` is a live intra-communicator for the whole call.
+pub unsafe fn start_raw(
+    comm: ffi::MPI_Comm,
+    peers: &[Rank],
+    cfg: &NetConfig,
+    backend: Backend,
+) -> Result<NetPath, NetError> {
     let mut provided: c_int = 0;
     // SAFETY: MPI_Query_thread writes the level into a local.
-    check("MPI_Query_thread", unsafe { ffi::MPI_Query_thread(&mut provided) }).map_err(|e| down("MPI", e))?;
+    check("MPI_Query_thread", unsafe { ffi::PMPI_Query_thread(&mut provided) }).map_err(|e| down("MPI", e))?;
     // SAFETY: reads an extern constant of the MPI library.
     if provided < unsafe { ffi::RSMPI_THREAD_MULTIPLE } {
         return Err(NetError::Down(format!(
@@ -73,13 +88,13 @@ where
     // SAFETY: an MPI_Comm is a plain handle; MPI_Comm_dup overwrites it.
     let mut dup: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
     // SAFETY: `comm` is a live communicator (rsmpi's handle); `dup` is a local.
-    check("MPI_Comm_dup", unsafe { ffi::MPI_Comm_dup(comm.as_raw(), &mut dup) }).map_err(|e| down("MPI", e))?;
+    check("MPI_Comm_dup", unsafe { ffi::PMPI_Comm_dup(comm, &mut dup) }).map_err(|e| down("MPI", e))?;
     let free = |mut c: ffi::MPI_Comm| {
         // SAFETY: a communicator this function made and nothing else holds.
-        unsafe { ffi::MPI_Comm_free(&mut c) };
+        unsafe { ffi::PMPI_Comm_free(&mut c) };
     };
     // SAFETY: `dup` is live; the handler is a constant of the library.
-    let rc = unsafe { ffi::MPI_Comm_set_errhandler(dup, ffi::RSMPI_ERRORS_RETURN) };
+    let rc = unsafe { ffi::PMPI_Comm_set_errhandler(dup, ffi::RSMPI_ERRORS_RETURN) };
     if let Err(e) = check("MPI_Comm_set_errhandler", rc) {
         free(dup);
         return Err(down("MPI", e));
@@ -89,7 +104,7 @@ where
     let mut all = [0i64; 2];
     // SAFETY: two i64 in and out, a constant datatype and op, the live `dup`.
     let rc = unsafe {
-        ffi::MPI_Allreduce(mine.as_ptr().cast(), all.as_mut_ptr().cast(), 2, ffi::RSMPI_INT64_T, ffi::RSMPI_MAX, dup)
+        ffi::PMPI_Allreduce(mine.as_ptr().cast(), all.as_mut_ptr().cast(), 2, ffi::RSMPI_INT64_T, ffi::RSMPI_MAX, dup)
     };
     if let Err(e) = check("MPI_Allreduce", rc) {
         free(dup);
@@ -107,7 +122,7 @@ where
     // SAFETY: MPI_TAG_UB's value is a pointer to an int the library owns; `tag_ub` and
     // `flag` are locals it writes.
     let rc = unsafe {
-        ffi::MPI_Comm_get_attr(
+        ffi::PMPI_Comm_get_attr(
             dup,
             ffi::MPI_TAG_UB as c_int,
             (&mut tag_ub as *mut *mut c_int).cast::<c_void>(),
@@ -121,12 +136,23 @@ where
     };
     let device_memory = backend.kind() == BackendKind::Cuda && mpi_cuda_aware();
     let caps = IfaceCaps { device_memory, max_tag };
-    let (rank, size) = (comm.rank() as Rank, comm.size() as u32);
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: `dup` is live; the out-pointers are locals.
+    unsafe {
+        ffi::PMPI_Comm_rank(dup, &mut rank);
+        ffi::PMPI_Comm_size(dup, &mut size);
+    }
+    let (rank, size) = (rank as Rank, size as u32);
     tracing::info!(rank, max_tag, cuda_aware = device_memory, "internode path: MPI endpoint");
     // The proxy's CPU is picked by the rank's index on its host, pseudo-nodes or not:
     // they share the host's cores.
-    let host = comm.split_shared(comm.rank());
-    let (host_local, host_size) = (host.rank() as u32, host.size() as usize);
+    let (host_local, host_size) = match host_place(dup) {
+        Ok(v) => v,
+        Err(e) => {
+            free(dup);
+            return Err(down("MPI", e));
+        }
+    };
     if !cfg.proxy_cpus.is_empty() && host_size > cfg.proxy_cpus.len() {
         tracing::warn!(
             ranks_on_host = host_size,
@@ -139,6 +165,27 @@ where
     // MPI_THREAD_MULTIPLE (checked above).
     let iface = unsafe { MpiIface::new(dup, rank, size, caps, max_requests) };
     NetPath::start_with(Box::new(iface), peers, cfg, backend, host_local)
+}
+
+/// This rank's index among the ranks of its host, and their number
+/// (`MPI_Comm_split_type` shared on `comm`; collective).
+fn host_place(comm: ffi::MPI_Comm) -> Result<(u32, usize), super::iface::NetFail> {
+    // SAFETY: an MPI_Comm is a plain handle; the split overwrites it.
+    let mut host: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: `comm` is live; the split type and info are constants of the library; the
+    // out-pointers are locals; `host` is freed before returning.
+    unsafe {
+        check("MPI_Comm_rank", ffi::PMPI_Comm_rank(comm, &mut rank))?;
+        let rc =
+            ffi::PMPI_Comm_split_type(comm, ffi::MPI_COMM_TYPE_SHARED as c_int, rank, ffi::RSMPI_INFO_NULL, &mut host);
+        check("MPI_Comm_split_type", rc)?;
+        let got = check("MPI_Comm_rank", ffi::PMPI_Comm_rank(host, &mut rank))
+            .and_then(|()| check("MPI_Comm_size", ffi::PMPI_Comm_size(host, &mut size)));
+        ffi::PMPI_Comm_free(&mut host);
+        got?;
+    }
+    Ok((rank as u32, size as usize))
 }
 
 /// Exposes `base..base + size` on this rank and learns every peer's window of the same

@@ -72,21 +72,47 @@ fn agree_staging_limits() {
     }
 }
 
-/// `MPI_Init`: initializes the MPI library (`PMPI_Init`), then starts the shim.
+/// Whether the shim asks MPI for `MPI_THREAD_MULTIPLE`, which the internode path's proxy
+/// thread needs: where the shim is on, off-node messages may take the queues
+/// (`GPULMT_MPI_OFFNODE`), and the job may span nodes, as the launcher says
+/// (Open MPI's local size below its world size, MPICH's Hydra alike, Slurm's node count)
+/// or pseudo-nodes split the host. Elsewhere the program's own level stands: a higher one
+/// slows every MPI call a little.
+fn wants_thread_multiple() -> bool {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok());
+    let fewer = |local: &str, all: &str| matches!((var(local), var(all)), (Some(l), Some(a)) if l < a);
+    let off = std::env::var("GPULMT_MPI_DISABLE").is_ok_and(|v| !matches!(v.trim(), "" | "0"));
+    let spans = var("GPULMT_PSEUDO_NODES").is_some_and(|n| n > 1)
+        || fewer("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")
+        || fewer("MPI_LOCALNRANKS", "PMI_SIZE")
+        || var("SLURM_NNODES").is_some_and(|n| n > 1);
+    !off && spans && crate::state::offnode_queues_wanted()
+}
+
+/// `MPI_Init`: initializes the MPI library (`PMPI_Init`, or `PMPI_Init_thread` with
+/// `MPI_THREAD_MULTIPLE` where [`wants_thread_multiple`]), then starts the shim.
 ///
 /// # Safety
 /// As `MPI_Init`: `argc` and `argv` are NULL or point to `main`'s arguments.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
-    // SAFETY: the caller's arguments, passed on.
-    let rc = unsafe { PMPI_Init(argc, argv) };
+    let rc = if wants_thread_multiple() {
+        let mut provided = 0;
+        // SAFETY: the caller's arguments, passed on; a local out-pointer.
+        unsafe { PMPI_Init_thread(argc, argv, mpi_sys::MPI_THREAD_MULTIPLE as c_int, &mut provided) }
+    } else {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { PMPI_Init(argc, argv) }
+    };
     if rc == SUCCESS {
         start();
     }
     rc
 }
 
-/// `MPI_Init_thread`: initializes the MPI library (`PMPI_Init_thread`), then starts the shim.
+/// `MPI_Init_thread`: initializes the MPI library (`PMPI_Init_thread`, at
+/// `MPI_THREAD_MULTIPLE` where [`wants_thread_multiple`]: MPI may provide more than a
+/// program requires, and `provided` says what it gave), then starts the shim.
 ///
 /// # Safety
 /// As `MPI_Init_thread`: `argc` and `argv` are NULL or point to `main`'s arguments, and
@@ -98,6 +124,10 @@ pub unsafe extern "C" fn MPI_Init_thread(
     required: c_int,
     provided: *mut c_int,
 ) -> c_int {
+    let required = match wants_thread_multiple() {
+        true => required.max(mpi_sys::MPI_THREAD_MULTIPLE as c_int),
+        false => required,
+    };
     // SAFETY: the caller's arguments, passed on.
     let rc = unsafe { PMPI_Init_thread(argc, argv, required, provided) };
     if rc == SUCCESS {

@@ -66,6 +66,7 @@ pub use greq::errored;
 pub use lock::{host_fast_path, lock};
 pub use ops::Done;
 use ops::{Op, Stashed, State};
+pub use setup::offnode_queues_wanted;
 
 /// Counters for tests and users (`gpulmt_mpi_get_counters`).
 #[repr(C)]
@@ -94,8 +95,13 @@ pub struct Shim {
     /// A private duplicate of the node's communicator, for the finalize barriers and the
     /// placeholder messages of matched probes (`mprobe`).
     node_comm: MPI_Comm,
-    /// World rank -> local rank of this node (-1: another node).
-    world_to_local: Vec<i32>,
+    /// This rank's index on its node (its rank in `node_comm`).
+    local_rank: u32,
+    /// Per world rank: whether it shares this rank's node.
+    on_node: Vec<bool>,
+    /// The context has the internode path: large device messages to other nodes go as
+    /// envelopes and a rendezvous the proxies move, not staged for the MPI library.
+    offnode: bool,
     ops: HashMap<u64, Op>,
     next_op: u64,
     /// Receives without a message, in post order.
@@ -141,10 +147,11 @@ impl Shim {
         self.is_idle() && self.stash.is_empty()
     }
 
-    /// Whether a message of this rank can be an envelope: another rank shares the node.
-    /// Without one, the shim leaves messages of an envelope's size in the library.
+    /// Whether a message of this rank can be an envelope: another rank shares the node,
+    /// or the internode path reaches other nodes. Without either, the shim leaves
+    /// messages of an envelope's size in the library.
     fn envelopes_possible(&self) -> bool {
-        self.ctx.size() > 1
+        self.ctx.topology().local_size() > 1 || self.offnode
     }
 
     /// Some matched transfer is in flight (unmatched receives aside) or a control

@@ -104,7 +104,7 @@ impl Shim {
     /// such as `MPI_COMM_SELF`, whose matched messages MPICH 4.0 crashes receiving). Only
     /// with other ranks on the node, the only case in which the shim takes messages out.
     fn placeholder_message(&mut self) -> Result<MPI_Message, c_int> {
-        let me = self.ctx.rank() as c_int;
+        let me = self.local_rank as c_int;
         let mut req = request_null();
         // SAFETY: an empty message to this rank on the shim's communicator; the request may
         // be freed before it completes.

@@ -58,8 +58,9 @@ impl Shim {
         }
     }
 
-    /// The node-local rank of rank `rank` of `comm`, if it is on this node.
-    pub(super) fn local_rank_of(&self, comm: MPI_Comm, rank: c_int) -> Option<u32> {
+    /// The world rank of rank `rank` of `comm` (gpulmt's context names ranks by their
+    /// world rank), and whether it shares this rank's node.
+    pub(super) fn world_rank_of(&self, comm: MPI_Comm, rank: c_int) -> Option<(u32, bool)> {
         let world_rank = if comm == comm_world() {
             rank
         } else {
@@ -77,7 +78,22 @@ impl Shim {
             }
             out
         };
-        let l = *self.world_to_local.get(usize::try_from(world_rank).ok()?)?;
-        (l >= 0).then_some(l as u32)
+        let w = u32::try_from(world_rank).ok()?;
+        Some((w, *self.on_node.get(w as usize)?))
+    }
+
+    /// The context rank to move a device message of `bytes` bytes to rank `dest` of `comm`
+    /// through gpulmt: on this node from `GPULMT_MPI_LMT_MIN` bytes, on another node
+    /// (with the internode path) above its eager limit, below which MPI's own eager
+    /// message is as quick. `None`: staged for the MPI library.
+    pub(super) fn gpulmt_peer(&self, comm: MPI_Comm, dest: c_int, bytes: usize) -> Option<u32> {
+        if bytes < self.lmt_min {
+            return None;
+        }
+        match self.world_rank_of(comm, dest)? {
+            (w, true) => Some(w),
+            (w, false) if self.offnode && bytes as u64 > self.ctx.config().net.eager_limit => Some(w),
+            _ => None,
+        }
     }
 }

@@ -179,7 +179,7 @@ impl Shim {
     }
 
     fn start_lmt_recv(&mut self, id: u64, spec: &RecvSpec, source: c_int, tag: c_int, env: Envelope) {
-        let from = env.local_rank;
+        let from = env.sender;
         let mut staging = (!spec.contiguous).then(|| vec![0u8; spec.cap]);
         let (ptr, len) = match &mut staging {
             Some(s) => (s.as_mut_ptr() as usize, s.len()),

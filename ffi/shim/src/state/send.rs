@@ -29,9 +29,9 @@ impl Shim {
         greq: bool,
     ) -> Result<(u64, MPI_Request), c_int> {
         self.settle_app_writes(buf);
-        let local = if bytes >= self.lmt_min { self.local_rank_of(comm, dest) } else { None };
-        let Some(to) = local else {
-            // Another node, or a small message: stage through host memory.
+        let Some(to) = self.gpulmt_peer(comm, dest, bytes) else {
+            // A small message, or another node without the internode path: stage through
+            // host memory.
             let mut staging = MessageBuf::new(bytes);
             // SAFETY: `buf` is the application's device buffer of `bytes` bytes for this send,
             // which MPI's rules keep valid and unmodified until the send completes.
@@ -64,7 +64,7 @@ impl Shim {
             total: bytes as u64,
             job_hash: self.job_hash,
             world_rank: self.world_rank,
-            local_rank: self.ctx.rank(),
+            sender: self.ctx.rank(),
             cookie,
         };
         let Some(env) = env.encode().map(Box::new) else {

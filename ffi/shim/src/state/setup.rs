@@ -5,13 +5,16 @@
 //! The node is what [`Topology`] makes of the job (`docs/internode.md`, "World, nodes and
 //! routing"): the ranks of one host (`MPI_Comm_split_type(SHARED)`), or with
 //! `GPULMT_PSEUDO_NODES=N` one of the N groups each host's ranks are split into, as for
-//! `gpulmt::mpi::init_from_mpi`. Ranks of different (pseudo-)nodes share no gpulmt
-//! context, ring, IPC mapping or shared memory: to the shim they are off-node, and their
-//! messages go to the MPI library, device buffers staged through host memory around the
-//! PMPI call (`send.rs`, `recv.rs`), not through gpulmt's GIO proxy: the proxy's own MPI
-//! calls would enter this library's interposed `MPI_*` symbols again (its matching and its
-//! lock, from a second thread), and it needs `MPI_THREAD_MULTIPLE`, which the
-//! application's `MPI_Init` need not give (docs/internode.md, "The PMPI shim across nodes").
+//! `gpulmt::mpi::init_from_mpi`. The context spans the job: its ranks are world ranks,
+//! those of this node reached through rings, IPC and shared memory. Where the job has
+//! several nodes and MPI gives `MPI_THREAD_MULTIPLE` (the shim's `MPI_Init` asks for it
+//! where the launcher says the job spans hosts, or with pseudo-nodes), the context also
+//! gets the internode path: GIO queues and a proxy thread whose MPI calls are `PMPI_*`
+//! ones, so they never enter the shim. Large device messages to another node then go as
+//! an envelope the MPI library matches and a rendezvous the proxies move (`send.rs`,
+//! `recv.rs`); without the path (`GPULMT_MPI_OFFNODE=mpi`, or a lower thread level) they
+//! are staged through host memory around the PMPI call (docs/internode.md, "The PMPI
+//! shim across nodes").
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -48,8 +51,13 @@ impl Shim {
         }
         let mut node_comm = comm_null();
         let mut world_group = group_null();
-        // SAFETY: a buffer of the size given; collective over the node communicator.
+        // The envelopes' job hash is one for the whole job (world rank 0's id), so that an
+        // envelope from another node is recognised too; the node's own id names its
+        // shared memory.
+        let mut world_id = id;
+        // SAFETY: buffers of the size given; collective over the world, then the node.
         unsafe {
+            PMPI_Bcast(world_id.as_mut_ptr().cast(), world_id.len() as c_int, byte(), 0, world);
             PMPI_Bcast(id.as_mut_ptr().cast(), id.len() as c_int, byte(), 0, node);
             PMPI_Comm_dup(node, &mut node_comm);
             PMPI_Comm_group(world, &mut world_group);
@@ -58,11 +66,10 @@ impl Shim {
         // SAFETY: a local out-pointer; MPI is initialized.
         let thread_multiple =
             unsafe { PMPI_Query_thread(&mut level) } == SUCCESS && level >= MPI_THREAD_MULTIPLE as c_int;
-        let world_to_local: Vec<i32> =
-            (0..wsize as u32).map(|w| topology.local_of(w).map_or(-1, |l| l as i32)).collect();
-        let len = id.iter().position(|&b| b == 0).unwrap_or(id.len());
-        let job = String::from_utf8_lossy(&id[..len]).into_owned();
+        let on_node: Vec<bool> = (0..wsize as u32).map(|w| topology.on_node(w)).collect();
+        let job = id_text(&id);
 
+        let topology_for_ctx = topology.clone();
         let made = (|| -> Result<(Context, usize, bool), String> {
             let lmt_min = match std::env::var("GPULMT_MPI_LMT_MIN") {
                 Ok(v) if !v.trim().is_empty() => gpulmt::config::parse_size(v.trim())
@@ -77,15 +84,13 @@ impl Shim {
                 Ok("none") => false,
                 Ok(v) => return Err(format!("GPULMT_MPI_SETTLE={v:?} is neither `default-stream` nor `none`")),
             };
-            let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
-            // The pseudo-nodes split the world above (`split_nodes`): this node's own
-            // context is a job of one node, which gpulmt refuses to split again.
-            cfg.pseudo_nodes = 1;
+            let cfg = Config::from_env().map_err(|e| e.to_string())?;
             let info = JobInfo { job: job.clone(), rank: lrank as u32, size: lsize as u32 };
             // Rings, not blobs over MPI: a packet crosses in a ring slot the peer's
             // progress reads, where an MPI message cost both ranks an Isend, an Iprobe
             // and a Recv, and every progress round an Iprobe on one more communicator.
-            let ctx = Context::init_plugin_rings(cfg, info).map_err(|e| e.to_string())?;
+            // The context's ranks are world ranks (the topology places them).
+            let ctx = Context::init_world(cfg, info, topology_for_ctx, None).map_err(|e| e.to_string())?;
             Ok((ctx, lmt_min.max(1), settle))
         })();
         // Every local rank must have joined, or none uses gpulmt.
@@ -107,11 +112,18 @@ impl Shim {
             }
             Err(why)
         };
-        let (ctx, lmt_min, settle) = match made {
+        // Every node decides alike whether the internode path starts: it is collective
+        // over the world (and every rank reaches this agreement, so none waits in it for
+        // a node whose shim stays off).
+        let node_ok = made.is_ok() && all != 0;
+        let want = node_ok && topology.node_count() > 1 && thread_multiple && offnode_queues_wanted();
+        let go = world_all(want);
+        let (mut ctx, lmt_min, settle) = match made {
             Err(why) => return fail(why, None),
             Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
         };
+        let offnode = go && start_offnode(&mut ctx, world);
         // The node communicator's work is done (the finalize barriers use node_comm,
         // a duplicate of it): in Open MPI 4.1 each communicator a program
         // holds adds to the cost of every host message (libnbc's progress polling).
@@ -122,14 +134,23 @@ impl Shim {
         crate::hostmem::enable(ctx.config().memtype_cache);
         // Staging memory is pinned for this context's device engines.
         crate::staging::pool::attach(ctx.backend().clone());
-        tracing::info!(job = %job, local_rank = lrank, local_size = lsize, world_rank = wrank, "gpulmt-mpi shim active");
+        tracing::info!(
+            job = %job,
+            local_rank = lrank,
+            local_size = lsize,
+            world_rank = wrank,
+            offnode_queues = offnode,
+            "gpulmt-mpi shim active"
+        );
         Ok(Shim {
             ctx,
-            job_hash: job_hash(&job),
+            job_hash: job_hash(&id_text(&world_id)),
             world_rank: wrank,
+            local_rank: lrank as u32,
             world_group,
             node_comm,
-            world_to_local,
+            on_node,
+            offnode,
             ops: HashMap::new(),
             next_op: 1,
             posted: Vec::new(),
@@ -161,10 +182,13 @@ impl Shim {
                 break;
             }
         }
-        // Peers may still need our packets to finish theirs: progress until all arrive.
+        // Peers may still need our packets to finish theirs: progress until all arrive
+        // (every rank of the job, where the internode path reaches other nodes: MPI_Finalize
+        // has every rank here, with no collective of the program's own in flight).
+        let barrier_comm = if self.offnode { comm_world() } else { self.node_comm };
         let mut req = request_null();
-        // SAFETY: collective over the node's ranks, request out-pointer.
-        unsafe { PMPI_Ibarrier(self.node_comm, &mut req) };
+        // SAFETY: collective over the barrier's ranks, request out-pointer.
+        unsafe { PMPI_Ibarrier(barrier_comm, &mut req) };
         loop {
             self.progress();
             let mut flag = 0;
@@ -175,8 +199,8 @@ impl Shim {
             }
         }
         // Nobody drives gpulmt after this barrier: releasing cannot alarm a peer.
-        // SAFETY: collective over the node's ranks.
-        unsafe { PMPI_Barrier(self.node_comm) };
+        // SAFETY: collective over the barrier's ranks.
+        unsafe { PMPI_Barrier(barrier_comm) };
         crate::staging::pool::shut_down();
         for ptr in std::mem::take(&mut self.allocations) {
             // SAFETY: memory of gpulmt_mpi_alloc, which the application may not use after
@@ -189,6 +213,76 @@ impl Shim {
         unsafe {
             PMPI_Comm_free(&mut node_comm);
             PMPI_Group_free(&mut world_group);
+        }
+    }
+}
+
+/// A job id as broadcast: the text up to its first NUL.
+fn id_text(id: &[u8; 64]) -> String {
+    let len = id.iter().position(|&b| b == 0).unwrap_or(id.len());
+    String::from_utf8_lossy(&id[..len]).into_owned()
+}
+
+/// Whether off-node device messages should take the GIO queues and the proxy
+/// (`GPULMT_MPI_OFFNODE`: `queues`, the default, or `mpi`); an unknown value says so and
+/// counts as the default.
+pub fn offnode_queues_wanted() -> bool {
+    match std::env::var("GPULMT_MPI_OFFNODE").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("queues") => true,
+        Ok("mpi") => false,
+        Ok(v) => {
+            tracing::warn!("GPULMT_MPI_OFFNODE={v:?} is neither `queues` nor `mpi`: using `queues`");
+            true
+        }
+    }
+}
+
+/// Whether `mine` holds on every rank of the world (collective).
+fn world_all(mine: bool) -> bool {
+    let mine = c_int::from(mine);
+    let mut all = 0;
+    // SAFETY: one int each way; collective over the world.
+    let rc = unsafe {
+        PMPI_Allreduce(
+            (&mine as *const c_int).cast(),
+            (&mut all as *mut c_int).cast(),
+            1,
+            int32(),
+            op_min(),
+            comm_world(),
+        )
+    };
+    rc == SUCCESS && all != 0
+}
+
+/// Starts the internode path and gives it to `ctx` (collective over `world`, on every rank
+/// alike); whether every rank has it. Where any rank failed, none keeps it: off-node
+/// device messages are then staged for the MPI library, as without the path.
+fn start_offnode(ctx: &mut Context, world: MPI_Comm) -> bool {
+    let me = ctx.rank();
+    let peers: Vec<u32> = (0..ctx.size()).filter(|&r| r != me && !ctx.topology().on_node(r)).collect();
+    // SAFETY: MPI_COMM_WORLD is live until MPI_Finalize, after the shim's release.
+    let started = unsafe { gpulmt::net::start_raw(world, &peers, &ctx.config().net, ctx.backend().clone()) };
+    let path = match started {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(error = %e, "the internode path did not start: device messages to other nodes are staged for MPI");
+            None
+        }
+    };
+    if !world_all(path.is_some()) {
+        if let Some(mut p) = path {
+            use gpulmt::offnode::OffNodePath;
+            let _ = p.shutdown(std::time::Instant::now());
+        }
+        return false;
+    }
+    match ctx.attach_offnode_path(Box::new(path.expect("every rank started its path"))) {
+        Ok(()) => true,
+        Err(e) => {
+            // Only an internal error: the context was made without a path.
+            tracing::error!(error = %e, "attaching the internode path");
+            false
         }
     }
 }
@@ -280,8 +374,8 @@ mod tests {
         let t = node_topology(3, &all).unwrap();
         assert_eq!(t.node_members(), &[2, 3]);
         assert_eq!((t.place().local, t.local_size()), (1, 2));
-        let world_to_local: Vec<i32> = (0..4).map(|w| t.local_of(w).map_or(-1, |l| l as i32)).collect();
-        assert_eq!(world_to_local, vec![-1, -1, 0, 1]);
+        let on_node: Vec<bool> = (0..4).map(|w| t.on_node(w)).collect();
+        assert_eq!(on_node, vec![false, false, true, true]);
         // Without pseudo-nodes the host is the node.
         let t = node_topology(3, &gathered(&[(0, 0), (0, 1), (0, 2), (0, 3)], 1)).unwrap();
         assert_eq!(t.node_members(), &[0, 1, 2, 3]);

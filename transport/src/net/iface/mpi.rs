@@ -5,6 +5,11 @@
 //! buffer), which does not fit a proxy whose requests outlive any call; so this calls
 //! `MPI_Isend`, `MPI_Irecv`, `MPI_Testsome` and `MPI_Cancel` through `mpi::ffi` and keeps
 //! the requests in one dense array that `MPI_Testsome` scans.
+//!
+//! Every call is made through its profiling name (`PMPI_*`): the proxy's traffic is
+//! gpulmt's own, not the application's, so a tool or library that interposes the `MPI_*`
+//! symbols (a profiler, gpulmt's own PMPI shim) neither sees it nor is entered again from
+//! the proxy's thread.
 
 use std::ffi::{c_int, c_void};
 
@@ -19,7 +24,7 @@ pub(crate) fn error_string(code: c_int) -> String {
     let mut len: c_int = 0;
     // SAFETY: the buffer holds MPI_MAX_ERROR_STRING bytes, as the call requires; `len`
     // is a local.
-    let rc = unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len) };
+    let rc = unsafe { ffi::PMPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len) };
     if rc != ffi::MPI_SUCCESS as c_int {
         return format!("MPI error {code}");
     }
@@ -39,7 +44,7 @@ pub(crate) fn check(call: &'static str, rc: c_int) -> Result<(), NetFail> {
 pub(crate) fn finalized() -> bool {
     let mut flag: c_int = 0;
     // SAFETY: MPI_Finalized may be called at any time; `flag` is a local.
-    unsafe { ffi::MPI_Finalized(&mut flag) };
+    unsafe { ffi::PMPI_Finalized(&mut flag) };
     flag != 0
 }
 
@@ -134,7 +139,7 @@ impl NetIface for MpiIface {
         // SAFETY: ep_send's contract keeps buf..buf+len readable until the request is
         // reported; the communicator is live (new's contract) and the datatype a constant.
         let rc = unsafe {
-            ffi::MPI_Isend(buf as *const c_void, count, ffi::RSMPI_UINT8_T, to as c_int, tag, self.comm, &mut r)
+            ffi::PMPI_Isend(buf as *const c_void, count, ffi::RSMPI_UINT8_T, to as c_int, tag, self.comm, &mut r)
         };
         check("MPI_Isend", rc)?;
         self.push(r, req, false);
@@ -160,7 +165,7 @@ impl NetIface for MpiIface {
         // SAFETY: ep_recv's contract keeps buf..buf+len writable and unused by others
         // until the request is reported; the communicator is live.
         let rc =
-            unsafe { ffi::MPI_Irecv(buf as *mut c_void, count, ffi::RSMPI_UINT8_T, source, tag, self.comm, &mut r) };
+            unsafe { ffi::PMPI_Irecv(buf as *mut c_void, count, ffi::RSMPI_UINT8_T, source, tag, self.comm, &mut r) };
         check("MPI_Irecv", rc)?;
         self.push(r, req, true);
         Ok(Status::InProgress)
@@ -170,7 +175,7 @@ impl NetIface for MpiIface {
         if let Some(i) = self.pending.iter().position(|p| p.id == req) {
             // SAFETY: a live request of this iface; it stays in the array and completes
             // (cancelled or not) through MPI_Testsome.
-            let rc = unsafe { ffi::MPI_Cancel(&mut self.reqs[i]) };
+            let rc = unsafe { ffi::PMPI_Cancel(&mut self.reqs[i]) };
             if let Err(e) = check("MPI_Cancel", rc) {
                 tracing::warn!(error = %e, "MPI_Cancel failed; the operation completes as it would have");
             }
@@ -189,7 +194,7 @@ impl NetIface for MpiIface {
         // SAFETY: the arrays hold n entries each; the requests are live handles of this
         // iface (completed ones MPI sets to MPI_REQUEST_NULL, removed below).
         let rc = unsafe {
-            ffi::MPI_Testsome(
+            ffi::PMPI_Testsome(
                 n as c_int,
                 self.reqs.as_mut_ptr(),
                 &mut outcount,
@@ -213,7 +218,7 @@ impl NetIface for MpiIface {
             let p = &self.pending[i];
             let mut cancelled: c_int = 0;
             // SAFETY: a status MPI_Testsome filled in.
-            unsafe { ffi::MPI_Test_cancelled(status, &mut cancelled) };
+            unsafe { ffi::PMPI_Test_cancelled(status, &mut cancelled) };
             let result = if cancelled != 0 {
                 Err(NetFail::Cancelled)
             } else if in_status && status.MPI_ERROR != ffi::MPI_SUCCESS as c_int {
@@ -222,7 +227,7 @@ impl NetIface for MpiIface {
             } else if p.recv {
                 let mut count: c_int = 0;
                 // SAFETY: a status MPI_Testsome filled in for a receive of bytes.
-                unsafe { ffi::MPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut count) };
+                unsafe { ffi::PMPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut count) };
                 Ok(Arrival { source: status.MPI_SOURCE as Rank, len: count.max(0) as usize })
             } else {
                 Ok(Arrival { source: self.rank, len: 0 })
@@ -250,7 +255,7 @@ impl NetIface for MpiIface {
         self.closed = true;
         // SAFETY: the iface owns the communicator (new's contract); requests still in
         // flight keep it alive inside MPI until they end, as MPI_Comm_free specifies.
-        if let Err(e) = check("MPI_Comm_free", unsafe { ffi::MPI_Comm_free(&mut self.comm) }) {
+        if let Err(e) = check("MPI_Comm_free", unsafe { ffi::PMPI_Comm_free(&mut self.comm) }) {
             tracing::warn!(error = %e, "freeing the proxy's communicator");
         }
     }
