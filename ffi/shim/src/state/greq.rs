@@ -3,6 +3,7 @@
 //! their communicator's handler, and the callbacks MPI calls on them.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use mpi_sys::*;
@@ -12,12 +13,41 @@ use super::ops::Done;
 use crate::raw::*;
 
 /// The extra state of a generalized request: the status `query_fn` reports, written
-/// by the shim before it completes the request. Owned by MPI once completed (freed
-/// in `free_fn`).
+/// by the shim before it completes the request. Held by two: the shim's operation,
+/// until it completed the request, and MPI, until it calls `free_fn`; the second to
+/// let go frees it ([`release`]). The MPI standard calls `free_fn` only once the
+/// request is complete, but MPICH 4.0 calls it inside `MPI_Request_free` of a request
+/// still running, and the shim then wrote the result into freed memory (a heap string
+/// of the sim backend overwritten, across pseudo-nodes, where a freed send completes
+/// after its receiver's ack).
 pub struct GreqState {
     pub done: Done,
     /// The operation, while it runs (for `cancel_fn`).
     pub op: u64,
+    /// Holders left: 2 at the start, the operation and MPI.
+    holders: AtomicU8,
+}
+
+impl GreqState {
+    /// A fresh state of operation `op`, held by the operation and by MPI.
+    pub fn new(op: u64) -> GreqState {
+        GreqState { done: Done::ok(0, 0, 0), op, holders: AtomicU8::new(2) }
+    }
+}
+
+/// One holder lets `state` go; the last one frees it.
+///
+/// # Safety
+/// `state` is a `Box<GreqState>` made into a raw pointer (`Shim::new_op`), and each of
+/// its two holders calls this once.
+pub(super) unsafe fn release(state: *mut GreqState) {
+    // AcqRel: the last holder sees every write the other made before letting go (the
+    // operation's result, MPI's reads of it) before it frees the memory.
+    // SAFETY: alive until both holders let go (this function's contract).
+    if unsafe { (*state).holders.fetch_sub(1, Ordering::AcqRel) } == 1 {
+        // SAFETY: the last holder; the Box made in new_op.
+        drop(unsafe { Box::from_raw(state) });
+    }
 }
 
 /// A generalized request the shim completed with an error: MPI would report it to
@@ -55,16 +85,16 @@ pub(super) unsafe extern "C" fn query_fn(extra: *mut c_void, status: *mut MPI_St
     d.error
 }
 
-/// MPI's `free_fn`: frees the request's `GreqState` and forgets it among the failed
-/// requests.
+/// MPI's `free_fn`: MPI lets the request's `GreqState` go (freed here if the operation
+/// has completed the request already) and it is forgotten among the failed requests.
 ///
 /// # Safety
-/// `extra` is the `GreqState` given to `MPI_Grequest_start`, freed by no one else; MPI
-/// calls it once per request.
+/// `extra` is the `GreqState` given to `MPI_Grequest_start`; MPI calls it once per
+/// request.
 pub(super) unsafe extern "C" fn free_fn(extra: *mut c_void) -> c_int {
     errored().retain(|e| e.state != extra as usize);
-    // SAFETY: the Box made in new_op; MPI calls free_fn once.
-    drop(unsafe { Box::from_raw(extra as *mut GreqState) });
+    // SAFETY: MPI's hold of the state made in new_op; MPI calls free_fn once.
+    unsafe { release(extra as *mut GreqState) };
     SUCCESS
 }
 

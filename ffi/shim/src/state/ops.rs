@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use gpulmt::Request;
 use mpi_sys::*;
 
-use super::greq::{cancel_fn, errored, free_fn, query_fn, Errored, GreqState};
+use super::greq::{cancel_fn, errored, free_fn, query_fn, release, Errored, GreqState};
 use super::Shim;
 use crate::envelope::{Envelope, ENVELOPE_BYTES};
 use crate::raw::*;
@@ -100,9 +100,9 @@ impl Shim {
         self.next_op += 1;
         let mut handle = request_null();
         let g = if greq {
-            let gs = Box::into_raw(Box::new(GreqState { done: Done::ok(0, 0, 0), op: id }));
-            // SAFETY: valid callbacks and out-pointer; `gs` is owned by MPI from here
-            // and freed in free_fn.
+            let gs = Box::into_raw(Box::new(GreqState::new(id)));
+            // SAFETY: valid callbacks and out-pointer; `gs` is held by MPI (until
+            // free_fn) and by the operation (until `finish`): `greq::release`.
             unsafe { PMPI_Grequest_start(Some(query_fn), Some(free_fn), Some(cancel_fn), gs.cast(), &mut handle) };
             Some((gs, handle))
         } else {
@@ -121,11 +121,13 @@ impl Shim {
                 if done.error != SUCCESS {
                     errored().push(Errored { handle, comm: op.comm, state: gs as usize });
                 }
-                // SAFETY: the state lives until free_fn, which MPI calls only after
-                // this completion; the handle is the one MPI gave us.
+                // SAFETY: the operation still holds the state (MPI may have let it go
+                // already: `GreqState`); the handle is the one MPI gave us, valid until
+                // the request is complete and freed. The operation lets go last thing.
                 unsafe {
                     (*gs).done = done;
                     PMPI_Grequest_complete(handle);
+                    release(gs);
                 }
             }
             None => {
