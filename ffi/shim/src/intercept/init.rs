@@ -90,7 +90,7 @@ fn wants_thread_multiple() -> bool {
 }
 
 /// `MPI_Init`: initializes the MPI library (`PMPI_Init`, or `PMPI_Init_thread` with
-/// `MPI_THREAD_MULTIPLE` where [`wants_thread_multiple`]), then starts the shim.
+/// `MPI_THREAD_MULTIPLE` where `wants_thread_multiple`), then starts the shim.
 ///
 /// # Safety
 /// As `MPI_Init`: `argc` and `argv` are NULL or point to `main`'s arguments.
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char)
 }
 
 /// `MPI_Init_thread`: initializes the MPI library (`PMPI_Init_thread`, at
-/// `MPI_THREAD_MULTIPLE` where [`wants_thread_multiple`]: MPI may provide more than a
+/// `MPI_THREAD_MULTIPLE` where `wants_thread_multiple`: MPI may provide more than a
 /// program requires, and `provided` says what it gave), then starts the shim.
 ///
 /// # Safety
