@@ -13,7 +13,7 @@
 #   stencil  Stencil2D: bit-identical checks, then staged / inter-k / inter-k-overlap / gio
 #            on 2 and 4 ranks, both precisions, halo 1 and 4, and compute alone (1 rank)
 #   shim     the PMPI shim under mpirun on an application's cudaMalloc buffers: p2p.c's
-#            semantic checks (2 and 4 ranks), cuda_osu (bandwidth, latency, byte checks),
+#            semantic checks (2 and 4 ranks, on one node and across 2 pseudo-nodes), cuda_osu (bandwidth, latency, byte checks),
 #            host latency with and without the shim, gpulmt's own osu_bw beside it
 #   checks   correctness: every protocol x placement x size byte for byte, ranks sharing a
 #            GPU, all-to-all, two-phase free, the handle cache, truncation, the C ABI,
@@ -310,6 +310,13 @@ shim() {
   timeout 180 $mpirun -np 4 $shim -x GPULMT_HANDLE_CACHE=0 /tmp/p2p_cuda > "$out/shim_p2p_np4_nocache.txt" 2>&1
   echo "p2p_cuda_malloc,np=4 handle cache off,rc=$?" | tee -a "$out/shim_log.txt"
   grep FAIL "$out/shim_p2p_np4_nocache.txt" | tee -a "$out/shim_log.txt"
+  log shim: p2p across 2 pseudo-nodes, large device messages through the GIO queues
+  for np in 2 4; do
+    timeout 180 $mpirun -np $np $shim -x GPULMT_PSEUDO_NODES=2 /tmp/p2p_cuda > "$out/shim_p2p_nodes_np$np.txt" 2>&1
+    echo "p2p_cuda_malloc,np=$np 2 pseudo-nodes,rc=$?,$(grep -c ' ok checks' "$out/shim_p2p_nodes_np$np.txt") ranks ok" \
+      | tee -a "$out/shim_log.txt"
+    grep ' counters ' "$out/shim_p2p_nodes_np$np.txt" | tee -a "$out/shim_log.txt"
+  done
   log shim: every collective and the barrier on gpulmt_mpi_alloc buffers \(CUDA memory here\)
   mpicc -O2 -Iffi/shim/include ffi/shim/tests/c/coll.c -o /tmp/shim_coll
   mpicc -O2 -Iffi/shim/include ffi/shim/tests/c/barrier.c -o /tmp/shim_barrier

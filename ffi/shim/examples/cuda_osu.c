@@ -10,7 +10,8 @@
  *
  * Prints CSV rows `cuda_osu,test,placement,bytes,metric,value`:
  *   bw     D D, window 64 (osu_bw's), sizes 1 MiB .. max_bytes (default 256 MiB), GB/s
- *   lat    D D and H H, 8 B, half round trip in us (average, as osu_latency)
+ *   lat    H H 8 B, D D 8 B, 64 KiB, 1 MiB and 4 MiB (up to max_bytes), half round trip in us
+ *          (average, as osu_latency)
  *   check  D D, D H, H D at several sizes, every byte compared: 1 = ok
  * Exits 1 if a check failed.
  */
@@ -149,6 +150,10 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&dbuf, max));
   CK(cudaMemset(dbuf, 1, max));
   row("lat", "D D", 8, "us", latency(dbuf, 8, 20000));
+  const size_t lat_sizes[] = {(size_t)64 << 10, (size_t)1 << 20, (size_t)4 << 20};
+  for (int i = 0; i < 3 && lat_sizes[i] <= max; i++) {
+    row("lat", "D D", lat_sizes[i], "us", latency(dbuf, lat_sizes[i], lat_sizes[i] > ((size_t)1 << 20) ? 500 : 2000));
+  }
   for (size_t n = (size_t)1 << 20; n <= max; n *= 2) {
     row("bw", "D D", n, "GBps", bandwidth(dbuf, n, 64, n > ((size_t)16 << 20) ? 5 : 20));
   }
