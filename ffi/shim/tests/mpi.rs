@@ -491,7 +491,7 @@ fn blocking_collectives_keep_device_transfers_moving() {
 /// and receives (of envelopes, data, 176-byte host data, after a plain probe, behind an
 /// earlier posted receive, truncated), MPI_Sendrecv_replace, and derived datatypes with
 /// gaps on either side (tests/c/calls.c says more). Its barriers per exchange make it a
-/// program of many collectives (see `collective_nps`).
+/// program of many collectives (see `collective_nps`). Also across 2 pseudo-nodes.
 #[test]
 fn point_to_point_calls_on_device_buffers_match_host_buffers() {
     if !have_mpi() {
@@ -503,6 +503,12 @@ fn point_to_point_calls_on_device_buffers_match_host_buffers() {
         run.assert_all_ok(np);
         assert!(run.stderr.contains("MPI_Start: the persistent request is still active"), "{}", run.dump());
     }
+    // Across 2 pseudo-nodes of one rank each, envelopes come from the other node through
+    // the GIO queues: the program's matched probes of them need a placeholder message on
+    // a communicator of more than one rank (MPICH 4.0 crashed receiving one on the node's
+    // communicator of one rank).
+    let run = clean_run_within(calls(), 2, &[("GPULMT_PSEUDO_NODES", "2")], &[], Duration::from_secs(180));
+    run.assert_all_ok(2);
 }
 
 /// Issue 30: one-sided communication with device memory: windows of MPI_Win_create over

@@ -92,11 +92,12 @@ pub struct Shim {
     job_hash: u64,
     world_rank: c_int,
     world_group: MPI_Group,
-    /// A private duplicate of the node's communicator, for the finalize barriers and the
-    /// placeholder messages of matched probes (`mprobe`).
-    node_comm: MPI_Comm,
-    /// This rank's index on its node (its rank in `node_comm`).
-    local_rank: u32,
+    /// A private duplicate of the node's communicator (of the world's where the internode
+    /// path runs), for the finalize barriers and the placeholder messages of matched
+    /// probes (`mprobe`).
+    shim_comm: MPI_Comm,
+    /// This rank's rank in `shim_comm`.
+    shim_rank: c_int,
     /// Per world rank: whether it shares this rank's node.
     on_node: Vec<bool>,
     /// The context has the internode path: large device messages to other nodes go as

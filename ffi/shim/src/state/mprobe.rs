@@ -99,17 +99,18 @@ impl Shim {
     }
 
     /// A fresh message of the library to stand for one the shim holds: zero bytes this
-    /// rank sends itself on the shim's node communicator (no new communicator: each one a
+    /// rank sends itself on the shim's own communicator (no new communicator: each one a
     /// process holds slows Open MPI's host messages a little; and not one of a single rank,
-    /// such as `MPI_COMM_SELF`, whose matched messages MPICH 4.0 crashes receiving). Only
-    /// with other ranks on the node, the only case in which the shim takes messages out.
+    /// such as `MPI_COMM_SELF`, whose matched messages MPICH 4.0 crashes receiving): the
+    /// node's, which has other ranks where the shim takes messages out of the library
+    /// within a node, or the world's where envelopes come from other nodes too.
     fn placeholder_message(&mut self) -> Result<MPI_Message, c_int> {
-        let me = self.local_rank as c_int;
+        let me = self.shim_rank;
         let mut req = request_null();
         // SAFETY: an empty message to this rank on the shim's communicator; the request may
         // be freed before it completes.
         let rc = unsafe {
-            let rc = PMPI_Isend(std::ptr::null(), 0, byte(), me, PLACEHOLDER_TAG, self.node_comm, &mut req);
+            let rc = PMPI_Isend(std::ptr::null(), 0, byte(), me, PLACEHOLDER_TAG, self.shim_comm, &mut req);
             if rc == SUCCESS {
                 PMPI_Request_free(&mut req)
             } else {
@@ -122,7 +123,7 @@ impl Shim {
         loop {
             let (mut flag, mut msg) = (0, message_null());
             // SAFETY: as above; locals as out-pointers.
-            let rc = unsafe { PMPI_Improbe(me, PLACEHOLDER_TAG, self.node_comm, &mut flag, &mut msg, status_ignore()) };
+            let rc = unsafe { PMPI_Improbe(me, PLACEHOLDER_TAG, self.shim_comm, &mut flag, &mut msg, status_ignore()) };
             if rc != SUCCESS {
                 return Err(rc);
             }

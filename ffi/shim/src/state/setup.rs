@@ -123,7 +123,23 @@ impl Shim {
             Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
         };
-        let offnode = go && start_offnode(&mut ctx, world);
+        // Every rank learns whether every rank has the path (a rank-local failure to attach
+        // it turns it off everywhere: routing needs both ends to agree).
+        let offnode = world_all(go && start_offnode(&mut ctx, world));
+        // The shim's own communicator spans the world where the internode path runs: its
+        // finalize barrier must meet the other nodes, and a placeholder message of a
+        // node of one rank must not be on a communicator of one rank (`mprobe`).
+        let shim_rank = if offnode {
+            // SAFETY: made above, nothing uses it yet; then a collective over the world
+            // (every rank agreed on `offnode`) into the same local.
+            unsafe {
+                PMPI_Comm_free(&mut node_comm);
+                PMPI_Comm_dup(world, &mut node_comm);
+            }
+            wrank
+        } else {
+            lrank
+        };
         // The node communicator's work is done (the finalize barriers use node_comm,
         // a duplicate of it): in Open MPI 4.1 each communicator a program
         // holds adds to the cost of every host message (libnbc's progress polling).
@@ -146,9 +162,9 @@ impl Shim {
             ctx,
             job_hash: job_hash(&id_text(&world_id)),
             world_rank: wrank,
-            local_rank: lrank as u32,
             world_group,
-            node_comm,
+            shim_comm: node_comm,
+            shim_rank,
             on_node,
             offnode,
             ops: HashMap::new(),
@@ -183,9 +199,9 @@ impl Shim {
             }
         }
         // Peers may still need our packets to finish theirs: progress until all arrive
-        // (every rank of the job, where the internode path reaches other nodes: MPI_Finalize
-        // has every rank here, with no collective of the program's own in flight).
-        let barrier_comm = if self.offnode { comm_world() } else { self.node_comm };
+        // (over the shim's communicator: the node's ranks, or every rank of the job where
+        // the internode path reaches other nodes).
+        let barrier_comm = self.shim_comm;
         let mut req = request_null();
         // SAFETY: collective over the barrier's ranks, request out-pointer.
         unsafe { PMPI_Ibarrier(barrier_comm, &mut req) };
@@ -207,7 +223,7 @@ impl Shim {
             // MPI_Finalize; after the barrier no rank drives a copy on it.
             let _ = unsafe { self.ctx.backend().free(ptr) };
         }
-        let Shim { ctx, mut node_comm, mut world_group, .. } = self;
+        let Shim { ctx, shim_comm: mut node_comm, mut world_group, .. } = self;
         release(ctx);
         // SAFETY: the shim's own communicators and group, unused from now on.
         unsafe {
