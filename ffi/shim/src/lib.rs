@@ -12,16 +12,20 @@
 //! The shim defines the MPI functions below; each calls the MPI library's `PMPI_*`
 //! entry point for what it does not handle itself:
 //!
-//! - `MPI_Init`, `MPI_Init_thread`: after `PMPI_Init*`, the ranks of each node
-//!   (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`) join a gpulmt job in plugin mode;
-//!   gpulmt's control packets after the RTS take its own shared-memory rings.
+//! - `MPI_Init`, `MPI_Init_thread`: after `PMPI_Init*`, every rank joins a gpulmt
+//!   context of the job in plugin mode, its node's ranks
+//!   (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`) reached through shared memory; gpulmt's
+//!   control packets after the RTS take its own rings, and where the job spans nodes (and
+//!   MPI gives `MPI_THREAD_MULTIPLE`, which the shim asks for there) its internode path.
 //!   `MPI_Finalize` drains the shim's traffic and releases gpulmt first.
 //! - Sends (`MPI_Send`, `MPI_Ssend`, `MPI_Isend`, `MPI_Issend`): host buffers go
 //!   straight to the MPI library. A contiguous device buffer to a rank of the same
 //!   node sends an *envelope* (see [`envelope`]) with gpulmt's RTS on the user's
 //!   communicator and tag, so the MPI library's matching orders it among the user's
-//!   messages; gpulmt then moves the payload. Device buffers to other nodes (and
-//!   below `GPULMT_MPI_LMT_MIN` bytes) are staged through host memory.
+//!   messages; gpulmt then moves the payload. To a rank of another node the same,
+//!   through gpulmt's GIO queues and proxy, above `GPULMT_NET_EAGER_LIMIT`; smaller
+//!   device messages to other nodes (all with `GPULMT_MPI_OFFNODE=mpi`), and those
+//!   below `GPULMT_MPI_LMT_MIN` bytes, are staged through host memory.
 //! - Receives (`MPI_Recv`, `MPI_Irecv`, and `MPI_Sendrecv`): matched by the shim with
 //!   `MPI_Iprobe`/`MPI_Improbe` in post order; an envelope starts gpulmt's receive into
 //!   the user's buffer, other messages are received by `MPI_Imrecv` (into host

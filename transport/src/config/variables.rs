@@ -500,8 +500,8 @@ pub const VARIABLES: &[Variable] = &[
                   each host into this many nodes, contiguous groups by their index on the host (3 ranks in 2: \
                   {0, 1} and {2}). Ranks of different groups share no shared memory and no IPC handle: \
                   everything between them takes the internode path, so that one machine exercises it. The \
-                  PMPI shim splits its nodes alike (its messages between them go to the MPI library, device \
-                  buffers staged). From 1 to the ranks of the smallest host; a job started by `gpulmt-run` is one node and refuses \
+                  PMPI shim splits its nodes alike (large device messages between them take the internode \
+                  path too, the shim asking MPI for `MPI_THREAD_MULTIPLE`). From 1 to the ranks of the smallest host; a job started by `gpulmt-run` is one node and refuses \
                   more than 1.",
     },
     Variable {
