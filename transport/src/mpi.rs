@@ -19,7 +19,6 @@
 
 use ::mpi::topology::Communicator;
 use ::mpi::traits::{AsRaw, CommunicatorCollectives, Root};
-use gpulmt_protocols::Rank;
 
 use crate::config::Config;
 use crate::context::{Context, JobInfo};
@@ -106,8 +105,7 @@ where
     // The internode path (docs/internode.md), collective over `comm`: its proxy thread
     // and queues need the context's device backend for their memory, so it starts after
     // the context, and the context takes it then.
-    let me = ctx.rank();
-    let peers: Vec<Rank> = (0..ctx.size()).filter(|&r| r != me && !ctx.topology().on_node(r)).collect();
+    let peers = ctx.topology().off_node_peers();
     let started = crate::net::start(comm, &peers, &ctx.config().net, ctx.backend().clone());
     agree(comm, started.as_ref().err().map(|e| e.to_string()), "could not start its internode path")?;
     let path = started.map_err(|e| Error::Bootstrap(format!("starting the internode path: {e}")))?;

@@ -233,6 +233,11 @@ impl Topology {
         self.on_node.get(r as usize).copied().unwrap_or(false)
     }
 
+    /// The job ranks of other nodes (the internode path's peers), in order.
+    pub fn off_node_peers(&self) -> Vec<Rank> {
+        (0..self.size()).filter(|&r| !self.on_node(r)).collect()
+    }
+
     /// Per job rank, whether it shares this rank's node (the engine's `on_node`).
     pub fn on_node_mask(&self) -> Vec<bool> {
         self.on_node.clone()
@@ -289,6 +294,7 @@ mod tests {
                 assert_eq!(t.members(p.node)[p.local as usize], r, "rank {r} at {p:?}");
                 assert_eq!(t.on_node(r), p.node == t.place().node);
                 assert_eq!(t.local_of(r), t.on_node(r).then_some(p.local as usize));
+                assert_eq!(t.off_node_peers().contains(&r), !t.on_node(r));
             }
             for (local, &r) in t.node_members().iter().enumerate() {
                 assert_eq!(t.job_rank_of(local), r);

@@ -98,8 +98,6 @@ pub struct Shim {
     shim_comm: MPI_Comm,
     /// This rank's rank in `shim_comm`.
     shim_rank: c_int,
-    /// Per world rank: whether it shares this rank's node.
-    on_node: Vec<bool>,
     /// The context has the internode path: large device messages to other nodes go as
     /// envelopes and a rendezvous the proxies move, not staged for the MPI library.
     offnode: bool,

@@ -78,8 +78,8 @@ impl Shim {
             }
             out
         };
-        let w = u32::try_from(world_rank).ok()?;
-        Some((w, *self.on_node.get(w as usize)?))
+        let w = u32::try_from(world_rank).ok().filter(|&w| w < self.ctx.size())?;
+        Some((w, self.ctx.topology().on_node(w)))
     }
 
     /// The context rank to move a device message of `bytes` bytes to rank `dest` of `comm`

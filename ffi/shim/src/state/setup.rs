@@ -66,7 +66,6 @@ impl Shim {
         // SAFETY: a local out-pointer; MPI is initialized.
         let thread_multiple =
             unsafe { PMPI_Query_thread(&mut level) } == SUCCESS && level >= MPI_THREAD_MULTIPLE as c_int;
-        let on_node: Vec<bool> = (0..wsize as u32).map(|w| topology.on_node(w)).collect();
         let job = id_text(&id);
 
         let topology_for_ctx = topology.clone();
@@ -94,12 +93,7 @@ impl Shim {
             Ok((ctx, lmt_min.max(1), settle))
         })();
         // Every local rank must have joined, or none uses gpulmt.
-        let mine = c_int::from(made.is_ok());
-        let mut all = 0;
-        // SAFETY: one int each way; collective over the node communicator.
-        unsafe {
-            PMPI_Allreduce((&mine as *const c_int).cast(), (&mut all as *mut c_int).cast(), 1, int32(), op_min(), node)
-        };
+        let all = every_rank(node, made.is_ok());
         let mut fail = |why: String, ctx: Option<Context>| {
             if let Some(ctx) = ctx {
                 release(ctx);
@@ -115,17 +109,17 @@ impl Shim {
         // Every node decides alike whether the internode path starts: it is collective
         // over the world (and every rank reaches this agreement, so none waits in it for
         // a node whose shim stays off).
-        let node_ok = made.is_ok() && all != 0;
+        let node_ok = made.is_ok() && all;
         let want = node_ok && topology.node_count() > 1 && thread_multiple && offnode_queues_wanted();
-        let go = world_all(want);
+        let go = every_rank(world, want);
         let (mut ctx, lmt_min, settle) = match made {
             Err(why) => return fail(why, None),
-            Ok(v) if all == 0 => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
+            Ok(v) if !all => return fail("another rank of this node could not start gpulmt".into(), Some(v.0)),
             Ok(v) => v,
         };
         // Every rank learns whether every rank has the path (a rank-local failure to attach
         // it turns it off everywhere: routing needs both ends to agree).
-        let offnode = world_all(go && start_offnode(&mut ctx, world));
+        let offnode = every_rank(world, go && start_offnode(&mut ctx, world));
         // The shim's own communicator spans the world where the internode path runs: its
         // finalize barrier must meet the other nodes, and a placeholder message of a
         // node of one rank must not be on a communicator of one rank (`mprobe`).
@@ -165,7 +159,6 @@ impl Shim {
             world_group,
             shim_comm: node_comm,
             shim_rank,
-            on_node,
             offnode,
             ops: HashMap::new(),
             next_op: 1,
@@ -201,10 +194,9 @@ impl Shim {
         // Peers may still need our packets to finish theirs: progress until all arrive
         // (over the shim's communicator: the node's ranks, or every rank of the job where
         // the internode path reaches other nodes).
-        let barrier_comm = self.shim_comm;
         let mut req = request_null();
-        // SAFETY: collective over the barrier's ranks, request out-pointer.
-        unsafe { PMPI_Ibarrier(barrier_comm, &mut req) };
+        // SAFETY: collective over the shim communicator's ranks, request out-pointer.
+        unsafe { PMPI_Ibarrier(self.shim_comm, &mut req) };
         loop {
             self.progress();
             let mut flag = 0;
@@ -215,8 +207,8 @@ impl Shim {
             }
         }
         // Nobody drives gpulmt after this barrier: releasing cannot alarm a peer.
-        // SAFETY: collective over the barrier's ranks.
-        unsafe { PMPI_Barrier(barrier_comm) };
+        // SAFETY: collective over the shim communicator's ranks.
+        unsafe { PMPI_Barrier(self.shim_comm) };
         crate::staging::pool::shut_down();
         for ptr in std::mem::take(&mut self.allocations) {
             // SAFETY: memory of gpulmt_mpi_alloc, which the application may not use after
@@ -253,20 +245,13 @@ pub fn offnode_queues_wanted() -> bool {
     }
 }
 
-/// Whether `mine` holds on every rank of the world (collective).
-fn world_all(mine: bool) -> bool {
+/// Whether `mine` holds on every rank of `comm` (collective over it).
+fn every_rank(comm: MPI_Comm, mine: bool) -> bool {
     let mine = c_int::from(mine);
     let mut all = 0;
     // SAFETY: one int each way; collective over the world.
     let rc = unsafe {
-        PMPI_Allreduce(
-            (&mine as *const c_int).cast(),
-            (&mut all as *mut c_int).cast(),
-            1,
-            int32(),
-            op_min(),
-            comm_world(),
-        )
+        PMPI_Allreduce((&mine as *const c_int).cast(), (&mut all as *mut c_int).cast(), 1, int32(), op_min(), comm)
     };
     rc == SUCCESS && all != 0
 }
@@ -275,8 +260,7 @@ fn world_all(mine: bool) -> bool {
 /// alike); whether every rank has it. Where any rank failed, none keeps it: off-node
 /// device messages are then staged for the MPI library, as without the path.
 fn start_offnode(ctx: &mut Context, world: MPI_Comm) -> bool {
-    let me = ctx.rank();
-    let peers: Vec<u32> = (0..ctx.size()).filter(|&r| r != me && !ctx.topology().on_node(r)).collect();
+    let peers = ctx.topology().off_node_peers();
     // SAFETY: MPI_COMM_WORLD is live until MPI_Finalize, after the shim's release.
     let started = unsafe { gpulmt::net::start_raw(world, &peers, &ctx.config().net, ctx.backend().clone()) };
     let path = match started {
@@ -286,7 +270,7 @@ fn start_offnode(ctx: &mut Context, world: MPI_Comm) -> bool {
             None
         }
     };
-    if !world_all(path.is_some()) {
+    if !every_rank(world, path.is_some()) {
         if let Some(mut p) = path {
             use gpulmt::offnode::OffNodePath;
             let _ = p.shutdown(std::time::Instant::now());
