@@ -35,7 +35,9 @@ PROBE_NAMES = {"RECV_CLASSIFIED": "irecv classified", "RECV_DESCRIBED": "irecv d
                "COPY_WAIT_DONE": "waited copy done", "NET_SEND_CALL": "proxy: MPI_Isend called",
                "NET_HANDED_OVER": "proxy: handed over", "STAGE_COPY_ISSUED": "proxy: staging copy issued",
                "STAGE_COPY_DONE": "proxy: staging copy done", "PIECE_ON_WIRE": "proxy: piece to the network",
-               "PIECE_LANDED": "proxy: piece's net op reported", "PACKET_HANDLED": "packet handled"}
+               "PIECE_LANDED": "proxy: piece's net op reported", "PACKET_HANDLED": "packet handled",
+               "SHIM_ENVELOPE_SENT": "shim: envelope sent", "SHIM_ENVELOPE_MATCHED": "shim: envelope matched",
+               "SHIM_RECV_STARTED": "shim: receive started", "SHIM_OP_FINISHED": "shim: op finished"}
 POINTS = {n: POINT_NAMES.get(k, k) for k, n in POINT.items()}
 PROBES = {n: PROBE_NAMES.get(k, k) for k, n in PROBE.items()}
 OPS = {1: "CTRL", 2: "SEND", 3: "RECV"}

@@ -76,6 +76,14 @@ pub mod probe {
     pub const STAGE_COPY_DONE: u8 = 15;
     pub const PIECE_ON_WIRE: u8 = 16;
     pub const PIECE_LANDED: u8 = 17;
+    /// The PMPI shim (ffi/shim): the envelope of a send gpulmt moves went to the MPI
+    /// library (its `MPI_Isend` returned); a receive matched an envelope and starts
+    /// gpulmt's receive; that receive was started; an operation was finished for the
+    /// application.
+    pub const SHIM_ENVELOPE_SENT: u8 = 18;
+    pub const SHIM_ENVELOPE_MATCHED: u8 = 19;
+    pub const SHIM_RECV_STARTED: u8 = 20;
+    pub const SHIM_OP_FINISHED: u8 = 21;
     /// A packet taken from a ring was handled (engine and actions).
     pub const PACKET_HANDLED: u8 = 100;
 }

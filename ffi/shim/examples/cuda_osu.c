@@ -7,6 +7,7 @@
  *   mpicc -O2 -I$CUDA/include cuda_osu.c -L$CUDA/lib64 -lcudart -o cuda_osu
  *   mpirun -np 2 -x LD_PRELOAD=/path/to/libgpulmt_mpi.so ./cuda_osu [max_bytes]
  *   mpirun -np 2 ./cuda_osu host          # host buffers only: works without the shim
+ *   mpirun -np 2 ... ./cuda_osu lat BYTES [ITERS]   # D D latency at one size only
  *
  * Prints CSV rows `cuda_osu,test,placement,bytes,metric,value`:
  *   bw     D D, window 64 (osu_bw's), sizes 1 MiB .. max_bytes (default 256 MiB), GB/s
@@ -114,7 +115,10 @@ static double latency(void *buf, size_t n, int iters) {
 
 int main(int argc, char **argv) {
   int size, local = 0, gpus = 0, host_only = argc > 1 && strcmp(argv[1], "host") == 0;
-  size_t max = argc > 1 && !host_only ? strtoull(argv[1], NULL, 10) : ((size_t)256 << 20);
+  /* "lat BYTES [ITERS]": one latency, nothing else (a trace of one size's legs). */
+  int lat_only = argc > 2 && strcmp(argv[1], "lat") == 0;
+  size_t max = lat_only ? strtoull(argv[2], NULL, 10)
+               : argc > 1 && !host_only ? strtoull(argv[1], NULL, 10) : ((size_t)256 << 20);
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -123,7 +127,7 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   char hbuf[8] = {0};
-  row("lat", "H H", 8, "us", latency(hbuf, 8, 100000));
+  if (!lat_only) row("lat", "H H", 8, "us", latency(hbuf, 8, 100000));
   if (host_only) {
     MPI_Finalize();
     return 0;
@@ -135,6 +139,15 @@ int main(int argc, char **argv) {
   CK(cudaGetDeviceCount(&gpus));
   CK(cudaSetDevice(local % gpus));
 
+  if (lat_only) {
+    void *lbuf;
+    CK(cudaMalloc(&lbuf, max ? max : 1));
+    CK(cudaMemset(lbuf, 1, max ? max : 1));
+    row("lat", "D D", max, "us", latency(lbuf, max, argc > 3 ? atoi(argv[3]) : 1000));
+    CK(cudaFree(lbuf));
+    MPI_Finalize();
+    return 0;
+  }
   int failed = 0;
   const size_t sizes[] = {1, 4097, ((size_t)1 << 20) + 3, (size_t)64 << 20};
   const int placements[3][2] = {{1, 1}, {1, 0}, {0, 1}};

@@ -4,6 +4,7 @@
 
 use std::ffi::c_int;
 
+use gpulmt::anatomy::{self, probe, Point};
 use gpulmt::Request;
 use mpi_sys::*;
 
@@ -116,6 +117,7 @@ impl Shim {
     /// waiter finds the result.
     pub(super) fn finish(&mut self, id: u64, done: Done) {
         let Some(op) = self.ops.remove(&id) else { return };
+        anatomy::mark(Point::Probe, probe::SHIM_OP_FINISHED);
         match op.greq {
             Some((gs, handle)) => {
                 if done.error != SUCCESS {

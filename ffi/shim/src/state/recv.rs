@@ -4,6 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
+use gpulmt::anatomy::{self, probe, Point};
 use mpi_sys::*;
 
 use super::ops::{Done, RecvSpec, State};
@@ -186,9 +187,11 @@ impl Shim {
             None => (spec.buf, spec.cap),
         };
         self.counters.lmt_recvs += 1;
+        anatomy::mark(Point::Probe, probe::SHIM_ENVELOPE_MATCHED);
         // SAFETY: the user's buffer (or our staging) stays valid until completion.
         match unsafe { self.ctx.lmt_start_recv(from, &env.cookie, ptr as *mut u8, len) } {
             Ok((req, cts)) => {
+                anatomy::mark(Point::Probe, probe::SHIM_RECV_STARTED);
                 // The CTS, where the protocol has one, went on gpulmt's ring (init_plugin_rings).
                 debug_assert!(cts.is_none(), "a rings plugin context hands back no CTS cookie");
                 self.set_state(id, State::LmtRecv { req, source, tag, staging })

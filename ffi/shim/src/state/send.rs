@@ -6,6 +6,7 @@
 
 use std::ffi::c_int;
 
+use gpulmt::anatomy::{self, probe, Point};
 use mpi_sys::*;
 
 use super::ops::State;
@@ -28,6 +29,7 @@ impl Shim {
         sync: bool,
         greq: bool,
     ) -> Result<(u64, MPI_Request), c_int> {
+        anatomy::mark(Point::SendPost, 0);
         self.settle_app_writes(buf);
         let Some(to) = self.gpulmt_peer(comm, dest, bytes) else {
             // A small message, or another node without the internode path: stage through
@@ -80,6 +82,7 @@ impl Shim {
             tracing::error!(rc, "sending an envelope failed");
             return Err(rc);
         }
+        anatomy::mark(Point::Probe, probe::SHIM_ENVELOPE_SENT);
         self.counters.lmt_sends += 1;
         let r = self.new_op(None, comm, State::LmtSend { _env: env, env_req, lmt: Some(lmt), error: SUCCESS }, greq);
         // As gpulmt's own isend does (GPULMT_PROGRESS_ON_POST): the peer's answers to the

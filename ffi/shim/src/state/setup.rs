@@ -353,7 +353,10 @@ fn node_topology(rank: u32, gathered: &[c_int]) -> Result<Topology, InitError> {
 
 /// Releases a plugin context locally. The job segment's name went at init, once every rank
 /// had mapped it: unlinking it by name here could remove another job instance's segment.
+/// The context's finalize is not called (the shim's barriers above stand for its own), so
+/// the anatomy log (cargo feature `gpulmt/anatomy`) is written here.
 fn release(ctx: Context) {
+    gpulmt::anatomy::dump(ctx.rank());
     drop(ctx);
 }
 
