@@ -216,7 +216,13 @@ impl Shim {
             let _ = unsafe { self.ctx.backend().free(ptr) };
         }
         let Shim { ctx, shim_comm: mut node_comm, mut world_group, .. } = self;
-        release(ctx);
+        // Every rank got here (the barrier above): the context's own finalize closes its
+        // peer mappings and the internode path in order, and writes its traffic line (and
+        // the anatomy log, with `gpulmt/anatomy`). Dropped instead, it would tell the
+        // node's other ranks that it failed.
+        if let Err(e) = ctx.finalize() {
+            tracing::warn!(error = %e, "MPI_Finalize: gpulmt's finalize");
+        }
         // SAFETY: the shim's own communicators and group, unused from now on.
         unsafe {
             PMPI_Comm_free(&mut node_comm);
@@ -351,12 +357,10 @@ fn node_topology(rank: u32, gathered: &[c_int]) -> Result<Topology, InitError> {
     Topology::from_hosts(rank, &hosts, pseudo.max(0) as u32).map_err(|e| e.to_string())
 }
 
-/// Releases a plugin context locally. The job segment's name went at init, once every rank
-/// had mapped it: unlinking it by name here could remove another job instance's segment.
-/// The context's finalize is not called (the shim's barriers above stand for its own), so
-/// the anatomy log (cargo feature `gpulmt/anatomy`) is written here.
+/// Releases a plugin context locally where the shim could not start (its peers are told
+/// that it failed). The job segment's name went at init, once every rank had mapped it:
+/// unlinking it by name here could remove another job instance's segment.
 fn release(ctx: Context) {
-    gpulmt::anatomy::dump(ctx.rank());
     drop(ctx);
 }
 
