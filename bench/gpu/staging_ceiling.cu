@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
   Setup s;
   MPI_Comm_rank(MPI_COMM_WORLD, &s.rank);
+  // Rank r on GPU r mod the GPU count, as the host-staged anchor (one GPU: both on it).
+  int ndev = 0;
+  CK(cudaGetDeviceCount(&ndev));
+  CK(cudaSetDevice(s.rank % ndev));
   if (argc < 7) {
     if (!s.rank) fprintf(stderr, "usage: staging_ceiling {hh|dd} SIZE WINDOW CHUNK NBUF THREADS\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
