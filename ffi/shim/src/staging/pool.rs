@@ -153,8 +153,8 @@ impl MessageBuf {
     /// before reading).
     pub fn new(len: usize) -> MessageBuf {
         // Half the cap at most, so that messages in flight never starve a collective.
-        match take_within(len, 2) {
-            Ok(block) if len > 0 => MessageBuf::Pool { block, len },
+        match (len > 0).then(|| take_within(len, 2)) {
+            Some(Ok(block)) => MessageBuf::Pool { block, len },
             _ => MessageBuf::Heap(vec![0u8; len]),
         }
     }

@@ -95,9 +95,10 @@ impl Shim {
         // Every local rank must have joined, or none uses gpulmt.
         let all = every_rank(node, made.is_ok());
         let mut fail = |why: String, ctx: Option<Context>| {
-            if let Some(ctx) = ctx {
-                release(ctx);
-            }
+            // Dropped, not finalized: its peers are told that it failed. (The job segment's
+            // name went at init, once every rank had mapped it: unlinking it by name here
+            // could remove another job instance's segment.)
+            drop(ctx);
             // SAFETY: communicators and group made above; nothing uses them any more.
             unsafe {
                 PMPI_Comm_free(&mut node_comm);
@@ -355,13 +356,6 @@ fn node_topology(rank: u32, gathered: &[c_int]) -> Result<Topology, InitError> {
     let hosts: Vec<HostSlot> =
         gathered.chunks_exact(3).map(|c| HostSlot { host: c[0] as u32, local: c[1] as u32 }).collect();
     Topology::from_hosts(rank, &hosts, pseudo.max(0) as u32).map_err(|e| e.to_string())
-}
-
-/// Releases a plugin context locally where the shim could not start (its peers are told
-/// that it failed). The job segment's name went at init, once every rank had mapped it:
-/// unlinking it by name here could remove another job instance's segment.
-fn release(ctx: Context) {
-    drop(ctx);
 }
 
 #[cfg(test)]
