@@ -218,7 +218,7 @@
  * Bytes of the largest RTS or CTS cookie: an RTS that carries a device region. A
  * cookie buffer of this size always suffices.
  */
-#define GPULMT_COOKIE_MAX 123
+#define GPULMT_COOKIE_MAX 155
 
 /**
  * put_signal: store the value in the signal word (`GPULMT_SIGNAL_SET` of

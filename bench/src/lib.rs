@@ -13,6 +13,7 @@ pub mod stencil;
 pub mod window;
 
 use clap::Parser;
+use gpulmt::device::AllocKind;
 use gpulmt::{Context, Error};
 
 /// Where a buffer lives.
@@ -106,6 +107,11 @@ pub struct Options {
     /// Print the handle-cache and protocol counters at the end.
     #[arg(long)]
     pub stats: bool,
+    /// How device buffers are allocated (`docs/memory-kinds.md`): legacy (cudaMalloc),
+    /// pool (the default cudaMallocAsync pool), pool-ipc (a pool with a POSIX-fd handle
+    /// type), vmm, vmm-ipc (cuMemCreate + cuMemMap, one chunk), managed.
+    #[arg(long, value_parser = |s: &str| AllocKind::from_name(s).ok_or("unknown memory kind"), default_value = "legacy")]
+    pub mem: AllocKind,
     /// Send buffer placement (D or H).
     #[arg(value_parser = parse_placement, default_value = "H")]
     pub send: Placement,
@@ -156,13 +162,18 @@ pub struct Buffer {
 
 impl Buffer {
     pub fn new(ctx: &mut Context, placement: Placement, len: usize) -> Result<Buffer, Error> {
+        Self::new_as(ctx, placement, AllocKind::Legacy, len)
+    }
+
+    /// [`new`](Self::new) whose device memory is of kind `mem`.
+    pub fn new_as(ctx: &mut Context, placement: Placement, mem: AllocKind, len: usize) -> Result<Buffer, Error> {
         let len = len.max(1);
         Ok(match placement {
             Placement::Host => {
                 let mut v = vec![0u8; len];
                 Buffer { ptr: v.as_mut_ptr() as usize, len, placement, _host: Some(v) }
             }
-            Placement::Device => Buffer { ptr: ctx.mem_alloc(len)?, len, placement, _host: None },
+            Placement::Device => Buffer { ptr: ctx.mem_alloc_as(len, mem, 1)?, len, placement, _host: None },
         })
     }
 
@@ -295,12 +306,13 @@ pub fn print_stats(ctx: &Context, o: &Options) {
     }
     let s = ctx.stats();
     println!(
-        "# rank {} protocols get={} put={} coop={} shm={} | cache hits={} misses={} opens={} closes={} evictions={} open_ms={:.3} | packets sent={} backpressure={} violations={}",
+        "# rank {} protocols get={} put={} coop={} shm={} staged={} | cache hits={} misses={} opens={} closes={} evictions={} open_ms={:.3} | packets sent={} backpressure={} violations={}",
         ctx.rank(),
         s.protocols[0],
         s.protocols[1],
         s.protocols[2],
         s.protocols[3],
+        s.staged_kinds,
         s.cache.hits,
         s.cache.misses,
         s.cache.opens,

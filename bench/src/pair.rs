@@ -27,8 +27,8 @@ impl Pair {
         }
         let me = ctx.rank();
         let place = if me == 0 { o.send } else { o.recv };
-        let sbuf = or_die(Buffer::new(&mut ctx, place, o.range.1), "allocating the send buffer");
-        let rbuf = or_die(Buffer::new(&mut ctx, place, o.range.1), "allocating the receive buffer");
+        let sbuf = or_die(Buffer::new_as(&mut ctx, place, o.mem, o.range.1), "allocating the send buffer");
+        let rbuf = or_die(Buffer::new_as(&mut ctx, place, o.mem, o.range.1), "allocating the receive buffer");
         Pair { ctx, me, peer: 1 - me.min(1), sbuf, rbuf }
     }
 

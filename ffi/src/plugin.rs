@@ -31,7 +31,7 @@ use crate::handle::{
 
 /// Bytes of the largest RTS or CTS cookie: an RTS that carries a device region. A
 /// cookie buffer of this size always suffices.
-pub const GPULMT_COOKIE_MAX: usize = 123;
+pub const GPULMT_COOKIE_MAX: usize = 155;
 
 /// The wire size of an RTS with a device region: packet header, message id and tag
 /// (laid out as an eager packet's header), message length, memory kind, region.

@@ -151,6 +151,9 @@ pub fn choose(
         (MemDesc::Net { .. }, _) => return pick(Protocol::Net, "peer on another node: the network moves it"),
         (MemDesc::Device(r), Some(d)) => (r.device, d),
         (MemDesc::Host, _) => return pick(Protocol::Shm, "sender buffer is host memory"),
+        (MemDesc::Staged, _) => {
+            return pick(Protocol::Shm, "sender buffer is device memory no peer can map (its kind has no IPC)")
+        }
         (_, None) => return pick(Protocol::Shm, "receiver buffer is host memory"),
     };
     // GET: the receiver's engine (device d) reads the sender's memory (device s).
@@ -209,7 +212,14 @@ mod tests {
     use crate::wire::Region;
 
     fn dev(d: u32) -> MemDesc {
-        MemDesc::Device(Region { handle: [0; 64], alloc_size: 100, offset: 0, device: d, node: 0, buffer_id: 1 })
+        MemDesc::Device(Region {
+            handle: [0; crate::wire::HANDLE_BYTES],
+            alloc_size: 100,
+            offset: 0,
+            device: d,
+            node: 0,
+            buffer_id: 1,
+        })
     }
 
     fn idle() -> PeerLoad {
@@ -228,6 +238,14 @@ mod tests {
     fn host_memory_goes_through_shm() {
         let c = PolicyConfig::default();
         assert_eq!(choose(&c, &MemDesc::Host, Some(0), true, 1 << 20, idle(), |_, _| true).protocol, Protocol::Shm);
+        // Device memory no peer maps: staging, whatever the override asks.
+        for mode in [ProtocolOverride::Auto, ProtocolOverride::Get, ProtocolOverride::Put, ProtocolOverride::Coop] {
+            let forced = PolicyConfig { mode, ..c };
+            assert_eq!(
+                choose(&forced, &MemDesc::Staged, Some(0), true, 1 << 20, idle(), |_, _| true).protocol,
+                Protocol::Shm
+            );
+        }
         assert_eq!(choose(&c, &dev(0), None, false, 1 << 20, idle(), |_, _| true).protocol, Protocol::Shm);
     }
 

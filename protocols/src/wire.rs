@@ -13,9 +13,12 @@ use crate::{MsgId, Tag};
 /// 4: RTS source `Net` and CTS mode `Net`, the rendezvous with a rank on another node.
 /// 5: the learn form of a region (see [`RegionMemo`]): a plain full region no longer
 /// enters a memo; every packet of a channel with memos ends in its seal.
-pub const WIRE_VERSION: u8 = 5;
-/// Bytes of an IPC handle carried in a region (CUDA's `CUipcMemHandle`).
-pub const HANDLE_BYTES: usize = 64;
+/// 6: RTS source `Staged` (device memory no peer maps); handles of 96 bytes.
+pub const WIRE_VERSION: u8 = 6;
+/// Bytes of an IPC handle carried in a region: the backend's, opaque here (CUDA's 64-byte
+/// `CUipcMemHandle` or `CUmemPoolPtrExportData`, then which kind it is and where its
+/// exporter hands out the file descriptors of shareable memory).
+pub const HANDLE_BYTES: usize = 96;
 
 /// An exported window of device memory: the cookie of the RTS and CTS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,7 +47,7 @@ impl Region {
 
 /// One end's memory of the last [`MEMO_SLOTS`] allocations whose regions crossed one
 /// ordered channel (one direction of one pair's ring) in full. A region of a remembered
-/// allocation then crosses as its buffer id and offset, 17 bytes instead of 101: an RTR or
+/// allocation then crosses as its buffer id and offset, 17 bytes instead of 133: an RTR or
 /// RTS fits one cache line. Every region on a channel is a buffer of its sending rank;
 /// several slots because that rank's send buffers (its RTSs) and receive buffers (its
 /// CTSs and RTRs) cross in turn. Both ends update their memo packet by packet in channel
@@ -183,6 +186,7 @@ const LEARN_TAG_BYTES: usize = 8;
 const SRC_HOST: u8 = 0;
 const SRC_NET: u8 = 3;
 const SRC_NET_PUSHED: u8 = 5;
+const SRC_STAGED: u8 = 6;
 
 /// Where a message's buffer lives, as told to the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +195,11 @@ pub enum MemDesc {
     Host,
     /// Device memory, exported so a peer can map it.
     Device(Region),
+    /// Device memory that no peer can map (managed memory, a pool or VMM allocation
+    /// without a shareable handle type, an export that failed): as for host memory, only
+    /// SHM staging moves it, each side's copy engine copying between its buffer and the
+    /// staging chunks.
+    Staged,
     /// A buffer of a rank on another node, host or device memory alike: nothing of it
     /// can be mapped by the receiver (no IPC region crosses nodes), and only the
     /// network rendezvous ([`crate::Protocol::Net`]) moves it. Every RTS between ranks
@@ -415,6 +424,7 @@ impl Packet {
                 w.u64(*len);
                 match src {
                     MemDesc::Host => w.u8(SRC_HOST),
+                    MemDesc::Staged => w.u8(SRC_STAGED),
                     MemDesc::Net { pushed: false } => w.u8(SRC_NET),
                     MemDesc::Net { pushed: true } => w.u8(SRC_NET_PUSHED),
                     MemDesc::Device(r) => w.region(r),
@@ -558,6 +568,7 @@ impl Packet {
                 let len = r.u64()?;
                 let src = match r.u8()? {
                     SRC_HOST => MemDesc::Host,
+                    SRC_STAGED => MemDesc::Staged,
                     SRC_NET => MemDesc::Net { pushed: false },
                     SRC_NET_PUSHED => MemDesc::Net { pushed: true },
                     form => MemDesc::Device(r.region(form)?),
@@ -837,6 +848,7 @@ mod tests {
             Packet::Eager { msg: 1, tag: -3, payload: vec![1, 2, 3] },
             Packet::Eager { msg: 2, tag: 0, payload: vec![] },
             Packet::Rts { msg: 3, tag: 7, len: 1 << 30, src: MemDesc::Host },
+            Packet::Rts { msg: 7, tag: 7, len: 1 << 22, src: MemDesc::Staged },
             Packet::Rts { msg: 4, tag: 7, len: 10, src: MemDesc::Device(region(5)) },
             Packet::Rts { msg: 5, tag: -2, len: 1 << 40, src: MemDesc::Net { pushed: false } },
             Packet::Rts { msg: 6, tag: -2, len: 1 << 20, src: MemDesc::Net { pushed: true } },

@@ -30,7 +30,7 @@ use gpulmt_protocols::{ProtoError, Rank, ReqId, Status, Tag};
 
 use crate::anatomy::{self, probe, Point};
 use crate::config::{Config, CopyPriority};
-use crate::device::{self, Backend, BackendKind, DevId, IpcHandle, MemoryKind, PointerInfo};
+use crate::device::{self, Backend, BackendKind, DevId, DeviceError, IpcHandle, MemoryKind, PointerInfo};
 use crate::error::{Error, Result};
 use crate::mapping::DeviceOpener;
 use crate::memtype::HostRangeCache;
@@ -158,6 +158,8 @@ pub struct Context {
     _live: live::LiveClaim,
     /// The symmetric heap, from the first `sym_alloc` on (`crate::sym`).
     pub(crate) sym: Option<crate::sym::SymHeap>,
+    /// Device memory moved through staging because no peer can map it.
+    pub(crate) memory_kinds: crate::memory_kinds::MemoryKinds,
 }
 
 impl Context {
@@ -381,6 +383,7 @@ impl Context {
             past_allocations: Default::default(),
             _live: live,
             sym: None,
+            memory_kinds: Default::default(),
             info,
             topo,
             offnode,
@@ -454,6 +457,7 @@ impl Context {
     pub fn stats(&self) -> Stats {
         let mut s = self.stats.clone();
         s.cache = self.cache.stats();
+        s.staged_kinds = self.memory_kinds.staged_count();
         s
     }
 
@@ -470,15 +474,28 @@ impl Context {
         let mut desc = BufDesc::host(len as u64);
         if let MemoryKind::Device(dev) = info.kind {
             desc.device = Some(dev);
-            if ptr + len > info.base + info.size {
-                return Err(Error::InvalidArgument(format!(
-                    "buffer {ptr:#x}+{len} runs past the end of its device allocation {:#x}+{}",
-                    info.base, info.size
-                )));
+            let end = ptr + len;
+            if end > info.base + info.span {
+                return Err(self.past_allocation_error(info, ptr, len));
             }
-            if export {
+            // A VMM buffer over several chunks: each is its own allocation to a peer, and one
+            // region names one, so staging moves it whole rather than a peer its first chunk.
+            let one_allocation = end <= info.base + info.size;
+            if export && !one_allocation {
+                self.memory_kinds.staged(info.alloc, "the buffer spans several VMM chunks (physical allocations)");
+            }
+            if export && one_allocation {
                 let backend = &self.backend;
-                let handle = *self.exports.get_or_export(info.buffer_id, || backend.export_handle(info.base))?;
+                let handle = match self.exports.get_or_export(info.buffer_id, || backend.export_handle(info.base)) {
+                    Ok(h) => *h,
+                    // Memory of a kind no peer maps: the sender describes it so (MemDesc::Staged),
+                    // a receiver does not offer it, and SHM staging moves it.
+                    Err(DeviceError::NotShareable { reason, .. }) => {
+                        self.memory_kinds.staged(info.alloc, &reason);
+                        return Ok(desc);
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 desc.region = Some(Region {
                     handle: handle.0,
                     alloc_size: info.size as u64,
@@ -502,7 +519,7 @@ impl Context {
             )));
         }
         if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
-            return Ok(PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 });
+            return Ok(PointerInfo::host(ptr));
         }
         let info = self.backend.pointer_info(ptr)?;
         if info.kind == MemoryKind::Host {
@@ -795,7 +812,15 @@ impl Context {
     /// freed through [`mem_free`](Self::mem_free) and [`mem_free_commit`](Self::mem_free_commit),
     /// or until [`finalize`](Self::finalize).
     pub fn mem_alloc(&mut self, bytes: usize) -> Result<usize> {
-        let ptr = self.backend.alloc(self.device, bytes)?;
+        self.mem_alloc_as(bytes, device::AllocKind::Legacy, 1)
+    }
+
+    /// [`mem_alloc`](Self::mem_alloc) by another route, as applications allocate: from a
+    /// memory pool, through the virtual memory API (`chunks` physical chunks behind one
+    /// range), or managed memory (`docs/memory-kinds.md`). For tests and benchmarks of
+    /// every kind; freed like any other, through [`mem_free`](Self::mem_free).
+    pub fn mem_alloc_as(&mut self, bytes: usize, kind: device::AllocKind, chunks: u32) -> Result<usize> {
+        let ptr = self.backend.alloc_as(self.device, bytes, kind, chunks)?;
         let info = self.backend.pointer_info(ptr)?;
         self.allocations.insert(info.buffer_id, ptr);
         self.past_allocations.note(ptr, info.size);
@@ -838,6 +863,7 @@ impl Context {
             coop = p[2],
             shm = p[3],
             self_copies = p[4],
+            staged_kinds = self.memory_kinds.staged_count(),
             copies = s.copies,
             probed = s.probed,
             packets_sent = s.packets_sent,

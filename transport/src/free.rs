@@ -34,7 +34,21 @@ impl Context {
         }
         self.free_marks
             .mark(info.buffer_id)
-            .map_err(|_| Error::Free(format!("double free of {ptr:#x}: it is already marked for the next commit")))
+            .map_err(|_| Error::Free(format!("double free of {ptr:#x}: it is already marked for the next commit")))?;
+        // A VMM range's other chunks are allocations of their own to peers, which may map
+        // them: the commit closes those mappings too (and frees the range by its first).
+        let end = info.base + info.span;
+        let mut at = info.base + info.size;
+        while at < end {
+            let chunk = self.backend.pointer_info(at)?;
+            if chunk.kind == MemoryKind::Host || chunk.size == 0 {
+                break;
+            }
+            // Marked once per range: a second mark of the same range failed above already.
+            let _ = self.free_marks.mark(chunk.buffer_id);
+            at = chunk.base + chunk.size;
+        }
+        Ok(())
     }
 
     /// Collective over the ranks of this rank's node (every rank of the node must call

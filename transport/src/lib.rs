@@ -24,6 +24,7 @@ pub mod error;
 mod free;
 pub mod logging;
 pub mod mapping;
+mod memory_kinds;
 pub mod memtype;
 #[cfg(feature = "mpi")]
 pub mod mpi;

@@ -36,6 +36,9 @@ pub struct Stats {
     pub copies: u64,
     /// Copies found finished by asking a queue's newest first (`GPULMT_POLL_NEWEST`).
     pub probed: u64,
+    /// Rendezvous buffers of device memory that no peer can map (managed memory, pools and
+    /// VMM memory without a shareable handle type), moved through staging instead.
+    pub staged_kinds: u64,
     pub cache: CacheStats,
 }
 

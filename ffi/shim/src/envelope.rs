@@ -12,20 +12,30 @@
 //!  32  job_hash    u64       FNV-1a of world rank 0's gpulmt job id (one for the job)
 //!  40  world_rank  i32       sender's rank in MPI_COMM_WORLD
 //!  44  sender      u32       sender's rank in the shim's gpulmt context (its world rank)
-//!  48  cookie      128 bytes gpulmt's RTS
+//!  48  cookie      160 bytes gpulmt's RTS
 //! ```
 //!
 //! A receiver recognises an envelope by its size and then by its magic and job hash:
 //! a user's host message of exactly `ENVELOPE_BYTES` bytes that is not an envelope is
-//! delivered as data (it costs one extra copy of 176 bytes).
+//! delivered as data (it costs one extra copy of 208 bytes).
 
 /// Bytes of an envelope on the wire.
-pub const ENVELOPE_BYTES: usize = 176;
-/// Room for the RTS cookie (gpulmt's largest is 123 bytes: GPULMT_COOKIE_MAX).
-pub const COOKIE_CAP: usize = 128;
+pub const ENVELOPE_BYTES: usize = 48 + COOKIE_CAP;
+/// Room for the RTS cookie: gpulmt's largest, an RTS with a region (gpulmt-ffi's
+/// GPULMT_COOKIE_MAX, 155 bytes), rounded up to 8.
+pub const COOKIE_CAP: usize = 160;
+const _: () = assert!(
+    COOKIE_CAP >= 1 + 1 + 8 + 4 + 8 + 1 + gpulmt_protocols_region_bytes(),
+    "an RTS with a region must fit the envelope"
+);
+
+/// Bytes of a region on the wire (gpulmt's protocol crate, through gpulmt).
+const fn gpulmt_protocols_region_bytes() -> usize {
+    gpulmt::device::IPC_HANDLE_BYTES + 8 + 8 + 4 + 8 + 8
+}
 /// First 16 bytes of every envelope (PNG-style: a high byte, a name, line-ending and
 /// EOF bytes that text never holds in this order, and a version).
-pub const MAGIC: [u8; 16] = *b"\x89gpulmtENV\r\n\x1a\n\x01\x00";
+pub const MAGIC: [u8; 16] = *b"\x89gpulmtENV\r\n\x1a\n\x02\x00";
 /// The payload moves through gpulmt's LMT (the only kind so far).
 pub const KIND_LMT: u32 = 1;
 
@@ -94,7 +104,7 @@ mod tests {
             job_hash: job_hash("mpi1x2"),
             world_rank: 3,
             sender: 1,
-            cookie: (0..123).collect(),
+            cookie: (0..155).collect(),
         }
     }
 

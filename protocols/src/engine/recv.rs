@@ -159,7 +159,7 @@ impl Engine {
                 let what = format!("RTS {msg}: a network rendezvous from rank {from}, which shares this node");
                 return refuse(self, AbortReason::Unsupported, what);
             }
-            (MemDesc::Host | MemDesc::Device(_), false) => {
+            (MemDesc::Host | MemDesc::Staged | MemDesc::Device(_), false) => {
                 let what = format!("RTS {msg} from rank {from}, on another node, names its buffer: only NET moves it");
                 return refuse(self, AbortReason::BadRequest, what);
             }

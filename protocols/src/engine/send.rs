@@ -108,12 +108,9 @@ impl Engine {
             _ if off_node => MemDesc::Net { pushed: push },
             (None, _) => MemDesc::Host,
             (Some(_), Some(r)) => MemDesc::Device(r),
-            (Some(d), None) => {
-                return self.complete(
-                    req,
-                    Err(ProtoError::Unsupported { what: format!("device {d} buffer was not exported for rendezvous") }),
-                )
-            }
+            // Memory of a kind no peer maps (the transport found its export impossible):
+            // staged through shared memory like host memory.
+            (Some(_), None) => MemDesc::Staged,
         };
         if buf.device.is_some() {
             self.rtr[to as usize].sends_device = true;

@@ -136,7 +136,7 @@ pub const DRAIN_REQ: ReqId = ReqId(u64::MAX);
 pub const NET_EAGER_LIMIT: u64 = 48;
 
 pub fn region(owner: Rank, req: ReqId, alloc_len: u64, offset: u64, device: u32) -> Region {
-    let mut handle = [0u8; 64];
+    let mut handle = [0u8; gpulmt_protocols::wire::HANDLE_BYTES];
     handle[..4].copy_from_slice(&owner.to_le_bytes());
     handle[4..12].copy_from_slice(&req.0.to_le_bytes());
     Region { handle, alloc_size: alloc_len, offset, device, node: 0, buffer_id: req.0 }

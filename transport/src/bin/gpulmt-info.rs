@@ -247,7 +247,14 @@ fn desc(mem: Mem, len: u64) -> BufDesc {
         Mem::Device(d) => BufDesc {
             len,
             device: Some(d),
-            region: Some(Region { handle: [0; 64], alloc_size: len, offset: 0, device: d, node: NODE, buffer_id: 1 }),
+            region: Some(Region {
+                handle: [0; gpulmt_protocols::wire::HANDLE_BYTES],
+                alloc_size: len,
+                offset: 0,
+                device: d,
+                node: NODE,
+                buffer_id: 1,
+            }),
         },
     }
 }

@@ -19,7 +19,9 @@
 //! - [`cuda`]: NVIDIA driver API through cudarc, loaded at run time.
 
 pub mod cuda;
+pub(crate) mod fd_share;
 mod finished;
+mod shareable;
 mod sharing;
 pub mod sim;
 mod word_atomic;
@@ -37,8 +39,9 @@ use crate::anatomy::{self, probe, Point};
 /// Ordinal of a device as the backend numbers them on this node.
 pub type DevId = u32;
 
-/// Size in bytes of an exported IPC handle (CUDA's `CUipcMemHandle` is 64 bytes).
-pub const IPC_HANDLE_BYTES: usize = 64;
+/// Size in bytes of an exported IPC handle: the driver's 64 bytes and what the kind of
+/// memory needs besides (`shareable.rs`).
+pub const IPC_HANDLE_BYTES: usize = gpulmt_protocols::wire::HANDLE_BYTES;
 
 /// Where a pointer's memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,17 +52,94 @@ pub enum MemoryKind {
     Device(DevId),
 }
 
+/// How a device allocation was made, which decides how a peer process can map it
+/// (`docs/memory-kinds.md`). Measured on one H200 with CUDA 13 (`lab/gpu/memory_kinds.cu`),
+/// under MPS and without: only `Legacy` takes `cuIpcGetMemHandle`; a shareable pool or VMM
+/// allocation crosses as a POSIX file descriptor; the others cannot be mapped at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum AllocKind {
+    /// `cuMemAlloc` / `cudaMalloc`: a legacy IPC handle maps it. Also what host memory says.
+    #[default]
+    Legacy,
+    /// From a stream-ordered memory pool (`cudaMallocAsync`, `cudaMallocFromPoolAsync`).
+    /// `shareable`: the pool was created with a POSIX-fd handle type, so the pool crosses
+    /// as an fd and the allocation as `cuMemPoolExportPointer`'s data. The device's default
+    /// pool has no handle type.
+    Pool { shareable: bool },
+    /// The virtual memory API (`cuMemCreate` + `cuMemMap`): one physical chunk per mapping.
+    /// `shareable`: created with a POSIX-fd handle type, so each chunk crosses as an fd.
+    Vmm { shareable: bool },
+    /// `cudaMallocManaged`: migrates between host and device; no IPC of any kind.
+    Managed,
+}
+
+impl AllocKind {
+    /// The kinds a test or benchmark can ask [`DeviceBackend::alloc_as`] for, by name.
+    pub const NAMES: [(&'static str, AllocKind); 6] = [
+        ("legacy", AllocKind::Legacy),
+        ("pool", AllocKind::Pool { shareable: false }),
+        ("pool-ipc", AllocKind::Pool { shareable: true }),
+        ("vmm", AllocKind::Vmm { shareable: false }),
+        ("vmm-ipc", AllocKind::Vmm { shareable: true }),
+        ("managed", AllocKind::Managed),
+    ];
+
+    /// The kind's name in [`NAMES`](Self::NAMES).
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, k)| *k == self).map_or("?", |(n, _)| n)
+    }
+
+    /// The kind named `s` (one of [`NAMES`](Self::NAMES)).
+    pub fn from_name(s: &str) -> Option<AllocKind> {
+        Self::NAMES.iter().find(|(n, _)| *n == s).map(|(_, k)| *k)
+    }
+
+    /// Why a peer cannot map memory of this kind, or None where it can.
+    pub fn unmappable_reason(self) -> Option<&'static str> {
+        match self {
+            AllocKind::Legacy | AllocKind::Pool { shareable: true } | AllocKind::Vmm { shareable: true } => None,
+            AllocKind::Pool { shareable: false } => Some(
+                "memory of a pool without a shareable handle type (the default cudaMallocAsync pool): create the pool with handleTypes = cudaMemHandleTypePosixFileDescriptor for IPC",
+            ),
+            AllocKind::Vmm { shareable: false } => Some(
+                "cuMemCreate memory without a shareable handle type: set requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR for IPC",
+            ),
+            AllocKind::Managed => Some("managed memory (cudaMallocManaged): CUDA has no IPC for it"),
+        }
+    }
+}
+
 /// What the backend knows of a pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PointerInfo {
     pub kind: MemoryKind,
-    /// Start of the allocation that holds the pointer (the pointer itself for host memory).
+    /// Start of the allocation that holds the pointer (the pointer itself for host memory):
+    /// for VMM memory the one mapping (physical chunk) that holds it, the unit a peer maps.
     pub base: usize,
     /// Size of that allocation in bytes (0 for host memory: unknown).
     pub size: usize,
     /// Identifier unique for the lifetime of this process: a freed and reallocated
     /// address gets a new one (CUDA's `CU_POINTER_ATTRIBUTE_BUFFER_ID`). 0 for host memory.
     pub buffer_id: u64,
+    /// How the allocation was made (`Legacy` for host memory).
+    pub alloc: AllocKind,
+    /// Bytes from `base` that are device memory of this kind with no hole: `size`, except
+    /// for VMM memory whose chunks are mapped one after another behind one reserved range
+    /// (CUDA's `RANGE_START_ADDR`/`RANGE_SIZE` then cover them all): a buffer may run past its
+    /// chunk into the next one.
+    pub span: usize,
+}
+
+impl PointerInfo {
+    /// What host memory (or memory the backend does not know) is.
+    pub fn host(ptr: usize) -> PointerInfo {
+        PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0, alloc: AllocKind::Legacy, span: 0 }
+    }
+
+    /// A device allocation of `size` bytes at `base` that is its own span.
+    pub fn device(dev: DevId, base: usize, size: usize, buffer_id: u64, alloc: AllocKind) -> PointerInfo {
+        PointerInfo { kind: MemoryKind::Device(dev), base, size, buffer_id, alloc, span: size }
+    }
 }
 
 /// An exported handle to a device allocation, opaque bytes another process opens.
@@ -213,6 +293,10 @@ pub enum DeviceError {
     /// The backend does not support the operation.
     #[error("{op} is not supported by the {backend} backend")]
     Unsupported { op: &'static str, backend: BackendKind },
+    /// The allocation at `base` cannot be exported for another process to map: its kind
+    /// has no IPC, or the export failed. Callers move such memory through staging instead.
+    #[error("allocation {base:#x} cannot be shared with another process: {reason}")]
+    NotShareable { base: usize, reason: String },
 }
 
 /// The operations the LMT needs from a device layer.
@@ -240,6 +324,19 @@ pub trait DeviceBackend: Send + Sync {
     /// Allocates `bytes` of memory on `dev`; returns its address.
     fn alloc(&self, dev: DevId, bytes: usize) -> Result<usize, DeviceError>;
 
+    /// Allocates `bytes` on `dev` the way an application of that kind does (a pool, the
+    /// virtual memory API, managed memory), for tests and benchmarks of every kind; `chunks`
+    /// (VMM only, at least 1) physical chunks behind one range, each its own allocation.
+    /// [`free`](Self::free) frees any of them. Backends that cannot make a kind answer
+    /// `Unsupported`.
+    fn alloc_as(&self, dev: DevId, bytes: usize, kind: AllocKind, chunks: u32) -> Result<usize, DeviceError> {
+        let _ = chunks;
+        match kind {
+            AllocKind::Legacy => self.alloc(dev, bytes),
+            _ => Err(DeviceError::Unsupported { op: "alloc_as", backend: self.kind() }),
+        }
+    }
+
     /// Frees an allocation made by [`alloc`](Self::alloc). An address that is not the
     /// start of an allocation of this backend is refused with an error.
     ///
@@ -253,7 +350,8 @@ pub trait DeviceBackend: Send + Sync {
     /// Classifies a pointer (host or device, allocation range, buffer id).
     fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError>;
 
-    /// Exports an IPC handle for the allocation that starts at `base`.
+    /// Exports an IPC handle for the allocation that starts at `base`. Memory that no peer
+    /// can map ([`AllocKind::unmappable_reason`]) is [`DeviceError::NotShareable`].
     fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError>;
 
     /// Opens a peer's handle so that device `on` can reach it. Fails with

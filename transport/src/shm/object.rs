@@ -35,6 +35,10 @@ pub const OBJECT_PREFIX: &str = "gpulmt-";
 /// Prefix of the simulated-device objects: `gpulmt-sim-<pid>-...`.
 pub const SIM_PREFIX: &str = "gpulmt-sim-";
 
+/// Prefix of the sockets of the fd servers that hand out shareable device memory
+/// (`device/fd_share.rs`): `gpulmt-fd-<pid>-<nonce>.sock`.
+pub const FD_SOCKET_PREFIX: &str = "gpulmt-fd-";
+
 /// How to raise the size of `/dev/shm`, for errors that ran out of it.
 pub const HINT_SHM_SIZE: &str = "enlarge /dev/shm: in a container start it with a larger --shm-size (docker run --shm-size=1g ...), on a host remount it (as root: mount -o remount,size=4G /dev/shm); `gpulmt-run --cleanup` removes leftovers of dead jobs";
 

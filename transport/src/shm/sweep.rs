@@ -14,13 +14,15 @@
 //!   rank and not its creator holds a lock on it. Its creator locks it before it
 //!   publishes the segment's magic, so a segment being created is never taken for one;
 //! - simulated device memory `gpulmt-sim-<pid>-<nonce>-*`: its owner object
-//!   `gpulmt-sim-<pid>-<nonce>-owner` is unlocked.
+//!   `gpulmt-sim-<pid>-<nonce>-owner` is unlocked;
+//! - an fd server's socket `gpulmt-fd-*` (`device/fd_share.rs`): a connect to it is
+//!   refused, so nobody listens there (this too holds across pid namespaces).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use super::object::{entries, is_object_of, unlink_counted, OBJECT_PREFIX, SHM_DIR, SIM_PREFIX};
+use super::object::{entries, is_object_of, unlink_counted, FD_SOCKET_PREFIX, OBJECT_PREFIX, SHM_DIR, SIM_PREFIX};
 use super::owner::{pid_alive, Owner, OwnerLock, OWNER_SUFFIX};
 
 /// Unparseable `gpulmt-*` objects older than this are presumed abandoned by `--cleanup`.
@@ -41,7 +43,25 @@ pub enum Evidence {
 /// Removes every abandoned gpulmt object (see the module documentation); returns how
 /// many.
 pub fn sweep(evidence: Evidence) -> usize {
-    cleanup_stale_jobs(evidence) + cleanup_stale_sim_objects(evidence)
+    cleanup_stale_jobs(evidence) + cleanup_stale_sim_objects(evidence) + cleanup_stale_fd_sockets()
+}
+
+/// Removes the sockets of fd servers that nobody listens on (their process died without
+/// its drop); returns how many. A connect that is refused proves it whatever the evidence
+/// asked for; one that succeeds or fails otherwise keeps the socket.
+pub fn cleanup_stale_fd_sockets() -> usize {
+    let mut removed = 0;
+    for n in entries(FD_SOCKET_PREFIX) {
+        let path = Path::new(SHM_DIR).join(&n);
+        let refused = std::os::unix::net::UnixStream::connect(&path)
+            .err()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        if refused && std::fs::remove_file(&path).is_ok() {
+            tracing::debug!(name = n, "removed the socket of a dead fd server");
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Age of `/dev/shm/<name>` by modification time (None if unknown).
@@ -59,7 +79,10 @@ fn object_age(name: &str) -> Option<Duration> {
 /// another version's or another user's) go when older than [`STALE_UNPARSEABLE_AGE`].
 /// Simulated-device objects (`gpulmt-sim-*`) are left to [`cleanup_stale_sim_objects`].
 pub fn cleanup_stale_jobs(evidence: Evidence) -> usize {
-    let names: Vec<String> = entries(OBJECT_PREFIX).into_iter().filter(|n| !n.starts_with(SIM_PREFIX)).collect();
+    let names: Vec<String> = entries(OBJECT_PREFIX)
+        .into_iter()
+        .filter(|n| !n.starts_with(SIM_PREFIX) && !n.starts_with(FD_SOCKET_PREFIX))
+        .collect();
     // (segment name, abandoned)
     let jobs: Vec<(String, bool)> =
         names.iter().filter_map(|n| super::job::probe_abandoned(n).map(|gone| (n.clone(), gone))).collect();

@@ -2,6 +2,7 @@
 //! message contents, and [`Buf`], a buffer between guard bytes whose contents a rank
 //! checks byte for byte after a transfer.
 
+use gpulmt::device::AllocKind;
 use gpulmt::Context;
 
 use crate::report::{fail, OrFail};
@@ -19,6 +20,31 @@ impl std::fmt::Display for Kind {
             Kind::Dev => "D",
         })
     }
+}
+
+/// How a device buffer is allocated: its kind, and for VMM memory its chunks.
+#[derive(Clone, Copy, Debug)]
+pub struct Mem {
+    pub kind: AllocKind,
+    pub chunks: u32,
+}
+
+impl Default for Mem {
+    fn default() -> Mem {
+        Mem { kind: AllocKind::Legacy, chunks: 1 }
+    }
+}
+
+/// A kind of device memory by name (`legacy`, `pool`, `pool-ipc`, `vmm`, `vmm-ipc`,
+/// `managed`), VMM ones with `:CHUNKS` (`vmm-ipc:3`).
+pub fn parse_mem(s: &str) -> Mem {
+    let (name, chunks) = s.split_once(':').unwrap_or((s, "1"));
+    let kind = AllocKind::from_name(name).unwrap_or_else(|| {
+        let names: Vec<&str> = AllocKind::NAMES.iter().map(|(n, _)| *n).collect();
+        fail(format!("memory kind {s:?}: expected one of {}", names.join(", ")))
+    });
+    let chunks = chunks.parse().unwrap_or_else(|_| fail(format!("memory kind {s:?}: chunks must be a number")));
+    Mem { kind, chunks }
 }
 
 pub fn parse_placement(s: &str) -> (Kind, Kind) {
@@ -97,11 +123,21 @@ pub struct Buf {
 
 impl Buf {
     pub fn new(ctx: &mut Context, kind: Kind, len: usize, off: usize, guard: u8) -> Buf {
+        Self::new_as(ctx, kind, Mem::default(), len, off, guard)
+    }
+
+    /// [`new`](Self::new) with device memory of kind `mem` (the allocation of a pool, VMM
+    /// chunks, managed memory).
+    pub fn new_as(ctx: &mut Context, kind: Kind, mem: Mem, len: usize, off: usize, guard: u8) -> Buf {
         let total = len + 2 * off;
         let mut b = match kind {
             Kind::Host => Buf { kind, host: vec![guard; total], dev: 0, total, off, len },
             Kind::Dev => {
-                let dev = ctx.mem_alloc(total).or_fail(format!("mem_alloc({total})"));
+                let dev = ctx.mem_alloc_as(total, mem.kind, mem.chunks).or_fail(format!(
+                    "mem_alloc_as({total}, {}, {} chunks)",
+                    mem.kind.name(),
+                    mem.chunks
+                ));
                 Buf { kind, host: Vec::new(), dev, total, off, len }
             }
         };

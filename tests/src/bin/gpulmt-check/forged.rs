@@ -98,7 +98,18 @@ pub fn run(ctx: &mut Context) {
             // Lies about the allocation's size: a real 64 KiB handle claimed as 1 MiB.
             rts(2, 42, big, dev(Region { alloc_size: big, ..region })).to_vec(),
             // A forged handle.
-            rts(3, 43, big, dev(Region { handle: [0xab; 64], alloc_size: big, buffer_id: 999_999, ..region })).to_vec(),
+            rts(
+                3,
+                43,
+                big,
+                dev(Region {
+                    handle: [0xab; gpulmt_protocols::wire::HANDLE_BYTES],
+                    alloc_size: big,
+                    buffer_id: 999_999,
+                    ..region
+                }),
+            )
+            .to_vec(),
             // Another node's memory.
             rts(4, 44, big, dev(Region { alloc_size: big, node: region.node ^ 1, ..region })).to_vec(),
             // A device that does not exist.

@@ -15,6 +15,7 @@
 //! job=<GPULMT_JOB>                                  (rank 0 only)
 //! rank=R pid=P device=D size=N
 //! rank=R protocols get=.. put=.. coop=.. shm=.. self=..
+//! rank=R kinds staged=..                            (rendezvous buffers no peer can map)
 //! rank=R cache opens=.. closes=.. hits=.. misses=.. entries=..
 //! rank=R ok <scenario>
 //! ```
@@ -80,6 +81,13 @@ enum Cmd {
         offset: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Kind of rank 0's device memory: legacy, pool, pool-ipc, vmm, vmm-ipc, managed
+        /// (VMM with `:CHUNKS`, e.g. vmm-ipc:3).
+        #[arg(long, default_value = "legacy")]
+        mem0: String,
+        /// Kind of rank 1's device memory.
+        #[arg(long, default_value = "legacy")]
+        mem1: String,
     },
     /// Every rank sends mixed messages to every other rank; ANY_SOURCE receives.
     Alltoall {
@@ -204,8 +212,8 @@ fn main() {
     }
     println!("rank={me} pid={} device={} size={}", std::process::id(), ctx.device(), ctx.size());
     let name = match &cli.cmd {
-        Cmd::Pingpong { placement, sizes, offset, seed } => {
-            pingpong::run(&mut ctx, placement, sizes, *offset, *seed);
+        Cmd::Pingpong { placement, sizes, offset, seed, mem0, mem1 } => {
+            pingpong::run(&mut ctx, placement, sizes, *offset, *seed, [mem0.as_str(), mem1.as_str()]);
             "pingpong"
         }
         Cmd::Alltoall { iters, include_self } => {

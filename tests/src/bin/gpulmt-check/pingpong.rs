@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 use gpulmt::{Context, Tag};
 
 use crate::api::{expect_status, irecv, isend, need_ranks};
-use crate::buffers::{parse_placement, parse_sizes, pattern, Buf, GUARD_RECV, GUARD_SEND};
+use crate::buffers::{parse_mem, parse_placement, parse_sizes, pattern, Buf, GUARD_RECV, GUARD_SEND};
 use crate::report::OrFail;
 
-pub fn run(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u64) {
+pub fn run(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u64, mem: [&str; 2]) {
+    let mem = mem.map(parse_mem);
     need_ranks(ctx, 2, "pingpong");
     let (k0, k1) = parse_placement(placement);
     let sizes = parse_sizes(sizes);
@@ -19,13 +20,15 @@ pub fn run(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u6
     }
     for (i, &size) in sizes.iter().enumerate() {
         let tag = 1 + i as Tag;
-        let data = pattern(seed ^ (size as u64).wrapping_mul(0x9e37), size);
+        // A new pattern each round, so that a size repeated (a pool's freed and reallocated
+        // buffer at the same address) must show this round's bytes, not an old one's.
+        let data = pattern(seed ^ (size as u64).wrapping_mul(0x9e37) ^ (i as u64) << 40, size);
         let what = |dir: &str| format!("pingpong {k0}->{k1} size {size} ({dir})");
         let t0 = Instant::now();
         if me == 0 {
-            let mut s = Buf::new(ctx, k0, size, off, GUARD_SEND);
+            let mut s = Buf::new_as(ctx, k0, mem[0], size, off, GUARD_SEND);
             s.write(ctx, &data);
-            let mut r = Buf::new(ctx, k0, size, off, GUARD_RECV);
+            let mut r = Buf::new_as(ctx, k0, mem[0], size, off, GUARD_RECV);
             let rr = irecv(ctx, &mut r, Some(1), Some(tag));
             let sr = isend(ctx, &mut s, size, 1, tag);
             let st = ctx.wait(sr).or_fail(what("send 0->1"));
@@ -37,7 +40,7 @@ pub fn run(ctx: &mut Context, placement: &str, sizes: &str, off: usize, seed: u6
             s.release(ctx);
             r.release(ctx);
         } else {
-            let mut r = Buf::new(ctx, k1, size, off, GUARD_RECV);
+            let mut r = Buf::new_as(ctx, k1, mem[1], size, off, GUARD_RECV);
             if i % 2 == 0 {
                 // Let the message arrive first: the unexpected-message path.
                 let deadline = Instant::now() + Duration::from_secs(20);

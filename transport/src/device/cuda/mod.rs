@@ -28,6 +28,7 @@ mod copies;
 mod copy_2d;
 mod copy_server;
 mod driver;
+mod kinds;
 mod memory;
 #[cfg(test)]
 mod tests;
@@ -42,13 +43,16 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
 use super::{
-    AtomicState, AtomicTicket, BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped, IpcHandle,
-    Mapping, MemoryKind, PointerInfo, WordAtomic, IPC_HANDLE_BYTES,
+    AllocKind, AtomicState, AtomicTicket, BackendKind, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped,
+    IpcHandle, Mapping, MemoryKind, PointerInfo, WordAtomic,
 };
 use copies::{lane_slot, Pending, Tickets, LEGACY_STREAM, SYNC_SLOT};
 use copy_server::CopyServer;
 use driver::{check, cu, driver, lock, warn_teardown, Benign, Ctx, CtxGuard, Event, Stream};
-use memory::{from_raw_handle, known_info, open_error, to_raw_handle, OpenHandles, OpenMapping};
+use kinds::{close_opened, Opened};
+use memory::{known_info, open_error, to_raw_handle, OpenHandles, OpenMapping};
+
+use super::shareable::SharedHandle;
 
 /// A copy server's idle timeout until `enable_copy_server` sets one: the default of
 /// `GPULMT_COPY_SERVER_IDLE_US`.
@@ -97,6 +101,10 @@ pub struct CudaBackend {
     /// host address -> (bytes, device address). `copy_sync` between it and device memory
     /// is one driver call, or a copy server's copy, which addresses it by the device address.
     pinned: Mutex<std::collections::BTreeMap<usize, (usize, usize)>>,
+    /// Memory of other kinds than legacy: what `alloc_as` made, the fd server, imported pools.
+    sharing: kinds::Sharing,
+    /// Tells this instance's fd server from another of the same pid (`shareable.rs`).
+    nonce: u64,
 }
 
 impl CudaBackend {
@@ -140,6 +148,11 @@ impl CudaBackend {
             open: Mutex::new(OpenHandles::default()),
             known: Mutex::new(std::collections::BTreeMap::new()),
             pinned: Mutex::new(std::collections::BTreeMap::new()),
+            sharing: kinds::Sharing::default(),
+            nonce: {
+                use std::hash::BuildHasher;
+                std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+            },
         })
     }
 
@@ -258,7 +271,18 @@ impl DeviceBackend for CudaBackend {
         Ok(ptr as usize)
     }
 
+    fn alloc_as(&self, dev: DevId, bytes: usize, kind: AllocKind, chunks: u32) -> Result<usize, DeviceError> {
+        match kind {
+            AllocKind::Legacy => self.alloc(dev, bytes),
+            _ => self.alloc_kind(dev, bytes, kind, chunks),
+        }
+    }
+
     unsafe fn free(&self, ptr: usize) -> Result<(), DeviceError> {
+        // SAFETY: free's contract is free_kind's.
+        if unsafe { self.free_kind(ptr)? } {
+            return Ok(());
+        }
         let dev = self.allocation_device("free", ptr)?;
         let _current = self.enter(dev)?;
         cu!(cuMemFree_v2(ptr as CUdeviceptr))?;
@@ -272,11 +296,15 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError> {
-        let dev = self.allocation_device("export_handle", base)?;
-        let _current = self.enter(dev)?;
-        let mut raw = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
-        cu!(cuIpcGetMemHandle(&mut raw, base as CUdeviceptr))?;
-        Ok(from_raw_handle(&raw))
+        let info = self.pointer_info(base)?;
+        let MemoryKind::Device(dev) = info.kind else {
+            return Err(DeviceError::InvalidPointer { op: "export_handle", ptr: base, expected: "device memory" });
+        };
+        if info.base != base {
+            let expected = "the start of a device allocation";
+            return Err(DeviceError::InvalidPointer { op: "export_handle", ptr: base, expected });
+        }
+        self.export_kind(info, dev)
     }
 
     fn open_handle(&self, handle: &IpcHandle, on: DevId) -> Result<Mapping, DeviceError> {
@@ -287,13 +315,19 @@ impl DeviceBackend for CudaBackend {
             return Err(DeviceError::DoubleOpen { owner: 0, buffer_id: 0 });
         }
         let _current = CtxGuard::enter(ctx)?;
-        let mut ptr: CUdeviceptr = 0;
-        let lazy_peer = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
-        cu!(cuIpcOpenMemHandle_v2(&mut ptr, to_raw_handle(handle), lazy_peer)).map_err(open_error)?;
+        let (ptr, how) = match SharedHandle::decode(handle)? {
+            Some(shared) => self.open_shared(&shared, on)?,
+            None => {
+                let mut ptr: CUdeviceptr = 0;
+                let lazy_peer = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
+                cu!(cuIpcOpenMemHandle_v2(&mut ptr, to_raw_handle(handle), lazy_peer)).map_err(open_error)?;
+                (ptr, Opened::Legacy)
+            }
+        };
         let mut base: CUdeviceptr = 0;
         let mut size: usize = 0;
         if let Err(f) = cu!(cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) {
-            warn_teardown(cu!(cuIpcCloseMemHandle(ptr)));
+            close_opened(ptr, how);
             return Err(f.into());
         }
         let ptr = ptr as usize;
@@ -306,12 +340,12 @@ impl DeviceBackend for CudaBackend {
             // Answered by the driver at each lookup, as before.
             Ok(_) => {}
             Err(e) => {
-                warn_teardown(cu!(cuIpcCloseMemHandle(ptr as CUdeviceptr)));
+                close_opened(ptr as CUdeviceptr, how);
                 return Err(e);
             }
         }
         open.by_handle.insert(handle.0, ptr);
-        open.by_ptr.insert(ptr, OpenMapping { handle: handle.0, on });
+        open.by_ptr.insert(ptr, OpenMapping { handle: handle.0, on, how });
         Ok(Mapping { ptr, size })
     }
 
@@ -324,10 +358,14 @@ impl DeviceBackend for CudaBackend {
                 expected: "a mapping returned by open_handle",
             });
         };
-        let (handle, on) = (m.handle, m.on);
+        let (handle, on, how) = (m.handle, m.on, m.how);
         {
             let _current = self.enter(on)?;
-            cu!(cuIpcCloseMemHandle(mapping.ptr as CUdeviceptr))?;
+            match how {
+                // The one close whose failure the caller hears of, as before.
+                Opened::Legacy => cu!(cuIpcCloseMemHandle(mapping.ptr as CUdeviceptr))?,
+                how => close_opened(mapping.ptr as CUdeviceptr, how),
+            }
         }
         lock(&self.known).remove(&mapping.ptr);
         open.by_ptr.remove(&mapping.ptr);
@@ -653,7 +691,12 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let open = std::mem::take(self.open.get_mut().unwrap_or_else(PoisonError::into_inner));
         for (ptr, m) in open.by_ptr {
-            warn_teardown(self.enter(m.on).and_then(|_current| Ok(cu!(cuIpcCloseMemHandle(ptr as CUdeviceptr))?)));
+            warn_teardown(self.enter(m.on).map(|_current| close_opened(ptr as CUdeviceptr, m.how)));
+        }
+        // After every pointer imported from them was freed just above.
+        for pool in self.sharing.take_imported_pools() {
+            let dev = self.fallback_device();
+            warn_teardown(self.enter(dev).and_then(|_current| Ok(cu!(cuMemPoolDestroy(pool as sys::CUmemoryPool))?)));
         }
         // Events of copies never polled to completion are destroyed with the pool; the driver
         // defers the release of an event still pending.

@@ -3,7 +3,7 @@
 
 use super::driver::{CuFailure, REQUIRED_SYMBOLS};
 use super::*;
-use crate::device::Copy2d;
+use crate::device::{Copy2d, IPC_HANDLE_BYTES};
 
 #[test]
 fn try_new_reports_unavailable_instead_of_panicking() {
@@ -44,12 +44,12 @@ fn benign_codes_count_as_success_and_others_do_not() {
 
 #[test]
 fn ipc_handle_bytes_survive_the_driver_representation() {
-    let mut bytes = [0u8; IPC_HANDLE_BYTES];
+    let mut bytes = [0u8; 64];
     for (i, b) in bytes.iter_mut().enumerate() {
         *b = (i * 37 + 200) as u8;
     }
-    let h = IpcHandle(bytes);
-    assert_eq!(from_raw_handle(&to_raw_handle(&h)), h);
+    let h = crate::device::shareable::legacy_handle(&bytes);
+    assert_eq!(to_raw_handle(&h).reserved.map(|c| c as u8), bytes);
 }
 
 #[test]
@@ -67,6 +67,7 @@ fn called_symbols() -> std::collections::BTreeSet<String> {
         include_str!("mod.rs"),
         include_str!("driver.rs"),
         include_str!("memory.rs"),
+        include_str!("kinds.rs"),
         include_str!("copies.rs"),
         include_str!("copy_2d.rs"),
         include_str!("copy_server.rs"),
@@ -380,7 +381,7 @@ fn gpu_alloc_classify_copy_free() {
             assert!(b.free(p).is_err());
         }
         let host = b.pointer_info(back.as_ptr() as usize).unwrap();
-        assert_eq!(host, PointerInfo { kind: MemoryKind::Host, base: back.as_ptr() as usize, size: 0, buffer_id: 0 });
+        assert_eq!(host, PointerInfo::host(back.as_ptr() as usize));
         assert_eq!(b.pointer_info(src.as_ptr() as usize).unwrap().kind, MemoryKind::Host);
         b.unregister_host(src.as_ptr() as usize).unwrap();
         b.unregister_host(src.as_ptr() as usize).unwrap();

@@ -19,6 +19,13 @@
 //!   stale handle fails with [`DeviceError::BadHandle`], opening needs peer access
 //!   between the devices, and freeing an allocation a peer still maps is reported
 //!   ([`DeviceError::FreedWhileMapped`]) although, as in CUDA, the peer's pages stay alive.
+//! - **Kinds of memory** (`kinds.rs`, [`DeviceBackend::alloc_as`]) as CUDA 13 has them:
+//!   legacy memory exports by a legacy handle; a shareable pool's allocations and
+//!   shareable VMM chunks cross as a file descriptor from the instance's fd server; the
+//!   default pool's, non-shareable VMM and managed memory cannot be exported
+//!   ([`DeviceError::NotShareable`]). Pools hand a freed allocation of the same size back
+//!   at the same address with a new buffer id; a VMM range is chunks of one object, each
+//!   its own allocation to `pointer_info`.
 //! - **Copy engines**: one thread per device, started on first use, runs its copies
 //!   strictly one after another, so copies queued on one engine really contend.
 //! - **Topology**: which device pairs have peer access is configurable
@@ -41,11 +48,13 @@
 //!
 //! Files: this one (the backend and its [`DeviceBackend`] table), `config.rs`,
 //! `object.rs` (an allocation's shared-memory object: header page, handle, name),
-//! `registry.rs` (what an instance has mapped), `engine.rs` (copy engine threads and
-//! tickets) and `tests.rs`.
+//! `registry.rs` (what an instance has mapped), `kinds.rs` (pools, VMM ranges, managed
+//! memory, sharing by file descriptor), `engine.rs` (copy engine threads and tickets) and
+//! `tests.rs`.
 
 mod config;
 mod engine;
+mod kinds;
 mod object;
 mod registry;
 #[cfg(test)]
@@ -53,25 +62,26 @@ mod tests;
 
 pub use config::{DriverCost, PeerMatrix, SimConfig};
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use super::fd_share::FdServer;
+use super::shareable::SharedHandle;
 use super::{
-    AtomicState, AtomicTicket, BackendKind, Copy2d, CopyTicket, DevId, DeviceBackend, DeviceError, HostMapped,
-    IpcHandle, Mapping, MemoryKind, PointerInfo, WordAtomic,
+    AllocKind, AtomicState, AtomicTicket, BackendKind, Copy2d, CopyTicket, DevId, DeviceBackend, DeviceError,
+    HostMapped, IpcHandle, Mapping, MemoryKind, PointerInfo, WordAtomic,
 };
 use crate::shm::object::{ShmError, ShmSegment};
-use crate::shm::owner::OwnerLock;
 use crate::shm::wait::sleep_for;
 use engine::{spin_ns, Engine, Tickets};
 use object::{
-    bad_handle, fresh_nonce, header, object_len, owner_name, release_mapper, shm_error, shm_name, HandleFields, Header,
-    HEADER_BYTES, HEADER_MAGIC,
+    bad_handle, fresh_nonce, header, object_len, release_mapper, shm_error, shm_name, HandleFields, HEADER_BYTES,
+    HEADER_MAGIC,
 };
-use registry::{LocalAlloc, OpenKey, PeerMap, Region, State};
+use registry::{drop_object, OpenKey, PeerMap, PeerMem, Region, State};
 
 /// Environment variable: number of simulated devices.
 pub const ENV_DEVICES: &str = "GPULMT_SIM_DEVICES";
@@ -111,7 +121,11 @@ pub struct SimBackend {
     cfg: SimConfig,
     pid: u32,
     nonce: u64,
-    state: Mutex<State>,
+    /// Shared with the fd server's thread, which answers from it.
+    state: Arc<Mutex<State>>,
+    /// Hands out the fds of the shareable memory exported (`kinds.rs`); started by the
+    /// first such export, stopped on drop.
+    server: Mutex<Option<FdServer>>,
     /// One copy engine per device, started on first use.
     engines: Vec<Mutex<Option<Engine>>>,
     next_ticket: AtomicU64,
@@ -159,7 +173,8 @@ impl SimBackend {
             cfg,
             pid: std::process::id(),
             nonce,
-            state: Mutex::new(State::default()),
+            state: Arc::new(Mutex::new(State::default())),
+            server: Mutex::new(None),
             engines,
             next_ticket: AtomicU64::new(1),
             tickets: Mutex::new(Default::default()),
@@ -176,6 +191,28 @@ impl SimBackend {
             return Err(DeviceError::NoSuchDevice { dev, count: self.cfg.devices });
         }
         Ok(())
+    }
+
+    /// Reserves `key` for an open in progress, so that a concurrent second open of one
+    /// handle fails ([`DeviceError::DoubleOpen`]) instead of both mapping it; the key is
+    /// released when the reservation drops (the open failed), kept by forgetting it.
+    fn reserve(&self, key: OpenKey) -> Result<Reservation<'_>, DeviceError> {
+        if !lock(&self.state).open_keys.insert(key) {
+            return Err(DeviceError::DoubleOpen { owner: key.owner_pid, buffer_id: key.buffer_id });
+        }
+        Ok(Reservation { st: &self.state, key })
+    }
+}
+
+/// A handle's key reserved by [`SimBackend::reserve`].
+struct Reservation<'a> {
+    st: &'a Mutex<State>,
+    key: OpenKey,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        lock(self.st).open_keys.remove(&self.key);
     }
 }
 
@@ -195,52 +232,34 @@ impl DeviceBackend for SimBackend {
     fn alloc(&self, dev: DevId, bytes: usize) -> Result<usize, DeviceError> {
         self.check_dev(dev)?;
         let size = bytes.max(1);
-        let map_len = object_len(size).ok_or_else(|| DeviceError::Driver {
-            call: "alloc",
-            code: CUDA_ERROR_OUT_OF_MEMORY,
-            message: format!("{bytes} bytes cannot be allocated"),
-        })?;
-        {
-            // The owner object before the first allocation object: no allocation of this
-            // instance exists that the sweep could take for abandoned.
-            let mut st = lock(&self.state);
-            if st.owner.is_none() {
-                st.owner = Some(OwnerLock::create(&owner_name(self.pid, self.nonce)).map_err(shm_error)?);
-            }
-        }
-        let buffer_id = NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed);
-        let name = shm_name(self.pid, self.nonce, buffer_id);
-        // Pages reserved now: a full /dev/shm must fail here, like cuMemAlloc returning
-        // out-of-memory, not as a SIGBUS on first touch deep in a copy.
-        let map = ShmSegment::create_reserved(&name, map_len).map_err(shm_error)?;
-        // SAFETY: the mapping is fresh, page-aligned and at least HEADER_BYTES long;
-        // nobody else can know its name before export, so a plain write is race-free.
-        unsafe {
-            std::ptr::write(
-                map.ptr().cast::<Header>(),
-                Header {
-                    magic: HEADER_MAGIC,
-                    owner_pid: self.pid,
-                    device: dev,
-                    buffer_id,
-                    size: size as u64,
-                    mappers: AtomicU32::new(0),
-                    freed: AtomicU32::new(0),
-                },
-            )
-        };
-        let data = map.ptr() as usize + HEADER_BYTES;
-        lock(&self.state).regions.insert(data, Region::Local(LocalAlloc { dev, size, buffer_id, map }));
+        let local = self.make_object(dev, bytes, size, AllocKind::Legacy, (1, size))?;
+        let data = local.map.ptr() as usize + HEADER_BYTES;
+        let buffer_id = local.buffer_id;
+        lock(&self.state).regions.insert(data, Region::Local(local));
         debug!(dev, bytes, buffer_id, ptr = format_args!("{data:#x}"), "sim: alloc");
         Ok(data)
     }
 
+    fn alloc_as(&self, dev: DevId, bytes: usize, kind: AllocKind, chunks: u32) -> Result<usize, DeviceError> {
+        match kind {
+            AllocKind::Legacy => self.alloc(dev, bytes),
+            _ => self.alloc_kind(dev, bytes, kind, chunks),
+        }
+    }
+
     unsafe fn free(&self, ptr: usize) -> Result<(), DeviceError> {
-        let local = {
+        let (buffer_id, kept) = {
             let mut st = lock(&self.state);
             match st.regions.get(&ptr) {
                 Some(Region::Local(_)) => match st.regions.remove(&ptr) {
-                    Some(Region::Local(l)) => l,
+                    Some(Region::Local(l)) => {
+                        // Nobody can fetch it any more; a pool allocation made again at the
+                        // address is offered under its new id once exported.
+                        for id in l.ids() {
+                            st.offers.remove(&id);
+                        }
+                        (l.buffer_id, kinds::pool_keeps(&mut st, l))
+                    }
                     _ => unreachable!("checked just above under the same lock"),
                 },
                 _ => {
@@ -252,14 +271,23 @@ impl DeviceBackend for SimBackend {
                 }
             }
         };
-        let buffer_id = local.buffer_id;
-        let released = local.release();
+        let released = match kept {
+            Ok(evicted) => {
+                for map in evicted {
+                    if let Err(e) = drop_object(map) {
+                        warn!(error = %e, "sim: releasing a pool's oldest freed allocation");
+                    }
+                }
+                Ok(0)
+            }
+            Err(local) => local.release(),
+        };
         {
-            // No allocation left: nothing for the owner object to claim (a process that
-            // freed all its device memory leaves nothing in /dev/shm). The next alloc
-            // makes it again.
+            // No allocation left, nor one a pool keeps: nothing for the owner object to
+            // claim (a process that freed all its device memory leaves nothing in
+            // /dev/shm). The next alloc makes it again.
             let mut st = lock(&self.state);
-            if !st.regions.values().any(|r| matches!(r, Region::Local(_))) {
+            if !st.has_objects() {
                 st.owner = None;
             }
         }
@@ -280,20 +308,33 @@ impl DeviceBackend for SimBackend {
     fn pointer_info(&self, ptr: usize) -> Result<PointerInfo, DeviceError> {
         let st = lock(&self.state);
         Ok(match st.find(ptr) {
-            Some((base, Region::Local(l))) => {
-                PointerInfo { kind: MemoryKind::Device(l.dev), base, size: l.size, buffer_id: l.buffer_id }
-            }
-            Some((base, Region::Peer(p))) => {
-                PointerInfo { kind: MemoryKind::Device(p.owner_dev), base, size: p.size, buffer_id: p.key.buffer_id }
-            }
-            None => PointerInfo { kind: MemoryKind::Host, base: ptr, size: 0, buffer_id: 0 },
+            Some((base, Region::Local(l))) => l.info(base, ptr),
+            Some((base, Region::Peer(p))) => PointerInfo::device(p.owner_dev, base, p.size, p.key.buffer_id, p.alloc),
+            None => PointerInfo::host(ptr),
         })
     }
 
     fn export_handle(&self, base: usize) -> Result<IpcHandle, DeviceError> {
         let st = lock(&self.state);
-        match st.regions.get(&base) {
-            Some(Region::Local(l)) => Ok(HandleFields {
+        // The start of an allocation, or of one of a VMM range's chunks (each its own).
+        let found = match st.find(base) {
+            Some((start, Region::Local(l))) if (base - start).is_multiple_of(l.chunk) => {
+                Some((start, (base - start) / l.chunk, l))
+            }
+            _ => None,
+        };
+        let Some((start, k, l)) = found else {
+            return Err(DeviceError::InvalidPointer {
+                op: "export_handle",
+                ptr: base,
+                expected: "the start of a device allocation of this process",
+            });
+        };
+        if let Some(reason) = l.alloc.unmappable_reason() {
+            return Err(DeviceError::NotShareable { base, reason: reason.to_owned() });
+        }
+        match l.alloc {
+            AllocKind::Legacy => Ok(HandleFields {
                 owner_pid: self.pid,
                 nonce: self.nonce,
                 buffer_id: l.buffer_id,
@@ -301,15 +342,14 @@ impl DeviceBackend for SimBackend {
                 device: l.dev,
             }
             .encode()),
-            _ => Err(DeviceError::InvalidPointer {
-                op: "export_handle",
-                ptr: base,
-                expected: "the start of a device allocation of this process",
-            }),
+            _ => self.export_shared(st, start, k),
         }
     }
 
     fn open_handle(&self, handle: &IpcHandle, on: DevId) -> Result<Mapping, DeviceError> {
+        if let Some(shared) = SharedHandle::decode(handle)? {
+            return self.open_shared(&shared, on);
+        }
         let f = HandleFields::decode(handle)?;
         if f.owner_pid == self.pid && f.nonce == self.nonce {
             return Err(bad_handle(format!(
@@ -324,19 +364,7 @@ impl DeviceBackend for SimBackend {
 
         // Reserve the key before the slow part, so a concurrent second open fails
         // instead of both mapping it; released again if the open fails.
-        if !lock(&self.state).open_keys.insert(key) {
-            return Err(DeviceError::DoubleOpen { owner: f.owner_pid, buffer_id: f.buffer_id });
-        }
-        struct Reservation<'a> {
-            st: &'a Mutex<State>,
-            key: OpenKey,
-        }
-        impl Drop for Reservation<'_> {
-            fn drop(&mut self) {
-                lock(self.st).open_keys.remove(&self.key);
-            }
-        }
-        let reservation = Reservation { st: &self.state, key };
+        let reservation = self.reserve(key)?;
 
         let name = shm_name(f.owner_pid, f.nonce, f.buffer_id);
         // Mapped at the object's own length, never more, so a forged size cannot turn into
@@ -364,7 +392,8 @@ impl DeviceBackend for SimBackend {
             )));
         }
         let h = header(&map);
-        let (magic, owner_pid, device, buffer_id, hsize) = (h.magic, h.owner_pid, h.device, h.buffer_id, h.size);
+        let (magic, owner_pid, device, hsize) = (h.magic, h.owner_pid, h.device, h.size);
+        let buffer_id = h.buffer_id.load(Ordering::SeqCst);
         if magic != HEADER_MAGIC
             || owner_pid != f.owner_pid
             || buffer_id != f.buffer_id
@@ -374,6 +403,14 @@ impl DeviceBackend for SimBackend {
             return Err(bad_handle(format!(
                 "/{name} does not match the handle (header: pid {owner_pid}, device {device}, buffer {buffer_id}, size {hsize}; handle: pid {}, device {}, buffer {}, size {}): forged or corrupt handle",
                 f.owner_pid, f.device, f.buffer_id, f.size
+            )));
+        }
+        // Only legacy memory exports a legacy handle: one naming another kind's object is
+        // forged (the pools' and VMM's cross as fds, the rest not at all).
+        if h.alloc != 0 {
+            return Err(bad_handle(format!(
+                "/{name} is not legacy memory (kind {}): a legacy handle cannot open it (forged handle)",
+                h.alloc
             )));
         }
         if h.freed.load(Ordering::SeqCst) != 0 {
@@ -399,7 +436,8 @@ impl DeviceBackend for SimBackend {
             sleep_for(Duration::from_micros(self.cfg.ipc_open_us));
         }
         let data = map.ptr() as usize + HEADER_BYTES;
-        lock(&self.state).regions.insert(data, Region::Peer(PeerMap { key, owner_dev: f.device, size, map }));
+        let peer = PeerMap { key, owner_dev: f.device, size, alloc: AllocKind::Legacy, map: PeerMem::Object(map) };
+        lock(&self.state).regions.insert(data, Region::Peer(peer));
         // The key stays reserved until close_handle.
         std::mem::forget(reservation);
         debug!(owner = f.owner_pid, buffer_id = f.buffer_id, on, ptr = format_args!("{data:#x}"), "sim: open_handle");
@@ -425,9 +463,9 @@ impl DeviceBackend for SimBackend {
             st.open_keys.remove(&p.key);
             p
         };
-        release_mapper(header(&peer.map), peer.key.buffer_id);
+        release_mapper(peer.map.header(), peer.key.buffer_id);
         let (owner, buffer_id) = (peer.key.owner_pid, peer.key.buffer_id);
-        peer.map.unmap().map_err(shm_error)?;
+        peer.map.unmap()?;
         debug!(owner, buffer_id, "sim: close_handle");
         Ok(())
     }
@@ -610,6 +648,8 @@ impl Drop for SimBackend {
                 }
             }
         }
+        // The fd server next: it answers from the state taken below.
+        drop(lock(&self.server).take());
         let st = std::mem::take(&mut *lock(&self.state));
         for (host, len) in st.host_mapped {
             // SAFETY: a mapping of alloc_host_mapped never freed; the backend is going, and
@@ -619,7 +659,7 @@ impl Drop for SimBackend {
         for (ptr, region) in st.regions {
             match region {
                 Region::Peer(p) => {
-                    release_mapper(header(&p.map), p.key.buffer_id);
+                    release_mapper(p.map.header(), p.key.buffer_id);
                     if let Err(e) = p.map.unmap() {
                         warn!(error = %e, "sim: unmapping a peer mapping at shutdown");
                     }
@@ -634,6 +674,13 @@ impl Drop for SimBackend {
                     ),
                     (_, Err(e)) => warn!(error = %e, "sim: releasing an allocation at shutdown"),
                 },
+            }
+        }
+        for (_, pool) in st.pools {
+            for (_, map) in pool.free {
+                if let Err(e) = drop_object(map) {
+                    warn!(error = %e, "sim: releasing a pool's freed allocation at shutdown");
+                }
             }
         }
         // Last: the allocations' names are gone, nothing is left for it to claim.

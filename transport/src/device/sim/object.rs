@@ -27,18 +27,31 @@ const HANDLE_VERSION: u32 = 1;
 /// written once by the owner before the handle can be exported, so openers read them
 /// without synchronisation; the atomics are shared between processes (atomics on a
 /// MAP_SHARED mapping are coherent across processes on every platform we run on).
+///
+/// The fields after `freed` were added with the kinds of memory (`kinds.rs`); an object
+/// of an older build has zeros there, which read as a legacy allocation of one chunk.
 #[repr(C)]
 pub(super) struct Header {
     pub(super) magic: u64,
     pub(super) owner_pid: u32,
     pub(super) device: u32,
-    pub(super) buffer_id: u64,
-    /// Data size as allocated (the caller's size, at least 1).
+    /// The allocation's buffer id (a VMM range's: its first chunk's, the others follow it).
+    /// Atomic because a pool object the owner recycles gets a new one while a peer may be
+    /// checking it (`kinds.rs`); written once for every other kind.
+    pub(super) buffer_id: AtomicU64,
+    /// Data size as allocated (the caller's size, at least 1; a VMM range's whole length).
     pub(super) size: u64,
     /// Number of other processes (backend instances) that have it open.
     pub(super) mappers: AtomicU32,
-    /// Set to 1 by the owner when it frees the allocation.
+    /// Set to 1 by the owner when it frees the allocation (a pool object: back to 0 when
+    /// the pool hands it out again).
     pub(super) freed: AtomicU32,
+    /// The kind of memory, as [`kind_code`](super::kinds::kind_code) numbers them (0: legacy).
+    pub(super) alloc: u32,
+    /// VMM: the number of chunks (0 in objects of older builds: one).
+    pub(super) chunks: u32,
+    /// VMM: bytes of each chunk (0 in objects of older builds: `size`).
+    pub(super) chunk_bytes: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
@@ -112,8 +125,13 @@ pub(super) fn owner_name(pid: u32, nonce: u64) -> String {
 /// Bytes of the whole object (header page + data rounded up) for a data size; None when
 /// no object can be that large (it must fit `off_t`).
 pub(super) fn object_len(size: usize) -> Option<usize> {
-    let data = size.max(1).checked_add(ALLOC_GRANULARITY - 1)? / ALLOC_GRANULARITY * ALLOC_GRANULARITY;
-    data.checked_add(HEADER_BYTES).filter(|&len| libc::off_t::try_from(len).is_ok())
+    round_up(size.max(1))?.checked_add(HEADER_BYTES).filter(|&len| libc::off_t::try_from(len).is_ok())
+}
+
+/// `bytes` rounded up to the allocation granularity (a page: what `mmap` maps, so that a
+/// VMM chunk starts at an offset a peer can map on its own); None on overflow.
+pub(super) fn round_up(bytes: usize) -> Option<usize> {
+    Some(bytes.checked_add(ALLOC_GRANULARITY - 1)? / ALLOC_GRANULARITY * ALLOC_GRANULARITY)
 }
 
 pub(super) fn bad_handle(reason: impl Into<String>) -> DeviceError {

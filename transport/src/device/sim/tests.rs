@@ -71,10 +71,7 @@ fn alloc_free_pointer_info() {
     assert_eq!(b.pointer_info(p + 10_000).unwrap().kind, MemoryKind::Host);
     assert_eq!(b.pointer_info(p - 1).unwrap().kind, MemoryKind::Host);
     let host = 0x1234usize;
-    assert_eq!(
-        b.pointer_info(host).unwrap(),
-        PointerInfo { kind: MemoryKind::Host, base: host, size: 0, buffer_id: 0 }
-    );
+    assert_eq!(b.pointer_info(host).unwrap(), PointerInfo::host(host));
     // The object exists with mode 0600 and the rounded size.
     let path = shm_path(&b, info.buffer_id);
     let md = std::fs::metadata(&path).unwrap();
@@ -146,7 +143,7 @@ fn export_open_close_between_instances() {
     assert_eq!(m.size, 5000);
     assert_eq!(mappers_of(&owner, p), 1);
     let info = peer.pointer_info(m.ptr + 4999).unwrap();
-    assert_eq!(info, PointerInfo { kind: MemoryKind::Device(1), base: m.ptr, size: 5000, buffer_id: id });
+    assert_eq!(info, PointerInfo::device(1, m.ptr, 5000, id, crate::device::AllocKind::Legacy));
     // Shared pages: writes on either side are seen by the other.
     // SAFETY: `m` maps `p`'s 5000 bytes; each access is made and finished by one call.
     unsafe {
@@ -696,6 +693,18 @@ fn cross_process_open() {
     // SAFETY: an allocation of 4096 bytes of `owner`, no child running yet.
     unsafe { fill(&owner, p, b"ping") };
     let h = owner.export_handle(p).unwrap();
+    child_opens(&h);
+    // SAFETY: the child has exited; nothing touches `p` once freed.
+    unsafe {
+        assert_eq!(read(&owner, p, 4), b"pong");
+        assert_eq!(mappers_of(&owner, p), 0);
+        owner.free(p).unwrap();
+    }
+}
+
+/// Runs [`cross_process_child`] in a child process on handle `h`: it reads "ping" at the
+/// start of the memory and writes "pong" there.
+fn child_opens(h: &IpcHandle) {
     let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "device::sim::tests::cross_process_child", "--test-threads=1", "--nocapture"])
@@ -710,10 +719,421 @@ fn cross_process_open() {
     );
     // Make sure the child really ran the test rather than filtering it out.
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&out.stdout));
-    // SAFETY: the child has exited; nothing touches `p` once freed.
+}
+
+// Kinds of memory (`kinds.rs`): what CUDA 13 does with each, on two instances standing for
+// two processes.
+
+use crate::device::fd_share::socket_path;
+use crate::device::shareable::{fd_dir, SharedHandle, SharedKind};
+
+const PAGE: usize = 4096;
+
+/// Bytes that differ from those of every other `seed` below 251 at each position.
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i * 7 + seed * 13 + 1) % 251) as u8).collect()
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn every_kind_is_shared_or_refused_as_cuda_shares_it() {
+    let owner = two();
+    let peer = two();
+    for (seed, (name, kind)) in AllocKind::NAMES.into_iter().enumerate() {
+        for size in [1, 8, 65_537, (4 << 20) + 3] {
+            let what = format!("{name} of {size} bytes");
+            let p = owner.alloc_as(1, size, kind, 1).unwrap();
+            let info = owner.pointer_info(p + size - 1).unwrap();
+            // A VMM chunk is a granularity multiple, as cuMemCreate's.
+            let unit = if matches!(kind, AllocKind::Vmm { .. }) { size.div_ceil(PAGE) * PAGE } else { size };
+            assert_eq!(info, PointerInfo::device(1, p, unit, info.buffer_id, kind), "{what}");
+            assert!(info.buffer_id > 0);
+            let bytes = pattern(size, seed);
+            // SAFETY: `p` holds `size` bytes of `owner`; each copy is made and finished by one call.
+            unsafe {
+                fill(&owner, p, &bytes);
+                assert!(read(&owner, p, size) == bytes, "{what}");
+            }
+            match kind.unmappable_reason() {
+                Some(reason) => {
+                    assert_eq!(
+                        owner.export_handle(p),
+                        Err(DeviceError::NotShareable { base: p, reason: reason.to_owned() }),
+                        "{what}"
+                    );
+                    // A legacy handle forged to name its object does not open it either.
+                    let size = match lock(&owner.state).regions.get(&p) {
+                        Some(Region::Local(l)) => header(&l.map).size,
+                        _ => unreachable!("just allocated"),
+                    };
+                    let forged = HandleFields {
+                        owner_pid: owner.pid,
+                        nonce: owner.nonce,
+                        buffer_id: info.buffer_id,
+                        size,
+                        device: 1,
+                    };
+                    match peer.open_handle(&forged.encode(), 0) {
+                        Err(DeviceError::BadHandle { reason }) => {
+                            assert!(reason.contains("not legacy memory"), "{reason}")
+                        }
+                        other => panic!("{what}: {other:?}"),
+                    }
+                }
+                None => {
+                    let h = owner.export_handle(p).unwrap();
+                    let shared = SharedHandle::decode(&h).unwrap();
+                    match kind {
+                        AllocKind::Legacy => assert_eq!(shared, None),
+                        _ => {
+                            let s = shared.unwrap();
+                            let k = if kind == (AllocKind::Pool { shareable: true }) {
+                                SharedKind::Pool
+                            } else {
+                                SharedKind::Vmm
+                            };
+                            assert_eq!(
+                                (s.kind, s.device, s.pid, s.nonce, s.key),
+                                (k, 1, owner.pid, owner.nonce, info.buffer_id)
+                            );
+                        }
+                    }
+                    assert!(matches!(owner.open_handle(&h, 0), Err(DeviceError::BadHandle { .. })), "{what}");
+                    let m = peer.open_handle(&h, 0).unwrap();
+                    assert_eq!(m.size, unit, "{what}");
+                    assert_eq!(
+                        peer.pointer_info(m.ptr + unit - 1).unwrap(),
+                        PointerInfo::device(1, m.ptr, unit, info.buffer_id, kind)
+                    );
+                    assert_eq!(mappers_of(&owner, p), 1);
+                    assert_eq!(
+                        peer.open_handle(&h, 1),
+                        Err(DeviceError::DoubleOpen { owner: owner.pid, buffer_id: info.buffer_id }),
+                        "{what}"
+                    );
+                    // SAFETY: `m` maps `p`'s memory, at least `size` bytes; each access is made
+                    // and finished by one call; nothing touches the mapping once closed.
+                    unsafe {
+                        assert!(read(&peer, m.ptr, size) == bytes, "{what}: the peer reads other bytes");
+                        fill(&peer, m.ptr, b"p");
+                        assert_eq!(read(&owner, p, 1), b"p", "{what}: the owner does not see the peer's write");
+                        // The mapping ends where the allocation does.
+                        let mut over = vec![0u8; unit + 1];
+                        assert!(matches!(
+                            peer.copy_sync(over.as_mut_ptr() as usize, m.ptr, unit + 1),
+                            Err(DeviceError::InvalidPointer { .. })
+                        ));
+                        peer.close_handle(m).unwrap();
+                    }
+                    assert_eq!(mappers_of(&owner, p), 0, "{what}");
+                }
+            }
+            // SAFETY: no copy runs on `p` and nothing touches it afterwards.
+            unsafe { owner.free(p) }.unwrap();
+        }
+    }
+}
+
+#[test]
+fn pools_reuse_addresses_under_new_buffer_ids() {
+    let owner = two();
+    let peer = two();
+    let size = 65_537;
+    let kind = AllocKind::Pool { shareable: true };
+    let mut first = None;
+    let mut ids: Vec<u64> = Vec::new();
+    let mut handles: Vec<IpcHandle> = Vec::new();
+    for round in 0..3 {
+        let p = owner.alloc_as(0, size, kind, 1).unwrap();
+        assert_eq!(*first.get_or_insert(p), p, "round {round}: a pool hands a freed allocation back at its address");
+        let id = owner.pointer_info(p).unwrap().buffer_id;
+        assert!(!ids.contains(&id), "round {round}: buffer id {id} again");
+        // SAFETY: `p` holds `size` bytes of `owner`; each access is made and finished by one call.
+        unsafe {
+            if round > 0 {
+                // Not zeroed, as a real pool's is not: the last round's bytes (the peer's
+                // write over its first byte included).
+                let mut last = pattern(size, round - 1);
+                last[0] = b'x';
+                assert!(read(&owner, p, size) == last, "round {round}");
+            }
+            fill(&owner, p, &pattern(size, round));
+        }
+        let h = owner.export_handle(p).unwrap();
+        for (old, old_id) in handles.iter().zip(&ids) {
+            match peer.open_handle(old, 0) {
+                Err(DeviceError::BadHandle { reason }) => {
+                    assert!(reason.contains("freed"), "{reason}");
+                    assert!(reason.contains(&old_id.to_string()), "{reason}");
+                }
+                other => panic!("round {round}: a handle of buffer {old_id} opened {other:?}"),
+            }
+        }
+        let m = peer.open_handle(&h, 0).unwrap();
+        // SAFETY: `m` maps `p`'s `size` bytes, `p` is `owner`'s; each access is made and
+        // finished by one call; nothing touches them once closed or freed.
+        unsafe {
+            assert!(read(&peer, m.ptr, size) == pattern(size, round), "round {round}: the peer sees other bytes");
+            fill(&peer, m.ptr, b"x");
+            peer.close_handle(m).unwrap();
+            owner.free(p).unwrap();
+        }
+        ids.push(id);
+        handles.push(h);
+    }
+    // The last handle dies with its allocation too, although the pool keeps the memory.
+    assert!(matches!(peer.open_handle(&handles[2], 0), Err(DeviceError::BadHandle { .. })));
+
+    // Another size, device or pool is another allocation; the default pool reuses as well.
+    let q = owner.alloc_as(0, size + 1, kind, 1).unwrap();
+    assert_ne!(Some(q), first);
+    let d = owner.alloc_as(1, size, kind, 1).unwrap();
+    assert_ne!(Some(d), first);
+    let plain = AllocKind::Pool { shareable: false };
+    let r = owner.alloc_as(0, size, plain, 1).unwrap();
+    assert_ne!(Some(r), first);
+    // SAFETY: allocations of this test that nothing uses.
     unsafe {
-        assert_eq!(read(&owner, p, 4), b"pong");
-        assert_eq!(mappers_of(&owner, p), 0);
+        owner.free(r).unwrap();
+        assert_eq!(owner.alloc_as(0, size, plain, 1).unwrap(), r);
+        for x in [q, d, r] {
+            owner.free(x).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_pool_allocation_freed_while_mapped_is_not_handed_out_again() {
+    let owner = two();
+    let peer = two();
+    let kind = AllocKind::Pool { shareable: true };
+    let p = owner.alloc_as(0, 4096, kind, 1).unwrap();
+    let id = owner.pointer_info(p).unwrap().buffer_id;
+    let m = peer.open_handle(&owner.export_handle(p).unwrap(), 0).unwrap();
+    // SAFETY: `m` maps `p`'s 4096 bytes; the owner does not touch `p` once freed, the peer's
+    // mapping keeps its pages, used by one call at a time until closed.
+    unsafe {
+        fill(&peer, m.ptr, b"old");
+        assert_eq!(owner.free(p), Err(DeviceError::FreedWhileMapped { ptr: p, buffer_id: id, mappers: 1 }));
+        assert!(!shm_path(&owner, id).exists(), "not kept by the pool");
+        let q = owner.alloc_as(0, 4096, kind, 1).unwrap();
+        fill(&owner, q, b"new");
+        // CUDA leaves a free before the importer's close undefined; the sim lets such an
+        // allocation go rather than pool it, as the free reported.
+        assert_eq!(read(&peer, m.ptr, 3), b"old", "the peer's stale mapping must not see the new allocation");
+        peer.close_handle(m).unwrap();
+        owner.free(q).unwrap();
+    }
+}
+
+#[test]
+fn a_vmm_range_is_chunks_each_its_own_allocation() {
+    let owner = two();
+    let peer = two();
+    let kind = AllocKind::Vmm { shareable: true };
+    // ceil(20_000 / 3) = 6667 bytes a chunk, rounded up to two pages.
+    let chunk = 2 * PAGE;
+    let total = 3 * chunk;
+    let p = owner.alloc_as(1, 20_000, kind, 3).unwrap();
+    let mut ids = Vec::new();
+    for k in 0..3 {
+        let info = owner.pointer_info(p + k * chunk + 17).unwrap();
+        let expected = PointerInfo::device(1, p + k * chunk, chunk, info.buffer_id, kind);
+        assert_eq!(info, PointerInfo { span: total - k * chunk, ..expected }, "chunk {k}");
+        assert!(!ids.contains(&info.buffer_id));
+        ids.push(info.buffer_id);
+    }
+    assert_eq!(owner.pointer_info(p + total).unwrap().kind, MemoryKind::Host);
+    let bytes = pattern(total, 5);
+    // SAFETY: `p` holds `total` bytes of `owner`; every copy is made and finished by one
+    // call; the refused one accesses nothing.
+    unsafe {
+        // One copy through all three chunks: they are one range.
+        fill(&owner, p, &bytes);
+        assert!(read(&owner, p + chunk - 100, 200) == bytes[chunk - 100..chunk + 100]);
+        // Device to device, across the boundary of chunks 0 and 1, into chunk 2.
+        owner.copy_sync(p + 2 * chunk, p + chunk - 50, 100).unwrap();
+        assert!(read(&owner, p + 2 * chunk, 100) == bytes[chunk - 50..chunk + 50]);
+        // But not past the range's end.
+        let mut over = vec![0u8; chunk];
+        let past = owner.copy_sync(over.as_mut_ptr() as usize, p + 2 * chunk + 1, chunk);
+        assert!(matches!(past, Err(DeviceError::InvalidPointer { .. })), "{past:?}");
+        fill(&owner, p + 2 * chunk, &bytes[chunk - 50..chunk + 50]);
+    }
+    assert!(matches!(owner.export_handle(p + 100), Err(DeviceError::InvalidPointer { .. })));
+    let mut maps = Vec::new();
+    let mut handles = Vec::new();
+    for (k, &id) in ids.iter().enumerate() {
+        let h = owner.export_handle(p + k * chunk).unwrap();
+        let s = SharedHandle::decode(&h).unwrap().unwrap();
+        assert_eq!((s.kind, s.key), (SharedKind::Vmm, id));
+        let m = peer.open_handle(&h, 0).unwrap();
+        assert_eq!(m.size, chunk);
+        assert_eq!(peer.pointer_info(m.ptr + chunk - 1).unwrap(), PointerInfo::device(1, m.ptr, chunk, id, kind));
+        let mut expected = bytes[k * chunk..(k + 1) * chunk].to_vec();
+        if k == 2 {
+            expected[..100].copy_from_slice(&bytes[chunk - 50..chunk + 50]);
+        }
+        // SAFETY: `m` maps chunk `k`'s `chunk` bytes; each copy is made and finished by one
+        // call; the refused one accesses nothing.
+        unsafe {
+            assert!(read(&peer, m.ptr, chunk) == expected, "chunk {k}");
+            // A peer maps one chunk: a copy cannot run into the next.
+            let mut over = vec![0u8; chunk + 1];
+            let past = peer.copy_sync(over.as_mut_ptr() as usize, m.ptr, chunk + 1);
+            assert!(matches!(past, Err(DeviceError::InvalidPointer { .. })), "{past:?}");
+        }
+        maps.push(m);
+        handles.push(h);
+    }
+    assert_eq!(mappers_of(&owner, p), 3);
+    // SAFETY: no copy runs on the mappings or on `p`, and nothing touches them once closed
+    // or freed; the refused free releases nothing.
+    unsafe {
+        assert!(matches!(owner.free(p + chunk), Err(DeviceError::InvalidPointer { .. })));
+        for m in maps {
+            peer.close_handle(m).unwrap();
+        }
         owner.free(p).unwrap();
+    }
+    assert!(!shm_path(&owner, ids[0]).exists(), "the whole range goes at once");
+    assert_eq!(owner.pointer_info(p + chunk).unwrap().kind, MemoryKind::Host);
+    for h in &handles {
+        assert!(matches!(peer.open_handle(h, 0), Err(DeviceError::BadHandle { .. })));
+    }
+
+    // Without a shareable handle type no chunk can be exported.
+    let plain = AllocKind::Vmm { shareable: false };
+    let q = owner.alloc_as(0, 3 * PAGE, plain, 3).unwrap();
+    let reason = plain.unmappable_reason().unwrap().to_owned();
+    assert_eq!(owner.export_handle(q + PAGE), Err(DeviceError::NotShareable { base: q + PAGE, reason }));
+    // SAFETY: an allocation of this test that nothing uses.
+    unsafe { owner.free(q) }.unwrap();
+}
+
+#[test]
+fn opens_by_fd_follow_the_legacy_rules() {
+    let owner = backend(3, PeerMatrix::parse("0-2").unwrap(), 0);
+    let peer = backend(3, PeerMatrix::parse("0-2").unwrap(), 0);
+    let p = owner.alloc_as(0, 64, AllocKind::Pool { shareable: true }, 1).unwrap();
+    let h = owner.export_handle(p).unwrap();
+    match peer.open_handle(&h, 1) {
+        Err(DeviceError::Driver { call: "cuIpcOpenMemHandle", message, .. }) => {
+            assert!(message.contains("peer access unavailable"), "{message}")
+        }
+        other => panic!("expected a peer-access error, got {other:?}"),
+    }
+    assert!(matches!(peer.open_handle(&h, 7), Err(DeviceError::NoSuchDevice { dev: 7, count: 3 })));
+    // Forged: the payload disagrees with the fd fields, an unknown key, an exporter gone.
+    let s = SharedHandle::decode(&h).unwrap().unwrap();
+    let is_bad = |r: Result<Mapping, DeviceError>| matches!(r, Err(DeviceError::BadHandle { .. }));
+    assert!(is_bad(peer.open_handle(&SharedHandle { key: s.key + 1, ..s }.encode(), 0)));
+    let mut payload = s.payload;
+    payload[24..32].copy_from_slice(&(s.key + 1).to_le_bytes());
+    assert!(is_bad(peer.open_handle(&SharedHandle { key: s.key + 1, payload, ..s }.encode(), 0)));
+    let gone = SharedHandle { nonce: s.nonce ^ 1, ..s };
+    let mut payload = s.payload;
+    payload[16..24].copy_from_slice(&gone.nonce.to_le_bytes());
+    match peer.open_handle(&SharedHandle { payload, ..gone }.encode(), 0) {
+        Err(DeviceError::BadHandle { reason }) => assert!(reason.contains("no fd-share server"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Failed opens left no reservation and no mapper behind.
+    assert_eq!(mappers_of(&owner, p), 0);
+    let m = peer.open_handle(&h, 2).unwrap();
+    // SAFETY: no copy runs on the mapping or on `p`, and nothing touches them afterwards.
+    unsafe {
+        peer.close_handle(m).unwrap();
+        owner.free(p).unwrap();
+    }
+}
+
+#[test]
+fn fd_sharing_leaks_no_fds() {
+    let owner = two();
+    let peer = two();
+    let p = owner.alloc_as(0, 4096, AllocKind::Pool { shareable: true }, 1).unwrap();
+    let cycle = || {
+        let m = peer.open_handle(&owner.export_handle(p).unwrap(), 1).unwrap();
+        // SAFETY: no copy runs on the mapping, and nothing touches it once closed.
+        unsafe { peer.close_handle(m) }.unwrap();
+    };
+    // Warm-up: the fd server's socket is opened for good by the first export.
+    cycle();
+    // Other tests open and close fds meanwhile: a real leak (one per cycle) fails every
+    // attempt, a neighbour's fd rarely all three. The server closes its end of a connection
+    // just after the answer, so the count may take a moment to settle.
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let before = open_fds();
+        for _ in 0..500 {
+            cycle();
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut after = open_fds();
+        while after != before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            after = open_fds();
+        }
+        if after == before {
+            // SAFETY: no copy runs on `p` and nothing touches it afterwards.
+            unsafe { owner.free(p) }.unwrap();
+            return;
+        }
+        counts.push((before, after));
+    }
+    panic!("open fds before and after 500 export/open/close cycles: {counts:?}");
+}
+
+#[test]
+fn drop_releases_the_pools_and_the_fd_server() {
+    let owner = two();
+    let kind = AllocKind::Pool { shareable: true };
+    let p = owner.alloc_as(0, 100, kind, 1).unwrap();
+    let id = owner.pointer_info(p).unwrap().buffer_id;
+    let _ = owner.export_handle(p).unwrap();
+    let sock = socket_path(&fd_dir(), owner.pid, owner.nonce).unwrap();
+    assert!(sock.exists());
+    // SAFETY: no copy runs on `p` and nothing touches it afterwards.
+    unsafe { owner.free(p) }.unwrap();
+    // The pool keeps the object, and with it the owner object that claims it.
+    assert!(shm_path(&owner, id).exists());
+    assert!(lock(&owner.state).owner.is_some());
+    drop(owner);
+    assert!(!shm_path_of(id).exists() && !sock.exists());
+}
+
+/// [`shm_path`] of an instance already dropped: any of this process's objects of `id`.
+fn shm_path_of(id: u64) -> std::path::PathBuf {
+    let suffix = format!("-{id}");
+    let prefix = format!("{SIM_PREFIX}{}-", std::process::id());
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().unwrap().to_str().is_some_and(|n| n.starts_with(&prefix) && n.ends_with(&suffix)))
+        .unwrap_or_else(|| "/dev/shm/none".into())
+}
+
+#[test]
+fn cross_process_open_by_fd() {
+    let owner = two();
+    let pool = owner.alloc_as(0, 4096, AllocKind::Pool { shareable: true }, 1).unwrap();
+    let vmm = owner.alloc_as(1, 2 * PAGE, AllocKind::Vmm { shareable: true }, 2).unwrap();
+    for p in [pool, vmm + PAGE] {
+        // SAFETY: at least 4 bytes of `owner`'s, no child running yet.
+        unsafe { fill(&owner, p, b"ping") };
+        child_opens(&owner.export_handle(p).unwrap());
+        // SAFETY: the child has exited.
+        unsafe { assert_eq!(read(&owner, p, 4), b"pong") };
+    }
+    assert_eq!(mappers_of(&owner, pool), 0);
+    assert_eq!(mappers_of(&owner, vmm), 0);
+    // SAFETY: nothing touches them once freed.
+    unsafe {
+        owner.free(pool).unwrap();
+        owner.free(vmm).unwrap();
     }
 }
