@@ -35,7 +35,7 @@ trap stop_mps EXIT
 pingpong() {
   local k0=$1 k1=$2 proto=$3 list=$4 tag=$5 log rc
   log=$(mktemp /tmp/gpulmt-kinds.XXXXXX)
-  timeout 300 $run $bin/gpulmt-check pingpong --placement "D D" --sizes "$list" --mem0 "$k0" --mem1 "$k1" \
+  timeout 100 $bin/gpulmt-run -n 2 --timeout 90 -- $bin/gpulmt-check pingpong --placement "D D" --sizes "$list" --mem0 "$k0" --mem1 "$k1" \
     > "$log" 2>&1
   rc=$?
   local ok=FAIL
@@ -75,9 +75,13 @@ shim() {
   mpicc -O2 -I$cuda/include ffi/shim/examples/mem_kinds.c -L$cuda/lib64 -lcudart -lcuda -Wl,-rpath,$cuda/lib64 \
     -o /tmp/mem_kinds 2>> "$out/log.txt" || { log "mem_kinds did not build"; return; }
   log "shim: mem_kinds, 2 ranks"
-  timeout 300 $mpirun -np 2 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda -x GPULMT_LOG=info \
+  timeout 200 $mpirun -np 2 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda -x GPULMT_LOG=info \
     /tmp/mem_kinds 10000 > "$out/shim_mem_kinds.csv" 2> "$out/shim_mem_kinds.err"
   echo "shim_mem_kinds,rc=$?" >> "$out/check.csv"
+  log "shim: mem_kinds, 4 ranks"
+  timeout 150 $mpirun -np 4 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda \
+    /tmp/mem_kinds 2000 > "$out/shim_mem_kinds_np4.csv" 2> "$out/shim_mem_kinds_np4.err"
+  echo "shim_mem_kinds_np4,rc=$?" >> "$out/check.csv"
   log "plain Open MPI (not CUDA-aware): mem_kinds, 2 ranks, no cycles"
   timeout 60 $mpirun -np 2 /tmp/mem_kinds 0 > "$out/plain_mem_kinds.txt" 2>&1
   echo "plain_mem_kinds,rc=$?" >> "$out/check.csv"

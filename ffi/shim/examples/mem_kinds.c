@@ -5,7 +5,10 @@
  * MPI crashes or sends garbage.
  *
  *   mpicc -O2 -I$CUDA/include mem_kinds.c -L$CUDA/lib64 -lcudart -lcuda -o mem_kinds
- *   mpirun -np 2 -x LD_PRELOAD=/path/to/libgpulmt_mpi.so ./mem_kinds [cycles]
+ *   mpirun -np 2 -x LD_PRELOAD=/path/to/libgpulmt_mpi.so ./mem_kinds [cycles]   (or -np 4)
+ *
+ * Ranks pair up (0 with 1, 2 with 3, ...; an odd last rank idles); kinds below say "rank 0"
+ * and "rank 1" for the even and the odd rank of a pair.
  *
  * Kinds: cudaMalloc, cudaMallocAsync (default pool), cudaMallocFromPoolAsync from a pool
  * with a POSIX-fd handle type, cuMemCreate + cuMemMap (one chunk, and three chunks behind
@@ -44,7 +47,7 @@
 
 enum kind { LEGACY, POOL, POOL_IPC, VMM1, VMM3, MANAGED, PINNED, NKINDS };
 static const char *names[NKINDS] = {"legacy", "pool", "pool-ipc", "vmm-ipc", "vmm-ipc:3", "managed", "pinned-host"};
-static int rank;
+static int rank, size, peer, lead, idle;
 static cudaMemPool_t shared_pool;
 
 struct buf {
@@ -67,7 +70,8 @@ static void make(struct buf *b, enum kind k, size_t len) {
   case VMM1:
   case VMM3: {
     int chunks = k == VMM1 ? 1 : 3, dev = 0;
-    CUmemAllocationProp prop = {};
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     CK(cudaGetDevice(&dev));
@@ -83,7 +87,8 @@ static void make(struct buf *b, enum kind k, size_t len) {
       CU(cuMemCreate(&b->h[c], per, &prop, 0));
       CU(cuMemMap(va + c * per, per, 0, b->h[c], 0));
     }
-    CUmemAccessDesc a = {};
+    CUmemAccessDesc a;
+    memset(&a, 0, sizeof a);
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = dev;
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -137,9 +142,14 @@ static void row(const char *what, int k0, int k1, size_t bytes, const char *valu
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  peer = rank ^ 1;
+  lead = rank % 2 == 0;
+  idle = peer >= size;
   int cycles = argc > 1 ? atoi(argv[1]) : 10000;
   CK(cudaSetDevice(0));
-  cudaMemPoolProps pp = {};
+  struct cudaMemPoolProps pp;
+  memset(&pp, 0, sizeof pp);
   pp.allocType = cudaMemAllocationTypePinned;
   pp.handleTypes = cudaMemHandleTypePosixFileDescriptor;
   pp.location.type = cudaMemLocationTypeDevice;
@@ -152,35 +162,38 @@ int main(int argc, char **argv) {
     for (int k1 = 0; k1 < NKINDS; k1++)
       for (unsigned s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         size_t n = sizes[s];
-        struct buf b;
-        make(&b, rank == 0 ? k0 : k1, n);
         seed++;
+        if (idle) continue;
+        struct buf b;
+        make(&b, lead ? k0 : k1, n);
         long bad = -1, bad_back = -1;
-        if (rank == 0) {
+        if (lead) {
           fill(&b, seed);
-          MPI_Send(b.p, (int)n, MPI_BYTE, 1, 7, MPI_COMM_WORLD);
+          MPI_Send(b.p, (int)n, MPI_BYTE, peer, 7, MPI_COMM_WORLD);
           CK(cudaMemset(b.p, 0, n));
           MPI_Request r;
-          MPI_Irecv(b.p, (int)n, MPI_BYTE, 1, 8, MPI_COMM_WORLD, &r);
+          MPI_Irecv(b.p, (int)n, MPI_BYTE, peer, 8, MPI_COMM_WORLD, &r);
           MPI_Wait(&r, MPI_STATUS_IGNORE);
           bad_back = check(&b, seed);
-          MPI_Recv(&bad, 1, MPI_LONG, 1, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        } else if (rank == 1) {
-          MPI_Recv(b.p, (int)n, MPI_BYTE, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          MPI_Recv(&bad, 1, MPI_LONG, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
+          MPI_Recv(b.p, (int)n, MPI_BYTE, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
           bad = check(&b, seed);
           MPI_Request r;
-          MPI_Isend(b.p, (int)n, MPI_BYTE, 0, 8, MPI_COMM_WORLD, &r);
+          MPI_Isend(b.p, (int)n, MPI_BYTE, peer, 8, MPI_COMM_WORLD, &r);
           MPI_Wait(&r, MPI_STATUS_IGNORE);
-          MPI_Send(&bad, 1, MPI_LONG, 0, 9, MPI_COMM_WORLD);
+          MPI_Send(&bad, 1, MPI_LONG, peer, 9, MPI_COMM_WORLD);
         }
         unmake(&b);
+        if (lead && (bad >= 0 || bad_back >= 0)) {
+          fprintf(stderr, "rank %d: %s -> %s, %zu bytes: wrong at byte %ld there, %ld back\n", rank, names[k0], names[k1],
+                  n, bad, bad_back);
+          failed = 1;
+        }
         if (rank == 0) {
           char v[96];
           snprintf(v, sizeof v, "%s", bad < 0 && bad_back < 0 ? "ok" : "WRONG");
-          if (bad >= 0 || bad_back >= 0) {
-            snprintf(v, sizeof v, "WRONG at byte %ld there, %ld back", bad, bad_back);
-            failed = 1;
-          }
+          if (bad >= 0 || bad_back >= 0) snprintf(v, sizeof v, "WRONG at byte %ld there, %ld back", bad, bad_back);
           row("check", k0, k1, n, v);
         }
       }
@@ -191,13 +204,14 @@ int main(int argc, char **argv) {
       CK(cudaDeviceSynchronize());
       CK(cudaMemGetInfo(&free0, &total));
     }
+    if (idle) continue;
     struct buf b;
     make(&b, POOL_IPC, n);
-    if (rank == 0) {
+    if (lead) {
       if (c % 1000 == 0) fill(&b, c);
-      MPI_Send(b.p, (int)n, MPI_BYTE, 1, 10, MPI_COMM_WORLD);
-    } else if (rank == 1) {
-      MPI_Recv(b.p, (int)n, MPI_BYTE, 0, 10, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Send(b.p, (int)n, MPI_BYTE, peer, 10, MPI_COMM_WORLD);
+    } else {
+      MPI_Recv(b.p, (int)n, MPI_BYTE, peer, 10, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       if (c % 1000 == 0 && check(&b, c) >= 0) {
         fprintf(stderr, "cycle %d: wrong bytes\n", c);
         failed = 1;
