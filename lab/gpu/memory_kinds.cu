@@ -330,6 +330,24 @@ int main(int argc, char **argv) {
     try_exports(kinds[k].name, kinds[k].p);
   }
   attrs("vmm_3chunk_second_chunk", (char *)vmm3 + gran + 4096);
+  /* Does a pointer export need its pool exported first? A fresh pool: pointer, pool, pointer. */
+  {
+    cudaMemPool_t fresh_pool;
+    pp.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+    cudaMemPoolCreate(&fresh_pool, &pp);
+    void *q;
+    cudaMallocFromPoolAsync(&q, BYTES, fresh_pool, 0);
+    cudaStreamSynchronize(0);
+    CUmemPoolPtrExportData d1, d2;
+    CUresult before = cuMemPoolExportPointer(&d1, (CUdeviceptr)q);
+    int fd = -1;
+    CUresult pool = cuMemPoolExportToShareableHandle(&fd, (CUmemoryPool)fresh_pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (fd >= 0) close(fd);
+    CUresult after = cuMemPoolExportPointer(&d2, (CUdeviceptr)q);
+    printf("memory_kinds,pointer_export_order,before_pool_export=%s pool_export=%s after=%s\n", err(before), err(pool), err(after));
+    cudaFreeAsync(q, 0);
+    cudaStreamSynchronize(0);
+  }
   /* Address reuse in a pool: the buffer id and the export data of the old allocation,
      read before its free, against those of the new one at the same address. */
   for (int round = 0; round < 3; round++) {

@@ -56,20 +56,40 @@ impl HostRangeCache {
     }
 }
 
-/// Whether `[ptr, ptr+len)` lies where no later mapping can reuse the address: below the
-/// program break (the executable's image and the `brk` heap: `mmap` places mappings from
-/// the top of the address space down, far above it) or inside the main thread's stack
-/// (the kernel keeps `mmap` below the stack's reserved size). Memory the program or
-/// glibc `mmap`s may be unmapped and the address handed to the GPU driver.
+/// Whether `[ptr, ptr+len)` lies where no later mapping can reuse the address: between the
+/// start of the executable's image and the program break (the image and the `brk` heap:
+/// `mmap` places mappings from the top of the address space down, far above it) or inside
+/// the main thread's stack (the kernel keeps `mmap` below the stack's reserved size).
+/// Memory the program or glibc `mmap`s may be unmapped and the address handed to the GPU
+/// driver. Below the image is not stable either: the CUDA driver keeps its unified address
+/// range there (`cudaMallocHost` memory at 0x8e_e820_0000 below a PIE at 0x56..., on one
+/// H200), and a pinned buffer freed there gave its address to the next `cudaMalloc`
+/// (`bench/gpu/kinds.sh`: the shim then wrote that device memory with the CPU).
 pub fn stable_host_range(ptr: usize, len: usize) -> bool {
     let Some(end) = ptr.checked_add(len) else { return false };
     // SAFETY: sbrk(0) only reads the current break (it moves nothing).
     let brk = unsafe { libc::sbrk(0) } as usize;
-    if end <= brk && brk != usize::MAX {
+    if image_start() <= ptr && end <= brk && brk != usize::MAX {
         return true;
     }
     let (lo, hi) = main_stack();
     lo <= ptr && end <= hi
+}
+
+/// The lowest address of the executable's image, as `/proc/self/maps` shows it at the first
+/// call (`usize::MAX`, so that nothing below the break counts, where it cannot be read).
+fn image_start() -> usize {
+    static START: OnceLock<usize> = OnceLock::new();
+    *START.get_or_init(|| {
+        let exe = std::fs::read_link("/proc/self/exe").ok();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        let exe = exe.as_ref().and_then(|p| p.to_str());
+        maps.lines()
+            .filter(|l| exe.is_some_and(|e| l.split_whitespace().nth(5) == Some(e)))
+            .filter_map(|l| usize::from_str_radix(l.split('-').next()?, 16).ok())
+            .min()
+            .unwrap_or(usize::MAX)
+    })
 }
 
 /// The main thread's stack, `[lo, hi)`, as `/proc/self/maps` shows it at the first call
@@ -93,21 +113,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_the_image_the_heap_and_the_stack_are_stable() {
+        let start = image_start();
+        assert!(start != usize::MAX && start > 0, "the executable's image is in /proc/self/maps");
+        // A small heap allocation comes from brk, above the image.
+        let small = Box::new(7u64);
+        assert!(stable_host_range(&*small as *const u64 as usize, 8));
+        // (A test thread's stack is mmap'ed, not the main thread's: not asked here.)
+        // Below the image: where the CUDA driver puts pinned and device memory alike.
+        assert!(!stable_host_range(start - 4096, 8));
+        assert!(!stable_host_range(0x8e_e820_0000.min(start - 4096), 8));
+        // A large allocation is mmap'ed: not stable.
+        let big = vec![0u8; 64 << 20];
+        assert!(!stable_host_range(big.as_ptr() as usize, big.len()));
+    }
+
+    #[test]
     fn hits_inside_ranges_only() {
+        // Addresses inside the executable's image: ranges the cache may remember.
+        let b = image_start();
         let mut c = HostRangeCache::new();
         assert!(!c.contains(0, 0), "the empty slots match nothing");
-        assert!(!c.contains(100, 1));
-        c.insert(100, 50);
-        assert!(c.contains(100, 50));
-        assert!(c.contains(120, 10));
-        assert!(!c.contains(120, 31));
-        assert!(!c.contains(99, 2));
+        assert!(!c.contains(b + 100, 1));
+        c.insert(b + 100, 50);
+        assert!(c.contains(b + 100, 50));
+        assert!(c.contains(b + 120, 10));
+        assert!(!c.contains(b + 120, 31));
+        assert!(!c.contains(b + 99, 2));
         for i in 0..WAYS {
-            c.insert(1000 * (i + 1), 10);
+            c.insert(b + 1000 * (i + 1), 10);
         }
-        assert!(!c.contains(100, 1), "oldest range replaced");
+        assert!(!c.contains(b + 100, 1), "oldest range replaced");
         c.clear();
-        assert!(!c.contains(1000, 10));
+        assert!(!c.contains(b + 1000, 10));
     }
 
     static IMAGE: [u8; 64] = [7; 64];

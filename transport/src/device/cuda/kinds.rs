@@ -85,6 +85,10 @@ pub(super) struct Sharing {
     server: Mutex<Option<FdServer>>,
     /// This backend's own pool with a POSIX-fd handle type, per device (`alloc_as`).
     own_pools: Mutex<HashMap<DevId, usize>>,
+    /// Pools whose allocations this backend exported: each pool was exported as an fd once
+    /// first (`cuMemPoolExportPointer` refuses the allocations of a pool never exported:
+    /// `lab/gpu/memory_kinds.cu`, pointer_export_order).
+    exported_pools: Mutex<std::collections::HashSet<usize>>,
     /// Pools imported from peers: (pid, nonce, pool key) -> the imported pool.
     imported_pools: Mutex<HashMap<(u32, u64, u64), usize>>,
     /// Allocations `alloc_as` made that are not legacy: base -> how to free it.
@@ -349,6 +353,16 @@ impl CudaBackend {
                 let attr = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE;
                 cu!(cuPointerGetAttribute((&mut pool as *mut sys::CUmemoryPool).cast(), attr, base as CUdeviceptr))
                     .map_err(|f| not_shareable(DeviceError::from(f).to_string()))?;
+                if !lock(&self.sharing.exported_pools).contains(&(pool as usize)) {
+                    let mut fd: c_int = -1;
+                    cu!(cuMemPoolExportToShareableHandle((&mut fd as *mut c_int).cast(), pool, POSIX_FD, 0))
+                        .map_err(|f| not_shareable(DeviceError::from(f).to_string()))?;
+                    if fd >= 0 {
+                        // SAFETY: the driver just made this descriptor for us; it only had to exist.
+                        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                    }
+                    lock(&self.sharing.exported_pools).insert(pool as usize);
+                }
                 let mut data = sys::CUmemPoolPtrExportData { reserved: [0; PAYLOAD_BYTES] };
                 cu!(cuMemPoolExportPointer(&mut data, base as CUdeviceptr))
                     .map_err(|f| not_shareable(DeviceError::from(f).to_string()))?;
