@@ -17,8 +17,8 @@
 #           for what a user has without gpulmt (shim_mem_kinds.csv, plain_mem_kinds.txt)
 #   bench   osu_bw and osu_latency D D per kind in rotated rounds (KINDS_ROUNDS, default 2),
 #           legacy in every round, beside copy_pingpong (the copy-engine floor), the SHM path
-#           forced on legacy memory, and the host's pinned staging ceiling (anchors.sh's
-#           staging rows); kinds_bw.csv, kinds_lat.csv, anchors.csv, kinds_summary.txt
+#           forced on legacy memory, and the host's pinned staging ceiling
+#           (bench/gpu/pinned_staging.py); kinds_bw.csv, kinds_lat.csv, anchors.csv, kinds_summary.txt
 # Two ranks share the GPU under MPS (MPS=1 is the default here).
 set -uo pipefail
 export MPS=${MPS:-1}
@@ -93,10 +93,9 @@ bench() {
     log copy_pingpong
     $bin/copy_pingpong -m 1:4M -i 5000 > "$out/copy_pingpong.csv" 2>> "$out/log.txt"
   fi
-  if [ -d .gpu/tools ] && have_nvcc; then
-    log "anchors (staging ceiling)"
-    bash .gpu/tools/anchors.sh 67108864 > "$out/anchors.csv" 2> "$out/anchors.err"
-  fi
+  log "pinned staging ceiling"
+  # anchors.cu's staging rows need two GPUs; this measures the same copies on any host.
+  python3 bench/gpu/pinned_staging.py 67108864 > "$out/anchors.csv" 2> "$out/anchors.err"
   for r in $(seq 1 "${KINDS_ROUNDS:-2}"); do
     # Rotated: each round starts with another kind.
     local order

@@ -2,7 +2,7 @@
 """The memory kinds' summary (bench/gpu/kinds.sh OUTDIR): per kind of device memory, osu_bw
 (GB/s) and osu_latency (us) D D, the median over the rounds, and its ratio to legacy
 (cudaMalloc) memory measured in the same rounds; legacy memory forced through the SHM path
-beside the host's pinned staging ceiling (anchors.sh's `staging` rows: the smaller of its
+beside the host's pinned staging ceiling (bench/gpu/pinned_staging.py's `staging` rows: the smaller of its
 device-to-host and host-to-device figures, since the SHM path makes both copies); the checks.
 
 Usage: python3 bench/gpu/kinds_summary.py OUTDIR
