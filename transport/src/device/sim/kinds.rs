@@ -29,10 +29,10 @@ use super::object::{
     HEADER_BYTES, HEADER_MAGIC,
 };
 use super::registry::{drop_object, LocalAlloc, OpenKey, PeerMap, PeerMem, PoolCache, Region, State};
-use super::{lock, SimBackend, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, ENV_PEER, NEXT_BUFFER_ID};
+use super::{lock, SimBackend, CUDA_ERROR_OUT_OF_MEMORY, NEXT_BUFFER_ID};
 use crate::device::fd_share::{self, FdServer};
 use crate::device::shareable::{self, SharedHandle, SharedKind, PAYLOAD_BYTES};
-use crate::device::{AllocKind, DevId, DeviceBackend, DeviceError, IpcHandle, Mapping};
+use crate::device::{AllocKind, DevId, DeviceError, IpcHandle, Mapping};
 use crate::shm::object::{c_name, ShmSegment};
 use crate::shm::owner::OwnerLock;
 use crate::shm::wait::sleep_for;
@@ -480,16 +480,7 @@ impl SimBackend {
         if end.is_none_or(|end| end as u64 > object) {
             return Err(bad_handle(format!("{whose}: its object holds {object} bytes, less than {m:?} needs")));
         }
-        if !self.can_access_peer(on, h.device) {
-            return Err(DeviceError::Driver {
-                call: "cuIpcOpenMemHandle",
-                code: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
-                message: format!(
-                    "peer access unavailable: device {on} cannot reach device {} of pid {} ({ENV_PEER}={})",
-                    h.device, h.pid, self.cfg.peer
-                ),
-            });
-        }
+        self.check_peer_access(on, h.device, h.pid)?;
         let mmap_error = |e: io::Error| DeviceError::Driver {
             call: "mmap",
             code: e.raw_os_error().unwrap_or(0) as i64,

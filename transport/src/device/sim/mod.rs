@@ -186,6 +186,22 @@ impl SimBackend {
         &self.cfg
     }
 
+    /// Refuses an open on device `on` of memory of device `owner_dev` (of process `pid`) that
+    /// `on` cannot reach, with the error CUDA gives.
+    fn check_peer_access(&self, on: DevId, owner_dev: DevId, pid: u32) -> Result<(), DeviceError> {
+        if self.can_access_peer(on, owner_dev) {
+            return Ok(());
+        }
+        Err(DeviceError::Driver {
+            call: "cuIpcOpenMemHandle",
+            code: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+            message: format!(
+                "peer access unavailable: device {on} cannot reach device {owner_dev} of pid {pid} ({ENV_PEER}={})",
+                self.cfg.peer
+            ),
+        })
+    }
+
     fn check_dev(&self, dev: DevId) -> Result<(), DeviceError> {
         if dev >= self.cfg.devices {
             return Err(DeviceError::NoSuchDevice { dev, count: self.cfg.devices });
@@ -416,16 +432,7 @@ impl DeviceBackend for SimBackend {
         if h.freed.load(Ordering::SeqCst) != 0 {
             return Err(bad_handle(format!("buffer {} of pid {}: the owner freed it", f.buffer_id, f.owner_pid)));
         }
-        if !self.can_access_peer(on, f.device) {
-            return Err(DeviceError::Driver {
-                call: "cuIpcOpenMemHandle",
-                code: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
-                message: format!(
-                    "peer access unavailable: device {on} cannot reach device {} of pid {} ({ENV_PEER}={})",
-                    f.device, f.owner_pid, self.cfg.peer
-                ),
-            });
-        }
+        self.check_peer_access(on, f.device, f.owner_pid)?;
         // Pairs with release_local's store-then-load (see there).
         h.mappers.fetch_add(1, Ordering::SeqCst);
         if h.freed.load(Ordering::SeqCst) != 0 {
