@@ -29,7 +29,8 @@ fn mappable(kind: &str) -> Option<bool> {
 
 fn pingpong(k0: &str, k1: &str, protocol: &str, sizes: &str) -> JobOutput {
     let args = ["pingpong", "--placement", "D D", "--sizes", sizes, "--mem0", k0, "--mem1", k1];
-    let out = Job::new(CHECK, 2, &args).env("GPULMT_PROTOCOL", protocol).run();
+    // Shareable pools cross by IPC only when asked (GPULMT_POOL_IPC, off by default).
+    let out = Job::new(CHECK, 2, &args).env("GPULMT_PROTOCOL", protocol).env("GPULMT_POOL_IPC", "1").run();
     out.assert_ok(2, "pingpong");
     // Rank 1 receives rank 0's messages and rank 0 rank 1's: each rank's protocol counts are
     // the rendezvous it received, chosen by the kind of the other's send buffer.
@@ -81,6 +82,19 @@ kind_tests! {
     shareable_vmm_every_protocol: "vmm-ipc";
     vmm_of_three_chunks_every_protocol: "vmm-ipc:3";
     managed_every_protocol: "managed";
+}
+
+/// By default a shareable pool's memory is staged, never mapped (GPULMT_POOL_IPC=0).
+#[test]
+fn shareable_pool_memory_is_staged_by_default() {
+    let args = ["pingpong", "--placement", "D D", "--sizes", SMALL, "--mem0", "pool-ipc", "--mem1", "pool-ipc"];
+    let out = Job::new(CHECK, 2, &args).run();
+    out.assert_ok(2, "pingpong");
+    for r in 0..2 {
+        let p = out.protocols(r);
+        assert_eq!(p["get"] + p["coop"], 0, "rank {r} mapped a pool it should have staged\n{}", out.dump());
+        assert!(out.counters(r, "kinds")["staged"] > 0, "rank {r} staged nothing\n{}", out.dump());
+    }
 }
 
 /// A pool on one side, legacy (or another kind) on the other, both ways.

@@ -81,6 +81,8 @@ pub struct Config {
     pub init_timeout: Duration,
     pub liveness_interval: Duration,
     pub memtype_cache: bool,
+    /// Whether memory of shareable pools crosses by IPC (`GPULMT_POOL_IPC`).
+    pub pool_ipc: bool,
     pub progress_on_post: bool,
     pub poll_newest: bool,
     pub copy_priority: CopyPriority,
@@ -235,6 +237,7 @@ impl Config {
             init_timeout: r.duration("GPULMT_INIT_TIMEOUT_MS")?,
             liveness_interval: r.duration("GPULMT_LIVENESS_MS")?,
             memtype_cache: r.bool("GPULMT_MEMTYPE_CACHE")?,
+            pool_ipc: r.bool("GPULMT_POOL_IPC")?,
             progress_on_post: r.bool("GPULMT_PROGRESS_ON_POST")?,
             poll_newest: r.bool("GPULMT_POLL_NEWEST")?,
             copy_priority: match r.choice("GPULMT_COPY_PRIORITY")? {

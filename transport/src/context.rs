@@ -484,6 +484,11 @@ impl Context {
             if export && !one_allocation {
                 self.memory_kinds.staged(info.alloc, "the buffer spans several VMM chunks (physical allocations)");
             }
+            let pool_ipc_off = info.alloc == device::AllocKind::Pool { shareable: true } && !self.cfg.pool_ipc;
+            if export && one_allocation && pool_ipc_off {
+                self.memory_kinds.staged(info.alloc, "GPULMT_POOL_IPC=0 (the default) stages shareable pool memory");
+                return Ok(desc);
+            }
             if export && one_allocation {
                 let backend = &self.backend;
                 let handle = match self.exports.get_or_export(info.buffer_id, || backend.export_handle(info.base)) {

@@ -439,6 +439,17 @@ pub const VARIABLES: &[Variable] = &[
                   per transfer, to measure what the cache saves.",
     },
     Variable {
+        name: "GPULMT_POOL_IPC",
+        kind: Kind::Bool,
+        default: Text("0"),
+        class: Normal,
+        meaning: "Move memory of a stream-ordered pool created with a POSIX-fd handle type by IPC (the pool \
+                  as an fd, each allocation by `cuMemPoolExportPointer`) instead of staging it \
+                  (docs/memory-kinds.md). Off by default: under the PMPI shim the first import of an \
+                  application's pool allocation failed (`cuMemGetAddressRange`: not found), which fails \
+                  the transfer; through gpulmt's own API it passes every check.",
+    },
+    Variable {
         name: "GPULMT_MEMTYPE_CACHE",
         kind: Kind::Bool,
         default: Text("1"),
