@@ -296,9 +296,13 @@ impl CudaBackend {
     /// # Safety
     /// As `DeviceBackend::free`'s.
     pub(super) unsafe fn free_kind(&self, ptr: usize) -> Result<bool, DeviceError> {
-        let Some(owned) = lock(&self.sharing.owned).remove(&ptr) else { return Ok(false) };
+        if !lock(&self.sharing.owned).contains_key(&ptr) {
+            return Ok(false);
+        }
+        // Before the entry goes: a failed lookup must leave the allocation freeable.
         let dev = self.allocation_device("free", ptr)?;
         let _current = self.enter(dev)?;
+        let Some(owned) = lock(&self.sharing.owned).remove(&ptr) else { return Ok(false) };
         // SAFETY: this function's contract.
         unsafe { self.free_owned(ptr, owned) };
         let mut known = lock(&self.known);
