@@ -306,13 +306,14 @@ pub fn print_stats(ctx: &Context, o: &Options) {
     }
     let s = ctx.stats();
     println!(
-        "# rank {} protocols get={} put={} coop={} shm={} staged={} | cache hits={} misses={} opens={} closes={} evictions={} open_ms={:.3} | packets sent={} backpressure={} violations={}",
+        "# rank {} protocols get={} put={} coop={} shm={} staged={} fallbacks={} | cache hits={} misses={} opens={} closes={} evictions={} open_ms={:.3} | packets sent={} backpressure={} violations={}",
         ctx.rank(),
         s.protocols[0],
         s.protocols[1],
         s.protocols[2],
         s.protocols[3],
         s.staged_kinds,
+        s.open_fallbacks,
         s.cache.hits,
         s.cache.misses,
         s.cache.opens,

@@ -121,6 +121,31 @@ fn freed_and_reallocated_pool_memory_is_never_served_stale() {
     }
 }
 
+/// Fall back, never fail: where the receiver cannot open a peer's buffer at all (the sim
+/// refuses every open, as a driver refuses an import), each kind that would cross by IPC
+/// still moves, byte-checked, by shared-memory staging; each rank reports the buffers it
+/// could not map, and nothing is mapped.
+#[test]
+fn buffers_a_peer_cannot_open_move_by_staging() {
+    for kind in ["legacy", "pool-ipc", "vmm-ipc"] {
+        for protocol in ["auto", "get", "put", "coop"] {
+            let args = ["pingpong", "--placement", "D D", "--sizes", SMALL, "--mem0", kind, "--mem1", kind];
+            let out = Job::new(CHECK, 2, &args)
+                .env("GPULMT_PROTOCOL", protocol)
+                .env("GPULMT_POOL_IPC", "1")
+                .env("GPULMT_SIM_REFUSE_OPENS", "1")
+                .run();
+            out.assert_ok(2, "pingpong");
+            for r in 0..2 {
+                let what = format!("rank {r}, {kind}, {protocol}\n{}", out.dump());
+                assert!(out.counters(r, "kinds")["fallbacks"] > 0, "{what}: no fallback counted");
+                assert!(out.protocols(r)["shm"] > 0, "{what}: nothing staged");
+                assert_eq!(out.cache(r)["opens"], 0, "{what}: a mapping opened");
+            }
+        }
+    }
+}
+
 /// Every kind from 0 bytes to 64 MiB + 3 between kinds, every device buffer at an odd
 /// offset (not 8-byte aligned), so a pointer into the middle of an allocation works.
 #[test]

@@ -869,6 +869,7 @@ impl Context {
             shm = p[3],
             self_copies = p[4],
             staged_kinds = self.memory_kinds.staged_count(),
+            open_fallbacks = s.open_fallbacks,
             copies = s.copies,
             probed = s.probed,
             packets_sent = s.packets_sent,

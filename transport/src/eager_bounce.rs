@@ -150,6 +150,7 @@ mod tests {
             ipc_open_us: 0,
             copy_inline: false,
             copy_done_ns: 0,
+            refuse_opens: false,
             driver: None,
         };
         let backend: Backend = Arc::new(SimBackend::new(cfg).expect("sim backend"));

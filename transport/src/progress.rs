@@ -39,6 +39,9 @@ pub struct Stats {
     /// Rendezvous buffers of device memory that no peer can map (managed memory, pools and
     /// VMM memory without a shareable handle type), moved through staging instead.
     pub staged_kinds: u64,
+    /// Peer buffers this rank failed to map for a GET, whose messages fell back to SHM
+    /// staging (`Engine::on_copy_unmappable`).
+    pub open_fallbacks: u64,
     pub cache: CacheStats,
 }
 
@@ -56,6 +59,23 @@ fn protocol_index(p: Protocol) -> usize {
         Protocol::Shm => 3,
         Protocol::SelfCopy => 4,
         Protocol::Net => 5,
+    }
+}
+
+/// Why a copy end did not resolve to an address.
+enum Unresolved {
+    /// The peer's buffer `buffer_id` could not be mapped (the engine may move the message
+    /// another way: `Engine::on_copy_unmappable`).
+    Unmappable {
+        buffer_id: u64,
+        what: String,
+    },
+    Other(String),
+}
+
+impl From<String> for Unresolved {
+    fn from(what: String) -> Self {
+        Self::Other(what)
     }
 }
 
@@ -303,6 +323,10 @@ impl Context {
                         tracing::debug!(peer, len, protocol = %choice.protocol, reason = choice.reason, "protocol chosen");
                     }
                 }
+                Action::Unmappable { peer, buffer_id, what } => {
+                    self.stats.open_fallbacks += 1;
+                    tracing::info!(peer, buffer_id, error = %what, "a peer's buffer could not be mapped: its messages go through shared-memory staging");
+                }
                 Action::Violation { peer, what } => {
                     self.stats.violations += 1;
                     tracing::warn!(peer, "protocol violation: {what}");
@@ -497,12 +521,12 @@ impl Context {
     }
 
     /// Resolves a copy end to an address; Peer ends take a lease on a cached mapping.
-    fn resolve(&mut self, loc: Loc, len: u64, lease: &mut Option<PeerBufferKey>) -> Result<usize, String> {
+    fn resolve(&mut self, loc: Loc, len: u64, lease: &mut Option<PeerBufferKey>) -> Result<usize, Unresolved> {
         match loc {
             Loc::User { req, offset } => {
                 let st = self.reqs.get(req.0).ok_or_else(|| format!("copy for unknown request {}", req.0))?;
                 if offset + len > st.len as u64 {
-                    return Err(format!("copy of {len} bytes at {offset} overruns the {}-byte buffer", st.len));
+                    return Err(format!("copy of {len} bytes at {offset} overruns the {}-byte buffer", st.len).into());
                 }
                 Ok(st.ptr + offset as usize)
             }
@@ -515,7 +539,10 @@ impl Context {
                 let m = self.cache.acquire_evicting_on(&key, &handle, region.alloc_size, stale).map_err(|e| {
                     // The opener's own error says why (the cache's names only the key).
                     let why = std::error::Error::source(&e).map_or_else(String::new, |s| format!(" ({s})"));
-                    format!("mapping rank {peer}'s buffer: {e}{why}")
+                    Unresolved::Unmappable {
+                        buffer_id: region.buffer_id,
+                        what: format!("mapping rank {peer}'s buffer: {e}{why}"),
+                    }
                 })?;
                 *lease = Some(key);
                 // The RTS/CTS promised the range lies inside the allocation; check the
@@ -525,13 +552,14 @@ impl Context {
                     return Err(format!(
                         "rank {peer}'s region claims {} bytes but the mapping holds {} (needs {end})",
                         region.alloc_size, m.size
-                    ));
+                    )
+                    .into());
                 }
                 Ok(m.ptr + (region.offset + offset) as usize)
             }
             Loc::Staging { from: job_from, to: job_to, slot } => {
                 let (Some(from), Some(to)) = (self.topo.local_of(job_from), self.topo.local_of(job_to)) else {
-                    return Err(format!("staging between ranks {job_from} and {job_to}, not both of this node"));
+                    return Err(format!("staging between ranks {job_from} and {job_to}, not both of this node").into());
                 };
                 let pair = from * self.tx.len() + to;
                 if !self.staging_registered[pair] {
@@ -539,7 +567,7 @@ impl Context {
                     // SAFETY: the staging area lies in the job segment, host memory this
                     // context keeps mapped for its whole life, and it waits for its copies
                     // in flight before the segment goes (Drop, finalize).
-                    unsafe { self.backend.register_host(base, bytes) }.map_err(|e| e.to_string())?;
+                    unsafe { self.backend.register_host(base, bytes) }.map_err(|e| Unresolved::Other(e.to_string()))?;
                     self.staging_registered[pair] = true;
                 }
                 Ok(self.seg.staging_chunk(from, to, slot as usize))
@@ -547,8 +575,8 @@ impl Context {
         }
     }
 
-    /// Opens (or finds cached) the mapping of a region a peer offered by RTR. A failure
-    /// is only logged: a send that uses the offer meets it again and fails with it.
+    /// Opens (or finds cached) the mapping of a region a peer offered by RTR. A region
+    /// that cannot be mapped is told to the engine, which then never pushes into it.
     /// Without the handle cache a mapping closes when released, so opening one ahead
     /// would only cost an open and a close.
     fn map_offered(&mut self, peer: Rank, region: gpulmt_protocols::wire::Region) {
@@ -557,8 +585,13 @@ impl Context {
         }
         let mut lease = None;
         let loc = Loc::Peer { peer, region, offset: 0 };
-        if let Err(what) = self.resolve(loc, 0, &mut lease) {
-            tracing::warn!(peer, error = %what, "mapping a receive buffer the peer offered");
+        match self.resolve(loc, 0, &mut lease) {
+            Ok(_) => {}
+            // No send will push into it (the engine remembers it and reports it once).
+            Err(Unresolved::Unmappable { buffer_id, what }) => self.engine.on_peer_unmappable(peer, buffer_id, what),
+            Err(Unresolved::Other(what)) => {
+                tracing::warn!(peer, error = %what, "mapping a receive buffer the peer offered")
+            }
         }
         self.release_lease(lease);
     }
@@ -577,7 +610,12 @@ impl Context {
         }
         let (src, dst) = match ends {
             Ok(v) => v,
-            Err(what) => {
+            Err(Unresolved::Unmappable { buffer_id, what }) => {
+                self.release_lease(lease);
+                self.engine.on_copy_unmappable(c.id, buffer_id, what);
+                return;
+            }
+            Err(Unresolved::Other(what)) => {
                 self.release_lease(lease);
                 self.engine.on_copy_done(c.id, Err(what));
                 return;

@@ -20,6 +20,7 @@ fn main() {
         ipc_open_us: 0,
         copy_inline: true,
         copy_done_ns: 0,
+        refuse_opens: false,
         driver: None,
     };
     let backend: gpulmt::device::Backend = Arc::new(SimBackend::new(cfg).expect("sim backend"));

@@ -58,6 +58,10 @@ pub enum Action {
     Complete { req: ReqId, result: Result<Status, ProtoError> },
     /// A rendezvous protocol was chosen for the request (for logs and counters).
     Chose { req: ReqId, peer: Rank, len: u64, choice: ProtocolChoice },
+    /// This rank could not map peer `peer`'s buffer `buffer_id` (`what` says why): its
+    /// message moves by SHM instead, and so do its later ones while the engine remembers
+    /// it. Once per buffer, for logs and counters.
+    Unmappable { peer: Rank, buffer_id: u64, what: String },
     /// A peer broke the protocol; the packet was dropped.
     Violation { peer: Rank, what: String },
     /// A peer offered this region (RTR): map it now, so that a send that uses the offer

@@ -117,11 +117,16 @@ impl Engine {
         let Some(owner) = self.copies.remove(id.0) else {
             return self.violation(self.cfg.rank, format!("completion of unknown copy {id:?}"));
         };
+        self.copy_finished(owner, result);
+    }
+
+    /// Routes the end of a copy `owner` issued to the send or receive that waits for it.
+    pub(super) fn copy_finished(&mut self, owner: OpOwner, result: Result<(), String>) {
         match owner {
             OpOwner::Send { msg, chunk } => self.on_send_copy_done(msg, chunk, result),
             OpOwner::Recv { from, msg, chunk } => self.on_recv_copy_done((from, msg), chunk, result),
             OpOwner::Drain { from, msg } => {
-                self.violation(self.cfg.rank, format!("copy {id:?} reported for the drain of message {msg} of {from}"))
+                self.violation(self.cfg.rank, format!("a copy reported for the drain of message {msg} of {from}"))
             }
         }
     }

@@ -43,11 +43,13 @@
 //! - `shm`: the SHM staging ring;
 //! - `copies`: the copies in flight and their completions;
 //! - `net`: the NET rendezvous with ranks of other nodes, and what crosses nodes;
+//! - `fallback`: a GET whose sender memory this rank cannot map, moved by SHM instead;
 //! - `peer_failure`: what a peer's death ends.
 
 mod action;
 mod config;
 mod copies;
+mod fallback;
 mod net;
 mod peer_failure;
 mod recv;
@@ -75,27 +77,38 @@ use rtr::{RtrOffer, RtrPeer};
 use send::SendXfer;
 use shm::ShmRing;
 
-/// The last few transfers of one kind that ended here, by (peer, message): enough to tell
-/// a packet the peer sent before it learnt of the end from a forged or stray one.
-#[derive(Debug, Default)]
-struct RecentXfers(VecDeque<(Rank, MsgId)>);
+/// The last few keys of one kind seen here, newest last. As [`RecentXfers`]: transfers that
+/// ended, by (peer, message), enough to tell a packet the peer sent before it learnt of the
+/// end from a forged or stray one; as [`fallback`]'s memo: peer buffers this rank failed to
+/// map, by (peer, buffer id).
+#[derive(Debug)]
+struct Recent<K>(VecDeque<K>);
 
-impl RecentXfers {
-    /// Transfers remembered; older ones are forgotten (a packet about one of those is
-    /// then reported as a violation, and dropped all the same).
+impl<K> Default for Recent<K> {
+    fn default() -> Self {
+        Self(VecDeque::new())
+    }
+}
+
+impl<K: PartialEq> Recent<K> {
+    /// Keys remembered; older ones are forgotten (a packet about a forgotten transfer is
+    /// then reported as a violation, and dropped all the same; a forgotten unmappable
+    /// buffer is tried again, and falls back again).
     const KEPT: usize = 64;
 
-    fn remember(&mut self, key: (Rank, MsgId)) {
+    fn remember(&mut self, key: K) {
         if self.0.len() == Self::KEPT {
             self.0.pop_front();
         }
         self.0.push_back(key);
     }
 
-    fn contains(&self, key: (Rank, MsgId)) -> bool {
-        self.0.contains(&key)
+    fn contains(&self, key: &K) -> bool {
+        self.0.contains(key)
     }
 }
+
+type RecentXfers = Recent<(Rank, MsgId)>;
 
 /// The protocol engine of one rank.
 ///
@@ -105,7 +118,8 @@ impl RecentXfers {
 ///   [`probe`](Self::probe), and the eager fast paths [`send_eager`](Self::send_eager) and
 ///   [`take_eager_match`](Self::take_eager_match);
 /// - events from the transport: [`on_packet`](Self::on_packet),
-///   [`on_copy_done`](Self::on_copy_done), [`on_net_done`](Self::on_net_done),
+///   [`on_copy_done`](Self::on_copy_done), [`on_copy_unmappable`](Self::on_copy_unmappable),
+///   [`on_net_done`](Self::on_net_done),
 ///   [`on_peer_failed`](Self::on_peer_failed);
 /// - a send's wait for an RTR offer: [`rtr_eligible`](Self::rtr_eligible),
 ///   [`rtr_wait_begin`](Self::rtr_wait_begin), [`rtr_ready`](Self::rtr_ready),
@@ -140,9 +154,14 @@ pub struct Engine {
     /// The latest SHM receives that failed while their sender lived: CHUNKs it sent
     /// before it learnt of the failure are acknowledged without complaint.
     failed_shm_recvs: RecentXfers,
-    /// The latest NET sends that ended while their receiver lived: an ABORT it sent
-    /// (its network receive failed after ours completed) is dropped without complaint.
-    ended_net_sends: RecentXfers,
+    /// The latest sends that ended while their receiver lived and that it may still
+    /// ABORT (or COOKIE), which is then dropped without complaint: NET sends (its network
+    /// receive failed after ours completed), and failed PUT or COOPERATE sends (its own
+    /// failure, or the COOKIE of its finished part, crossed ours).
+    ended_sends: RecentXfers,
+    /// Peer buffers this rank failed to map, by (peer, buffer id): their later messages
+    /// take a protocol that needs no mapping of them (`fallback`).
+    unmappable: Recent<(Rank, u64)>,
     dead: Vec<bool>,
     /// Per peer: rendezvous sends to it not finished yet (its engine may be
     /// moving them: the policy avoids loading it further).
@@ -181,7 +200,8 @@ impl Engine {
             pushed_sends: 0,
             shm_rings: HashMap::default(),
             failed_shm_recvs: RecentXfers::default(),
-            ended_net_sends: RecentXfers::default(),
+            ended_sends: RecentXfers::default(),
+            unmappable: Recent::default(),
             dead,
             sends_to,
             pulling: vec![0; n],

@@ -45,6 +45,12 @@ pub(super) struct RecvXfer {
     /// NET: the network receive, while outstanding (also counted in `pending`).
     pub(super) net: Option<NetId>,
     pub(super) error: Option<ProtoError>,
+    /// GET: a copy could not map the sender's buffer (its id, and why); once the copies
+    /// stop, the message moves by SHM instead (`fallback`).
+    pub(super) unmapped: Option<(u64, String)>,
+    /// COOPERATE that failed here: the sender's copies into this buffer may still run, so
+    /// the receive ends only on its ABORT (sent once they stopped) or its death.
+    pub(super) awaiting_sender: bool,
 }
 
 /// Completion of an eager message of `msg_len` bytes into a `buf_len`-byte buffer.
@@ -267,6 +273,14 @@ impl Engine {
         if r.error.is_some() {
             return self.finish_recv(key);
         }
+        if r.unmapped.is_some() {
+            // A sibling copy could not map the sender's buffer: the whole message moves
+            // by SHM once the others stop.
+            if r.pending == 0 {
+                self.fall_back_to_shm(key);
+            }
+            return;
+        }
         match (r.proto, chunk) {
             (Protocol::Shm, Some(_)) => {
                 let st = r.shm.as_mut().expect("SHM receive");
@@ -296,9 +310,9 @@ impl Engine {
 
     /// Ends a receive once its copies stop: completes its request (with its error, if
     /// any) and updates the peer's load.
-    fn finish_recv(&mut self, key: (Rank, MsgId)) {
+    pub(super) fn finish_recv(&mut self, key: (Rank, MsgId)) {
         let Some(r) = self.recvs.get(&key) else { return };
-        if r.pending > 0 {
+        if r.pending > 0 || r.awaiting_sender {
             return;
         }
         let r = self.recvs.remove(&key).expect("live receive");
@@ -321,7 +335,13 @@ impl Engine {
     /// end.
     pub(super) fn fail_recv(&mut self, key: (Rank, MsgId), err: ProtoError, notify: bool) {
         let Some(r) = self.recvs.get_mut(&key) else { return };
+        if !notify {
+            // The sender said so or died: its copies into this buffer stopped.
+            r.awaiting_sender = false;
+        }
         if r.error.is_none() {
+            // The ABORT this sends makes the sender answer once its copies stopped.
+            r.awaiting_sender = notify && r.proto == Protocol::Coop && !r.part_done && !self.dead[key.0 as usize];
             r.error = Some(err);
             let net = r.net;
             if notify {

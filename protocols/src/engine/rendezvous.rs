@@ -51,7 +51,11 @@ impl Engine {
             let f = from as usize;
             let load =
                 PeerLoad { sender_busy: self.sends_to[f] > 0, pulling: self.pulling[f], pushing: self.pushing[f] };
-            policy::choose(&cfg.policy, &src, buf.device, buf.region.is_some(), len, load, |a, b| cfg.can_access(a, b))
+            // A buffer this rank failed to map before is chosen for as memory no peer
+            // can map (`fallback`): the policy then never maps it.
+            let failed = matches!(src, MemDesc::Device(r) if self.is_unmappable(from, r.buffer_id));
+            let seen = if failed { &MemDesc::Staged } else { &src };
+            policy::choose(&cfg.policy, seen, buf.device, buf.region.is_some(), len, load, |a, b| cfg.can_access(a, b))
         };
         let mut choice = choice;
         let split = self.coop_split(len);
@@ -70,6 +74,8 @@ impl Engine {
             shm: None,
             net: None,
             error: None,
+            unmapped: None,
+            awaiting_sender: false,
         };
         let owner = |chunk| OpOwner::Recv { from, msg, chunk };
         match choice.protocol {

@@ -35,6 +35,12 @@ pub(super) struct SendXfer {
     /// NET: the data left with the RTS, without a CTS (counted in `pushed_sends`).
     pub(super) pushed: bool,
     pub(super) error: Option<ProtoError>,
+    /// PUT or COOPERATE that failed: ABORT(to receiver) goes once this side's copies into
+    /// the receiver's buffer stop, not before (its receive waits for it: `fail_recv`).
+    abort_at_end: bool,
+    /// PUT: a copy could not map the receiver's buffer; once the copies stop, the
+    /// message is staged instead (`fallback`).
+    pub(super) unmapped: bool,
 }
 
 impl SendXfer {
@@ -48,6 +54,8 @@ impl SendXfer {
             proto,
             pending,
             cookie: false,
+            abort_at_end: false,
+            unmapped: false,
             completed: false,
             shm: None,
             net: None,
@@ -153,6 +161,13 @@ impl Engine {
             self.violation(from, format!("CTS for unknown message {msg}"));
             return self.send(from, Packet::Abort { msg, reason: AbortReason::BadRequest, dir: Dir::ToReceiver });
         };
+        if s.to == from && s.proto == Some(Protocol::Coop) && mode == CtsMode::Shm && !s.cookie {
+            // The receiver could not map this buffer for its part: the whole message is
+            // staged once this side's part stopped (`fallback`).
+            s.unmapped = true;
+            s.cookie = true;
+            return self.try_finish_send(msg);
+        }
         if s.to != from || s.proto.is_some() {
             return self.violation(from, format!("CTS for message {msg} not awaiting one"));
         }
@@ -224,6 +239,8 @@ impl Engine {
                 s.cookie = true;
                 self.try_finish_send(msg);
             }
+            // Our failure crossed the receiver's finished part.
+            _ if self.ended_sends.contains(&(from, msg)) => {}
             _ => self.violation(from, format!("COOKIE for unknown or non-cooperative message {msg}")),
         }
     }
@@ -249,10 +266,15 @@ impl Engine {
                     self.finish_send(msg);
                 } else {
                     let err = ProtoError::Aborted { rank: from, reason: format!("{reason:?}") };
+                    // A receiver that failed while this side writes into its buffer
+                    // (COOPERATE) waits for word that the writing stopped.
+                    if s.proto == Some(Protocol::Coop) {
+                        self.sends.get_mut(&msg).expect("matched above").abort_at_end = true;
+                    }
                     self.fail_send(msg, err, false);
                 }
             }
-            _ if self.ended_net_sends.contains((from, msg)) => {}
+            _ if self.ended_sends.contains(&(from, msg)) => {}
             _ => self.violation(from, format!("ABORT for unknown message {msg}")),
         }
     }
@@ -284,13 +306,17 @@ impl Engine {
 
     /// PUT and COOPERATE senders finish when their copies are done (and, for
     /// COOPERATE, the receiver's COOKIE arrived); failed sends when no copy runs.
-    fn try_finish_send(&mut self, msg: MsgId) {
+    pub(super) fn try_finish_send(&mut self, msg: MsgId) {
         let Some(s) = self.sends.get(&msg) else { return };
         if s.pending > 0 {
             return;
         }
         if s.error.is_some() {
             return self.finish_send(msg);
+        }
+        // A COOPERATE stages once the receiver's part ended too (COOKIE, or its CTS(shm)).
+        if s.unmapped && (s.proto != Some(Protocol::Coop) || s.cookie) {
+            return self.stage_put(msg);
         }
         let ready = match s.proto {
             Some(Protocol::Put) => true,
@@ -330,13 +356,18 @@ impl Engine {
         }
         self.complete_send_request(msg);
         let s = self.sends.remove(&msg).expect("live send");
+        if s.abort_at_end && !self.dead[s.to as usize] {
+            // This side's copies into the receiver's buffer stopped: it may end now.
+            self.send(s.to, Packet::Abort { msg, reason: AbortReason::CopyFailed, dir: Dir::ToReceiver });
+            self.ended_sends.remember((s.to, msg));
+        }
         self.sends_to[s.to as usize] -= 1;
         if s.pushed {
             self.pushed_sends -= 1;
         }
         if s.proto == Some(Protocol::Net) && !self.dead[s.to as usize] {
             // MPI may complete our side before the receiver's fails; it then says so.
-            self.ended_net_sends.remember((s.to, msg));
+            self.ended_sends.remember((s.to, msg));
         }
         if s.proto == Some(Protocol::Shm) {
             if let Some(ring) = self.shm_rings.get_mut(&s.to) {
@@ -352,7 +383,11 @@ impl Engine {
         if s.error.is_none() {
             s.error = Some(err);
             let (to, net) = (s.to, s.net);
-            if notify {
+            if notify && matches!(s.proto, Some(Protocol::Put | Protocol::Coop)) {
+                // The receiver ends its receive on the ABORT: not while copies of this
+                // side may still write into its buffer (finish_send sends it).
+                s.abort_at_end = true;
+            } else if notify {
                 self.send(to, Packet::Abort { msg, reason: AbortReason::CopyFailed, dir: Dir::ToReceiver });
             }
             if let Some(id) = net {

@@ -136,10 +136,11 @@ impl Engine {
                 format!("CHUNK {index} of message {msg} in slot {slot} of a {}-slot ring", self.cfg.depth),
             );
         }
+        self.adopt_staged_put((from, msg));
         let Some(r) = self.recvs.get_mut(&(from, msg)) else {
             // Nothing is read from the slot; the acknowledgement keeps the sender's
             // ring moving.
-            if !self.failed_shm_recvs.contains((from, msg)) {
+            if !self.failed_shm_recvs.contains(&(from, msg)) {
                 self.violation(from, format!("CHUNK for unknown message {msg}"));
             }
             return self.send(from, Packet::ChunkAck { msg, index });

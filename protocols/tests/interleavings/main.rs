@@ -10,10 +10,12 @@
 //!
 //! Modules: `world` (the model and its checks), `all_to_all` (random all-to-all
 //! properties, within a node and across nodes), `internode` (jobs that span nodes: the
-//! NET rendezvous and what may cross nodes); the rest of this file tests single
+//! NET rendezvous and what may cross nodes), `fallback` (a GET whose sender buffer cannot
+//! be mapped); the rest of this file tests single
 //! protocols and flows within a node.
 
 mod all_to_all;
+mod fallback;
 mod internode;
 mod world;
 
@@ -455,6 +457,30 @@ fn copy_failure_aborts_both_sides() {
     assert!(matches!(w.done[&(1, ReqId(1))], Err(ProtoError::CopyFailed { .. })));
     assert!(matches!(w.done[&(0, ReqId(1))], Err(ProtoError::Aborted { rank: 1, .. })));
 }
+/// A failed PUT or COOPERATE ends on each side only once no copy writes into the
+/// receiver's buffer any more (the model asserts that no copy writes into a completed
+/// receive), whichever side's copies fail, in any order.
+#[test]
+fn a_failed_put_or_cooperate_ends_once_the_writing_stopped() {
+    for seed in 0..32 {
+        for mode in [ProtocolOverride::Put, ProtocolOverride::Coop] {
+            for failing in [0, 1] {
+                let mut w = World::new(2, Schedule::seeded(seed), mode, u64::MAX, 2, true);
+                w.copy_faults.insert(failing);
+                w.recv(1, ReqId(1), Some(0), Some(7), 200_000, Some(1));
+                w.send(0, ReqId(1), 1, 7, pattern(seed, 200_000), Some(0));
+                w.run();
+                w.assert_quiet();
+                let what = format!("seed {seed}, {mode:?}, rank {failing}'s copies fail");
+                // A PUT's receiver copies nothing: its faults do not touch the message.
+                let fails = !(mode == ProtocolOverride::Put && failing == 1);
+                assert_eq!(w.done[&(0, ReqId(1))].is_err(), fails, "{what}");
+                assert_eq!(w.done[&(1, ReqId(1))].is_err(), fails, "{what}");
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(config(64))]
     #[test]

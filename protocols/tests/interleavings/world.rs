@@ -108,6 +108,13 @@ pub struct World {
     pub pushed: HashSet<(Rank, MsgId)>,
     /// CTS(net) packets sent.
     pub net_cts: usize,
+    /// Peer buffers a rank cannot map, (mapper, owner, owner's request): a copy through
+    /// one is reported unmappable and moves nothing.
+    pub unmappable: HashSet<(Rank, Rank, ReqId)>,
+    /// Unmappable buffers the engines reported: (mapper, owner, buffer id).
+    pub fell_back: Vec<(Rank, Rank, u64)>,
+    /// Ranks every copy of which fails (moving nothing).
+    pub copy_faults: HashSet<Rank>,
 }
 
 /// A network transfer (one side's) in flight.
@@ -202,6 +209,9 @@ impl World {
             net_faults: HashSet::new(),
             pushed: HashSet::new(),
             net_cts: 0,
+            unmappable: HashSet::new(),
+            fell_back: Vec::new(),
+            copy_faults: HashSet::new(),
         }
     }
 
@@ -285,6 +295,7 @@ impl World {
                     self.chosen.insert((rank, req), choice.protocol);
                 }
                 Action::Violation { peer, what } => panic!("rank {rank}: violation by {peer}: {what}"),
+                Action::Unmappable { peer, buffer_id, .. } => self.fell_back.push((rank, peer, buffer_id)),
                 Action::NetRecv { id, req, from, xfer, len } => {
                     assert!(!self.on_node(rank, from), "rank {rank}: network receive from {from}, on its node");
                     assert!(len <= self.buf_len(rank, req), "rank {rank}: network receive past {req:?}'s buffer");
@@ -566,6 +577,18 @@ impl World {
                 !self.done.contains_key(&(owner, req)),
                 "rank {r} writes into rank {owner}'s {req:?}, which has completed: {c:?}"
             );
+        }
+        if self.copy_faults.contains(&r) {
+            self.engines[r as usize].on_copy_done(c.id, Err("model: copy fault".into()));
+            return self.drain(r);
+        }
+        for loc in [c.src, c.dst] {
+            let Loc::Peer { peer, region, .. } = loc else { continue };
+            let req = ReqId(u64::from_le_bytes(region.handle[4..12].try_into().unwrap()));
+            if self.unmappable.contains(&(r, peer, req)) {
+                self.engines[r as usize].on_copy_unmappable(c.id, region.buffer_id, "model: refused".into());
+                return self.drain(r);
+            }
         }
         let data = self.read(r, c.src, c.len);
         self.write(r, c.dst, &data);

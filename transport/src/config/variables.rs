@@ -445,9 +445,10 @@ pub const VARIABLES: &[Variable] = &[
         class: Normal,
         meaning: "Move memory of a stream-ordered pool created with a POSIX-fd handle type by IPC (the pool \
                   as an fd, each allocation by `cuMemPoolExportPointer`) instead of staging it \
-                  (docs/memory-kinds.md). Off by default: under the PMPI shim the first import of an \
-                  application's pool allocation failed (`cuMemGetAddressRange`: not found), which fails \
-                  the transfer; through gpulmt's own API it passes every check.",
+                  (docs/memory-kinds.md). Off by default: CUDA requires importers to release an import \
+                  before the application frees the allocation, which an application that frees its \
+                  buffers itself breaks; its next allocation at that address then fails to import, \
+                  and those messages fall back to staging (correct, but an import is paid each time).",
     },
     Variable {
         name: "GPULMT_MEMTYPE_CACHE",
@@ -537,6 +538,14 @@ pub const VARIABLES: &[Variable] = &[
         class: SimOnly,
         meaning: "Time that opening an IPC handle takes, to model a real driver's cost (about a millisecond on \
                   recent GPUs) in tests of the handle cache.",
+    },
+    Variable {
+        name: "GPULMT_SIM_REFUSE_OPENS",
+        kind: Kind::Syntax("`0` or `1`"),
+        default: Text("0"),
+        class: SimOnly,
+        meaning: "Fault injection: `1` makes every open of a peer's IPC handle fail as a driver's refusal would, \
+                  to test that a GET falls back to shared-memory staging and nothing else maps the buffer.",
     },
     Variable {
         name: "GPULMT_SIM_COPY",

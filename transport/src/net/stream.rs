@@ -571,6 +571,7 @@ mod tests {
             ipc_open_us: 0,
             copy_inline: true,
             copy_done_ns: 0,
+            refuse_opens: false,
             driver: None,
         };
         BouncePool::new(Arc::new(SimBackend::new(cfg).expect("sim backend")), 4096, cap)

@@ -32,7 +32,7 @@ pub fn print_stats(ctx: &Context) {
     let r = ctx.rank();
     let p = s.protocols;
     println!("rank={r} protocols get={} put={} coop={} shm={} self={}", p[0], p[1], p[2], p[3], p[4]);
-    println!("rank={r} kinds staged={}", s.staged_kinds);
+    println!("rank={r} kinds staged={} fallbacks={}", s.staged_kinds, s.open_fallbacks);
     let c = s.cache;
     println!(
         "rank={r} cache opens={} closes={} hits={} misses={} entries={} evictions={}",

@@ -324,6 +324,14 @@ impl DeviceBackend for CudaBackend {
                 (ptr, Opened::Legacy)
             }
         };
+        if open.by_ptr.contains_key(&(ptr as usize)) {
+            // The driver handed back a mapping this process still holds: a pool import of
+            // an allocation the exporter made where it freed one this process imported,
+            // answered with the old import, its size and bytes (`lab/gpu/memory_kinds.cu`,
+            // reuse_hold). Not closed here (it is the holder's); the handle cache closes
+            // its idle mappings and opens again (`acquire_evicting_on`).
+            return Err(DeviceError::DoubleOpen { owner: 0, buffer_id: 0 });
+        }
         let mut base: CUdeviceptr = 0;
         let mut size: usize = 0;
         if let Err(f) = cu!(cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) {

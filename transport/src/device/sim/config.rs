@@ -1,7 +1,7 @@
 //! Configuration of the sim backend: how many devices, which pairs have peer access, and
 //! what its copies and handle opens cost, from `GPULMT_SIM_*` or given directly.
 
-use super::{ENV_COPY, ENV_DEVICES, ENV_DRIVER_NS, ENV_IPC_OPEN_US, ENV_PEER, MAX_SIM_DEVICES};
+use super::{ENV_COPY, ENV_DEVICES, ENV_DRIVER_NS, ENV_IPC_OPEN_US, ENV_PEER, ENV_REFUSE_OPENS, MAX_SIM_DEVICES};
 use crate::device::{DevId, DeviceError};
 
 /// Which pairs of distinct devices have peer access. A device always reaches itself.
@@ -95,6 +95,10 @@ pub struct SimConfig {
     pub copy_done_ns: u64,
     /// CPU time the driver's copy calls take, modelled by spinning (None: no cost).
     pub driver: Option<DriverCost>,
+    /// Fault injection: every open of a peer's handle fails as a driver's refusal would
+    /// (what an application's memory the importer cannot map meets), so the layers above
+    /// must fall back (`protocols::engine::fallback`).
+    pub refuse_opens: bool,
 }
 
 /// CPU time of the driver calls of a copy, in nanoseconds. On 2x H200 (copy_probe):
@@ -119,6 +123,7 @@ impl Default for SimConfig {
             copy_inline: false,
             copy_done_ns: 0,
             driver: None,
+            refuse_opens: false,
         }
     }
 }
@@ -185,6 +190,13 @@ impl SimConfig {
                         "three whole numbers of nanoseconds `ISSUE,DONE,NOT_READY`, e.g. 1600,1400,150",
                     ))
                 }
+            };
+        }
+        if let Some(v) = get(ENV_REFUSE_OPENS) {
+            cfg.refuse_opens = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => return Err(bad(ENV_REFUSE_OPENS, &v, "0 (default) or 1")),
             };
         }
         cfg.validate()?;

@@ -237,17 +237,17 @@ impl PoolCache {
 }
 
 /// What a free does with an allocation just removed from the registry `st`: a pool
-/// allocation that no peer maps goes into its pool in the same step (were it out of both
-/// for a moment, a concurrent free could find no object left and drop the owner object
-/// that claims it); returns the objects the pool lets go to stay in its
-/// bounds. Any other, or one a peer still maps, is handed back to be released as legacy
+/// allocation goes into its pool in the same step (were it out of both for a moment, a
+/// concurrent free could find no object left and drop the owner object that claims it),
+/// even one a peer still maps, as CUDA's pool keeps it: the next allocation of its size
+/// comes back there and the peer's stale import sees its bytes (`lab/gpu/memory_kinds.cu`,
+/// reuse_hold). Returns the objects the pool lets go to stay in its bounds and how many
+/// peers still mapped it. Any other allocation is handed back to be released as legacy
 /// memory is (a peer's pages staying alive).
-pub(super) fn pool_keeps(st: &mut State, l: LocalAlloc) -> Result<Vec<ShmSegment>, LocalAlloc> {
+pub(super) fn pool_keeps(st: &mut State, l: LocalAlloc) -> Result<(Vec<ShmSegment>, u32), LocalAlloc> {
     let AllocKind::Pool { shareable } = l.alloc else { return Err(l) };
-    if l.retire() > 0 {
-        return Err(l);
-    }
-    Ok(st.pools.entry((l.dev, shareable)).or_default().put(l.size, l.map))
+    let mappers = l.retire();
+    Ok((st.pools.entry((l.dev, shareable)).or_default().put(l.size, l.map), mappers))
 }
 
 impl SimBackend {
@@ -475,12 +475,31 @@ impl SimBackend {
             return Err(bad_handle(format!("{whose}: the fd server answered for another allocation ({m:?})")));
         }
         // The object must hold the whole range, or touching its end would raise SIGBUS.
-        let object = object_bytes(fd.as_fd()).map_err(|e| bad_handle(format!("{whose}: fstat of its fd: {e}")))?;
+        let (object, identity) =
+            object_bytes(fd.as_fd()).map_err(|e| bad_handle(format!("{whose}: fstat of its fd: {e}")))?;
         let end = round_up(len).and_then(|l| l.checked_add(m.offset as usize));
         if end.is_none_or(|end| end as u64 > object) {
             return Err(bad_handle(format!("{whose}: its object holds {object} bytes, less than {m:?} needs")));
         }
         self.check_peer_access(on, h.device, h.pid)?;
+        // CUDA's pool import hands back the import this process still holds of an earlier
+        // allocation in the same place (the exporter freed it and its pool put this one
+        // there), with the old size and bytes (`lab/gpu/memory_kinds.cu`, reuse_hold); the
+        // CUDA backend refuses that as a double open, and so does the model.
+        let origin = (alloc == AllocKind::Pool { shareable: true }).then_some((identity, m.offset));
+        if origin.is_some() {
+            let st = lock(&self.state);
+            let held = st.regions.values().find_map(|r| match r {
+                Region::Peer(p) if p.origin == origin && p.key.owner_pid == h.pid && p.key.nonce == h.nonce => {
+                    Some(p.key.buffer_id)
+                }
+                _ => None,
+            });
+            if let Some(old) = held {
+                debug!(owner = h.pid, old, new = h.key, "sim: pool import where an earlier one is still held");
+                return Err(DeviceError::DoubleOpen { owner: h.pid, buffer_id: h.key });
+            }
+        }
         let mmap_error = |e: io::Error| DeviceError::Driver {
             call: "mmap",
             code: e.raw_os_error().unwrap_or(0) as i64,
@@ -518,7 +537,7 @@ impl SimBackend {
         let map = PeerMem::Fd { header: header_map, data };
         lock(&self.state)
             .regions
-            .insert(ptr, Region::Peer(PeerMap { key, owner_dev: h.device, size: len, alloc, map }));
+            .insert(ptr, Region::Peer(PeerMap { key, owner_dev: h.device, size: len, alloc, map, origin }));
         // The key stays reserved until close_handle.
         std::mem::forget(reservation);
         debug!(
@@ -533,15 +552,16 @@ impl SimBackend {
     }
 }
 
-/// Bytes of the object an fd refers to.
-fn object_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+/// Bytes of the object an fd refers to, and its identity (device, inode).
+fn object_bytes(fd: BorrowedFd<'_>) -> io::Result<(u64, (u64, u64))> {
     // SAFETY: zeroed stat is a valid out-buffer for fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fd is open and st is a valid out-pointer.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    u64::try_from(st.st_size).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "negative size"))
+    let bytes = u64::try_from(st.st_size).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "negative size"))?;
+    Ok((bytes, (st.st_dev, st.st_ino)))
 }
 
 #[cfg(test)]

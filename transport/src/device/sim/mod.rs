@@ -89,6 +89,8 @@ pub const ENV_DEVICES: &str = "GPULMT_SIM_DEVICES";
 pub const ENV_PEER: &str = "GPULMT_SIM_PEER";
 /// Environment variable: time in microseconds that opening an IPC handle takes.
 pub const ENV_IPC_OPEN_US: &str = "GPULMT_SIM_IPC_OPEN_US";
+/// Environment variable: `1` makes every open of a peer's handle fail (fault injection).
+pub const ENV_REFUSE_OPENS: &str = "GPULMT_SIM_REFUSE_OPENS";
 /// Environment variable: `thread` (default; each device's copies run on its engine
 /// thread), `inline` (each copy is made inside `copy_async`) or `inline:NS` (made there,
 /// and seen finished NS nanoseconds after its issue).
@@ -288,13 +290,13 @@ impl DeviceBackend for SimBackend {
             }
         };
         let released = match kept {
-            Ok(evicted) => {
+            Ok((evicted, mappers)) => {
                 for map in evicted {
                     if let Err(e) = drop_object(map) {
                         warn!(error = %e, "sim: releasing a pool's oldest freed allocation");
                     }
                 }
-                Ok(0)
+                Ok(mappers)
             }
             Err(local) => local.release(),
         };
@@ -363,6 +365,13 @@ impl DeviceBackend for SimBackend {
     }
 
     fn open_handle(&self, handle: &IpcHandle, on: DevId) -> Result<Mapping, DeviceError> {
+        if self.cfg.refuse_opens {
+            return Err(DeviceError::Driver {
+                call: "open_handle",
+                code: 0,
+                message: format!("refused by {ENV_REFUSE_OPENS}=1 (sim fault injection)"),
+            });
+        }
         if let Some(shared) = SharedHandle::decode(handle)? {
             return self.open_shared(&shared, on);
         }
@@ -443,7 +452,14 @@ impl DeviceBackend for SimBackend {
             sleep_for(Duration::from_micros(self.cfg.ipc_open_us));
         }
         let data = map.ptr() as usize + HEADER_BYTES;
-        let peer = PeerMap { key, owner_dev: f.device, size, alloc: AllocKind::Legacy, map: PeerMem::Object(map) };
+        let peer = PeerMap {
+            key,
+            owner_dev: f.device,
+            size,
+            alloc: AllocKind::Legacy,
+            map: PeerMem::Object(map),
+            origin: None,
+        };
         lock(&self.state).regions.insert(data, Region::Peer(peer));
         // The key stays reserved until close_handle.
         std::mem::forget(reservation);

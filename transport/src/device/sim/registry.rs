@@ -80,6 +80,9 @@ pub(super) struct PeerMap {
     /// The owner's kind of memory (a legacy handle's is `Legacy`).
     pub(super) alloc: AllocKind,
     pub(super) map: PeerMem,
+    /// A pool import's place in the exporter's memory (object identity, offset): a second
+    /// import there while this one is held is refused (`kinds.rs`).
+    pub(super) origin: Option<((u64, u64), u64)>,
 }
 
 #[derive(Debug)]

@@ -10,8 +10,16 @@ use crate::device::IPC_HANDLE_BYTES;
 use crate::shm::object::SIM_PREFIX;
 
 fn backend(devices: u32, peer: PeerMatrix, ipc_open_us: u64) -> SimBackend {
-    SimBackend::new(SimConfig { devices, peer, ipc_open_us, copy_inline: false, copy_done_ns: 0, driver: None })
-        .expect("valid config")
+    SimBackend::new(SimConfig {
+        devices,
+        peer,
+        ipc_open_us,
+        copy_inline: false,
+        copy_done_ns: 0,
+        driver: None,
+        refuse_opens: false,
+    })
+    .expect("valid config")
 }
 
 fn two() -> SimBackend {
@@ -609,6 +617,7 @@ fn config_parsing() {
             ipc_open_us: 930,
             copy_inline: true,
             copy_done_ns: 0,
+            refuse_opens: false,
             driver: None,
         }
     );
@@ -837,6 +846,45 @@ fn every_kind_is_shared_or_refused_as_cuda_shares_it() {
     }
 }
 
+/// A pool allocation freed while a peer maps it: the free says so, the pool keeps it and
+/// hands its address out again, and the peer's stale import sees the new bytes (as on
+/// CUDA). CUDA answers an import of the new allocation with the held one, its old size
+/// (`lab/gpu/memory_kinds.cu`, reuse_hold): the backends refuse that as a double open, and
+/// once the old import is closed the new allocation opens with its own bytes.
+#[test]
+fn a_pool_import_where_an_earlier_one_is_held_is_refused_until_it_closes() {
+    let owner = two();
+    let peer = two();
+    let size = 65_537;
+    let kind = AllocKind::Pool { shareable: true };
+    let p = owner.alloc_as(0, size, kind, 1).unwrap();
+    // SAFETY: `p` holds `size` bytes of `owner`; one call each.
+    unsafe { fill(&owner, p, &pattern(size, 0)) };
+    let id = owner.pointer_info(p).unwrap().buffer_id;
+    let held = peer.open_handle(&owner.export_handle(p).unwrap(), 0).unwrap();
+    // SAFETY: nothing of the owner's uses `p` any more (the peer's import is what is tested).
+    let freed = unsafe { owner.free(p) };
+    assert_eq!(freed, Err(DeviceError::FreedWhileMapped { ptr: p, buffer_id: id, mappers: 1 }));
+    let q = owner.alloc_as(0, size, kind, 1).unwrap();
+    assert_eq!(q, p, "the pool hands the address back, as CUDA's does");
+    // SAFETY: `q` holds `size` bytes of the owner; `held` maps the same pool memory.
+    unsafe {
+        fill(&owner, q, &pattern(size, 1));
+        assert!(read(&peer, held.ptr, size) == pattern(size, 1), "the stale import sees the new bytes, as on CUDA");
+    }
+    let h = owner.export_handle(q).unwrap();
+    let new_id = owner.pointer_info(q).unwrap().buffer_id;
+    assert_eq!(peer.open_handle(&h, 0), Err(DeviceError::DoubleOpen { owner: owner.pid, buffer_id: new_id }));
+    // SAFETY: `held` is the peer's mapping, closed once; `m` maps `q`'s `size` bytes.
+    unsafe {
+        peer.close_handle(held).unwrap();
+        let m = peer.open_handle(&h, 0).unwrap();
+        assert!(read(&peer, m.ptr, size) == pattern(size, 1), "the new allocation's bytes");
+        peer.close_handle(m).unwrap();
+        owner.free(q).unwrap();
+    }
+}
+
 #[test]
 fn pools_reuse_addresses_under_new_buffer_ids() {
     let owner = two();
@@ -902,30 +950,6 @@ fn pools_reuse_addresses_under_new_buffer_ids() {
         for x in [q, d, r] {
             owner.free(x).unwrap();
         }
-    }
-}
-
-#[test]
-fn a_pool_allocation_freed_while_mapped_is_not_handed_out_again() {
-    let owner = two();
-    let peer = two();
-    let kind = AllocKind::Pool { shareable: true };
-    let p = owner.alloc_as(0, 4096, kind, 1).unwrap();
-    let id = owner.pointer_info(p).unwrap().buffer_id;
-    let m = peer.open_handle(&owner.export_handle(p).unwrap(), 0).unwrap();
-    // SAFETY: `m` maps `p`'s 4096 bytes; the owner does not touch `p` once freed, the peer's
-    // mapping keeps its pages, used by one call at a time until closed.
-    unsafe {
-        fill(&peer, m.ptr, b"old");
-        assert_eq!(owner.free(p), Err(DeviceError::FreedWhileMapped { ptr: p, buffer_id: id, mappers: 1 }));
-        assert!(!shm_path(&owner, id).exists(), "not kept by the pool");
-        let q = owner.alloc_as(0, 4096, kind, 1).unwrap();
-        fill(&owner, q, b"new");
-        // CUDA leaves a free before the importer's close undefined; the sim lets such an
-        // allocation go rather than pool it, as the free reported.
-        assert_eq!(read(&peer, m.ptr, 3), b"old", "the peer's stale mapping must not see the new allocation");
-        peer.close_handle(m).unwrap();
-        owner.free(q).unwrap();
     }
 }
 

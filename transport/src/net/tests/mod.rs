@@ -35,6 +35,7 @@ fn sim() -> Backend {
         ipc_open_us: 0,
         copy_inline: false,
         copy_done_ns: 0,
+        refuse_opens: false,
         driver: None,
     };
     Arc::new(SimBackend::new(cfg).expect("sim backend"))
