@@ -24,8 +24,8 @@ set -uo pipefail
 export MPS=${MPS:-1}
 source "$(dirname "$0")/preamble.sh" "${1:?usage: bash bench/gpu/kinds.sh OUTDIR}"
 parts=${KINDS_PARTS:-checks shim bench}
-# Shareable pools cross by IPC only when asked (GPULMT_POOL_IPC): the checks and the benchmark
-# measure that path; the shim's run leaves the default.
+# Shareable pools cross by IPC (GPULMT_POOL_IPC, 1 unless set): every part, the shim's too,
+# runs with the value set here.
 export GPULMT_POOL_IPC=${GPULMT_POOL_IPC:-1}
 run="$bin/gpulmt-run -n 2 --timeout 240 --"
 mpirun="mpirun --allow-run-as-root --oversubscribe --bind-to none"
@@ -78,11 +78,11 @@ shim() {
   mpicc -O2 -I$cuda/include ffi/shim/examples/mem_kinds.c -L$cuda/lib64 -lcudart -lcuda -Wl,-rpath,$cuda/lib64 \
     -o /tmp/mem_kinds 2>> "$out/log.txt" || { log "mem_kinds did not build"; return; }
   log "shim: mem_kinds, 2 ranks"
-  timeout 200 $mpirun -np 2 -x GPULMT_POOL_IPC=0 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda -x GPULMT_LOG=info \
+  timeout 200 $mpirun -np 2 -x GPULMT_POOL_IPC -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda -x GPULMT_LOG=info \
     /tmp/mem_kinds 10000 > "$out/shim_mem_kinds.csv" 2> "$out/shim_mem_kinds.err"
   echo "shim_mem_kinds,rc=$?" >> "$out/check.csv"
   log "shim: mem_kinds, 4 ranks"
-  timeout 150 $mpirun -np 4 -x GPULMT_POOL_IPC=0 -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda \
+  timeout 150 $mpirun -np 4 -x GPULMT_POOL_IPC -x LD_PRELOAD=$PWD/$bin/libgpulmt_mpi.so -x GPULMT_DEVICE=cuda \
     /tmp/mem_kinds 2000 > "$out/shim_mem_kinds_np4.csv" 2> "$out/shim_mem_kinds_np4.err"
   echo "shim_mem_kinds_np4,rc=$?" >> "$out/check.csv"
   log "plain Open MPI (not CUDA-aware): mem_kinds, 2 ranks, no cycles"

@@ -13,6 +13,12 @@
  *      the child imports the pool and the pointer, the VMM chunks (reserve, map, access),
  *      and the legacy handle, copies each to its own memory and checks the bytes; with
  *      the import times. Run it once without and once under MPS.
+ *   4. Pool reuse while imported (what an MPI library meets: the application frees and
+ *      reallocates a pool buffer the peer still has imported): the exporter frees its
+ *      previous allocation and makes the next one (sizes 64 KiB + 1 .. 64 MiB + 3) from the
+ *      same pool; the importer imports each, either holding every earlier import ("hold")
+ *      or freeing it before the next ("release"), and reports the new import's address,
+ *      cuMemGetAddressRange and its bytes.
  * Build: nvcc -O2 memory_kinds.cu -lcuda -o memory_kinds
  * Prints CSV rows `memory_kinds,what,value`.
  */
@@ -179,6 +185,20 @@ static int recv_fds(int sock, void *msg, size_t len, int *fds) {
   return n;
 }
 
+/* Section 4's messages: the importer asks for the next allocation, the exporter answers. */
+struct reuse_ask {
+  char tag[8];
+  size_t n;
+  unsigned char seed;
+};
+struct reuse_answer {
+  CUmemPoolPtrExportData d;
+  unsigned long long addr;
+  int ok;
+};
+static const size_t reuse_sizes[] = {65537, 4u << 20, (64u << 20) + 3, 8, 65537, 4u << 20};
+#define REUSE_N (sizeof reuse_sizes / sizeof reuse_sizes[0])
+
 struct offer {
   CUipcMemHandle legacy;
   CUmemPoolPtrExportData pool_ptr;
@@ -241,6 +261,42 @@ static void child(int sock) {
       r = cuMemPoolImportPointer(&p, pool, &o.pool_ptr);
       printf("memory_kinds,import_pool_ptr_again,%s\n", err(r));
       if (!r) cuMemFree(p);
+      /* 4. pool reuse while imported */
+      for (int mode = 0; mode < 2; mode++) {
+        const char *how = mode ? "release" : "hold";
+        CUdeviceptr held[REUSE_N];
+        int nheld = 0;
+        for (unsigned i = 0; i < REUSE_N; i++) {
+          struct reuse_ask q = {"next", reuse_sizes[i], (unsigned char)(20 + i + 10 * mode)};
+          send(sock, &q, sizeof q, 0);
+          struct reuse_answer a;
+          recv(sock, &a, sizeof a, 0);
+          if (!a.ok) { printf("memory_kinds,reuse_%s_%u,exporter failed\n", how, i); continue; }
+          CUdeviceptr ip = 0, base = 0;
+          size_t size = 0;
+          r = cuMemPoolImportPointer(&ip, pool, &a.d);
+          CUresult rr = r ? r : cuMemGetAddressRange(&base, &size, ip);
+          int ok = !r && !rr && check((void *)ip, q.n, q.seed);
+          printf("memory_kinds,reuse_%s_%u,n=%zu exporter_addr=%#llx import=%s addr=%#llx range=%s base=%#llx size=%zu "
+                 "bytes=%s held=%d\n",
+                 how, i, q.n, a.addr, err(r), (unsigned long long)ip, err(rr), (unsigned long long)base, size,
+                 ok ? "ok" : "WRONG", nheld);
+          cudaGetLastError();
+          if (r) continue;
+          if (mode) {
+            CUresult f = cuMemFree(ip);
+            if (f) printf("memory_kinds,reuse_%s_%u_free,%s\n", how, i, err(f));
+          } else {
+            held[nheld++] = ip;
+          }
+        }
+        for (int i = 0; i < nheld; i++) {
+          CUresult f = cuMemFree(held[i]);
+          printf("memory_kinds,reuse_%s_free_held_%d,%s\n", how, i, err(f));
+        }
+      }
+      struct reuse_ask end = {"end", 0, 0};
+      send(sock, &end, sizeof end, 0);
     }
     r = cuMemPoolDestroy(pool);
     printf("memory_kinds,import_pool_destroy,%s\n", err(r));
@@ -411,8 +467,29 @@ int main(int argc, char **argv) {
   send_fds(sv[0], &o, sizeof o, fds, 4);
   for (int i = 0; i < 4; i++) close(fds[i]);
   char done[256] = "";
+  void *reuse = NULL;
   for (;;) {
     recv(sv[0], done, sizeof done, 0);
+    if (!strcmp(done, "next") || !strcmp(done, "end")) {
+      /* Section 4: free the previous allocation as an application does (the importer may
+         still hold it), then make and export the next one. */
+      struct reuse_ask q;
+      memcpy(&q, done, sizeof q);
+      if (reuse) cudaFreeAsync(reuse, 0);
+      cudaStreamSynchronize(0);
+      reuse = NULL;
+      if (!strcmp(done, "end")) continue;
+      struct reuse_answer a = {};
+      a.ok = cudaMallocFromPoolAsync(&reuse, q.n, pool_fd, 0) == cudaSuccess &&
+             cudaStreamSynchronize(0) == cudaSuccess;
+      if (a.ok) {
+        fill(reuse, q.n, q.seed);
+        a.addr = (unsigned long long)reuse;
+        a.ok = cuMemPoolExportPointer(&a.d, (CUdeviceptr)reuse) == CUDA_SUCCESS;
+      }
+      send(sv[0], &a, sizeof a, 0);
+      continue;
+    }
     if (strcmp(done, "free")) break;
     cudaFreeAsync(async_fd, 0);
     cudaStreamSynchronize(0);
