@@ -660,6 +660,26 @@ fn large_collectives_on_device_buffers_move_over_gpulmt() {
     assert_eq!(run.counters(" devcoll ", "device_collectives"), [0, 0], "{}", run.dump());
 }
 
+/// Issue 46: device collectives only on communicators other than MPI_COMM_WORLD (a dup and a
+/// split kept until MPI_Finalize, and dups freed before it): right answers, and a clean
+/// finalize (Open MPI aborted in MPI_Comm_delete_attr: the shim deleted its attribute from
+/// MPI_COMM_WORLD, which never had it).
+#[test]
+fn device_collectives_on_other_communicators_finalize_cleanly() {
+    if !have_mpi() {
+        return;
+    }
+    let _lock = job_lock();
+    for np in collective_nps(&[2, 3]) {
+        let env = [("GPULMT_MPI_COLL_DEVICE_MIN", "64K")];
+        let run = clean_run_within(devcoll(), np, &env, &["others-only"], Duration::from_secs(120));
+        run.assert_all_ok(np);
+        // 2 x (allreduce + bcast) on the kept ones, 3 allreduces on freed dups.
+        let calls = run.counters(" devcoll ", "device_collectives");
+        assert!(calls.len() == np && calls.iter().all(|&n| n == 7), "{calls:?}\n{}", run.dump());
+    }
+}
+
 /// With rings of 4 slots, the window part puts more packets to a peer than its ring
 /// holds: they wait in gpulmt's outbox while the shim polls, and all arrive.
 #[test]

@@ -217,10 +217,39 @@ static void duplicate(void) {
   }
 }
 
+/* Issue 46: device collectives on communicators other than MPI_COMM_WORLD only, kept
+   until MPI_Finalize (a dup and a split with the ranks reversed), and one freed: finalize
+   must tear down only what the shim made. */
+static void other_communicators_only(void) {
+  MPI_Comm kept[2];
+  MPI_Comm_dup(MPI_COMM_WORLD, &kept[0]);
+  MPI_Comm_split(MPI_COMM_WORLD, 0, size - rank, &kept[1]);
+  for (int k = 0; k < 2; k++) {
+    snprintf(current, sizeof current, "MPI_Allreduce and MPI_Bcast on a %s kept to finalize", k ? "split" : "dup");
+    size_t n = (size_t)BIG * 8;
+    fill(hsend, n, 8, 2, rank, k);
+    to_dev(dsend, hsend, n);
+    MPI_OK(MPI_Allreduce(hsend, hrecv, BIG, MPI_DOUBLE, MPI_SUM, kept[k]));
+    unsigned long long before = gpulmt_mpi_device_collectives();
+    MPI_OK(MPI_Allreduce(dsend, drecv, BIG, MPI_DOUBLE, MPI_SUM, kept[k]));
+    compare(n, before, 1);
+    fill(hrecv, n, 8, 2, rank == 0 ? 0 : 9, k);
+    to_dev(drecv, hrecv, n);
+    MPI_OK(MPI_Bcast(hrecv, BIG, MPI_DOUBLE, 0, kept[k]));
+    before = gpulmt_mpi_device_collectives();
+    MPI_OK(MPI_Bcast(drecv, BIG, MPI_DOUBLE, 0, kept[k]));
+    compare(n, before, 1);
+  }
+  duplicate();
+  /* As in a program that never set one: an error in MPI_Finalize aborts the job. */
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (!shim_test_begin(1, 0, gpulmt_mpi_device_collectives != NULL)) return 3;
   off = argc > 1 && strcmp(argv[1], "off") == 0;
+  int others_only = argc > 1 && strcmp(argv[1], "others-only") == 0;
   dsend = gpulmt_mpi_alloc(AREA);
   drecv = gpulmt_mpi_alloc(AREA);
   hsend = malloc(AREA);
@@ -230,10 +259,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "rank %d: allocating buffers failed\n", rank);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  bcasts();
-  allgathers();
-  allreduces();
-  duplicate();
+  if (others_only) {
+    other_communicators_only();
+  } else {
+    bcasts();
+    allgathers();
+    allreduces();
+    duplicate();
+  }
   printf("rank %d devcoll device_collectives=%llu\n", rank, (unsigned long long)gpulmt_mpi_device_collectives());
   gpulmt_mpi_free(dsend);
   gpulmt_mpi_free(drecv);

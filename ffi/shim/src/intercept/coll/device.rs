@@ -161,15 +161,32 @@ unsafe fn shadow(comm: MPI_Comm) -> Result<MPI_Comm, c_int> {
 /// Frees the duplicate of `MPI_COMM_WORLD` before the library finalizes (MPI frees the
 /// attributes of `MPI_COMM_WORLD` late in `MPI_Finalize`, when freeing another
 /// communicator from a callback is not safe on every library).
+///
+/// Only an attribute that is there is deleted: Open MPI raises an error for an absent one
+/// (the device path may have run only on other communicators), which the program's
+/// default error handler turns into an abort in `MPI_Finalize`.
 pub fn finalize() {
     let key = KEYVAL.swap(KEYVAL_NONE, Ordering::AcqRel);
-    if key != KEYVAL_NONE {
-        // SAFETY: MPI is initialized; deleting an attribute that is absent is no error.
-        unsafe {
-            PMPI_Comm_delete_attr(comm_world(), key);
-            let mut k = key;
-            PMPI_Comm_free_keyval(&mut k);
+    if key == KEYVAL_NONE {
+        return;
+    }
+    let mut value: *mut c_void = std::ptr::null_mut();
+    let mut found = 0;
+    // SAFETY: MPI is initialized; the shim's keyval; out-pointers to locals.
+    let rc = unsafe { PMPI_Comm_get_attr(comm_world(), key, (&mut value as *mut *mut c_void).cast(), &mut found) };
+    if rc == SUCCESS && found != 0 {
+        // SAFETY: the attribute the shim set on MPI_COMM_WORLD; free_dup frees its duplicate.
+        let rc = unsafe { PMPI_Comm_delete_attr(comm_world(), key) };
+        if rc != SUCCESS {
+            tracing::warn!(rc, "freeing the device path's duplicate of MPI_COMM_WORLD failed");
         }
+    }
+    let mut k = key;
+    // SAFETY: the shim's keyval; MPI frees it once no communicator holds it (other
+    // communicators' duplicates go with them, or with the library).
+    let rc = unsafe { PMPI_Comm_free_keyval(&mut k) };
+    if rc != SUCCESS {
+        tracing::warn!(rc, "freeing the device path's keyval failed");
     }
 }
 
