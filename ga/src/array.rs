@@ -402,7 +402,18 @@ impl GlobalArray {
                 s.cols()
             )));
         }
-        let needed = (s.rows() - 1) * ld + s.cols();
+        // The caller's rows, in elements and bytes: checked, since ld and the section
+        // come from the caller (an overflow would wrap to a small span).
+        let needed = (s.rows() - 1)
+            .checked_mul(ld)
+            .and_then(|n| n.checked_add(s.cols()))
+            .filter(|n| n.checked_mul(T::TYPE.size()).is_some_and(|b| b <= isize::MAX as usize))
+            .ok_or_else(|| {
+                GaError::InvalidArgument(format!(
+                    "{what}: {} rows {ld} elements apart exceed the address space",
+                    s.rows()
+                ))
+            })?;
         if buf_len < needed {
             return Err(GaError::BufferTooSmall { what, needed, given: buf_len, ld });
         }

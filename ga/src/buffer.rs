@@ -11,7 +11,7 @@ use gpulmt::device::Backend;
 use gpulmt::Context;
 
 use crate::element::Element;
-use crate::error::Result;
+use crate::error::{GaError, Result};
 
 /// What a put or an accumulate reads: `len` elements of `T` at `addr`.
 #[derive(Clone, Copy, Debug)]
@@ -109,7 +109,13 @@ pub struct Registered<T: Element> {
 impl<T: Element> Registered<T> {
     /// `len` zeroed elements of pinned host memory.
     pub fn new(ctx: &Context, len: usize) -> Result<Self> {
-        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                GaError::InvalidArgument(format!("a registered buffer of {len} elements exceeds the address space"))
+            })?
+            .max(1);
         let m = ctx.backend().alloc_host_mapped(bytes).map_err(gpulmt::Error::from)?;
         Ok(Registered { backend: ctx.backend().clone(), host: m.host, len, _elems: PhantomData })
     }

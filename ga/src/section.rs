@@ -110,6 +110,14 @@ impl Distribution {
         if dims[0] == 0 || dims[1] == 0 {
             return Err(GaError::InvalidArgument(format!("an array of {}x{} elements holds none", dims[0], dims[1])));
         }
+        // Every size computed from the dims below (local matrices, offsets, bytes of the
+        // widest element type) stays in range once the whole array's bytes do.
+        if dims[0].checked_mul(dims[1]).and_then(|n| n.checked_mul(8)).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(GaError::InvalidArgument(format!(
+                "an array of {}x{} elements exceeds the address space",
+                dims[0], dims[1]
+            )));
+        }
         // The process grid whose blocks have the smallest perimeter (the least data on
         // their edges), as Global Arrays picks it: near-square for square arrays, one
         // row of ranks for a row vector.
@@ -122,12 +130,10 @@ impl Distribution {
             Layout::Block => (near_square(), None),
             Layout::BlockCyclic { block } => (near_square(), Some(block)),
             Layout::Grid { grid, block } => {
-                if grid[0] * grid[1] != n {
+                if grid[0].checked_mul(grid[1]) != Some(n) {
                     return Err(GaError::InvalidArgument(format!(
-                        "a {}x{} process grid has {} places for {n} ranks; give one of exactly {n}",
-                        grid[0],
-                        grid[1],
-                        grid[0] * grid[1]
+                        "a {}x{} process grid does not have {n} places, one per rank; give one of exactly {n}",
+                        grid[0], grid[1]
                     )));
                 }
                 (grid, block)

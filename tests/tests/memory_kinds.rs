@@ -136,9 +136,12 @@ fn buffers_a_peer_cannot_open_move_by_staging() {
                 .env("GPULMT_SIM_REFUSE_OPENS", "1")
                 .run();
             out.assert_ok(2, "pingpong");
+            // The rank that failed first remembers the buffer, which both directions use, so
+            // the other may never try it: the fallbacks are counted by one rank or both.
+            let fallbacks: u64 = (0..2).map(|r| out.counters(r, "kinds")["fallbacks"]).sum();
+            assert!(fallbacks > 0, "{kind}, {protocol}: no fallback counted\n{}", out.dump());
             for r in 0..2 {
                 let what = format!("rank {r}, {kind}, {protocol}\n{}", out.dump());
-                assert!(out.counters(r, "kinds")["fallbacks"] > 0, "{what}: no fallback counted");
                 assert!(out.protocols(r)["shm"] > 0, "{what}: nothing staged");
                 assert_eq!(out.cache(r)["opens"], 0, "{what}: a mapping opened");
             }

@@ -832,6 +832,15 @@ impl Context {
         Ok(ptr)
     }
 
+    /// Refuses a local range that lies in device memory this context released (the
+    /// backend calls such addresses host memory, and a copy from them would fault).
+    pub(crate) fn check_not_released(&self, ptr: usize, len: usize) -> Result<()> {
+        if len > 0 && self.backend.pointer_info(ptr)?.kind == MemoryKind::Host {
+            self.past_allocations.check_host(ptr, len)?;
+        }
+        Ok(())
+    }
+
     /// Copies `len` bytes from `src` to `dst` and waits; either end may be host memory or
     /// device memory of this rank's backend (from [`mem_alloc`](Self::mem_alloc), or the
     /// application's own on a device the backend drives).
@@ -843,9 +852,7 @@ impl Context {
     /// released; other host memory it cannot check.
     pub unsafe fn copy_sync(&self, dst: usize, src: usize, len: usize) -> Result<()> {
         for end in [dst, src] {
-            if self.backend.pointer_info(end)?.kind == MemoryKind::Host {
-                self.past_allocations.check_host(end, len)?;
-            }
+            self.check_not_released(end, len)?;
         }
         // SAFETY: this function's contract is the backend's.
         Ok(unsafe { self.backend.copy_sync(dst, src, len) }?)

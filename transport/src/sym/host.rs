@@ -227,6 +227,7 @@ impl Context {
     /// `src..src+len` readable and unchanged until the put completes (on return with
     /// `wait`, else at the next quiet).
     unsafe fn sym_put_at(&self, dst: usize, src: *const u8, len: usize, pe: Rank, wait: bool) -> Result<()> {
+        self.check_not_released(src as usize, len)?;
         match self.sym_route(&Access { what: "sym_put", addr: dst, len, pe, word: false })? {
             // SAFETY: `to..to+len` lies in a live allocation of a heap mapped here
             // (checked by the route); the source is the caller's contract.
@@ -262,6 +263,7 @@ impl Context {
     /// # Safety
     /// `dst..dst+len` writable and unused until the get completes.
     unsafe fn sym_get_at(&self, dst: *mut u8, src: usize, len: usize, pe: Rank, wait: bool) -> Result<()> {
+        self.check_not_released(dst as usize, len)?;
         match self.sym_route(&Access { what: "sym_get", addr: src, len, pe, word: false })? {
             // SAFETY: `from..from+len` lies in a live allocation of a heap mapped here;
             // the destination is the caller's contract.
@@ -348,6 +350,7 @@ impl Context {
     ) -> Result<()> {
         let (dst_span, src_span) = shape.check(what)?;
         let span = if dir == Dir::Put { dst_span } else { src_span };
+        self.check_not_released(local, if dir == Dir::Put { src_span } else { dst_span })?;
         let route = self.sym_route(&Access { what, addr: remote, len: span, pe, word: false })?;
         if shape.is_empty() {
             return Ok(());

@@ -91,6 +91,44 @@ pub fn run(ctx: &mut Context) {
         invalid,
     );
     refused(&mut k, "send_msg to rank n", send_msg(ctx, n, b"x"), invalid);
+    // Sizes whose arithmetic overflows (issue 46): refused, never wrapped to a small size.
+    for dims in [[usize::MAX, 2], [1 << 33, 1 << 33], [1 << 61, 1]] {
+        refused(
+            &mut k,
+            "create beyond the address space",
+            GlobalArray::create(ctx, ElemType::F64, dims, Layout::Block),
+            invalid,
+        );
+    }
+    refused(
+        &mut k,
+        "create on a grid whose size overflows",
+        GlobalArray::create(ctx, ElemType::F32, [4, 4], Layout::Grid { grid: [usize::MAX, 2], block: None }),
+        invalid,
+    );
+    refused(
+        &mut k,
+        "register SIZE_MAX bytes",
+        gpulmt_ga::Registered::<i64>::new(ctx, usize::MAX / 8 + 1).map(|r| r.len()),
+        invalid,
+    );
+    // SAFETY: never read: the call is refused on its sizes before any copy.
+    let huge = unsafe { Src::raw(big.as_ptr(), usize::MAX) };
+    refused(
+        &mut k,
+        "put with an ld that overflows",
+        a.put(ctx, Section::new([0, 0], [3, 2]), huge, usize::MAX / 2),
+        invalid,
+    );
+    // A device buffer freed by mem_free + mem_free_commit: refused, not read (isend refuses it too).
+    let dev = ctx.mem_alloc(4096).or_fail("mem_alloc");
+    ctx.mem_free(dev).or_fail("mem_free");
+    ctx.mem_free_commit().or_fail("mem_free_commit");
+    // SAFETY: never read: the freed range is refused before any copy.
+    let freed = unsafe { Src::raw(dev as *const i32, 1024) };
+    refused(&mut k, "put from a freed device buffer", a.put(ctx, Section::new([0, 0], [2, 2]), freed, 2), |e| {
+        matches!(e, GaError::Transport(_)) && e.to_string().contains("released")
+    });
     // Nothing changed: the array still holds the pattern, on every rank's view.
     a.sync(ctx).or_fail("sync after the refusals");
     let mut whole = vec![0i32; 30];
