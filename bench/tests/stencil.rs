@@ -78,7 +78,11 @@ fn job_with(n: usize, args: &[&str], envs: &[(&str, &str)]) -> Output {
             cmd.env_remove(k);
         }
     }
-    cmd.env("GPULMT_DEVICE", "sim").env("GPULMT_SIM_DEVICES", "2").envs(envs.iter().copied()).stdin(Stdio::null());
+    // Ranks wait for rank 0's job segment up to the job's own deadline, not the 30 s
+    // default: six debug-build ranks starting on a loaded 2-core machine took longer once
+    // (issue 46), and the launcher's 60 s still bounds a real hang.
+    cmd.env("GPULMT_DEVICE", "sim").env("GPULMT_SIM_DEVICES", "2").env("GPULMT_INIT_TIMEOUT_MS", "55000");
+    cmd.envs(envs.iter().copied()).stdin(Stdio::null());
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot start {}: {e}", launcher().display()));
     Output {
         what: format!("gpulmt-run -n {n} stencil2d {}", args.join(" ")),
