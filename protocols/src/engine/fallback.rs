@@ -116,7 +116,6 @@ impl Engine {
     /// its own in flight, its sender could not map this buffer and stages the message
     /// instead, and the receive becomes an SHM one.
     pub(super) fn adopt_staged_put(&mut self, key: (Rank, MsgId)) {
-        let chunk_size = self.cfg.chunk_size;
         let Some(r) = self.recvs.get_mut(&key) else { return };
         // A COOPERATE's sender stages only once this side's part is done (COOKIE sent).
         let waits = match r.proto {
@@ -127,16 +126,7 @@ impl Engine {
         if !waits || r.shm.is_some() || r.pending > 0 || r.error.is_some() {
             return;
         }
-        let was = r.proto;
-        r.proto = Protocol::Shm;
-        r.shm = Some(ShmState::new(r.len, chunk_size));
-        let (req, len) = (r.req, r.len);
-        if was == Protocol::Put {
-            // Out of the PUT count the policy balances by: no longer pushed.
-            self.pushing[key.0 as usize] -= 1;
-        }
-        let reason = "the sender could not map this buffer: it stages the message through shared memory";
-        self.emit(Action::Chose { req, peer: key.0, len, choice: ProtocolChoice { protocol: Protocol::Shm, reason } });
+        self.recv_becomes_shm(key, "the sender could not map this buffer: it stages the message through shared memory");
     }
 
     /// Turns GET or COOPERATE receive `key`, whose copies all stopped and one of which
@@ -145,22 +135,27 @@ impl Engine {
     /// the whole message once its own part's copies stopped (so no two copies write
     /// this buffer at once).
     pub(super) fn fall_back_to_shm(&mut self, key: (Rank, MsgId)) {
-        let (from, msg) = key;
-        let chunk_size = self.cfg.chunk_size;
         let Some(r) = self.recvs.get_mut(&key) else { return };
         if r.unmapped.take().is_none() {
             return;
         }
+        self.recv_becomes_shm(key, "the sender's buffer could not be mapped here: it is staged through shared memory");
+        let (from, msg) = key;
+        self.send(from, Packet::Cts { msg, mode: CtsMode::Shm, dst: None, split: 0 });
+    }
+
+    /// Receive `key` becomes an SHM receive of the whole message, leaving the per-peer
+    /// count of the protocol it had (`load_of`), and says so (`reason`).
+    fn recv_becomes_shm(&mut self, key: (Rank, MsgId), reason: &'static str) {
+        let chunk_size = self.cfg.chunk_size;
+        let Some(r) = self.recvs.get_mut(&key) else { return };
         let was = r.proto;
         r.proto = Protocol::Shm;
         r.shm = Some(ShmState::new(r.len, chunk_size));
         let (req, len) = (r.req, r.len);
-        if was == Protocol::Get {
-            // Out of the GET count the policy balances by: no longer pulled.
-            self.pulling[from as usize] -= 1;
+        if let Some(n) = self.load_of(key.0, was) {
+            *n -= 1;
         }
-        let reason = "the sender's buffer could not be mapped here: it is staged through shared memory";
-        self.emit(Action::Chose { req, peer: from, len, choice: ProtocolChoice { protocol: Protocol::Shm, reason } });
-        self.send(from, Packet::Cts { msg, mode: CtsMode::Shm, dst: None, split: 0 });
+        self.emit(Action::Chose { req, peer: key.0, len, choice: ProtocolChoice { protocol: Protocol::Shm, reason } });
     }
 }

@@ -167,11 +167,12 @@ impl Engine {
         while p.offers.front().is_some_and(|o| o.expect < p.sent) {
             p.offers.pop_front();
         }
-        // An offered buffer this rank failed to map is never pushed into (`fallback`).
-        let fits = p.offers.front().copied().is_some_and(|o| {
+        let p = &self.rtr[to as usize];
+        p.offers.front().is_some_and(|o| {
             o.expect == p.sent && o.tag == tag && buf.len <= o.len && self.cfg.can_access(dev, o.dst.device)
-        });
-        fits && !self.rtr[to as usize].offers.front().is_some_and(|o| self.is_unmappable(to, o.dst.buffer_id))
+                // An offered buffer this rank failed to map is never pushed into (`fallback`).
+                && !self.is_unmappable(to, o.dst.buffer_id)
+        })
     }
 
     /// The peer's RTR for the message this rank sends it next, if this send of `buf`
