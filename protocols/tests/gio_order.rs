@@ -97,6 +97,47 @@ proptest! {
         }
         prop_assert_eq!((t.done(), t.failed()), (n, 0));
     }
+
+    /// Admission by count: one op that waits (`stuck`) does not hold the later ones back
+    /// (with room for one more than it: a limit of 1 is the waiting op alone).
+    /// The proxy keeps taking while fewer than `limit` are in flight, far past the
+    /// bitmap's first size (it grows), and failures taken across the growth still count
+    /// once `done` passes them, the lowest first.
+    #[test]
+    fn by_count_admits_past_a_waiting_op(limit in 2u64..130, n in 1u64..1500, stuck_at in 0u64..100,
+                                         picks in prop::collection::vec(any::<prop::sample::Index>(), 0..3000)) {
+        let stuck = stuck_at.min(n - 1);
+        let mut t = CompletionTracker::by_count(limit);
+        let mut in_flight: Vec<u64> = Vec::new();
+        let mut next = 0;
+        let mut picks = picks.into_iter();
+        let fails = |s: u64| s % 7 == 3;
+        loop {
+            while next < n && t.admits(next) {
+                in_flight.push(next);
+                next += 1;
+            }
+            prop_assert!(in_flight.len() as u64 <= limit.max(1), "{} in flight, limit {}", in_flight.len(), limit);
+            let others: Vec<usize> = (0..in_flight.len()).filter(|&i| in_flight[i] != stuck).collect();
+            if others.is_empty() {
+                break;
+            }
+            let i = others[picks.next().map_or(0, |p| p.index(others.len()))];
+            let seq = in_flight.swap_remove(i);
+            let r = if fails(seq) { Err(OpFailure::net(seq as i32)) } else { Ok(()) };
+            let _ = t.complete(seq, r).unwrap();
+            prop_assert!(t.done() <= stuck, "done passed the op that waits");
+        }
+        // Every op but the one that waits was taken: one waiting op holds nothing back.
+        prop_assert_eq!(next, n, "admission stopped behind the waiting op");
+        prop_assert!(t.pending(stuck));
+        let r = if fails(stuck) { Err(OpFailure::net(stuck as i32)) } else { Ok(()) };
+        prop_assert!(t.complete(stuck, r).unwrap());
+        prop_assert_eq!(t.done(), n);
+        prop_assert_eq!(t.failed(), (0..n).filter(|&s| fails(s)).count() as u64);
+        let first = (0..n).find(|&s| fails(s)).map(|s| ErrorRecord { seq: s, failure: OpFailure::net(s as i32) });
+        prop_assert_eq!(t.first_error(), first);
+    }
 }
 
 /// Teardown and a stalled queue fail what is left, once each; a late completion of a

@@ -107,6 +107,63 @@ fn two_nodes_over_tcp_with_four_slot_queues() {
     check(pressed > 0, &out, "no rank's burst met backpressure in 4-slot queues");
 }
 
+/// Issue 46's soak: every rank sends to every other, on and off its node, with sizes
+/// around every threshold, host and device buffers, three tags by source and one by
+/// ANY_SOURCE, every receive posted first, at most `window` sends in flight; each byte
+/// and the wildcard tag's per-source order checked, and a rank that sees nothing complete
+/// for 60 s fails the job. Settings that make the backpressure paths run: 4-slot queues
+/// (a window of 64 ops past the oldest unfinished one), no pushed sends (every message
+/// waits for its CTS), a small control pool, Open MPI's TCP transport. Before the
+/// lanes of their own for receives, a stalled run was 16 of 47 at 600 messages.
+#[test]
+fn soak_of_many_messages_in_flight_across_nodes() {
+    if !have_mpirun() {
+        return;
+    }
+    let _lock = job_lock();
+    let limit = Duration::from_secs(240);
+    // A seed of the clock, beside fixed ones: each CI run tries one more plan (the
+    // output, with the assertion's message, names it).
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_secs() % 10_000);
+    let clock = clock.to_string();
+    let slots4 = ("GPULMT_NET_QUEUE_SLOTS", "4");
+    let tcp = ["--mca", "btl", "tcp,self"];
+    type Case<'a> = (usize, usize, &'a [&'a str], &'a str, &'a str, &'a str, Option<&'a str>, Vec<(&'a str, &'a str)>);
+    let cases: Vec<Case> = vec![
+        // The issue's run: 3 nodes of one rank, rendezvous sizes only, 800 per peer.
+        (3, 3, &[], "1", "800", "30", Some("4097,8193,65537"), vec![slots4]),
+        (6, 3, &[], "2", "200", "30", None, vec![slots4, ("GPULMT_NET_PUSH_MAX", "0")]),
+        (4, 2, &[], &clock, "300", "64", None, vec![("GPULMT_NET_CTRL_POOL", "2")]),
+        (3, 3, &tcp, "3", "300", "16", None, vec![slots4, ("GPULMT_NET_PUSH_SENDS", "2")]),
+    ];
+    for (np, nodes, mca, seed, count, window, sizes, env) in cases {
+        let mut args = vec!["soak", "--seed", seed, "--count", count, "--window", window];
+        if let Some(sizes) = sizes {
+            args.extend(["--sizes", sizes]);
+        }
+        let out = run(np, nodes, mca, &args, &env, limit);
+        assert_clean(&out, np, nodes, limit);
+        let soaked = out.stdout.lines().filter(|l| l.contains(" soak: seed ")).count();
+        check(soaked == np, &out, format!("{soaked} of {np} ranks reported their soak"));
+    }
+}
+
+/// Sends that end out of their posting order: a pushed send whose receiver receives it
+/// only after a later message holds back neither a later send to another rank nor one
+/// to the same rank on another tag (`gpulmt-mpi-nodes order`).
+#[test]
+fn sends_complete_out_of_posting_order_across_nodes() {
+    if !have_mpirun() {
+        return;
+    }
+    let _lock = job_lock();
+    let limit = Duration::from_secs(120);
+    let out = run(3, 3, &[], &["order"], &[], limit);
+    assert_clean(&out, 3, 3, limit);
+    let ordered = out.stdout.lines().filter(|l| l.contains("order: sends completed out of posting order")).count();
+    check(ordered == 3, &out, "every rank must report the order check");
+}
+
 /// The last rank (node 1) kills itself while it sends 64 MiB to rank 0 (node 0): the job
 /// must end with an error status well within the bound, no rank hanging it.
 #[test]

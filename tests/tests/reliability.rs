@@ -174,6 +174,34 @@ fn waits_end_on_time_under_a_20khz_interval_timer() {
     }
 }
 
+/// Finalize ends within its documented bound though a rank never reaches it (alive,
+/// busy elsewhere): the barrier gives up after GPULMT_INIT_TIMEOUT_MS, naming the rank
+/// it waited for, and the rank returns an error instead of waiting for good (issue 46:
+/// finalize after a stall never returned).
+#[test]
+fn finalize_gives_up_on_a_rank_that_never_arrives_within_its_bound() {
+    let _lock = job_lock();
+    let env = [("GPULMT_INIT_TIMEOUT_MS", "2000"), ("GPULMT_NET_DRAIN_MS", "500")];
+    let out = run(3, &["late-finalize", "--millis", "12000"], &env, Duration::from_secs(60));
+    for r in 0..2 {
+        let head = format!("rank={r} finalize-bounded");
+        let Some(ms) = field(&out, &head, "ms").and_then(|v| v.parse::<u64>().ok()) else {
+            check(false, &out, format!("rank {r} did not report its bounded finalize"));
+            unreachable!()
+        };
+        // The barrier's 2 s, the node's own barrier's 2 s, the drain; a loaded machine
+        // adds some.
+        check(
+            ms < 9_000,
+            &out,
+            format!("rank {r}'s finalize took {ms} ms, past its bound (the last rank left after 12 s)"),
+        );
+        let line = out.stdout.lines().find(|l| l.starts_with(&head)).unwrap_or("");
+        check(line.contains("GPULMT_INIT_TIMEOUT_MS"), &out, format!("rank {r}'s error does not say which bound"));
+    }
+    check(out.stdout.lines().any(|l| l.contains("has not arrived")), &out, "no error names the rank waited for");
+}
+
 /// A second init while the first context lives: refused at once on every rank, naming
 /// the live context; the first context then works and finalizes (before: rank 1's second
 /// init attached to the job's segment, waited 30 s and broke the first's finalize).

@@ -44,7 +44,7 @@ use crate::shm::ring::PacketRing;
 use crate::shm::sweep::{self, Evidence};
 pub use crate::topology::JobInfo;
 use crate::topology::Topology;
-use pause::WaitPause;
+pub(crate) use pause::WaitPause;
 
 /// Tags at or above this value are reserved for gpulmt's own collectives.
 pub const TAG_UB: Tag = gpulmt_protocols::matching::RESERVED_TAG_BASE;
@@ -890,17 +890,20 @@ impl Context {
         }
         // Every rank stops sending before any tears down. Without a path to the other
         // nodes nothing crosses them, and the node's ranks are all there is to wait for.
-        if self.offnode.is_up() {
-            self.barrier()?;
+        // Each wait has its bound, so finalize ends whatever state the job is in: the
+        // barriers GPULMT_INIT_TIMEOUT_MS each, the drains GPULMT_NET_DRAIN_MS each.
+        let deadline = Instant::now() + self.cfg.init_timeout;
+        let synced = if self.offnode.is_up() {
+            self.barrier_until(None, Some(deadline))
         } else {
             let node = self.topo.node_members().to_vec();
-            self.barrier_among(Some(&node))?;
-        }
+            self.barrier_until(Some(&node), Some(deadline))
+        };
+        let mut first_err = synced.err();
         // Outgoing packets must reach the rings (and the internode path) before peers
         // stop reading them.
-        while self.outbox_len > 0 || self.offnode.queued() > 0 {
-            self.progress()?;
-        }
+        let flushed = self.flush_for_finalize(Instant::now() + self.cfg.net.drain);
+        first_err = first_err.or(flushed.err());
         // Device code and host calls are done with the peers' symmetric heaps (every rank
         // passed the barrier above): give back their leases, so close_all closes them.
         self.sym_release_mappings();
@@ -909,11 +912,18 @@ impl Context {
         let me = self.info.rank as usize;
         let seg = &self.seg;
         let failed = || (0..seg.nranks()).any(|r| r != me && seg.rank_state(r) == RankState::Failed);
-        self.seg.barrier(me, self.cfg.init_timeout, failed)?;
-        self.seg.mark_state(me, RankState::Finalized);
+        let node_synced = self.seg.barrier(me, self.cfg.init_timeout, failed);
         // Transfers of requests never waited for may still run on our memory: the
-        // internode path's first (it drains or cancels them), then the copies.
-        let offnode = self.shutdown_offnode(Instant::now() + self.cfg.init_timeout);
+        // internode path's first (it drains or cancels them, and says how many), then
+        // the copies.
+        let offnode = self.shutdown_offnode(Instant::now() + self.cfg.net.drain);
+        if let Err(e) = node_synced {
+            // A rank of the node may still map our memory: it stays until the process
+            // exits rather than go while a peer could read it.
+            tracing::error!(error = %e, "finalize: the node's ranks did not all finish; device memory is kept");
+            return Err(first_err.unwrap_or(e.into()));
+        }
+        self.seg.mark_state(me, RankState::Finalized);
         self.wait_copies_in_flight();
         // Every rank closed its mappings of our symmetric heap before the barrier above.
         self.sym_free_heap();
@@ -925,7 +935,35 @@ impl Context {
                 tracing::warn!(error = %e, "freeing device memory at finalize");
             }
         }
-        offnode
+        match first_err {
+            Some(e) => Err(e),
+            None => offnode,
+        }
+    }
+
+    /// Finalize's flush: progress until no packet waits for a ring or the internode path,
+    /// or until `deadline`, past which what still waits is abandoned (logged, and an
+    /// error: a peer that stopped reading, or a path that takes nothing).
+    fn flush_for_finalize(&mut self, deadline: Instant) -> Result<()> {
+        let mut polls = 0u32;
+        while self.outbox_len > 0 || self.offnode.queued() > 0 {
+            self.progress()?;
+            polls += 1;
+            if polls.is_multiple_of(64) && Instant::now() >= deadline {
+                let (outbox, queued) = (self.outbox_len, self.offnode.queued());
+                tracing::error!(
+                    outbox,
+                    internode = queued,
+                    "finalize abandoned packets that found no room within GPULMT_NET_DRAIN_MS"
+                );
+                return Err(Error::Bootstrap(format!(
+                    "finalize: {outbox} packets for ranks of this node and {queued} posts for the internode path \
+                     found no room within GPULMT_NET_DRAIN_MS ({:?}) and were abandoned",
+                    self.cfg.net.drain
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

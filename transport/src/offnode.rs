@@ -104,6 +104,17 @@ pub trait OffNodePath: Send {
         mem: MemoryKind,
     ) -> Result<(), PostError>;
 
+    /// Whether the path took data op `id` from its queue: the op's first network
+    /// operation started (for a receive: its first MPI receive is posted), or it already
+    /// ended. A CTS must not leave before its data receive was taken: the sender's data
+    /// then always finds its receive posted, so a send answering a CTS ends without
+    /// waiting for anything of the receiving rank but its network (`docs/internode.md`,
+    /// "Why nothing waits in a circle"). True by default: a path that takes every op when
+    /// it is posted.
+    fn taken(&self, _id: NetId) -> bool {
+        true
+    }
+
     /// Posts a receive of rendezvous `xfer` from `from` that drops its `len` bytes: the
     /// data of a pushed message that no receive takes, which the sender's send waits to
     /// hand over.

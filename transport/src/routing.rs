@@ -61,6 +61,10 @@ pub(crate) struct OffNode {
     shut: bool,
     /// Per job rank: posts waiting for the path, oldest first.
     queues: Vec<VecDeque<NetPost>>,
+    /// Per job rank: the last data receive posted from it, until the path took it. A
+    /// control packet to the rank (the receive's CTS, and whatever follows it) waits
+    /// until then ([`OffNodePath::taken`] says why).
+    untaken: Vec<Option<NetId>>,
     queued: usize,
     /// Scratch of the polls, kept for their allocations (control packets as they came).
     inbound: Vec<(Rank, Vec<u8>)>,
@@ -75,6 +79,7 @@ impl OffNode {
             path,
             shut: false,
             queues: (0..topo.size()).map(|_| VecDeque::new()).collect(),
+            untaken: vec![None; topo.size() as usize],
             queued: 0,
             inbound: Vec::new(),
             done: Vec::new(),
@@ -104,6 +109,21 @@ impl OffNode {
     /// Posts waiting for room in the path.
     pub(crate) fn queued(&self) -> usize {
         self.queued
+    }
+
+    /// Whether a control packet to `r` must wait: its last data receive from `r` is
+    /// not taken yet. Clears the mark once it is.
+    fn ctrl_gated(&mut self, r: Rank) -> bool {
+        let slot = &mut self.untaken[r as usize];
+        // A path that is down takes nothing any more: the packet goes on to fail there.
+        let live = self.path.as_ref().filter(|_| !self.shut && self.down.is_none());
+        match (*slot, live) {
+            (Some(id), Some(path)) if !path.taken(id) => true,
+            _ => {
+                *slot = None;
+                false
+            }
+        }
     }
 
     /// Forgets the control packets waiting for job rank `r` (it failed).
@@ -181,7 +201,7 @@ impl Context {
     /// queues the packet, or fails it with the rank).
     pub(crate) fn send_offnode_with(&mut self, to: Rank, len: usize, encode: &mut dyn FnMut(&mut [u8])) {
         self.stats.packets_sent += 1;
-        let waiting = !self.offnode.queues[to as usize].is_empty();
+        let waiting = !self.offnode.queues[to as usize].is_empty() || self.offnode.ctrl_gated(to);
         if let Some(path) = self.offnode.path.as_mut().filter(|_| self.offnode.down.is_none() && !waiting) {
             let mut kind = 0;
             let mut write = |out: &mut [u8]| {
@@ -215,14 +235,20 @@ impl Context {
 
     /// Posts to the path, or queues behind what waits for `peer` already.
     fn post_offnode(&mut self, peer: Rank, post: NetPost) {
-        if self.offnode.queues[peer as usize].is_empty() {
+        let gated = matches!(post, NetPost::Ctrl(_)) && self.offnode.ctrl_gated(peer);
+        let behind = !self.offnode.queues[peer as usize].is_empty();
+        if !behind && !gated {
             match self.try_post(peer, &post) {
                 Ok(()) => return,
                 Err(PostError::NoResource) => {}
                 Err(PostError::Failed(e)) => return self.post_failed(peer, post, e),
             }
         }
-        self.stats.backpressure += 1;
+        // Backpressure is a path without room (now, or for the posts ahead); a packet
+        // that only waits for its receive's take is not.
+        if behind || !gated {
+            self.stats.backpressure += 1;
+        }
         self.offnode.queues[peer as usize].push_back(post);
         self.offnode.queued += 1;
     }
@@ -253,7 +279,9 @@ impl Context {
                 // SAFETY: as for the send: irecv's contract (and lmt_start_recv's) keeps the
                 // request's buffer valid for writes and unused until the request completes,
                 // which is after this transfer is reported done.
-                unsafe { path.post_recv(id, peer, xfer, buf, len, mem) }
+                unsafe { path.post_recv(id, peer, xfer, buf, len, mem) }?;
+                self.offnode.untaken[peer as usize] = Some(id);
+                Ok(())
             }
             NetPost::Drain { id, xfer, len } => {
                 let len = usize::try_from(len).map_err(|_| NetError::Rejected(format!("a {len}-byte drain")))?;
@@ -285,6 +313,10 @@ impl Context {
         let mut did = false;
         for t in 0..self.offnode.queues.len() {
             while let Some(post) = self.offnode.queues[t].pop_front() {
+                if matches!(post, NetPost::Ctrl(_)) && self.offnode.ctrl_gated(t as Rank) {
+                    self.offnode.queues[t].push_front(post);
+                    break;
+                }
                 match self.try_post(t as Rank, &post) {
                     Ok(()) => self.offnode.queued -= 1,
                     Err(PostError::NoResource) => {

@@ -20,6 +20,14 @@
 //! The proxy must not take a packet whose sequence the tracker does not
 //! [`admit`](CompletionTracker::admits) (treat it as backpressure), so a producer cannot
 //! run the proxy out of memory however many ops it keeps in flight.
+//!
+//! That bound counts sequences past the oldest unfinished op, so one op that waits long
+//! holds every later one back once `capacity` more were posted. A producer whose ops may
+//! wait on each other's peers (the context's host queues: a pushed send waits for its
+//! receiver's application, which may wait for a later op of the same queue) takes a
+//! tracker [`by_count`](CompletionTracker::by_count) instead: it admits while fewer than
+//! `limit` ops are in flight, whatever their sequences, and its bitmap grows past an op
+//! that waits (one bit per later op, given back as `done` passes them).
 
 use std::fmt;
 
@@ -157,6 +165,10 @@ pub struct CompletionTracker {
     completed: Vec<u64>,
     /// Bit `seq % capacity`: that completion was a failure.
     failures: Vec<u64>,
+    /// `Some(limit)`: admission by ops in flight ([`by_count`](Self::by_count)).
+    count_limit: Option<u64>,
+    /// Ops completed past `done` (bits set in `completed`).
+    ahead: u64,
 }
 
 impl CompletionTracker {
@@ -172,7 +184,15 @@ impl CompletionTracker {
             pending_first: None,
             completed: vec![0; words],
             failures: vec![0; words],
+            count_limit: None,
+            ahead: 0,
         }
+    }
+
+    /// A tracker that admits an op while fewer than `limit` ops taken before it are still
+    /// in flight, however far past `done` it lies; its bitmap grows to hold them.
+    pub fn by_count(limit: u64) -> Self {
+        CompletionTracker { count_limit: Some(limit.max(1)), ..Self::new(limit) }
     }
 
     /// Sequences the tracker can hold past `done`.
@@ -202,8 +222,54 @@ impl CompletionTracker {
 
     /// Whether op `seq` may be taken now: it fits the window. If not, leave its packet
     /// in the slot until `done` moves (backpressure).
+    ///
+    /// By count, the proxy takes packets in order, so every op from `done` up to `seq`
+    /// was taken, and those in flight are the ones not completed ahead of `done`.
     pub fn admits(&self, seq: u64) -> bool {
+        match self.count_limit {
+            None => self.fits(seq),
+            Some(limit) => seq >= self.done && seq - self.done - self.ahead.min(seq - self.done) < limit,
+        }
+    }
+
+    /// Whether op `seq` has not completed yet (taken or not).
+    pub fn pending(&self, seq: u64) -> bool {
+        if seq < self.done {
+            return false;
+        }
+        if !self.fits(seq) {
+            return true;
+        }
+        let (w, b) = self.bit(seq);
+        self.completed[w] & b == 0
+    }
+
+    /// Whether the bitmap holds a bit for `seq`.
+    fn fits(&self, seq: u64) -> bool {
         seq >= self.done && seq - self.done < self.capacity()
+    }
+
+    /// Doubles the bitmap until it holds `seq` (trackers by count only), keeping the bits
+    /// of the sequences it held.
+    fn grow_to(&mut self, seq: u64) {
+        while !self.fits(seq) {
+            let old = self.capacity();
+            let words = self.completed.len() * 2;
+            let (completed, failures) = (std::mem::take(&mut self.completed), std::mem::take(&mut self.failures));
+            self.completed = vec![0; words];
+            self.failures = vec![0; words];
+            for s in self.done..self.done + old {
+                let i = s % old;
+                let (ow, ob) = ((i / 64) as usize, 1u64 << (i % 64));
+                let (w, b) = self.bit(s);
+                if completed[ow] & ob != 0 {
+                    self.completed[w] |= b;
+                }
+                if failures[ow] & ob != 0 {
+                    self.failures[w] |= b;
+                }
+            }
+        }
     }
 
     fn bit(&self, seq: u64) -> (usize, u64) {
@@ -218,7 +284,9 @@ impl CompletionTracker {
         if seq < self.done {
             return Err(CompletionError::AlreadyDone { seq, done: self.done });
         }
-        if !self.admits(seq) {
+        if self.count_limit.is_some() {
+            self.grow_to(seq);
+        } else if !self.fits(seq) {
             return Err(CompletionError::OutsideWindow { seq, done: self.done, capacity: self.capacity() });
         }
         let (w, b) = self.bit(seq);
@@ -226,6 +294,7 @@ impl CompletionTracker {
             return Err(CompletionError::Duplicate { seq });
         }
         self.completed[w] |= b;
+        self.ahead += 1;
         if let Err(failure) = result {
             self.failures[w] |= b;
             let lowest = match self.pending_first {
@@ -243,6 +312,7 @@ impl CompletionTracker {
                 break;
             }
             self.completed[w] &= !b;
+            self.ahead -= 1;
             if self.failures[w] & b != 0 {
                 self.failures[w] &= !b;
                 self.failed += 1;
@@ -266,8 +336,7 @@ impl CompletionTracker {
             if seq < self.done {
                 continue;
             }
-            let (w, b) = self.bit(seq);
-            if self.admits(seq) && self.completed[w] & b != 0 {
+            if !self.pending(seq) {
                 continue;
             }
             advanced |= self.complete(seq, Err(failure))?;

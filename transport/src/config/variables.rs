@@ -283,8 +283,10 @@ pub const VARIABLES: &[Variable] = &[
         },
         default: Text("30s"),
         class: Normal,
-        meaning: "How long a rank waits for the others to join the job, and at finalize for them to finish. \
-                  Raise it where ranks start far apart (a slow file system, a loaded node).",
+        meaning: "How long a rank waits for the others to join the job, and at finalize for them to arrive \
+                  (its barrier over every rank, then again its node's): past it finalize returns an error naming \
+                  the rank it waited for. Raise it where ranks start or finish far apart (a slow file system, a \
+                  loaded node, uneven work).",
     },
     Variable {
         name: "GPULMT_LIVENESS_MS",
@@ -337,12 +339,13 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "GPULMT_NET_QUEUES",
-        kind: Kind::Count { min: 2, max: 4096, power_of_two: false },
-        default: Text("9"),
+        kind: Kind::Count { min: 3, max: 4096, power_of_two: false },
+        default: Text("10"),
         class: Normal,
         meaning: "Internode path: GIO send queues this rank sets up at start, one per producer (the context's \
-                  thread takes the first two, one of them for pushed sends, the heap's host calls one, and kernels \
-                  the rest: 6 by default, block b posting to queue b mod 6). Blocks that share a queue share its \
+                  thread takes the first three (control packets and sends, receives, pushed sends: \
+                  docs/internode.md says why), the heap's host calls one, and kernels the rest: 6 by default, \
+                  block b posting to queue b mod 6). Blocks that share a queue share its \
                   quiet: a block's quiet then also waits for its neighbours' operations (a check whose block \
                   quieted beside a block flooding the same queue with 1 MiB puts took 1.25 s a round instead \
                   of under 20 ms). The proxy polls every queue in use; raise it for more producers.",
@@ -403,8 +406,9 @@ pub const VARIABLES: &[Variable] = &[
         kind: Kind::Duration { plain: TimeUnit::Millis, min: Duration::ZERO, max: Duration::from_secs(3600) },
         default: Text("5s"),
         class: Normal,
-        meaning: "Internode path: at shutdown, how long operations still in flight may finish before they are \
-                  cancelled and reported failed.",
+        meaning: "At finalize: how long packets still waiting for room (a ring, a GIO queue) may wait before \
+                  they are abandoned, and then how long internode operations still in flight may finish before \
+                  they are cancelled and reported failed.",
     },
     Variable {
         name: "GPULMT_NET_IDLE_SLEEP",

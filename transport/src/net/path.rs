@@ -1,23 +1,35 @@
 //! [`NetPath`]: the internode path as a context drives it ([`OffNodePath`]), and the
 //! host's one-sided API (windows, producer handles) over the same proxy.
 //!
-//! The context's thread holds the set's first two queues ([`Lane`]s): a control packet
+//! The context's thread holds the set's first three queues ([`Lane`]s): a control packet
 //! becomes a CTRL packet (its bytes in the slot's control slab), a rendezvous side a SEND
-//! or RECV packet whose tag word is the transfer's `xfer`. Completions come back through
-//! each queue's counters: ops complete in queue order as far as the context sees (`done`
-//! is the contiguous prefix), each failure with the text the proxy recorded.
+//! or RECV packet whose tag word is the transfer's `xfer`. The lanes report each op as it
+//! ends (`QueueMem::report_each_op`), with the text the proxy recorded for a failure, and
+//! the proxy admits their ops by how many are in flight, not by how far they lie past the
+//! oldest unfinished one (`CompletionTracker::by_count`).
 //!
-//! **Why pushed sends have a queue of their own.** The proxy keeps at most a window of a
-//! queue's ops in flight past its oldest unfinished one (`CompletionTracker::admits`).
-//! Every op of the first queue ends without waiting for the peer's application: a CTRL
-//! once MPI took it, a SEND answering a CTS into a receive already posted, a RECV once the
-//! peer's proxy sends. A pushed SEND ends only when the peer's application has posted the
-//! matching receive, which may wait for a message this rank posts later: behind a pushed
-//! SEND, such a message could stay outside the window for good. On their own queue pushed
-//! SENDs hold back only each other, and the engine never has more in flight than that
-//! queue's window (`GPULMT_NET_PUSH_SENDS`, checked against the slots at start).
+//! **Why three lanes, and why nothing waits in a circle** (`docs/internode.md`). The ops
+//! of one queue are taken in order, so an op that cannot be taken holds back every later
+//! one of its queue. Each lane holds ops whose end depends on nothing that waits behind
+//! them:
+//! - **MAIN**: CTRL packets (they end once MPI took them; the peer's proxy keeps receives
+//!   posted for them) and SENDs answering a CTS. A CTS leaves only once the proxy took
+//!   its RECV (`OffNodePath::taken`, which the context's routing waits for), so such a
+//!   SEND always finds its MPI receive posted and ends on the network alone.
+//! - **RECVS**: the receiving sides (and drains). One ends once its sender's SEND is
+//!   taken: a SEND answering a CTS on the sender's MAIN lane, or a pushed one on its
+//!   PUSHED lane, neither of which waits for this rank's receives. On one queue with the
+//!   sends, a RECV waiting for a peer's SEND held back this rank's SENDs, which that peer's
+//!   RECVs waited for: with 4-slot queues 3 ranks on 3 nodes stalled for good (issue 46).
+//! - **PUSHED**: sends that left with their RTS; each ends only when the peer's
+//!   application posted the matching receive, which may wait for a message this rank
+//!   posts later. They hold back only each other, and only their number in flight
+//!   (`GPULMT_NET_PUSH_SENDS`, at most the queue's window) counts for admission, so one
+//!   that waits for its receive holds back no later one; and each is reported as it ends,
+//!   so a later send's request completes while an earlier one waits (MPI allows the
+//!   program to depend on that: `gpulmt-mpi-nodes order`).
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -49,22 +61,23 @@ enum Posted {
     Data(NetId),
 }
 
-/// One of the context thread's queues and its ops not yet reported, in sequence order.
+/// One of the context thread's queues and its ops not yet reported, by sequence.
 struct Lane {
     queue: HostQueue,
-    posted: VecDeque<(u64, Posted)>,
+    posted: BTreeMap<u64, Posted>,
 }
 
-/// The context's lanes: everything but pushed sends, and pushed sends.
+/// The context's lanes: control packets and sends answering a CTS; receives; pushed sends.
 const MAIN: usize = 0;
 const PUSHED: usize = 1;
+const RECVS: usize = 2;
 
 /// The internode path: the proxy thread, the queues, and the context's producer handles.
 pub struct NetPath {
     shared: Arc<Shared>,
     targets: Arc<Targets>,
     /// The context thread's queues ([`MAIN`], [`PUSHED`]).
-    lanes: [Lane; 2],
+    lanes: [Lane; 3],
     /// Where each data op was posted: (lane, sequence number).
     ids: FxHashMap<NetId, (usize, u64)>,
     thread: Option<JoinHandle<()>>,
@@ -130,14 +143,18 @@ impl NetPath {
             pool: cfg.ctrl_pool as usize,
             cpu: cfg.proxy_cpu(host_local),
         };
+        // The lanes report each op as it ends, which the proxy reads when it sets their
+        // queues up: claimed before it starts.
+        let lane = || {
+            let queue = HostQueue::claim(&shared, &targets, POST_TIMEOUT);
+            let queue = queue.expect("a fresh set has its first three queues free (GPULMT_NET_QUEUES >= 3)");
+            queue.mem().report_each_op();
+            Lane { queue, posted: BTreeMap::new() }
+        };
+        let lanes = [lane(), lane(), lane()];
         let thread = Proxy::new(pcfg, iface, backend, shared.clone(), Arc::new(table))
             .spawn()
             .map_err(|e| NetError::Down(format!("starting the proxy thread: {e}")))?;
-        let lane = || {
-            let queue = HostQueue::claim(&shared, &targets, POST_TIMEOUT);
-            Lane { queue: queue.expect("a fresh set has its first two queues free (checked)"), posted: VecDeque::new() }
-        };
-        let lanes = [lane(), lane()];
         tracing::info!(
             rank = me,
             peers = peers.len(),
@@ -273,29 +290,31 @@ impl NetPath {
         })?;
         let l = &mut self.lanes[lane];
         let seq = l.queue.try_post(body, flags, t)?;
-        l.posted.push_back((seq, what));
+        l.posted.insert(seq, what);
         if let Posted::Data(id) = what {
             self.ids.insert(id, (lane, seq));
         }
         Ok(())
     }
 
-    /// Reports the ops of the context's queues below their CQs' `done`.
+    /// Reports the ops of the context's queues that ended, each as it ended: a send that
+    /// ended is reported though an older one of its queue still waits for its receiver.
     fn report_completed(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
         (0..self.lanes.len()).map(|lane| self.report_lane(lane, done)).sum()
     }
 
     fn report_lane(&mut self, lane: usize, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
         let l = &mut self.lanes[lane];
-        let cq = l.queue.cq();
-        if l.posted.front().is_none_or(|&(seq, _)| seq >= cq.done) {
+        if l.posted.is_empty() {
             return 0;
         }
-        let details: FxHashMap<u64, FailureDetail> = l.queue.take_failures(cq.done).into_iter().collect();
         let mut n = 0;
-        while let Some(&(seq, what)) = l.posted.front().filter(|&&(seq, _)| seq < cq.done) {
-            l.posted.pop_front();
-            let result = details.get(&seq).map_or(Ok(()), |d| Err(failure_error(d)));
+        for (seq, detail) in l.queue.mem().take_ended() {
+            let Some(what) = l.posted.remove(&seq) else {
+                tracing::error!(queue = l.queue.index(), seq, "the proxy reported an op this path never posted");
+                continue;
+            };
+            let result = detail.as_ref().map_or(Ok(()), |d| Err(failure_error(d)));
             match what {
                 Posted::Data(id) => {
                     self.ids.remove(&id);
@@ -319,7 +338,7 @@ impl NetPath {
     fn fail_all(&mut self, done: &mut dyn FnMut(NetId, Result<(), NetError>)) -> usize {
         let why = self.down.clone().unwrap_or_default();
         let mut n = 0;
-        for (_, what) in self.lanes.iter_mut().flat_map(|l| l.posted.drain(..)) {
+        for what in self.lanes.iter_mut().flat_map(|l| std::mem::take(&mut l.posted).into_values()) {
             if let Posted::Data(id) = what {
                 let text = format!("{why}; MPI may still hold this transfer's buffer: do not reuse it");
                 done(id, Err(NetError::Down(text)));
@@ -371,12 +390,17 @@ impl OffNodePath for NetPath {
         mem: MemoryKind,
     ) -> Result<(), PostError> {
         let op = Op::Recv { dst: buf as u64, size: len as u64, tag: xfer };
-        self.post(MAIN, Body::Op(op), Self::device_flag(mem, Flags::DST_DEVICE), from, Posted::Data(id))
+        self.post(RECVS, Body::Op(op), Self::device_flag(mem, Flags::DST_DEVICE), from, Posted::Data(id))
     }
 
     fn post_drain(&mut self, id: NetId, from: Rank, xfer: u64, len: usize) -> Result<(), PostError> {
         let op = Op::Recv { dst: 0, size: len as u64, tag: xfer };
-        self.post(MAIN, Body::Op(op), Flags::DISCARD, from, Posted::Data(id))
+        self.post(RECVS, Body::Op(op), Flags::DISCARD, from, Posted::Data(id))
+    }
+
+    fn taken(&self, id: NetId) -> bool {
+        // An op the path reported is gone from `ids`: taken long ago.
+        self.ids.get(&id).is_none_or(|&(lane, seq)| self.lanes[lane].queue.mem().load_head() > seq)
     }
 
     fn cancel(&mut self, id: NetId) {

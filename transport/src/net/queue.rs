@@ -25,9 +25,10 @@
 //! data race: the commit word decides which values count.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use crossbeam_queue::SegQueue;
 use gpulmt_protocols::gio::{CqSnapshot, ErrorRecord, OpFailure, RawPacket, PACKET_WORDS};
 
 use super::wire::CTRL_MAX;
@@ -96,6 +97,13 @@ pub struct QueueMem {
     /// Failures by sequence, written by the proxy before it publishes `done` past them
     /// and taken by the host producer: the text an error record has no room for.
     details: Mutex<BTreeMap<u64, FailureDetail>>,
+    /// Set by a host producer before its first post: it reads each op's end from
+    /// `ended`, not only the CQ's `done` prefix, and the proxy admits its ops by count
+    /// (`CompletionTracker::by_count`), so one op that waits holds no later one back.
+    each_op: AtomicBool,
+    /// Ops of an `each_op` queue that ended, in the order they ended (their failures'
+    /// stories are in `details` before they appear here).
+    ended: SegQueue<u64>,
 }
 
 // SAFETY: the raw memory is reached only through atomics at fixed offsets inside the
@@ -114,7 +122,8 @@ impl QueueMem {
     pub fn new(backend: Backend, index: u32, slots: u64) -> Result<QueueMem, DeviceError> {
         assert!(slots.is_power_of_two(), "GIO queue slots must be a power of two, not {slots}");
         let mem = backend.alloc_host_mapped(Self::bytes(slots))?;
-        Ok(QueueMem { backend, mem, slots, index, details: Mutex::new(BTreeMap::new()) })
+        let (details, each_op, ended) = (Mutex::new(BTreeMap::new()), AtomicBool::new(false), SegQueue::new());
+        Ok(QueueMem { backend, mem, slots, index, details, each_op, ended })
     }
 
     /// Slots of the ring.
@@ -229,6 +238,33 @@ impl QueueMem {
         std::mem::replace(&mut *d, later).into_iter().collect()
     }
 
+    /// Makes this a queue whose ops are reported one by one as they end (before the
+    /// proxy starts: it reads this when it sets the queue up).
+    pub fn report_each_op(&self) {
+        // Relaxed: written before the proxy thread is spawned, which orders it.
+        self.each_op.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether ops are reported one by one ([`report_each_op`](Self::report_each_op)).
+    pub fn reports_each_op(&self) -> bool {
+        // Relaxed: see report_each_op.
+        self.each_op.load(Ordering::Relaxed)
+    }
+
+    /// The ops that ended since the last call, and each failure's story. The queue's
+    /// push and pop order the proxy's view of the op (its data landed) before ours.
+    pub fn take_ended(&self) -> Vec<(u64, Option<FailureDetail>)> {
+        let mut out = Vec::new();
+        while let Some(seq) = self.ended.pop() {
+            out.push(seq);
+        }
+        if out.is_empty() {
+            return Vec::new();
+        }
+        let mut d = self.details();
+        out.into_iter().map(|seq| (seq, d.remove(&seq))).collect()
+    }
+
     fn details(&self) -> MutexGuard<'_, BTreeMap<u64, FailureDetail>> {
         self.details.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -272,6 +308,12 @@ impl QueueMem {
     /// Records the full story of a failed op, before `done` passes it.
     pub fn record_detail(&self, seq: u64, detail: FailureDetail) {
         self.details().insert(seq, detail);
+    }
+
+    /// Op `seq` of a queue that reports each op ended (after its failure's story, if any,
+    /// was recorded).
+    pub fn record_ended(&self, seq: u64) {
+        self.ended.push(seq);
     }
 
     /// Publishes the counters.

@@ -59,6 +59,8 @@ struct Script {
     shutdown: Option<Instant>,
     /// The message ids of rank 1's scripted packets.
     next_msg: u64,
+    /// Data ops posted that the "proxy" has not taken yet ([`OffNodePath::taken`]).
+    untaken: Vec<NetId>,
 }
 
 impl Script {
@@ -158,6 +160,10 @@ impl OffNodePath for ScriptedPath {
             s.took.push(Took::Drain(Posted { id, peer: from, xfer, buf: 0, len, mem, pushed: false }));
             Ok(())
         })
+    }
+
+    fn taken(&self, id: NetId) -> bool {
+        self.0.with(|s| !s.untaken.contains(&id))
     }
 
     fn cancel(&mut self, id: NetId) {
@@ -364,6 +370,44 @@ fn eager_messages_from_another_node_fill_the_receives_that_wait_for_them() {
     let st = ctx.recv(&mut first, Some(1), Some(7)).unwrap();
     assert_eq!(&first[..st.len as usize], b"second");
     assert_eq!(ctx.stats().packets_received, before + 4);
+    finish(ctx);
+}
+
+/// The CTS of a receive from another node leaves only once the path took the receive
+/// (its MPI receive is posted), and so does every control packet to that rank after it:
+/// a send answering a CTS then never waits for the receiving rank's queue (issue 46).
+#[test]
+fn a_cts_waits_until_the_path_took_its_receive() {
+    let (mut ctx, script) = scripted();
+    let len = 100_000;
+    // The receive of the first message the path posts is not taken at first.
+    let msg = script.with(|s| {
+        s.untaken.push(NetId(1));
+        s.rts_from_peer(4, len as u64)
+    });
+    let mut buf = vec![0u8; len];
+    // SAFETY: the buffer is this test's and outlives the request (waited for below).
+    let r = unsafe { ctx.irecv(buf.as_mut_ptr(), len, Some(1), Some(4)) }.unwrap();
+    ctx.progress().unwrap();
+    let took = script.with(|s| s.took.clone());
+    let [Took::Recv(recv)] = &took[..] else { panic!("expected the receive alone: {took:?}") };
+    assert_eq!(recv.id, NetId(1), "the script holds back the path's first data op");
+    // An eager message to the same rank waits behind the CTS, in order.
+    ctx.send(&[1, 2, 3], 1, 9).unwrap_or_else(|e| panic!("send: {e}"));
+    for _ in 0..10 {
+        ctx.progress().unwrap();
+    }
+    assert_eq!(script.with(|s| s.took.len()), 1, "a control packet left before the receive was taken");
+    // Taken: the CTS goes, then the eager message.
+    script.with(|s| s.untaken.clear());
+    ctx.progress().unwrap();
+    let ctrl = script.with(|s| s.ctrl());
+    let [Packet::Cts { msg: m, mode: CtsMode::Net, .. }, Packet::Eager { tag: 9, .. }] = &ctrl[..] else {
+        panic!("expected the CTS, then the eager message: {ctrl:?}")
+    };
+    assert_eq!(*m, msg);
+    script.with(|s| s.done.push_back((recv.id, Ok(()))));
+    ctx.wait(r).unwrap();
     finish(ctx);
 }
 

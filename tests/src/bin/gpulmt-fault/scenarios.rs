@@ -61,6 +61,14 @@ pub enum Cmd {
     },
     /// Joins only: init, and finalize (a job that cannot start must fail init).
     Join,
+    /// The last rank stays alive MILLIS ms without calling finalize, then exits; every
+    /// other rank's finalize must give up within its bound (GPULMT_INIT_TIMEOUT_MS for
+    /// the barrier, GPULMT_NET_DRAIN_MS for the drains) with an error naming the rank it
+    /// waited for, and print `finalize-bounded ms=T err=...`.
+    LateFinalize {
+        #[arg(long, default_value_t = 20_000)]
+        millis: u64,
+    },
     /// A second init while the first context lives must fail at once; the first context
     /// then works and finalizes.
     SecondInit,
@@ -188,6 +196,7 @@ pub fn main(cli: Cli, init: impl Fn() -> gpulmt::Result<Context>) -> i32 {
         Cmd::Traffic { protocol, millis, seed } => traffic(ctx, protocol, Duration::from_millis(millis), seed),
         Cmd::Hold { hold } => hold_then_exchange(ctx, &hold),
         Cmd::Join => finish(ctx, "join"),
+        Cmd::LateFinalize { millis } => late_finalize(ctx, Duration::from_millis(millis)),
         Cmd::SecondInit => second_init(ctx, init),
         Cmd::Fuzz { seed, packets, cookies } => fuzz(ctx, seed, packets, cookies),
         Cmd::Misuse => misuse(ctx),
@@ -200,6 +209,24 @@ fn finish(ctx: Context, what: &str) -> i32 {
     ctx.finalize().or_fail("finalize");
     say!("rank={rank} ok {what}");
     0
+}
+
+/// `late-finalize`: the last rank never reaches finalize while the others wait in it.
+fn late_finalize(ctx: Context, stay: Duration) -> i32 {
+    let (rank, last) = (ctx.rank(), ctx.size() - 1);
+    if rank == last {
+        std::thread::sleep(stay);
+        // Gone without finalize: what it left is the next job's to sweep.
+        std::process::exit(0);
+    }
+    let t = Instant::now();
+    match ctx.finalize() {
+        Ok(()) => fail("finalize succeeded though the last rank never reached it"),
+        Err(e) => {
+            say!("rank={rank} finalize-bounded ms={} err={e}", t.elapsed().as_millis());
+            0
+        }
+    }
 }
 
 /// The end of a rank whose peer died: the failed transfer was reported; finalize must

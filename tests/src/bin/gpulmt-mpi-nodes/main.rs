@@ -31,7 +31,9 @@ mod barrier;
 mod buffer;
 mod burst;
 mod die;
+mod order;
 mod ring;
+mod soak;
 mod sym;
 mod truncate;
 mod wildcard;
@@ -61,14 +63,39 @@ fn partners(ctx: &Context) -> Vec<Rank> {
 struct Options {
     die: bool,
     max: usize,
+    soak: Option<soak::Soak>,
+    order: bool,
 }
 
 fn options() -> Options {
-    let mut o = Options { die: false, max: 64 << 20 };
+    let mut o = Options { die: false, max: 64 << 20, soak: None, order: false };
+    let number = |name: &str, v: Option<String>| -> u64 {
+        let v = v.unwrap_or_default();
+        v.parse().unwrap_or_else(|_| {
+            eprintln!("gpulmt-mpi-nodes: {name} {v:?} is not a number");
+            std::process::exit(2)
+        })
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "die" => o.die = true,
+            "order" => o.order = true,
+            "soak" => o.soak = Some(soak::Soak { seed: 1, count: 200, window: 30, sizes: None }),
+            "--sizes" if o.soak.is_some() => {
+                let v = args.next().unwrap_or_default();
+                let sizes: Vec<usize> = v.split(',').map(|x| number("--sizes", Some(x.to_string())) as usize).collect();
+                o.soak.as_mut().expect("checked").sizes = Some(sizes.leak());
+            }
+            "--seed" | "--count" | "--window" if o.soak.is_some() => {
+                let n = number(&a, args.next());
+                let s = o.soak.as_mut().expect("checked");
+                match a.as_str() {
+                    "--seed" => s.seed = n,
+                    "--count" => s.count = n as usize,
+                    _ => s.window = n as usize,
+                }
+            }
             "--max" => {
                 let v = args.next().unwrap_or_default();
                 o.max = gpulmt::config::parse_size(&v).map(|n| n as usize).unwrap_or_else(|| {
@@ -77,7 +104,7 @@ fn options() -> Options {
                 });
             }
             _ => {
-                eprintln!("usage: gpulmt-mpi-nodes [die] [--max BYTES]");
+                eprintln!("usage: gpulmt-mpi-nodes [die] [--max BYTES] | order | soak [--seed S] [--count N] [--window W] [--sizes A,B,..]");
                 std::process::exit(2)
             }
         }
@@ -136,6 +163,17 @@ fn main() {
 
     if opts.die {
         die::run(&mut ctx, &world);
+    }
+    if opts.soak.is_some() || opts.order {
+        if let Some(s) = opts.soak {
+            checks += soak::run(&mut ctx, s);
+        } else {
+            checks += order::run(&mut ctx);
+        }
+        world.barrier();
+        ctx.finalize().unwrap_or_else(|e| fail(me, format!("finalize: {e}")));
+        println!("rank {me} ok checks={checks}");
+        return;
     }
 
     // Within the node: every placement and size, over the rings, IPC and staging.

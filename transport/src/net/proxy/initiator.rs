@@ -444,8 +444,8 @@ impl Proxy {
                 self.finish_if_done(key);
             }
             // Not started yet (still in its slot, or held by a fence): it fails when it
-            // would start. One that completed already is not in the tracker's window.
-            None if self.queues[qi].tracker.admits(seq) => {
+            // would start. One that completed already is not pending.
+            None if self.queues[qi].tracker.pending(seq) => {
                 self.cancels.insert((qi, seq));
             }
             None => {}

@@ -154,7 +154,10 @@ impl Proxy {
             .map(|mem| QueueRun {
                 mem: mem.clone(),
                 consumer: Consumer::new(mem.slots(), cfg.stall).expect("queue slots are a power of two"),
-                tracker: CompletionTracker::new(ops_in_flight(mem.slots())),
+                tracker: match mem.reports_each_op() {
+                    true => CompletionTracker::by_count(ops_in_flight(mem.slots())),
+                    false => CompletionTracker::new(ops_in_flight(mem.slots())),
+                },
                 gate: FenceGate::new(mem.slots() as usize),
                 dead: false,
                 dirty: false,

@@ -205,7 +205,12 @@ impl Proxy {
             }
         };
         match q.tracker.complete(seq, result) {
-            Ok(advanced) => q.dirty |= advanced,
+            Ok(advanced) => {
+                q.dirty |= advanced;
+                if q.mem.reports_each_op() {
+                    q.mem.record_ended(seq);
+                }
+            }
             Err(e) => tracing::error!(queue = qi, seq, error = %e, "GIO proxy: completion refused (a proxy bug)"),
         }
     }
@@ -234,13 +239,17 @@ impl Proxy {
         q.dead = true;
         q.mem.set_state(why);
         let end = tail.clamp(pos, pos + slots);
-        for seq in pos..end {
-            if q.tracker.admits(seq) {
-                q.mem.record_detail(seq, FailureDetail { failure, text: text.clone() });
-            }
+        let failing: Vec<u64> = (pos..end).filter(|&seq| q.tracker.pending(seq)).collect();
+        for &seq in &failing {
+            q.mem.record_detail(seq, FailureDetail { failure, text: text.clone() });
         }
         match q.tracker.fail_range(pos..end, failure) {
-            Ok(advanced) => q.dirty |= advanced,
+            Ok(advanced) => {
+                q.dirty |= advanced;
+                if q.mem.reports_each_op() {
+                    failing.into_iter().for_each(|seq| q.mem.record_ended(seq));
+                }
+            }
             Err(e) => {
                 tracing::error!(queue = qi, error = %e, "GIO proxy: failing a queue's ops was refused (a proxy bug)")
             }

@@ -48,7 +48,8 @@ fn small_cfg(slots: u32) -> NetConfig {
         // The engine's settings: the path alone never reads them.
         push_max: 0,
         push_sends: 0,
-        queues: 4,
+        // The context's three lanes, and two for one-sided producers.
+        queues: 5,
         queue_slots: slots,
         batch: 4,
         chunk: 4096,
