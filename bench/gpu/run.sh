@@ -47,7 +47,8 @@
 #            settings for the runs through the shim)
 #   internode the internode path (docs/internode.md) on one GPU, 2 pseudo-nodes under mpirun
 #            (GPULMT_PSEUDO_NODES=2) with MPS: gpulmt-mpi-nodes' byte checks with 1 and 2 ranks
-#            per node, 4-slot queues over TCP, a rank killed mid-transfer (check.csv);
+#            per node, 4-slot queues over TCP, a rank killed mid-transfer, the soak of many
+#            messages in flight (3 nodes, and 2 of 2 ranks), sends ending out of order (check.csv);
 #            osu_latency / osu_bw / osu_bibw D D and H H across the nodes over Open MPI's
 #            shared memory (vader) and TCP, beside Open MPI H H, the host-staged anchor
 #            (staged_mpi.sh) and a hand-written staging pipeline's D D bandwidth at 4 MiB
@@ -560,6 +561,10 @@ internode() {
 2_nodes_x2|4||
 2_nodes_x2_tcp_4_slots|4|--mca btl tcp,self -x GPULMT_NET_QUEUE_SLOTS=4|--max 4M
 killed_mid_transfer|4||die
+soak_3_nodes_4_slots|3|-x GPULMT_PSEUDO_NODES=3 -x GPULMT_NET_QUEUE_SLOTS=4|soak --seed 1 --count 800 --window 30 --sizes 4097,8193,65537
+soak_2_nodes_x2|4||soak --seed 2 --count 300 --window 30
+soak_2_nodes_x2_cts|4|-x GPULMT_NET_PUSH_MAX=0 -x GPULMT_NET_QUEUE_SLOTS=4|soak --seed 3 --count 300 --window 30
+order_3_nodes|3|-x GPULMT_PSEUDO_NODES=3|order
 CASES
   if [ "${INTERNODE_PARTS:-all}" = checks ]; then
     log "internode: INTERNODE_PARTS=checks, the osu part skipped"
