@@ -515,18 +515,29 @@ impl Context {
     }
 
     /// Classifies a user buffer, from the host-range cache when possible. Refuses a
-    /// range no buffer can have (NULL with bytes, beyond the address space or
-    /// `isize::MAX`), and one in device memory this context released.
+    /// range no buffer can have (NULL with bytes, past the highest user address of any
+    /// Linux machine or `isize::MAX` bytes), one that runs past the end of its device
+    /// allocation, and one in device memory this context released.
     pub(crate) fn classify(&mut self, ptr: usize, len: usize) -> Result<PointerInfo> {
-        if len > isize::MAX as usize || ptr.checked_add(len).is_none() || (ptr == 0 && len > 0) {
+        let end = ptr.checked_add(len);
+        if len > isize::MAX as usize || end.is_none_or(|e| e as u64 > USER_ADDRESS_END) || (ptr == 0 && len > 0) {
             return Err(Error::InvalidArgument(format!(
-                "buffer {ptr:#x} of {len} bytes cannot exist (NULL, or beyond the end of the address space or isize::MAX bytes)"
+                "buffer {ptr:#x} of {len} bytes cannot exist (NULL, or ending past the highest user address, 2^57, \
+                 or longer than isize::MAX bytes)"
             )));
         }
         if self.cfg.memtype_cache && self.host_ranges.contains(ptr, len.max(1)) {
             return Ok(PointerInfo::host(ptr));
         }
         let info = self.backend.pointer_info(ptr)?;
+        if matches!(info.kind, MemoryKind::Device(_)) && ptr + len > info.base + info.span {
+            return Err(Error::InvalidArgument(format!(
+                "buffer {ptr:#x} of {len} bytes runs {} bytes past the end of its device allocation ({:#x}, {} bytes)",
+                ptr + len - (info.base + info.span),
+                info.base,
+                info.span
+            )));
+        }
         if info.kind == MemoryKind::Host {
             self.past_allocations.check_host(ptr, len)?;
             if self.cfg.memtype_cache {
@@ -966,6 +977,10 @@ impl Context {
         Ok(())
     }
 }
+
+/// One past the highest user-space address of any Linux machine gpulmt runs on (x86-64
+/// with 5-level paging: 57 bits; arm64's largest is 52): a longer buffer cannot exist.
+const USER_ADDRESS_END: u64 = 1 << 57;
 
 /// Creates the job's segment (rank 0). First removes what dead jobs left in /dev/shm
 /// (their owners' locks prove them gone), including a leftover of this very job id.

@@ -101,6 +101,15 @@ int main(int argc, char **argv) {
         EXPECT(gpulmt_isend(ctx, small, len, g_rank, 1, &req), GPULMT_ERR_INVALID_ARGUMENT);
         EXPECT(gpulmt_irecv(ctx, small, len, g_rank, 1, &req), GPULMT_ERR_INVALID_ARGUMENT);
     }
+    /* Lengths within PTRDIFF_MAX that still pass the end of any user address space (2^57),
+       and a device buffer's length past its allocation (issue 46: left pending). */
+    EXPECT(gpulmt_isend(ctx, small, (size_t)1 << 62, g_rank, 1, &req), GPULMT_ERR_INVALID_ARGUMENT);
+    EXPECT(gpulmt_irecv(ctx, small, (size_t)1 << 58, g_rank, 1, &req), GPULMT_ERR_INVALID_ARGUMENT);
+    void *short_dev = NULL;
+    EXPECT(gpulmt_mem_alloc(ctx, 4096, &short_dev), GPULMT_SUCCESS);
+    EXPECT(gpulmt_isend(ctx, short_dev, (size_t)1 << 40, g_rank, 1, &req), GPULMT_ERR_INVALID_ARGUMENT);
+    EXPECT(gpulmt_irecv(ctx, (char *)short_dev + 4000, 97, g_rank, 1, &req), GPULMT_ERR_INVALID_ARGUMENT);
+    EXPECT(gpulmt_mem_free(ctx, short_dev), GPULMT_SUCCESS);
     EXPECT(gpulmt_isend(ctx, NULL, 8, g_rank, 1, &req), GPULMT_ERR_INVALID_ARGUMENT);
     EXPECT(gpulmt_copy(ctx, small, NULL, 8), GPULMT_ERR_INVALID_ARGUMENT);
 
