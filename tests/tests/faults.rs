@@ -531,3 +531,56 @@ fn exhausted_dev_shm() {
     }
     t.report();
 }
+
+/// Two jobs of two ranks started by hand at once with one `GPULMT_JOB` (issue 46), in a
+/// random order with random gaps: every process ends within its bound, no byte is
+/// corrupt, a process that fails says why in terms of the job id (refused, contested,
+/// or no segment to join), and nothing of theirs is left. A run counts as injected when
+/// some process was refused a place (the collision was seen).
+#[test]
+fn two_jobs_with_one_id_started_at_once() {
+    let mut t = Tally::new("same job id");
+    let mut rng = Rng::new(t.category);
+    for run in 0..6 {
+        let id = format!("twinf{}x{run}", std::process::id());
+        let protocol = PROTOCOLS[rng.below(PROTOCOLS.len() as u64) as usize];
+        // The four processes (job, rank) in a random order, each after a gap of 0-20 ms.
+        let mut order = [("A", "0"), ("A", "1"), ("B", "0"), ("B", "1")];
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let gaps: Vec<u64> = (0..4).map(|_| rng.below(21)).collect();
+        let what = format!("same id {id}, {protocol}, starts {order:?} after gaps {gaps:?} ms");
+        let _lock = job_lock();
+        let mut procs = Vec::new();
+        for ((job, rank), gap) in order.iter().zip(&gaps) {
+            std::thread::sleep(Duration::from_millis(*gap));
+            let mut cmd = Command::new(FAULT);
+            without_gpulmt_env(&mut cmd).args(["traffic", "--protocol", protocol, "--millis", "300"]).envs(
+                protocol_env(protocol).into_iter().chain([
+                    ("GPULMT_DEVICE", "sim"),
+                    ("GPULMT_JOB", id.as_str()),
+                    ("GPULMT_RANK", *rank),
+                    ("GPULMT_SIZE", "2"),
+                    ("GPULMT_INIT_TIMEOUT_MS", "4000"),
+                ]),
+            );
+            procs.push(LiveJob::spawn(cmd, format!("{what}: job {job} rank {rank}")));
+        }
+        let pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
+        let outs: Vec<JobOutput> = procs.into_iter().map(|p| p.finish(Duration::from_secs(60))).collect();
+        t.runs += 1;
+        let said = |o: &JobOutput, s: &str| o.stdout.contains(s) || o.stderr.contains(s);
+        t.injected += outs.iter().any(|o| said(o, "already held") || said(o, "already exists")) as u32;
+        for o in &outs {
+            t.expect(o.code.is_some(), format!("{what}: a process hung"), o);
+            t.expect(!said(o, "corrupt"), format!("{what}: corrupt data"), o);
+            if o.code != Some(0) {
+                t.expect(said(o, "GPULMT_JOB"), format!("{what}: a process failed without naming the job id"), o);
+            }
+        }
+        let left = objects_of(&[id], &pids);
+        t.expect(left.is_empty(), format!("{what}: left in /dev/shm: {left:?}"), &outs[0]);
+    }
+    t.report();
+}

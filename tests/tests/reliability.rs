@@ -3,12 +3,15 @@
 //!
 //! - A rank killed under `mpirun` (no `gpulmt-run` to clean up): the job segment has
 //!   no name left, and the next job's start removes the dead rank's device memory.
+//! - A rank killed in a job without a launcher of ours: the rank that survives it
+//!   removes its device memory.
 //! - A `/dev/shm` smaller than the job segment (Docker's 64 MiB): init fails saying how
 //!   much is needed and how to get it, no rank dies of SIGBUS.
 //! - A killed rank whose parent does not reap it (a zombie): its peer fails at once.
 //! - A 20 kHz SIGALRM interval timer (a profiler's): init's waits end on time.
 //! - A second init in one process: refused at once, the first context unharmed.
 //! - A job started by hand with a running job's `GPULMT_JOB`: it cannot reach that job.
+//! - Two jobs started at once with one `GPULMT_JOB`: every process stops, none mixes.
 //! - Misuse of the Rust API: errors, not crashes or silent successes.
 //! - Another live gpulmt job on the machine: a job runs beside it and leaves it alone.
 
@@ -76,6 +79,48 @@ fn a_rank_killed_under_mpirun_leaves_nothing_the_next_job_does_not_remove() {
     next.assert_code(0);
     let left = objects_of(&[job_id], &pids);
     check(left.is_empty(), &out, format!("left after the next job started: {left:?}"));
+}
+
+/// A rank SIGKILLed in a job that no launcher of ours watches (started by hand here, as
+/// `mpirun` does): the rank that survives it removes the dead one's simulated device
+/// memory once it sees it dead, before it leaves, and no next job is needed (issue 46;
+/// before, the memory stayed until the next gpulmt job started on the node).
+#[test]
+fn the_survivor_of_a_killed_rank_removes_what_it_left() {
+    let _lock = job_lock();
+    let id = format!("survivor{}", std::process::id());
+    let hold = std::env::temp_dir().join(format!("gpulmt-hold-survivor-{}", std::process::id()));
+    let _ = std::fs::remove_file(&hold);
+    let mut ranks: Vec<LiveJob> = ["0", "1"]
+        .into_iter()
+        .map(|rank| {
+            let mut cmd = Command::new(fault());
+            without_gpulmt_env(&mut cmd).args(["hold", "--hold", hold.to_str().unwrap()]).envs([
+                ("GPULMT_DEVICE", "sim"),
+                ("GPULMT_JOB", id.as_str()),
+                ("GPULMT_RANK", rank),
+                ("GPULMT_SIZE", "2"),
+            ]);
+            LiveJob::spawn(cmd, format!("by hand: GPULMT_JOB={id} GPULMT_RANK={rank} gpulmt-fault hold"))
+        })
+        .collect();
+    let holding = (0..2).all(|r| {
+        let head = format!("rank={r} holding");
+        ranks[r].wait_line(Duration::from_secs(60), |l| l.starts_with(&head)).is_some()
+    });
+    let dead = ranks[1].pid();
+    let before = objects_of(&[], &[dead]);
+    signal(dead, libc::SIGKILL);
+    let killed = ranks.pop().unwrap().finish(Duration::from_secs(30));
+    std::fs::write(&hold, b"go").unwrap();
+    let survivor = ranks.pop().unwrap().finish(Duration::from_secs(60));
+    let _ = std::fs::remove_file(&hold);
+    check(holding, &survivor, "the ranks never held their memory");
+    check(killed.code.is_none(), &killed, "rank 1 must die of the signal");
+    check(!before.is_empty(), &killed, "rank 1 had no simulated device memory to leave");
+    check(survivor.code.is_some(), &survivor, "the survivor must end by itself");
+    let left = objects_of(&[], &[dead]);
+    check(left.is_empty(), &survivor, format!("the killed rank's objects outlived its survivor: {left:?}"));
 }
 
 /// `gpulmt-run -n N gpulmt-fault args` in a mount namespace of its own whose /dev/shm is
@@ -257,6 +302,64 @@ fn a_job_started_by_hand_with_a_running_jobs_id_cannot_reach_it() {
     out.assert_ok(2, "hold");
     let left = objects_of(&[id], &[]);
     check(left.is_empty(), &out, format!("objects of the job left: {left:?}"));
+}
+
+/// Two jobs started by hand at once with one `GPULMT_JOB` (issue 46): job A's rank 0
+/// made the segment and job B's rank 1 took rank 1 in it. Then A's rank 1 is refused its
+/// rank, and B's rank 0 the segment; either refusal marks the job contested, so A's rank
+/// 0 and B's rank 1 stop at once with an error that says why and what to do, instead of
+/// going on as one job of two programs (before: they waited for rank 2 until the init
+/// timeout, and with two ranks ran on mixed). Steps are ordered by what the test sees
+/// in the segment, so each run makes the same collision.
+#[test]
+fn two_jobs_started_at_once_with_one_id_stop_rather_than_mix() {
+    use gpulmt::shm::job::{JobSegment, RankState};
+    let _lock = job_lock();
+    let said = |o: &JobOutput, what: &str| o.stdout.contains(what) || o.stderr.contains(what);
+    for second in ["rank 1", "rank 0"] {
+        let id = format!("twin{}r{}", std::process::id(), &second[5..]);
+        let start = |rank: &str, what: &str| {
+            let mut cmd = Command::new(fault());
+            without_gpulmt_env(&mut cmd).args(["join"]).envs([
+                ("GPULMT_DEVICE", "sim"),
+                ("GPULMT_JOB", id.as_str()),
+                ("GPULMT_RANK", rank),
+                ("GPULMT_SIZE", "3"),
+                ("GPULMT_INIT_TIMEOUT_MS", "60000"),
+            ]);
+            LiveJob::spawn(cmd, format!("{what}: GPULMT_JOB={id} GPULMT_RANK={rank} GPULMT_SIZE=3 gpulmt-fault join"))
+        };
+        let a0 = start("0", "job A");
+        let seg = JobSegment::open(&id, Duration::from_secs(30)).expect("job A's rank 0 makes the segment");
+        let b1 = start("1", "job B");
+        let end = Instant::now() + Duration::from_secs(30);
+        while seg.rank_state(1) != RankState::Alive && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let intruder = if second == "rank 1" { start("1", "job A") } else { start("0", "job B") };
+        let intruder_pid = intruder.pid();
+        let refused = intruder.finish(Duration::from_secs(30));
+        let t0 = Instant::now();
+        let (a0, b1) = (a0.finish(Duration::from_secs(30)), b1.finish(Duration::from_secs(30)));
+        let took = t0.elapsed();
+        let contested = seg.contested();
+        drop(seg);
+        check(refused.code == Some(2), &refused, format!("the second {second} must be refused (exit 2)"));
+        let why = if second == "rank 1" { "already held" } else { "already exists" };
+        check(said(&refused, why), &refused, format!("the refusal must say the {second} is {why}"));
+        check(
+            contested == Some(intruder_pid),
+            &refused,
+            format!("the job is marked by the refused process: {contested:?}"),
+        );
+        for o in [&a0, &b1] {
+            check(o.code == Some(2), o, "a rank of the contested job must fail its init (exit 2)");
+            check(said(o, "same GPULMT_JOB"), o, "its error must say that two jobs share the id");
+        }
+        check(took < Duration::from_secs(20), &a0, format!("the contested job's ranks took {took:?} to stop"));
+        let left = objects_of(std::slice::from_ref(&id), &[]);
+        check(left.is_empty(), &a0, format!("objects of the job left: {left:?}"));
+    }
 }
 
 /// Tests do not need the machine to themselves (item 9): beside another live gpulmt job

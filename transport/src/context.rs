@@ -131,6 +131,8 @@ pub struct Context {
     /// Progress calls since the last liveness check (reading the clock on every
     /// call would cost a tenth of the eager latency).
     pub(crate) polls_since_liveness: u32,
+    /// What dead local peers left in `/dev/shm`, removed by this survivor.
+    pub(crate) dead_peers: crate::shm::sweep::DeadPeerSweep,
     /// Views of the rings from each rank of the node to us and from us to each, by
     /// local index.
     pub(crate) rx: Vec<PacketRing>,
@@ -270,7 +272,13 @@ impl Context {
         let host = node_id();
         let node = host ^ u64::from(place.node).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let me = info.rank as usize;
-        seg.claim_rank(me, std::process::id(), host, device)?;
+        if let Err(e) = seg.claim_rank(me, std::process::id(), host, device) {
+            if let ShmError::RankTaken { .. } = e {
+                // Another process holds our rank: two jobs with one id. Stop them both.
+                seg.mark_contested(std::process::id());
+            }
+            return Err(e.into());
+        }
         if let Err(e) = seg.barrier(me, cfg.init_timeout, || false) {
             seg.mark_state(me, RankState::Failed);
             return Err(e.into());
@@ -369,6 +377,7 @@ impl Context {
             eager_bounce,
             last_liveness: Instant::now(),
             polls_since_liveness: 0,
+            dead_peers: Default::default(),
             rx,
             tx,
             rx_memo,
@@ -993,7 +1002,8 @@ fn create_segment(job: &str, layout: JobLayout) -> Result<JobSegment> {
         ShmError::Os { call: "shm_open", source, .. } if source.raw_os_error() == Some(libc::EEXIST) => {
             Error::Bootstrap(format!(
                 "the job segment of job {job} already exists and a live process holds it: another job runs with this \
-                 GPULMT_JOB (start every job with its own id: gpulmt-run makes one), or a second rank 0 ({source})"
+                 GPULMT_JOB (start every job with its own id: gpulmt-run makes one; a job starting now is stopped \
+                 too, since its ranks may be this one's), or a second rank 0 ({source})"
             ))
         }
         e => e.into(),
@@ -1018,6 +1028,7 @@ impl Drop for Context {
     fn drop(&mut self) {
         // Before the job segment (staging chunks) and peer mappings go.
         self.wait_copies_in_flight();
+        self.dead_peers.last_chance();
         if !self.finalized {
             // Dropped without finalize (panic, early return): tell peers at once so
             // they fail their transfers with us instead of waiting.

@@ -20,7 +20,7 @@ use crate::context::Context;
 use crate::device::{CopyTicket, DevId, MemoryKind};
 use crate::error::Result;
 use crate::mapping::PeerBufferKey;
-use crate::shm::job::PeerStatus;
+use crate::shm::job::{contest_reason, PeerStatus};
 
 /// Counters of one rank.
 #[derive(Clone, Debug, Default)]
@@ -686,6 +686,11 @@ impl Context {
     fn check_liveness(&mut self) {
         self.last_liveness = Instant::now();
         let me = self.info.rank as usize;
+        if let Some(pid) = self.seg.contested() {
+            self.job_contested(pid);
+            return;
+        }
+        self.dead_peers.poll(self.last_liveness);
         for local in 0..self.rx.len() {
             let r = self.topo.job_rank_of(local);
             if local == me || self.engine.is_peer_failed(r) {
@@ -693,12 +698,35 @@ impl Context {
             }
             match self.seg.peer_status(local) {
                 PeerStatus::Alive | PeerStatus::Unknown => {}
-                PeerStatus::Finalized | PeerStatus::Failed => {
+                status @ (PeerStatus::Finalized | PeerStatus::Failed) => {
                     // What it sent before it went is in its ring: take it first.
                     self.drain_ring(local);
                     self.peer_failed(r);
+                    if status == PeerStatus::Failed {
+                        // Under mpirun nobody else may remove what it left before the
+                        // next job starts.
+                        self.dead_peers.peer_died(self.seg.rank_pid(local), self.last_liveness);
+                    }
                 }
             }
+        }
+    }
+
+    /// Another job with this job's id started beside it ([`JobSegment::mark_contested`]):
+    /// every local peer may be a stranger, so transfers with all of them fail.
+    fn job_contested(&mut self, pid: u32) {
+        let me = self.info.rank as usize;
+        let peers: Vec<Rank> = (0..self.rx.len())
+            .filter(|&l| l != me)
+            .map(|l| self.topo.job_rank_of(l))
+            .filter(|&r| !self.engine.is_peer_failed(r))
+            .collect();
+        if peers.is_empty() {
+            return;
+        }
+        tracing::error!("{}", contest_reason(pid, &self.info.job));
+        for r in peers {
+            self.peer_failed(r);
         }
     }
 

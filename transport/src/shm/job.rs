@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! page 0            Header: magic (written last), layout, creator pid, instance nonce,
-//!                   barrier counter
+//!                   contest mark, barrier counter
 //! page-aligned      rank table: [nranks] RankEntry { pid, state, node_id, device, .. }
 //! page-aligned      nranks*nranks PacketRings; ring (from, to) carries from -> to
 //!                   (the diagonal is allocated but unused, for simple indexing)
@@ -35,6 +35,7 @@
 //! cannot reach this one's segment.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -54,8 +55,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GLMTSHM1");
 
 /// Bumped whenever the layout below changes, so mismatched binaries fail loudly.
 /// Version 2: the instance nonce, and owner locks (a version-1 segment holds none, so the
-/// sweep must not judge it by them).
-pub const LAYOUT_VERSION: u32 = 2;
+/// sweep must not judge it by them). Version 3: the contest mark.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Most local ranks a job segment supports (nranks^2 rings and staging areas).
 pub const MAX_RANKS: u32 = 1024;
@@ -199,6 +200,9 @@ struct Header {
     total_bytes: u64,
     /// A random number drawn by the creator: names this instance of the job in messages.
     instance: u64,
+    /// 0, or the pid of a process that was refused a place in this job while it started
+    /// (see [`JobSegment::mark_contested`]); set once, never cleared.
+    contested: AtomicU32,
     /// Arrivals at barriers since creation; on its own line since every rank polls it.
     barrier: CachePadded<AtomicU64>,
 }
@@ -274,24 +278,37 @@ impl JobSegment {
     /// page reserved: a `/dev/shm` too small for it fails here ([`ShmError::NoSpace`],
     /// saying how much is needed), not as a SIGBUS in some rank later.
     ///
-    /// Fails with `EEXIST` if it already exists (another job with the same id, or a
-    /// leftover: `gpulmt-run --cleanup`).
+    /// Fails with `EEXIST` if it already exists: a leftover (`gpulmt-run --cleanup`), or
+    /// another job's with the same id, which this marks contested
+    /// ([`mark_contested`](Self::mark_contested)) since its ranks may be this one's.
     pub fn create(job: &str, layout: JobLayout) -> Result<Self, ShmError> {
         check_job_id(job)?;
         let off = layout.offsets()?;
-        let seg = ShmSegment::create_opts(&segment_name(job), off.total, Opts { reserve: true, keep_fd: true })
-            .map_err(|e| match e {
+        let name = segment_name(job);
+        // Open-or-create in one call, then the creator lock decides who made it: an
+        // O_EXCL create that fails and an open after it could both miss a segment whose
+        // job removes its name in between, and so could not reach it to mark it.
+        let fd = ShmSegment::open_or_create_fd(&name)?;
+        // Locked before the object has a size: a segment with the magic always has a live
+        // creator or a dead one, never one that has not locked yet (the sweep relies on it).
+        let exists = || ShmError::os("shm_open", &name, libc::EEXIST);
+        if !try_lock_byte(fd.as_fd(), CREATOR_LOCK).map_err(|e| lock_error(&name, e))? {
+            // Another rank 0 of this id lives and made it (or is making it).
+            Self::contest(fd, job, &name);
+            return Err(exists());
+        }
+        if super::object::fd_len(fd.as_fd()).map_err(|e| ShmError::os("fstat", &name, e))? != 0 {
+            // Sized by a creator that died: a leftover, not ours to remove or reuse (the
+            // sweep removes it once no rank of it holds a lock).
+            return Err(exists());
+        }
+        let seg =
+            ShmSegment::size_new(fd, &name, off.total, Opts { reserve: true, keep_fd: true }).map_err(|e| match e {
                 ShmError::NoSpace { name, needed, free, size, .. } => {
                     ShmError::NoSpace { what: JOB_SEGMENT_WHAT, name, needed, free, size }
                 }
                 e => e,
             })?;
-        let fd = seg.fd().expect("kept");
-        // Before the magic: a segment with the magic always has a live creator or a dead
-        // one, never one that has not locked yet (the sweep relies on it).
-        if !try_lock_byte(fd, CREATOR_LOCK).map_err(|e| lock_error(seg.name(), e))? {
-            return Err(lock_error(seg.name(), io::Error::from_raw_os_error(libc::EAGAIN)));
-        }
         // Fresh pages read as zeros: rank entries are Empty, rings are empty, the
         // barrier counter is 0. Only the header needs writing.
         let hdr = seg.ptr().cast::<Header>();
@@ -313,6 +330,25 @@ impl JobSegment {
         me.header().magic.store(MAGIC, Ordering::Release);
         tracing::debug!(name = me.name(), bytes = off.total, ?layout, "created job segment");
         Ok(me)
+    }
+
+    /// Marks the segment `fd` refers to contested, once its creator has published it
+    /// (up to 100 ms; a creator that takes longer is not reached, and this job's refusal
+    /// is all that remains).
+    fn contest(fd: std::os::fd::OwnedFd, job: &str, name: &str) {
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let mut fd = Some(fd);
+        while let Some(f) = fd.take() {
+            let dup = f.try_clone();
+            match Self::from_existing(ShmSegment::map_existing(f, name, Opts { keep_fd: true, reserve: false }), job) {
+                Ok(Some(seg)) => return seg.mark_contested(std::process::id()),
+                Ok(None) | Err(ShmError::Empty { .. }) if Instant::now() < deadline => {
+                    sleep_toward(deadline, Duration::from_millis(1));
+                    fd = dup.ok();
+                }
+                _ => return,
+            }
+        }
     }
 
     /// Opens the segment of `job`, waiting up to `timeout` for rank 0 to create and
@@ -348,7 +384,14 @@ impl JobSegment {
 
     /// One attempt: `Ok(None)` if the segment exists but its magic is not set yet.
     fn try_open(job: &str, name: &str) -> Result<Option<Self>, ShmError> {
-        let seg = ShmSegment::open_opts(name, Opts { keep_fd: true, reserve: false })?;
+        Self::from_existing(ShmSegment::open_opts(name, Opts { keep_fd: true, reserve: false }), job)
+    }
+
+    /// The job segment `seg` maps, once its creator published it (`Ok(None)` before).
+    fn from_existing(seg: Result<ShmSegment, ShmError>, job: &str) -> Result<Option<Self>, ShmError> {
+        let seg = seg?;
+        let name = seg.name().to_owned();
+        let name = name.as_str();
         let bad = |reason: String| ShmError::BadSegment { name: name.to_owned(), reason };
         if seg.len() < PAGE {
             return Err(bad(format!("size {} is smaller than its header page", seg.len())));
@@ -518,6 +561,25 @@ impl JobSegment {
         Ok(())
     }
 
+    /// Marks the job as contested by process `pid`: a process refused a place in it
+    /// while it started (its rank was taken, or it found the segment existing as a rank
+    /// 0), so two jobs run with one `GPULMT_JOB`. Which ranks belong to which job cannot
+    /// be told apart from here, so the whole job stops: the init barrier fails, and a
+    /// running rank's liveness check fails its transfers with every local peer. Rather
+    /// that than a job of mixed processes that would run the wrong peers' programs.
+    /// The first mark stays.
+    pub fn mark_contested(&self, pid: u32) {
+        // Release (pairs with `contested`'s Acquire): the mark publishes nothing else, so
+        // Relaxed would do; the pair costs nothing on this cold path and reads plainly.
+        let _ = self.header().contested.compare_exchange(0, pid.max(1), Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// The pid that contested this job ([`mark_contested`](Self::mark_contested)), if any.
+    pub fn contested(&self) -> Option<u32> {
+        // Acquire: pairs with mark_contested's Release.
+        Some(self.header().contested.load(Ordering::Acquire)).filter(|&p| p != 0)
+    }
+
     /// Stored state of rank `r`.
     pub fn rank_state(&self, r: usize) -> RankState {
         // Acquire: pairs with set_rank's Release, for the fields read after it.
@@ -621,6 +683,9 @@ impl JobSegment {
             if should_abort() {
                 return fail("aborted by the caller".into());
             }
+            if let Some(pid) = self.contested() {
+                return fail(contest_reason(pid, self.job()));
+            }
             let now = Instant::now();
             if now.duration_since(start) >= timeout {
                 return fail(format!("timed out after {timeout:?}"));
@@ -656,6 +721,15 @@ impl JobSegment {
             }
         }
     }
+}
+
+/// Why a contested job stops ([`JobSegment::mark_contested`]), for errors and logs.
+pub fn contest_reason(pid: u32, job: &str) -> String {
+    format!(
+        "process {pid} was refused a place in job {job} while it started: two jobs run with the same GPULMT_JOB, \
+         and which ranks belong to which cannot be told, so every rank of this job stops; start each job with its \
+         own id (gpulmt-run makes one)"
+    )
 }
 
 /// What the errors of a job segment that does not fit `/dev/shm` call it, with what
@@ -902,6 +976,42 @@ mod tests {
         let stop = AtomicBool::new(true);
         let e = seg.barrier(1, Duration::from_secs(30), || stop.load(Ordering::Relaxed)).unwrap_err();
         assert!(e.to_string().contains("aborted"), "{e}");
+    }
+
+    /// A second rank 0 of a job's id is refused and marks the job contested, and so does
+    /// (in the context's init) a second claim of a rank; a contested job's barrier fails
+    /// at once, naming the process and what to do. A leftover whose creator died is
+    /// refused without a mark.
+    #[test]
+    fn a_second_creator_marks_the_job_contested_and_its_barrier_fails() {
+        let job = unique_job("contest");
+        let _c = Cleanup(job.clone());
+        let first = JobSegment::create(&job, layout(3)).unwrap();
+        assert_eq!(first.contested(), None);
+        let e = JobSegment::create(&job, layout(3)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "{e}");
+        assert_eq!(first.contested(), Some(std::process::id()));
+        let t0 = Instant::now();
+        let e = first.barrier(0, Duration::from_secs(30), || false).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(5), "the contested barrier waited {:?}", t0.elapsed());
+        assert!(e.to_string().contains("same GPULMT_JOB"), "{e}");
+        // The first mark stays.
+        first.mark_contested(4242);
+        assert_eq!(first.contested(), Some(std::process::id()));
+
+        // A segment whose creator is gone (its descriptor closed) but whose name stays:
+        // a new rank 0 is refused, and marks nothing (nobody of that job runs on).
+        let job2 = unique_job("leftover");
+        let _c2 = Cleanup(job2.clone());
+        let reader = {
+            let gone = JobSegment::create(&job2, layout(2)).unwrap();
+            let reader = JobSegment::open(&job2, Duration::ZERO).unwrap();
+            drop(gone);
+            reader
+        };
+        let e = JobSegment::create(&job2, layout(2)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "{e}");
+        assert_eq!(reader.contested(), None);
     }
 
     /// A rank's handle going away the way a process's does at death (its descriptor

@@ -185,6 +185,17 @@ fn map(fd: OwnedFd, len: usize, keep_fd: bool) -> Result<(NonNull<u8>, Option<Ow
     Ok((NonNull::new(p.cast()).expect("mmap returned NULL"), keep_fd.then_some(fd)))
 }
 
+/// The size of the object `fd` refers to (`fstat`), or the errno.
+pub fn fd_len(fd: BorrowedFd<'_>) -> Result<u64, i32> {
+    // SAFETY: zeroed stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open and st is a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok(st.st_size.max(0) as u64)
+}
+
 /// Reserves the first `len` bytes of `fd` (`posix_fallocate`) with every signal blocked
 /// in this thread: tmpfs gives up a reservation (and undoes it) when a signal arrives,
 /// so under a fast interval timer (a profiler's SIGPROF, an application's SIGALRM) an
@@ -284,11 +295,6 @@ impl ShmSegment {
     /// As [`create`](Self::create), with the given options.
     pub fn create_opts(name: &str, len: usize, opts: Opts) -> Result<Self, ShmError> {
         let (bare, cname) = c_name(name)?;
-        if len == 0 {
-            return Err(ShmError::BadLayout(format!("cannot create \"/{bare}\" with size 0")));
-        }
-        let off_len = libc::off_t::try_from(len)
-            .map_err(|_| ShmError::BadLayout(format!("size {len} of \"/{bare}\" does not fit off_t")))?;
         // O_EXCL: two jobs must never share a segment by accident (same job id, leftover).
         // SAFETY: cname is a valid NUL-terminated string.
         let raw = unsafe {
@@ -299,13 +305,42 @@ impl ShmSegment {
         }
         // SAFETY: raw is a descriptor we just opened and own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // From here on a failure must remove the half-made object, or it would block the
-        // next create of this name (O_EXCL) and leak until --cleanup.
+        Self::size_new(fd, name, len, opts)
+    }
+
+    /// Opens `name`, creating it empty if it does not exist, in one step: unlike an
+    /// `O_EXCL` create followed by an open, no removal of the name in between can make
+    /// both fail. The caller tells from [`fd_len`] and its own locks whether it made the
+    /// object, then sizes it with [`size_new`](Self::size_new) or maps it with
+    /// [`map_existing`](Self::map_existing).
+    pub fn open_or_create_fd(name: &str) -> Result<OwnedFd, ShmError> {
+        let (bare, cname) = c_name(name)?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        let raw = unsafe { libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC, 0o600) };
+        if raw < 0 {
+            return Err(ShmError::last_os("shm_open", &bare));
+        }
+        // SAFETY: raw is a descriptor we just opened and own.
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    }
+
+    /// Sizes the empty object `name` that `fd` refers to, and this caller made, to `len`
+    /// bytes and maps it. On failure the name is removed, or it would block the next
+    /// create of this name (`O_EXCL`) and leak until `--cleanup`.
+    pub fn size_new(fd: OwnedFd, name: &str, len: usize, opts: Opts) -> Result<Self, ShmError> {
+        let (bare, cname) = c_name(name)?;
         let fail_with = |err: ShmError| {
-            // SAFETY: cname is valid; we created this name just now.
+            // SAFETY: cname is valid; the caller made this name just now.
             unsafe { libc::shm_unlink(cname.as_ptr()) };
             err
         };
+        if len == 0 {
+            return Err(fail_with(ShmError::BadLayout(format!("cannot create \"/{bare}\" with size 0"))));
+        }
+        let Ok(off_len) = libc::off_t::try_from(len) else {
+            return Err(fail_with(ShmError::BadLayout(format!("size {len} of \"/{bare}\" does not fit off_t"))));
+        };
+        let raw = fd.as_raw_fd();
         let fail = |call: &'static str| fail_with(ShmError::last_os(call, &bare));
         // The umask may have stripped bits from 0600 but cannot have added any; force the
         // exact mode anyway so that a umask of e.g. 0277 cannot leave us read-only.
@@ -349,20 +384,18 @@ impl ShmSegment {
         }
         // SAFETY: raw is a descriptor we just opened and own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: zeroed stat is a valid out-buffer for fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fd is open and st is a valid out-pointer.
-        if unsafe { libc::fstat(raw, &mut st) } != 0 {
-            return Err(ShmError::last_os("fstat", &bare));
-        }
-        let len = match usize::try_from(st.st_size) {
+        Self::map_existing(fd, name, opts)
+    }
+
+    /// Maps the whole object `name` that `fd` refers to, at its current size
+    /// ([`ShmError::Empty`] while it has none).
+    pub fn map_existing(fd: OwnedFd, name: &str, opts: Opts) -> Result<Self, ShmError> {
+        let (bare, _) = c_name(name)?;
+        let len = match usize::try_from(fd_len(fd.as_fd()).map_err(|e| ShmError::os("fstat", &bare, e))?) {
             Ok(0) => return Err(ShmError::Empty { name: bare }),
             Ok(n) => n,
             Err(_) => {
-                return Err(ShmError::BadSegment {
-                    name: bare,
-                    reason: format!("size {} does not fit usize", st.st_size),
-                });
+                return Err(ShmError::BadSegment { name: bare, reason: "its size does not fit usize".into() });
             }
         };
         match map(fd, len, opts.keep_fd) {

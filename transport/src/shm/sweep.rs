@@ -2,8 +2,10 @@
 //! while starting, a rank killed under `mpirun` with its simulated device memory), so
 //! that leftovers clean themselves up instead of filling `/dev/shm`.
 //!
-//! Every job runs it when it starts (rank 0, before it creates its segment), and
-//! `gpulmt-run` after every run, with [`Evidence::Locks`]: an object goes only when its
+//! Every job runs it when it starts (rank 0, before it creates its segment), a rank
+//! whose local peer died runs it for that peer ([`DeadPeerSweep`]: a job under `mpirun`
+//! has no launcher of ours to clean up after a killed rank), and `gpulmt-run` after every
+//! run, with [`Evidence::Locks`]: an object goes only when its
 //! owner locks prove every owner dead ([`super::owner`]), which holds across pid
 //! namespaces. `gpulmt-run --cleanup` uses [`Evidence::Any`], which also trusts pids
 //! (for objects of gpulmt versions without owner locks) and age (for objects it cannot
@@ -20,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::object::{entries, is_object_of, unlink_counted, FD_SOCKET_PREFIX, OBJECT_PREFIX, SHM_DIR, SIM_PREFIX};
 use super::owner::{pid_alive, Owner, OwnerLock, OWNER_SUFFIX};
@@ -44,6 +46,58 @@ pub enum Evidence {
 /// many.
 pub fn sweep(evidence: Evidence) -> usize {
     cleanup_stale_jobs(evidence) + cleanup_stale_sim_objects(evidence) + cleanup_stale_fd_sockets()
+}
+
+/// How long a rank keeps trying to remove what a dead peer left (its owner lock may
+/// outlive the lock that showed it dead by a moment, as the kernel closes a dying
+/// process's descriptors one by one).
+pub const DEAD_PEER_SWEEP_FOR: Duration = Duration::from_secs(5);
+
+/// Least time between two sweeps for dead peers (each reads `/dev/shm` whole).
+const DEAD_PEER_SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// The sweeps a rank owes its dead local peers: what a killed peer left in `/dev/shm`
+/// (its simulated device memory, its fd server's socket) is removed by the ranks that
+/// survive it, not only by the next job's start. A peer that is still alive (it marked
+/// itself failed) holds its owner lock, so nothing of it is taken; its own exit removes
+/// its objects.
+#[derive(Debug, Default)]
+pub struct DeadPeerSweep {
+    /// Pids of dead peers whose objects may remain, with when to stop trying.
+    pending: Vec<(u32, Instant)>,
+    last: Option<Instant>,
+}
+
+impl DeadPeerSweep {
+    /// Peer process `pid` died (or failed): sweep for it now and at later polls.
+    pub fn peer_died(&mut self, pid: u32, now: Instant) {
+        if pid != 0 && !self.pending.iter().any(|&(p, _)| p == pid) {
+            self.pending.push((pid, now + DEAD_PEER_SWEEP_FOR));
+            self.last = None;
+            self.poll(now);
+        }
+    }
+
+    /// Sweeps while a dead peer's objects remain (at most every 100 ms, each peer for
+    /// [`DEAD_PEER_SWEEP_FOR`]); returns how many objects it removed.
+    pub fn poll(&mut self, now: Instant) -> usize {
+        if self.pending.is_empty() || self.last.is_some_and(|t| now.duration_since(t) < DEAD_PEER_SWEEP_EVERY) {
+            return 0;
+        }
+        self.last = Some(now);
+        let removed = sweep(Evidence::Locks);
+        if removed > 0 {
+            tracing::info!(removed, "removed shared-memory objects that dead peers left behind");
+        }
+        self.pending.retain(|&(pid, until)| now < until && !entries(&format!("{SIM_PREFIX}{pid}-")).is_empty());
+        removed
+    }
+
+    /// One more sweep now if a dead peer's objects may remain (a rank that leaves).
+    pub fn last_chance(&mut self) {
+        self.last = None;
+        self.poll(Instant::now());
+    }
 }
 
 /// Removes the sockets of fd servers that nobody listens on (their process died without
