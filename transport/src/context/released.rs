@@ -4,8 +4,11 @@
 //! knows its addresses and classifies them as host memory; an `isend` from there would
 //! then read unmapped memory (SIGSEGV in a copy). So the context remembers every range
 //! `mem_alloc` handed out, and a buffer the backend calls host memory that lies in one of
-//! them is checked: if its pages are no longer mapped it is refused; if they are mapped
-//! again (the address space was reused for something else) it is accepted.
+//! them is checked: if its pages are no longer mapped readable it is refused; if they are
+//! mapped again (the address space was reused for something else) it is accepted.
+//! "Readable", not merely mapped: CUDA keeps its unified address range reserved as
+//! `PROT_NONE` mappings after `cuMemFree`, so a freed device buffer still looks mapped to
+//! `mincore` (on one H200 an isend from one crashed in the eager copy).
 
 use std::collections::BTreeMap;
 
@@ -44,17 +47,37 @@ impl PastAllocations {
     }
 }
 
-/// Whether every page of `[ptr, ptr+len)` is mapped in this process (`mincore` fails with
-/// ENOMEM for a range with an unmapped page).
+/// Whether every byte of `[ptr, ptr+len)` lies in a readable mapping of this process, by
+/// `/proc/self/maps` (read only for buffers in released device memory: a cold path).
 fn mapped(ptr: usize, len: usize) -> bool {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    let start = ptr / page * page;
-    let pages = (ptr + len - start).div_ceil(page);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: mincore only inspects the mapping of the range (never touches its memory)
-    // and writes one byte per page into `vec`, which has one per page.
-    unsafe { libc::mincore(start as *mut libc::c_void, pages * page, vec.as_mut_ptr()) == 0 }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        // Without procfs nothing can be told: accept, as before the check existed.
+        return true;
+    };
+    readable_in(&maps, ptr, ptr + len)
+}
+
+/// Whether the mappings that `maps` (the format of `/proc/<pid>/maps`, ascending) lists
+/// as readable cover `[start, end)` without a gap.
+fn readable_in(maps: &str, start: usize, end: usize) -> bool {
+    let mut covered = start;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        let Some((lo, hi)) = range.split_once('-') else { continue };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) else { continue };
+        if hi <= covered {
+            continue;
+        }
+        if lo > covered || !perms.starts_with('r') {
+            return false;
+        }
+        covered = hi;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -77,5 +100,33 @@ mod tests {
         assert!(past.check_host(p, 0).is_ok(), "zero bytes are never read");
         past.note(p + 4096, 64);
         assert_eq!(past.ranges.len(), 2, "an overlapping new allocation replaces the old");
+    }
+
+    /// A range mapped without read permission (how CUDA leaves a freed device buffer's
+    /// addresses) is not readable, nor is one with a gap; one covered by readable
+    /// mappings end to end is.
+    #[test]
+    fn only_readable_mappings_without_gaps_count() {
+        let maps = "1000-3000 rw-p 00000000 00:00 0\n3000-5000 r--p 00000000 00:00 0\n\
+                    5000-9000 ---p 00000000 00:00 0\na000-b000 rw-s 00000000 00:00 0 /dev/shm/x\n";
+        assert!(readable_in(maps, 0x1000, 0x5000));
+        assert!(readable_in(maps, 0x2fff, 0x3001));
+        assert!(!readable_in(maps, 0x4000, 0x5001), "runs into a PROT_NONE mapping");
+        assert!(!readable_in(maps, 0x6000, 0x6040), "inside a PROT_NONE mapping");
+        assert!(!readable_in(maps, 0x9000, 0xa100), "a gap before the next mapping");
+        assert!(readable_in(maps, 0xa000, 0xb000));
+        assert!(!readable_in(maps, 0xb000, 0xb001), "past every mapping");
+        // A PROT_NONE mapping of this process, as cuMemFree leaves one.
+        // SAFETY: a fresh anonymous mapping, unmapped below; never accessed.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let mut past = PastAllocations::default();
+        past.note(p as usize, 8192);
+        let e = past.check_host(p as usize + 100, 64).unwrap_err();
+        assert!(e.to_string().contains("released"), "{e}");
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, 8192) };
     }
 }

@@ -197,15 +197,20 @@ impl Shim {
         // the internode path reaches other nodes).
         let mut req = request_null();
         // SAFETY: collective over the shim communicator's ranks, request out-pointer.
-        unsafe { PMPI_Ibarrier(self.shim_comm, &mut req) };
-        loop {
+        let mut rc = unsafe { PMPI_Ibarrier(self.shim_comm, &mut req) };
+        // Waits as long as a peer computes before its MPI_Finalize (as MPI does), but not
+        // past an error: a failed test leaves the flag 0, and would loop for good.
+        while rc == SUCCESS {
             self.progress();
             let mut flag = 0;
             // SAFETY: the barrier's request.
-            unsafe { PMPI_Test(&mut req, &mut flag, status_ignore()) };
+            rc = unsafe { PMPI_Test(&mut req, &mut flag, status_ignore()) };
             if flag != 0 {
                 break;
             }
+        }
+        if rc != SUCCESS {
+            tracing::warn!(rc, "MPI_Finalize: the shim's closing barrier failed; leaving without it");
         }
         // Nobody drives gpulmt after this barrier: releasing cannot alarm a peer.
         // SAFETY: collective over the shim communicator's ranks.
