@@ -4,8 +4,8 @@
 # rounds of osu_latency D D (8 B - 64 KiB), osu_bw D D (64 KiB - 4 MiB) and Stencil2D with
 # its exchange overlapped (SIZES per rank, two ranks) at each priority, and a table of
 # medians. On one GPU the two ranks share it (MPS=1 starts MPS): there `auto` is already
-# high (h200x1/priority1-5). On 2x H200 each rank has its own GPU, where `auto` is normal
-# because nothing showed a gain there yet: this is the call that would.
+# high (h200x1/priority1-5, in git history). On 2x H200 each rank has its own GPU, where
+# `auto` is normal because nothing showed a gain there yet: this is the call that would.
 # SIZES=none leaves Stencil2D out; BW sets osu_bw's sizes (default 64K:4M).
 # Usage: [ROUNDS=3] [MPS=1] [SIZES="2048 4096"|none] [BW=64K:4M] bash lab/gpu/copy_priority.sh OUTDIR
 source "$(dirname "$0")/lab.sh"

@@ -4,7 +4,8 @@
 # ranks at SIZES per rank, alone and beside one or two processes that each hold gpulmt's copy
 # server resident (`SERVER_HOLD_MS=... server_probe`), in ROUNDS rotated rounds. Needs MPS
 # (MPS=1) where the GPU is shared. Asks whether Stencil2D's inter-k at 4096² ran 5 % slower
-# with a server that never left (h200x1/interk3) because of the server's mere presence.
+# with a server that never left (h200x1/interk3, git history at c15a975) because of the
+# server's mere presence.
 # Then the other way round: server_probe's copies (engine, probe server, gpulmt's server)
 # on an idle GPU and beside one rank of Stencil2D at 8192² (memory-bound kernels back to
 # back), ROUNDS/2 rounds each: whether a busy GPU slows the server's copies more than the

@@ -7,7 +7,8 @@
 #                           a window (the CUDA backend answers older tickets from memory);
 #   GPULMT_BALANCE_MAX=SIZE a window from one sender is spread over both engines, so both
 #                           processes issue copies (default 2M since one H200 under MPS
-#                           read +65-78 % in osu_bw: h200x1/windows3_mps_balance);
+#                           read +65-78 % in osu_bw: h200x1/windows3_mps_balance, git
+#                           history at c15a975);
 #   GPULMT_BIDIR_PUT_MIN    64K by default since PUT beat GET in osu_bibw at 64-256 KiB in
 #                           runs 13-16; `bidir512k` is the old default.
 # The default variants set each back to its old value, one at a time, against auto.

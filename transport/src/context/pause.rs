@@ -6,13 +6,13 @@
 //! of the internode path, the sim backend's copy threads, the peer rank itself. On a
 //! 2-core host two ranks across pseudo-nodes, each spinning in its wait, left their proxies
 //! a time slice now and then, and an 8 B message took 6 ms; 100-184 us with this pause
-//! (bench/results/sim/wait_pause1). Why spin first: a message of a ping-pong arrives within
-//! microseconds, and a yield (a system call) in that time would only delay seeing it; past
-//! [`SPIN_POLLS`] polls (some 100-300 us of polling) the wait is long anyway. Why only every
-//! [`YIELD_EVERY`]th poll: a yield on a core nobody else wants returns at once but still
-//! costs a system call, and yielding at every poll looked slower for 128 KiB-4 MiB host
-//! messages on one H200 in one of two rounds, where yielding at every 16th did not
-//! (bench/results/h200x1/wait_pause1).
+//! (git history: bench/results/sim/wait_pause1 at c15a975). Why spin first: a message of
+//! a ping-pong arrives within microseconds, and a yield (a system call) in that time would
+//! only delay seeing it; past [`SPIN_POLLS`] polls (some 100-300 us of polling) the wait is
+//! long anyway. Why only every [`YIELD_EVERY`]th poll: a yield on a core nobody else wants
+//! returns at once but still costs a system call, and yielding at every poll looked slower
+//! for 128 KiB-4 MiB host messages on one H200 in one of two rounds, where yielding at
+//! every 16th did not (git history: bench/results/h200x1/wait_pause1 at c15a975).
 
 /// Polls a wait spins through before it starts yielding.
 pub(crate) const SPIN_POLLS: u64 = 1024;

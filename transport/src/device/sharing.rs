@@ -1,9 +1,9 @@
 //! Ranks that share a GPU: without NVIDIA MPS the driver time-slices their contexts.
 //!
 //! Two processes on one H200 without MPS read 145 us for an 8 B D-D ping-pong, under MPS
-//! 10.2-10.4 us (bench/results/h200x1/windows2_*): every copy waits for the GPU to switch
-//! to its context. gpulmt cannot start MPS itself (it is a node service started before
-//! the job), so it says so once at start-up.
+//! 10.2-10.4 us (git history: bench/results/h200x1/windows2_* at c15a975): every copy waits
+//! for the GPU to switch to its context. gpulmt cannot start MPS itself (it is a node
+//! service started before the job), so it says so once at start-up.
 
 /// The ranks bound to `device`, given every rank's device.
 fn sharing(device: u32, rank_devices: &[u32]) -> Vec<usize> {

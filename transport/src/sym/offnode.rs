@@ -325,9 +325,9 @@ impl Context {
     ///
     /// `sym_free` drains before it frees: an op still in flight would otherwise land
     /// in, or read from, memory the next `sym_alloc` hands out again (the off-node
-    /// `barrier_rounds` failure of bench/results/h200x1/offnode_probe3: the earlier
-    /// `quiet_busy` check's kernel ended with 1 MiB puts queued, which then wrote over
-    /// `barrier_rounds`' fresh allocations at the same offsets).
+    /// `barrier_rounds` failure of bench/results/h200x1/offnode_probe3, in git history at
+    /// c15a975: the earlier `quiet_busy` check's kernel ended with 1 MiB puts queued, which
+    /// then wrote over `barrier_rounds`' fresh allocations at the same offsets).
     pub(super) fn net_drain(&self, what: &str) -> Result<()> {
         let Some(net) = self.sym.as_ref().and_then(|h| h.net.as_ref()) else { return Ok(()) };
         let deadline = Instant::now() + NET_WAIT;

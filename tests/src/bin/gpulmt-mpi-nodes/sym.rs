@@ -325,8 +325,8 @@ fn device_queue(ctx: &Context, off_node: &[Rank], src: usize) -> usize {
 /// (unless it quieted), and `sym_free` must complete them before the memory they write
 /// can be handed out again: device_check's `barrier_rounds` failed across pseudo-nodes
 /// when it ran after `quiet_busy`, whose kernel ended with 1 MiB puts queued that then
-/// wrote over `barrier_rounds`' fresh allocations at the same offsets
-/// (bench/results/h200x1/offnode_probe3). Here each rank posts many large puts into its
+/// wrote over `barrier_rounds`' fresh allocations at the same offsets (git history:
+/// bench/results/h200x1/offnode_probe3 at c15a975). Here each rank posts many large puts into its
 /// slot at an off-node PE through device queue 0 and does not wait (the kernel ends),
 /// frees, allocates the same bytes again (same offset), fills its own copy and, once its
 /// own queue has drained and every rank got there, expects its fill intact: a put that
