@@ -100,7 +100,7 @@ impl BouncePool {
     /// At or past the cap only a transfer that holds none gets one, a free buffer too:
     /// handing free buffers to whoever asks first let every transfer of a 64-message
     /// window reach the full depth, 253 buffers of 1 MiB where the cap is 16, and the
-    /// network then moved each piece more slowly (`docs/performance.md`, internode).
+    /// network then moved each piece more slowly (git history: `bench/results/h200x1/net_buffers1` at c15a975).
     fn take(&mut self, held: usize) -> Result<Option<usize>, DeviceError> {
         if held > 0 && self.lent() >= self.soft_cap {
             return Ok(None);
