@@ -26,7 +26,7 @@ pub mod live;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -150,6 +150,18 @@ pub fn without_gpulmt_env(cmd: &mut Command) -> &mut Command {
             cmd.env_remove(k);
         }
     }
+    cmd
+}
+
+/// One rank of a job started by hand, without a launcher (as a user's script, or a
+/// second job that reuses an id, would): `prog args` with `GPULMT_JOB`, `GPULMT_RANK`,
+/// `GPULMT_SIZE`, sim devices and `env`, and no other `GPULMT_*` setting.
+pub fn by_hand(prog: &Path, job: &str, rank: &str, size: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(prog);
+    without_gpulmt_env(&mut cmd)
+        .args(args)
+        .envs([("GPULMT_DEVICE", "sim"), ("GPULMT_JOB", job), ("GPULMT_RANK", rank), ("GPULMT_SIZE", size)])
+        .envs(env.iter().copied());
     cmd
 }
 

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use gpulmt_tests::live::{signal, LiveJob};
 use gpulmt_tests::{
-    compile_c, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, objects_of, private_dev_shm_possible,
-    shim_fault_program, target_profile_dir, without_gpulmt_env, JobOutput,
+    by_hand, compile_c, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, objects_of,
+    private_dev_shm_possible, shim_fault_program, target_profile_dir, without_gpulmt_env, JobOutput,
 };
 
 const FAULT: &str = env!("CARGO_BIN_EXE_gpulmt-fault");
@@ -555,16 +555,9 @@ fn two_jobs_with_one_id_started_at_once() {
         let mut procs = Vec::new();
         for ((job, rank), gap) in order.iter().zip(&gaps) {
             std::thread::sleep(Duration::from_millis(*gap));
-            let mut cmd = Command::new(FAULT);
-            without_gpulmt_env(&mut cmd).args(["traffic", "--protocol", protocol, "--millis", "300"]).envs(
-                protocol_env(protocol).into_iter().chain([
-                    ("GPULMT_DEVICE", "sim"),
-                    ("GPULMT_JOB", id.as_str()),
-                    ("GPULMT_RANK", *rank),
-                    ("GPULMT_SIZE", "2"),
-                    ("GPULMT_INIT_TIMEOUT_MS", "4000"),
-                ]),
-            );
+            let env: Vec<_> = protocol_env(protocol).into_iter().chain([("GPULMT_INIT_TIMEOUT_MS", "4000")]).collect();
+            let args = ["traffic", "--protocol", protocol, "--millis", "300"];
+            let cmd = by_hand(Path::new(FAULT), &id, rank, "2", &args, &env);
             procs.push(LiveJob::spawn(cmd, format!("{what}: job {job} rank {rank}")));
         }
         let pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();

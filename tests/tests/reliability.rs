@@ -16,13 +16,12 @@
 //! - Another live gpulmt job on the machine: a job runs beside it and leaves it alone.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gpulmt_tests::live::{signal, LiveJob};
 use gpulmt_tests::{
-    check, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, mpirun_command, objects_of,
-    private_dev_shm_possible, without_gpulmt_env, JobOutput,
+    by_hand, check, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, mpirun_command, objects_of,
+    private_dev_shm_possible, JobOutput,
 };
 
 const FAULT: &str = env!("CARGO_BIN_EXE_gpulmt-fault");
@@ -94,13 +93,7 @@ fn the_survivor_of_a_killed_rank_removes_what_it_left() {
     let mut ranks: Vec<LiveJob> = ["0", "1"]
         .into_iter()
         .map(|rank| {
-            let mut cmd = Command::new(fault());
-            without_gpulmt_env(&mut cmd).args(["hold", "--hold", hold.to_str().unwrap()]).envs([
-                ("GPULMT_DEVICE", "sim"),
-                ("GPULMT_JOB", id.as_str()),
-                ("GPULMT_RANK", rank),
-                ("GPULMT_SIZE", "2"),
-            ]);
+            let cmd = by_hand(fault(), &id, rank, "2", &["hold", "--hold", hold.to_str().unwrap()], &[]);
             LiveJob::spawn(cmd, format!("by hand: GPULMT_JOB={id} GPULMT_RANK={rank} gpulmt-fault hold"))
         })
         .collect();
@@ -279,14 +272,7 @@ fn a_job_started_by_hand_with_a_running_jobs_id_cannot_reach_it() {
     let mut intruders = Vec::new();
     if ready.is_some() {
         for rank in ["1", "0"] {
-            let mut cmd = Command::new(fault());
-            without_gpulmt_env(&mut cmd).args(["join"]).envs([
-                ("GPULMT_DEVICE", "sim"),
-                ("GPULMT_JOB", id.as_str()),
-                ("GPULMT_RANK", rank),
-                ("GPULMT_SIZE", "2"),
-                ("GPULMT_INIT_TIMEOUT_MS", "700"),
-            ]);
+            let cmd = by_hand(fault(), &id, rank, "2", &["join"], &[("GPULMT_INIT_TIMEOUT_MS", "700")]);
             let o = LiveJob::spawn(cmd, format!("by hand: GPULMT_JOB={id} GPULMT_RANK={rank} gpulmt-fault join"))
                 .finish(Duration::from_secs(30));
             intruders.push(o);
@@ -319,14 +305,7 @@ fn two_jobs_started_at_once_with_one_id_stop_rather_than_mix() {
     for second in ["rank 1", "rank 0"] {
         let id = format!("twin{}r{}", std::process::id(), &second[5..]);
         let start = |rank: &str, what: &str| {
-            let mut cmd = Command::new(fault());
-            without_gpulmt_env(&mut cmd).args(["join"]).envs([
-                ("GPULMT_DEVICE", "sim"),
-                ("GPULMT_JOB", id.as_str()),
-                ("GPULMT_RANK", rank),
-                ("GPULMT_SIZE", "3"),
-                ("GPULMT_INIT_TIMEOUT_MS", "60000"),
-            ]);
+            let cmd = by_hand(fault(), &id, rank, "3", &["join"], &[("GPULMT_INIT_TIMEOUT_MS", "60000")]);
             LiveJob::spawn(cmd, format!("{what}: GPULMT_JOB={id} GPULMT_RANK={rank} GPULMT_SIZE=3 gpulmt-fault join"))
         };
         let a0 = start("0", "job A");

@@ -406,8 +406,11 @@ pub unsafe fn allgather(
         let send_ok = in_place || contiguous_device(sendbuf, scount, stype) == Some(block);
         send_ok && rcount.checked_mul(size).is_some_and(|n| contiguous_device(recvbuf, n, rtype).is_some())
     };
+    // A total past usize cannot be a buffer: this rank says no (MPI's own path reports
+    // it), and still takes part in the agreement, which is collective.
+    let total = block.checked_mul(size as usize);
     // SAFETY: the caller's communicator.
-    if !unsafe { agreed(comm, block * size as usize, mine) }? {
+    if !unsafe { agreed(comm, total.unwrap_or(usize::MAX), || total.is_some() && mine()) }? {
         return None;
     }
     // SAFETY: every rank agreed.
