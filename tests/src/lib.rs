@@ -153,6 +153,20 @@ pub fn without_gpulmt_env(cmd: &mut Command) -> &mut Command {
     cmd
 }
 
+/// Prints a fault-injection count line (`fault-suite <category>: ...`) and appends it to
+/// `target/<profile>/fault-suite.log`, which `.ci/run` shows: the suite's own categories
+/// (`tests/tests/faults.rs`) and the soaks of other suites report alike.
+pub fn record_fault_counts(line: &str) {
+    use std::io::Write;
+    eprintln!("{line}");
+    println!("{line}");
+    if let Ok(mut f) =
+        std::fs::OpenOptions::new().create(true).append(true).open(target_profile_dir().join("fault-suite.log"))
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
 /// One rank of a job started by hand, without a launcher (as a user's script, or a
 /// second job that reuses an id, would): `prog args` with `GPULMT_JOB`, `GPULMT_RANK`,
 /// `GPULMT_SIZE`, sim devices and `env`, and no other `GPULMT_*` setting.

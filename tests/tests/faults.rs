@@ -16,9 +16,10 @@
 //! within a bound (a survivor's transfer with a dead peer), move every real byte intact
 //! (the ranks check them), and leave nothing of its own in /dev/shm. Each category
 //! prints `fault-suite <category>: runs=.. injected=.. failures=.. seed=.. secs=..`,
-//! also appended to `target/<profile>/fault-suite.log` (which `.ci/run` shows).
+//! also appended to `target/<profile>/fault-suite.log` (which `.ci/run` shows). The
+//! internode soak (`tests/tests/internode.rs`) reports its runs there too, with the
+//! messages it sent as `injected`.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -27,7 +28,8 @@ use std::time::{Duration, Instant};
 use gpulmt_tests::live::{signal, LiveJob};
 use gpulmt_tests::{
     by_hand, compile_c, in_private_dev_shm, job_lock, launcher_command, mpi_fault_program, objects_of,
-    private_dev_shm_possible, shim_fault_program, target_profile_dir, without_gpulmt_env, JobOutput,
+    private_dev_shm_possible, record_fault_counts, shim_fault_program, target_profile_dir, without_gpulmt_env,
+    JobOutput,
 };
 
 const FAULT: &str = env!("CARGO_BIN_EXE_gpulmt-fault");
@@ -93,13 +95,7 @@ impl Tally {
             seed(),
             self.started.elapsed().as_secs_f64()
         );
-        eprintln!("{line}");
-        println!("{line}");
-        if let Ok(mut f) =
-            std::fs::OpenOptions::new().create(true).append(true).open(target_profile_dir().join("fault-suite.log"))
-        {
-            let _ = writeln!(f, "{line}");
-        }
+        record_fault_counts(&line);
         assert!(
             self.failures.is_empty(),
             "{line} (replay with GPULMT_FAULT_SEED={})\n\n{}",
